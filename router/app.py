@@ -1,0 +1,82 @@
+"""The front door's Litestar application factory, used by the CLI, the tests and the container."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar, Request, Response
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
+
+from router import routes
+from router.gateway import Gateway
+from router.openai.errors import (
+    InvalidRequestError,
+    MethodNotAllowedError,
+    OpenAIError,
+    RouteNotFoundError,
+)
+from switchboard.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> Litestar:
+    """A front door for `settings`; it connects to Redis when it starts, not before."""
+
+    @asynccontextmanager
+    async def gateway_lifespan(app: Litestar) -> AsyncIterator[None]:
+        app.state.gateway = await Gateway.open(settings)
+        try:
+            yield
+        finally:
+            await app.state.gateway.close()
+
+    return Litestar(
+        route_handlers=[
+            routes.create_chat_completion,
+            routes.list_models,
+            routes.healthz,
+            routes.readyz,
+        ],
+        lifespan=[gateway_lifespan],
+        dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
+        exception_handlers={
+            OpenAIError: _openai_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+        openapi_config=None,
+    )
+
+
+def _provide_gateway(state: State) -> Gateway:
+    gateway: Gateway = state.gateway
+    return gateway
+
+
+def _openai_error(_: Request, exc: OpenAIError) -> Response[bytes]:
+    return routes.json_response(exc.body(), status_code=exc.status_code)
+
+
+def _http_error(request: Request, exc: HTTPException) -> Response[bytes]:
+    error: OpenAIError
+    if isinstance(exc, NotFoundException):
+        error = RouteNotFoundError(f"No endpoint {request.method} {request.url.path}.")
+    elif isinstance(exc, MethodNotAllowedException):
+        error = MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}.")
+    elif exc.status_code < 500:
+        error = InvalidRequestError(exc.detail)
+        error.status_code = exc.status_code
+    else:
+        error = OpenAIError(exc.detail)
+        error.status_code = exc.status_code
+    return _openai_error(request, error)
+
+
+def _unexpected_error(request: Request, exc: Exception) -> Response[bytes]:
+    logger.exception("unhandled error", exc_info=exc, extra={"path": request.url.path})
+    return _openai_error(request, OpenAIError("The server had an error while processing your request."))

@@ -1,0 +1,128 @@
+"""OpenAI's error object, and the typed errors that handlers raise to produce it.
+
+Handlers never build error JSON themselves: they raise one of these, and `router.app` maps every
+exception (ours, Litestar's and msgspec's) to ``{"error": {"message", "type", "param", "code"}}``
+with the matching status code, in one place.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    """The body of OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    """OpenAI's error response: ``{"error": {...}}``."""
+
+    error: ErrorDetail
+
+
+class OpenAIError(Exception):
+    """Base of every error that leaves the front door in OpenAI's shape."""
+
+    status_code = 500
+    error_type = "internal_error"
+    default_code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.default_code
+
+    def body(self) -> ErrorBody:
+        """The error object sent to the client."""
+        detail = ErrorDetail(message=self.message, type=self.error_type, param=self.param, code=self.code)
+        return ErrorBody(error=detail)
+
+
+class InvalidRequestError(OpenAIError):
+    """The request is malformed or asks for something impossible (400)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ModelNotFoundError(OpenAIError):
+    """The requested model is not served here (404)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "model_not_found"
+
+    def __init__(self, model: str, available: list[str]) -> None:
+        names = ", ".join(available) or "none"
+        super().__init__(
+            f"The model `{model}` does not exist. Models served here: {names}.", param="model"
+        )
+
+
+class RouteNotFoundError(OpenAIError):
+    """No endpoint at that path (404)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class MethodNotAllowedError(OpenAIError):
+    """The endpoint exists but not for that HTTP method (405)."""
+
+    status_code = 405
+    error_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class ServiceUnavailableError(OpenAIError):
+    """The queue or the workers cannot take the request now (503)."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    default_code = "service_unavailable"
+
+
+class GatewayTimeoutError(OpenAIError):
+    """The job did not finish before its deadline (504)."""
+
+    status_code = 504
+    error_type = "timeout"
+    default_code = "timeout"
+
+
+class EngineError(OpenAIError):
+    """The engine failed while generating (500)."""
+
+    status_code = 500
+    error_type = "internal_error"
+    default_code = "engine_error"
+
+
+_LOCATION = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
+
+
+def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> InvalidRequestError:
+    """Turn msgspec's decode/validation error into a 400 naming the offending field in `param`."""
+    text = str(exc)
+    if not isinstance(exc, msgspec.ValidationError):
+        return InvalidRequestError(f"The request body is not valid JSON: {text}")
+    match = _LOCATION.search(text)
+    path = match.group("path").lstrip(".") if match else ""
+    message = text[: match.start()] if match else text
+    missing = _MISSING.search(message)
+    if missing:
+        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
+        return InvalidRequestError(f"Missing required parameter: `{path}`.", param=path, code="missing_required_parameter")
+    if not path:
+        return InvalidRequestError(f"Invalid request body: {message}")
+    return InvalidRequestError(f"Invalid value for `{path}`: {message}", param=path, code="invalid_value")

@@ -1,0 +1,93 @@
+"""HTTP handlers: OpenAI endpoints and health checks. Errors are raised, never built here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.response import Stream
+from redis.exceptions import RedisError
+
+from router.enqueue import chat_job
+from router.gateway import Gateway
+from router.openai.chat import ChatCompletionRequest
+from router.openai.errors import OpenAIError, ServiceUnavailableError, from_validation_error
+from router.openai.models import ModelCard, ModelList
+from router.relay import ChatRelay
+from switchboard.wire import Job
+
+_chat_request = msgspec.json.Decoder(ChatCompletionRequest)
+_json = msgspec.json.Encoder()
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def json_response(payload: msgspec.Struct, status_code: int = 200) -> Response[bytes]:
+    """A JSON response encoded with msgspec directly (no Litestar serialization pass)."""
+    return Response(_json.encode(payload), status_code=status_code, media_type="application/json")
+
+
+@post("/v1/chat/completions", status_code=200)
+async def create_chat_completion(request: Request, gateway: Gateway) -> Response[bytes] | Stream:
+    """OpenAI Chat Completions, streamed (server-sent events) or not."""
+    try:
+        chat = _chat_request.decode(await request.body())
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise from_validation_error(exc) from None
+    gateway.require_model(chat.model)
+    job = chat_job(chat, timeout_s=gateway.settings.router.request_timeout_s)
+    relay = ChatRelay(
+        job_id=job.id,
+        model=chat.model,
+        created=int(job.created),
+        include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
+    )
+    if chat.stream:
+        return Stream(_stream_events(gateway, job, relay), media_type="text/event-stream", headers=SSE_HEADERS)
+    async with gateway.run_job(job) as chunks:
+        return json_response(await relay.assemble(chunks))
+
+
+async def _stream_events(gateway: Gateway, job: Job, relay: ChatRelay) -> AsyncIterator[bytes]:
+    try:
+        async with gateway.run_job(job) as chunks:
+            async for event in relay.events(chunks):
+                yield event
+    except OpenAIError as exc:
+        # Headers are gone by now: the error travels as an event, as OpenAI's streams do.
+        yield relay.error_event(exc)
+
+
+@get("/v1/models")
+async def list_models(gateway: Gateway) -> Response[bytes]:
+    """The models this front door routes."""
+    created = int(gateway.started)
+    cards = [ModelCard(id=name, created=created) for name in gateway.model_names()]
+    return json_response(ModelList(data=cards))
+
+
+class Health(msgspec.Struct, kw_only=True):
+    """Body of the health endpoints."""
+
+    status: str
+    workers: int | None = None
+    time: float = msgspec.field(default_factory=time.time)
+
+
+@get("/healthz")
+async def healthz() -> Response[bytes]:
+    """The process is up and serving HTTP."""
+    return json_response(Health(status="ok"))
+
+
+@get("/readyz")
+async def readyz(gateway: Gateway) -> Response[bytes]:
+    """Ready when Redis answers and at least one worker is alive."""
+    try:
+        workers = await gateway.live_workers()
+    except RedisError as exc:
+        raise ServiceUnavailableError(f"Redis is unreachable: {exc}") from exc
+    if workers == 0:
+        raise ServiceUnavailableError("No worker is alive yet; start one with `switchboard worker`.")
+    return json_response(Health(status="ready", workers=workers))

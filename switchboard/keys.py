@@ -1,0 +1,65 @@
+"""Every Redis key Switchboard writes, with its lifetime next to it.
+
+Nothing else in the code spells a key name by hand: reliability tests audit these families, and a
+change of layout happens here alone. All keys live under one prefix so several deployments can
+share a Redis server.
+"""
+
+from __future__ import annotations
+
+PREFIX = "sb"
+
+# Consumer group that every worker joins on each model's job stream.
+JOB_GROUP = "workers"
+
+# A model's job stream outlives its last enqueue by this long, so a model that is no longer
+# configured leaves nothing behind. Workers recreate the consumer group if it expired.
+JOB_STREAM_TTL_S = 7 * 24 * 3600
+
+# A result stream lives until its reader has drained it (the front door deletes it), or at most
+# this long after its last chunk: long enough for a slow reader, short enough to bound leaks.
+RESULT_TTL_S = 600
+
+# A cancel mark outlives any job that could still be running for it.
+CANCEL_TTL_S = 600
+
+# A worker that misses heartbeats for this long is no longer counted as alive.
+WORKER_TTL_S = 15
+
+# The front door's wake stream only needs to exist while that front door runs.
+WAKE_TTL_S = 60
+
+
+def job_stream(model: str) -> str:
+    """The stream of jobs waiting for `model`, shared by every worker that serves it."""
+    return f"{PREFIX}:model:{model}:jobs"
+
+
+def result_stream(job_id: str) -> str:
+    """The stream of result chunks of one job, read from its start by the front door."""
+    return f"{PREFIX}:job:{job_id}:out"
+
+
+def cancel_mark(job_id: str) -> str:
+    """Set when the client has gone away; the worker stops generating for that job."""
+    return f"{PREFIX}:job:{job_id}:cancel"
+
+
+def worker_record(worker_id: str) -> str:
+    """One worker's advertisement (a msgpack WorkerRecord), refreshed by its heartbeat."""
+    return f"{PREFIX}:worker:{worker_id}"
+
+
+def workers_index() -> str:
+    """Sorted set of worker ids scored by their last heartbeat (unix seconds)."""
+    return f"{PREFIX}:workers"
+
+
+def wake_stream(router_id: str) -> str:
+    """Poked at enqueue so the front door's result reader picks up a new result stream at once."""
+    return f"{PREFIX}:router:{router_id}:wake"
+
+
+def all_key_patterns() -> list[str]:
+    """Glob patterns covering every key family above, for audits and cleanup."""
+    return [f"{PREFIX}:*"]

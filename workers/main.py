@@ -1,0 +1,138 @@
+"""One worker process: start Triton and the engines, take jobs, advertise, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from pytriton.client import AsyncioDecoupledModelClient
+
+from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
+from switchboard.wire import WorkerRecord
+from workers.consumer import TRITON_RESPONSE_TIMEOUT_S, JobConsumer, ServedModel
+from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
+from workers.engines.base import Engine, create_engine
+from workers.heartbeat import Heartbeat
+from workers.result_writer import ResultWriter
+from workers.triton_host import TritonHost
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Owns the Triton host, the engines, the consumer and the heartbeat of one process."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.redis.url:
+            raise RuntimeError("the worker needs redis.url (or REDIS_URL) to be set")
+        self.settings = settings
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.started = time.time()
+        self._redis = aioredis.Redis.from_url(settings.redis.url)
+        self._host = TritonHost(coalesce_window_s=settings.worker.coalesce_ms / 1000)
+        self._writer = ResultWriter(self._redis)
+        self._heartbeat = Heartbeat(self._redis, self.record, settings.worker.heartbeat_s)
+        self._models: list[ServedModel] = []
+        self._consumer: JobConsumer | None = None
+        self._stop_lock = asyncio.Lock()
+        self._stopped = False
+        self._stop_requested = asyncio.Event()
+
+    def record(self) -> WorkerRecord:
+        """How this worker advertises itself."""
+        return WorkerRecord(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=self.started,
+            heartbeat=time.time(),
+            models=tuple(m.name for m in self._models),
+            triton_http_port=self._host.http_port,
+            triton_grpc_port=self._host.grpc_port,
+            triton_metrics_port=self._host.metrics_port,
+        )
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, then stop gracefully."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop_requested.set)
+        try:
+            await self.start()
+            await self._stop_requested.wait()
+        finally:
+            await self.stop()
+
+    async def start(self) -> None:
+        """Start Triton, load every model, then take jobs and advertise."""
+        await self._redis.ping()
+        await asyncio.to_thread(self._host.start)
+        models = self.settings.worker_models()
+        cores = compute_cores(available_cores(), self.settings.worker.reserved_cores)
+        for slot, model in enumerate(models):
+            engine = create_engine(
+                model,
+                cpu_threads=engine_threads_bind(cores, slot, len(models)),
+                cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
+            )
+            self._models.append(await self._load(model, engine))
+        self._writer.start()
+        self._consumer = JobConsumer(
+            self._redis,
+            self._writer,
+            worker_id=self.id,
+            models=self._models,
+            max_concurrent_jobs=self.settings.worker.max_concurrent_jobs,
+        )
+        await self._consumer.start()
+        await self._heartbeat.start()
+        logger.info("worker ready", extra={"worker_id": self.id, "models": [m.name for m in self._models]})
+
+    async def _load(self, model: ModelConfig, engine: Engine) -> ServedModel:
+        _ensure_demo_model(model)
+        logger.info("loading model", extra={"model": model.name, "path": model.path, "engine": model.engine})
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        triton_name = await asyncio.to_thread(self._host.bind, model.name, engine, loop)
+        client = AsyncioDecoupledModelClient(
+            self._host.grpc_url, triton_name, inference_timeout_s=TRITON_RESPONSE_TIMEOUT_S
+        )
+        return ServedModel(name=model.name, client=client, engine=engine)
+
+    async def stop(self) -> None:
+        """Stop taking jobs, drain, withdraw, and release everything; idempotent."""
+        async with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            logger.info("worker stopping", extra={"worker_id": self.id})
+            await self._heartbeat.stop()
+            if self._consumer is not None:
+                await self._consumer.stop(self.settings.worker.drain_timeout_s)
+            await self._writer.stop()
+            for model in self._models:
+                await model.client.close()
+                await model.engine.stop()
+            await asyncio.to_thread(self._host.stop)
+            await self._redis.aclose()
+
+
+def _ensure_demo_model(model: ModelConfig) -> None:
+    """The demo model is built on first use; any other model must already exist."""
+    if model.name == DEMO_MODEL_NAME:
+        from pathlib import Path
+
+        from switchboard.demo_model import build_demo_model
+
+        build_demo_model(Path(model.path), progress=lambda step: logger.info(step))
+
+
+def run_worker(settings: Settings) -> None:
+    """Entry point of `switchboard worker`."""
+    asyncio.run(Worker(settings).run())

@@ -1,0 +1,107 @@
+"""Append result chunks of every running job to Redis, many jobs per round trip.
+
+Each running job hands its chunk to the writer and awaits the flush. The writer sends whatever is
+waiting as one pipeline the moment it is free, so a lone chunk leaves at once and chunks that pile
+up while a flush is in flight share the next one. The same pipeline asks whether each job's client
+has gone away (its cancel mark) and acknowledges jobs whose last chunk it carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+
+from switchboard import keys
+
+logger = logging.getLogger(__name__)
+
+
+class _Write:
+    __slots__ = ("job_id", "payload", "first", "ack", "done")
+
+    def __init__(self, job_id: str, payload: bytes, first: bool, ack: tuple[str, bytes] | None) -> None:
+        self.job_id = job_id
+        self.payload = payload
+        self.first = first
+        self.ack = ack
+        self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+
+class ResultWriter:
+    """Batches chunk appends of all jobs of one worker into pipelines."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._pending: list[_Write] = []
+        self._has_pending = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the flush loop."""
+        self._task = asyncio.create_task(self._run(), name="result-writer")
+
+    async def stop(self) -> None:
+        """Stop the flush loop once nothing is pending; idempotent."""
+        if self._task is None:
+            return
+        while self._pending:
+            await asyncio.sleep(0.01)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    async def append(
+        self, job_id: str, payload: bytes, *, first: bool, ack: tuple[str, bytes] | None = None
+    ) -> bool:
+        """Append one encoded chunk; `ack` = (job stream, entry id) for the job's last chunk.
+
+        Returns whether the job's client has left a cancel mark.
+        """
+        write = _Write(job_id, payload, first, ack)
+        self._pending.append(write)
+        self._has_pending.set()
+        return await write.done
+
+    async def _run(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            self._has_pending.clear()
+            batch, self._pending = self._pending, []
+            try:
+                cancelled = await self._flush(batch)
+            except Exception as exc:
+                logger.exception("writing result chunks failed", extra={"chunks": len(batch)})
+                for write in batch:
+                    if not write.done.done():
+                        write.done.set_exception(exc)
+                continue
+            for write, is_cancelled in zip(batch, cancelled, strict=True):
+                if not write.done.done():
+                    write.done.set_result(is_cancelled)
+
+    async def _flush(self, batch: list[_Write]) -> list[bool]:
+        pipe = self._redis.pipeline(transaction=False)
+        exists_at: list[int] = []
+        position = 0
+        for write in batch:
+            stream = keys.result_stream(write.job_id)
+            pipe.xadd(stream, {"c": write.payload})
+            position += 1
+            # The expiry is set when the stream appears and renewed when it ends, not per chunk.
+            if write.first or write.ack is not None:
+                pipe.expire(stream, keys.RESULT_TTL_S)
+                position += 1
+            if write.ack is not None:
+                job_stream, entry_id = write.ack
+                pipe.xack(job_stream, keys.JOB_GROUP, entry_id)
+                pipe.xdel(job_stream, entry_id)
+                position += 2
+            pipe.exists(keys.cancel_mark(write.job_id))
+            exists_at.append(position)
+            position += 1
+        results = await pipe.execute()
+        return [bool(results[i]) for i in exists_at]

@@ -1,0 +1,96 @@
+"""The worker's PyTriton host: one Triton server, one decoupled model per engine it holds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import sysconfig
+
+import numpy as np
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+from workers.engines.base import Engine
+from workers.triton_model import CHUNK_OUTPUT, JOB_INPUT, EngineCallable
+
+logger = logging.getLogger(__name__)
+
+
+def triton_model_name(model: str) -> str:
+    """Triton accepts only letters, digits, '.', '_' and '-' in model names."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, so several workers can share one machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def use_own_libpython() -> None:
+    """Make Triton's Python backend stub load this interpreter's libpython.
+
+    The stub links `libpython3.X.so` and would otherwise find the system's copy, which differs
+    from the interpreter of pyenv, conda or a venv's base and kills the stub at model load.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if not libdir:
+        return
+    paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != libdir]
+    os.environ["LD_LIBRARY_PATH"] = ":".join([libdir, *paths])
+
+
+class TritonHost:
+    """Starts Triton on free ports and binds engines to it as streaming models."""
+
+    def __init__(self, *, coalesce_window_s: float) -> None:
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        self._window_s = coalesce_window_s
+        self._triton: Triton | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        """Where the consumer reaches this Triton."""
+        return f"grpc://127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> None:
+        """Launch the Triton server process (a few seconds)."""
+        use_own_libpython()
+        config = TritonConfig(
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            log_verbose=0,
+        )
+        self._triton = Triton(config=config)
+        self._triton.run()
+        logger.info(
+            "triton started",
+            extra={"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port},
+        )
+
+    def bind(self, model: str, engine: Engine, engine_loop: asyncio.AbstractEventLoop) -> str:
+        """Serve `engine` as a decoupled Triton model; returns the Triton model name."""
+        assert self._triton is not None, "start() the host before binding models"
+        name = triton_model_name(model)
+        self._triton.bind(
+            model_name=name,
+            infer_func=EngineCallable(engine, engine_loop, self._window_s),
+            inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
+            outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
+            config=ModelConfig(decoupled=True, batching=False),
+            strict=False,
+        )
+        return name
+
+    def stop(self) -> None:
+        """Stop Triton and every model bound to it; idempotent."""
+        if self._triton is not None:
+            self._triton.stop()
+            self._triton = None
