@@ -142,4 +142,9 @@ class ResultReader:
             return
         for entry_id, fields in entries:
             subscription.last_id = entry_id
-            subscription.deliver(chunk_decoder.decode(fields[b"c"]))
+            chunk = chunk_decoder.decode(fields[b"c"])
+            subscription.deliver(chunk)
+            if chunk.is_last:
+                # Nothing follows: stop reading the stream and delete it on the next pass.
+                self.unsubscribe(subscription)
+                return

@@ -124,7 +124,10 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
-        raw.setdefault(section, {})[field] = _parse_literal(value)
+        table = raw.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{name} overrides a field of `{section}`, which is not a table of settings")
+        table[field] = _parse_literal(value)
 
 
 def _parse_literal(value: str) -> Any:

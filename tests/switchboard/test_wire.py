@@ -1,0 +1,139 @@
+"""Wire structs: msgpack round-trips, compact encodings, and Chunk.is_last."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from switchboard.wire import (
+    ChatMessage,
+    Chunk,
+    Job,
+    JobError,
+    SamplingParams,
+    Usage,
+    WorkerRecord,
+    chunk_decoder,
+    encode,
+    job_decoder,
+    worker_decoder,
+)
+
+
+def chat_job(**kwargs: object) -> Job:
+    fields: dict[str, object] = {
+        "id": "job-1",
+        "model": "m",
+        "sampling": SamplingParams(max_tokens=16, temperature=0.7, top_p=0.9, seed=3, stop=("\n", "END")),
+        "messages": (ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="hi")),
+        "created": 1700000000.5,
+        "deadline": 1700000600.5,
+    }
+    fields.update(kwargs)
+    return Job(**fields)  # type: ignore[arg-type]
+
+
+def test_chat_job_round_trip() -> None:
+    job = chat_job(tenant="acme", trace={"traceparent": "00-abc-def-01"})
+    decoded = job_decoder.decode(encode(job))
+    assert decoded == job
+    assert isinstance(decoded.messages, tuple)
+    assert decoded.messages[1] == ChatMessage(role="user", content="hi")
+    assert decoded.sampling.stop == ("\n", "END")
+    assert decoded.prompt is None
+    assert decoded.trace == {"traceparent": "00-abc-def-01"}
+
+
+def test_prompt_job_round_trip() -> None:
+    job = Job(id="j2", model="m", sampling=SamplingParams(), prompt="Once upon", created=1.0, deadline=2.0)
+    decoded = job_decoder.decode(encode(job))
+    assert decoded == job
+    assert decoded.prompt == "Once upon"
+    assert decoded.messages is None
+    assert decoded.sampling == SamplingParams()
+    assert decoded.sampling.max_tokens is None
+    assert decoded.sampling.stop == ()
+    assert decoded.tenant is None
+
+
+def test_job_omits_defaults() -> None:
+    job = Job(id="j2", model="m", sampling=SamplingParams(), prompt="p", created=1.0, deadline=2.0)
+    raw = msgspec.msgpack.decode(encode(job))
+    assert raw == {"id": "j2", "model": "m", "sampling": {}, "prompt": "p", "created": 1.0, "deadline": 2.0}
+
+
+def test_job_requires_its_fields() -> None:
+    raw = msgspec.msgpack.encode({"id": "x", "model": "m", "sampling": {}, "created": 1.0})
+    with pytest.raises(msgspec.ValidationError, match="deadline"):
+        job_decoder.decode(raw)
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        Chunk(),
+        Chunk(text="hello"),
+        Chunk(text="!", finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=9)),
+        Chunk(finish_reason="length"),
+        Chunk(error=JobError(code="timeout", message="too slow")),
+    ],
+)
+def test_chunk_round_trip(chunk: Chunk) -> None:
+    assert chunk_decoder.decode(encode(chunk)) == chunk
+
+
+def test_chunk_is_last() -> None:
+    assert Chunk(finish_reason="stop").is_last
+    assert Chunk(text="x", finish_reason="abort").is_last
+    assert Chunk(error=JobError(code="engine_error", message="x")).is_last
+    assert not Chunk(text="x").is_last
+    assert not Chunk().is_last
+    assert not Chunk(text="x", usage=Usage(prompt_tokens=1, completion_tokens=1)).is_last
+
+
+def test_plain_chunk_encoding_is_compact() -> None:
+    plain = encode(Chunk(text="abc"))
+    full = encode(Chunk(text="abc", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=2)))
+    assert len(plain) < len(full)
+    assert msgspec.msgpack.decode(plain) == {"text": "abc"}
+    assert msgspec.msgpack.decode(encode(Chunk())) == {}
+
+
+def test_chunk_rejects_unknown_finish_reason() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        chunk_decoder.decode(msgspec.msgpack.encode({"finish_reason": "bogus"}))
+
+
+def test_chunk_rejects_unknown_error_code() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        chunk_decoder.decode(msgspec.msgpack.encode({"error": {"code": "nope", "message": "x"}}))
+
+
+def test_worker_record_round_trip() -> None:
+    record = WorkerRecord(
+        id="w1",
+        host="gpu-7",
+        pid=1234,
+        started=1.5,
+        heartbeat=2.5,
+        models=("a", "b"),
+        triton_http_port=8100,
+        triton_grpc_port=8101,
+        triton_metrics_port=8102,
+    )
+    decoded = worker_decoder.decode(encode(record))
+    assert decoded == record
+    assert decoded.models == ("a", "b")
+
+
+def test_decoders_reject_the_wrong_struct() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        worker_decoder.decode(encode(Chunk(text="x")))
+    with pytest.raises(msgspec.ValidationError):
+        job_decoder.decode(encode(Chunk(text="x")))
+
+
+def test_wire_structs_are_frozen() -> None:
+    chunk = Chunk(text="x")
+    with pytest.raises(AttributeError):
+        chunk.text = "y"  # type: ignore[misc]

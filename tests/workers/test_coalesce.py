@@ -1,0 +1,205 @@
+"""Delta coalescing: slow streams pass through at once, fast streams are grouped per window."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import cast
+
+import pytest
+
+from switchboard.wire import FinishReason
+from workers.coalesce import coalesce, merge
+from workers.engines.base import Delta
+
+
+def open_stream(queue: asyncio.Queue[Delta | BaseException], window_s: float) -> AsyncGenerator[Delta, None]:
+    return cast(AsyncGenerator[Delta, None], coalesce(queue, window_s))
+
+
+def d(text: str, n: int = 1, finish: FinishReason | None = None) -> Delta:
+    return Delta(text=text, prompt_tokens=5, completion_tokens=n, finish_reason=finish)
+
+
+def test_merge_single_is_unchanged() -> None:
+    delta = d("x", 3)
+    assert merge([delta]) == delta
+
+
+def test_merge_joins_texts_and_keeps_last_counts() -> None:
+    merged = merge(
+        [
+            Delta(text="a", prompt_tokens=1, completion_tokens=1),
+            Delta(text="b", prompt_tokens=2, completion_tokens=2),
+            Delta(text="c", prompt_tokens=3, completion_tokens=7, finish_reason="length"),
+        ]
+    )
+    assert merged.text == "abc"
+    assert merged.prompt_tokens == 3
+    assert merged.completion_tokens == 7
+    assert merged.finish_reason == "length"
+
+
+def test_merge_without_finish() -> None:
+    merged = merge([d("a", 1), d("", 2), d("b", 3)])
+    assert merged.text == "ab"
+    assert merged.completion_tokens == 3
+    assert merged.finish_reason is None
+
+
+async def test_lone_delta_is_not_delayed() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    stream = open_stream(queue, 0.5)
+    try:
+        queue.put_nowait(d("hi"))
+        start = time.monotonic()
+        first = await asyncio.wait_for(anext(stream), 5)
+        assert time.monotonic() - start < 0.25
+        assert first.text == "hi"
+        assert first.finish_reason is None
+    finally:
+        await stream.aclose()
+
+
+async def test_delta_after_quiet_spell_is_not_delayed() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    stream = open_stream(queue, 0.5)
+    try:
+        queue.put_nowait(d("a"))
+        assert (await asyncio.wait_for(anext(stream), 5)).text == "a"
+        await asyncio.sleep(0.7)  # longer than the window
+        queue.put_nowait(d("b"))
+        start = time.monotonic()
+        second = await asyncio.wait_for(anext(stream), 5)
+        assert time.monotonic() - start < 0.25
+        assert second.text == "b"
+    finally:
+        await stream.aclose()
+
+
+async def test_deltas_queued_together_come_out_as_one() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    for i, text in enumerate(["a", "b", "c"], start=1):
+        queue.put_nowait(d(text, i))
+    stream = open_stream(queue, 0.5)
+    try:
+        start = time.monotonic()
+        merged = await asyncio.wait_for(anext(stream), 5)
+        assert time.monotonic() - start < 0.25
+        assert merged.text == "abc"
+        assert merged.completion_tokens == 3
+    finally:
+        await stream.aclose()
+
+
+async def test_fast_deltas_are_grouped_and_ordered() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    count = 60
+    texts = [f"t{i} " for i in range(count)]
+
+    async def produce() -> None:
+        for i, text in enumerate(texts):
+            queue.put_nowait(d(text, i + 1))
+            await asyncio.sleep(0.01)
+        queue.put_nowait(d("end", count + 1, "stop"))
+
+    producer = asyncio.create_task(produce())
+    chunks = [chunk async for chunk in coalesce(queue, 0.2)]
+    await producer
+    # At least 0.6 s of deltas in 0.2 s windows: a handful of chunks, far fewer than the deltas.
+    assert 2 <= len(chunks) <= count // 4
+    assert chunks[0].text == "t0 "  # the first delta never waits
+    assert "".join(c.text for c in chunks) == "".join(texts) + "end"
+    assert chunks[-1].finish_reason == "stop"
+    assert chunks[-1].completion_tokens == count + 1
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    counts = [c.completion_tokens for c in chunks]
+    assert counts == sorted(counts)
+
+
+async def test_slow_deltas_come_out_alone() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    texts = ["a", "b", "c"]
+
+    async def produce() -> None:
+        for i, text in enumerate(texts):
+            queue.put_nowait(d(text, i + 1))
+            await asyncio.sleep(0.2)
+        queue.put_nowait(d("z", 4, "stop"))
+
+    producer = asyncio.create_task(produce())
+    chunks = [chunk async for chunk in coalesce(queue, 0.05)]
+    await producer
+    assert [c.text for c in chunks] == ["a", "b", "c", "z"]
+    assert [c.finish_reason for c in chunks] == [None, None, None, "stop"]
+
+
+async def test_finish_ends_stream_without_waiting_for_window() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    stream = open_stream(queue, 0.5)
+    queue.put_nowait(d("a", 1))
+    assert (await asyncio.wait_for(anext(stream), 5)).text == "a"
+    # The next delta falls inside the window, so it waits for more...
+    queue.put_nowait(d("b", 2))
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    assert not pending.done()
+    # ...until the finish arrives, which goes out at once with it.
+    queue.put_nowait(d("c", 3, "stop"))
+    start = time.monotonic()
+    last = await asyncio.wait_for(pending, 5)
+    assert time.monotonic() - start < 0.25
+    assert last.text == "bc"
+    assert last.finish_reason == "stop"
+    assert last.completion_tokens == 3
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
+
+
+async def test_finish_stops_draining() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue.put_nowait(d("a", 1, "stop"))
+    queue.put_nowait(d("after", 2))
+    chunks = [c async for c in coalesce(queue, 0.1)]
+    assert [c.text for c in chunks] == ["a"]
+    assert queue.qsize() == 1
+
+
+async def test_first_delta_with_finish() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue.put_nowait(d("", 0, "abort"))
+    chunks = [c async for c in coalesce(queue, 0.5)]
+    assert len(chunks) == 1
+    assert chunks[0].finish_reason == "abort"
+
+
+async def test_queued_exception_is_raised() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    stream = open_stream(queue, 0.05)
+    queue.put_nowait(d("a"))
+    assert (await asyncio.wait_for(anext(stream), 5)).text == "a"
+    queue.put_nowait(RuntimeError("engine died"))
+    with pytest.raises(RuntimeError, match="engine died"):
+        await asyncio.wait_for(anext(stream), 5)
+
+
+async def test_exception_first_is_raised() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue.put_nowait(ValueError("bad request"))
+    with pytest.raises(ValueError, match="bad request"):
+        async for _ in coalesce(queue, 0.05):
+            pass
+
+
+async def test_exception_while_waiting_in_window_is_raised() -> None:
+    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    stream = open_stream(queue, 0.5)
+    queue.put_nowait(d("a"))
+    await asyncio.wait_for(anext(stream), 5)
+    queue.put_nowait(d("b"))
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    queue.put_nowait(RuntimeError("mid-window"))
+    with pytest.raises(RuntimeError, match="mid-window"):
+        await asyncio.wait_for(pending, 5)

@@ -1,0 +1,88 @@
+"""Splitting CPU cores between engines (VLLM_CPU_OMP_THREADS_BIND values)."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
+
+
+def expand(bind: str) -> list[int]:
+    """ "0-2,5-5" → [0, 1, 2, 5]."""
+    cores: list[int] = []
+    for part in bind.split(","):
+        low, _, high = part.partition("-")
+        cores.extend(range(int(low), int(high) + 1))
+    return cores
+
+
+def test_available_cores_is_sorted_and_non_empty() -> None:
+    cores = available_cores()
+    assert cores
+    assert cores == sorted(set(cores))
+
+
+@pytest.mark.parametrize(
+    ("cores", "reserved", "expected"),
+    [
+        ([0, 1], 1, [0]),
+        ([0, 1, 2, 3, 4, 5, 6, 7], 2, [0, 1, 2, 3, 4, 5]),
+        ([0, 1, 2, 3], 0, [0, 1, 2, 3]),
+        ([0], 1, [0]),
+        ([0, 1], 5, [0]),
+        ([3, 5, 9], 1, [3, 5]),
+    ],
+)
+def test_compute_cores(cores: list[int], reserved: int, expected: list[int]) -> None:
+    assert compute_cores(cores, reserved) == expected
+
+
+def test_one_engine_on_two_cores_after_reserving_one() -> None:
+    assert engine_threads_bind(compute_cores([0, 1], 1), 0, 1) == "0-0"
+
+
+def test_one_engine_gets_all_compute_cores() -> None:
+    assert engine_threads_bind(list(range(8)), 0, 1) == "0-7"
+
+
+def test_two_engines_on_eight_cores() -> None:
+    cores = list(range(8))
+    assert [engine_threads_bind(cores, slot, 2) for slot in range(2)] == ["0-3", "4-7"]
+
+
+def test_last_engine_takes_the_remainder() -> None:
+    cores = list(range(8))
+    assert [engine_threads_bind(cores, slot, 3) for slot in range(3)] == ["0-1", "2-3", "4-7"]
+
+
+@pytest.mark.parametrize(("n_cores", "slots"), [(8, 2), (8, 3), (7, 2), (16, 5), (6, 5), (4, 4)])
+def test_shares_partition_the_cores(n_cores: int, slots: int) -> None:
+    cores = list(range(n_cores))
+    shares = [expand(engine_threads_bind(cores, slot, slots)) for slot in range(slots)]
+    assert all(shares), "every engine gets at least one core"
+    assert [c for share in shares for c in share] == cores  # contiguous, disjoint, in order, complete
+
+
+def test_more_engines_than_cores_share_cores() -> None:
+    cores = [0, 1]
+    binds = [engine_threads_bind(cores, slot, 4) for slot in range(4)]
+    assert binds == ["0-0", "1-1", "0-0", "1-1"]
+
+
+def test_many_engines_on_one_core() -> None:
+    assert {engine_threads_bind([2], slot, 3) for slot in range(3)} == {"2-2"}
+
+
+def test_non_contiguous_cores_give_ranges() -> None:
+    assert engine_threads_bind([0, 1, 2, 5, 6, 9], 0, 1) == "0-2,5-6,9-9"
+
+
+def test_non_contiguous_cores_split_between_engines() -> None:
+    cores = [0, 1, 4, 5, 6, 8]
+    assert [engine_threads_bind(cores, slot, 2) for slot in range(2)] == ["0-1,4-4", "5-6,8-8"]
+
+
+@pytest.mark.parametrize(("slot", "slots"), [(-1, 2), (2, 2), (5, 2), (0, 0), (0, -1)])
+def test_invalid_slot_raises(slot: int, slots: int) -> None:
+    with pytest.raises(ValueError):
+        engine_threads_bind([0, 1, 2, 3], slot, slots)
