@@ -14,17 +14,16 @@ from redis.exceptions import RedisError
 
 from router.enqueue import JobQueue
 from router.openai.errors import GatewayTimeoutError, ModelNotFoundError, ServiceUnavailableError
-from router.results import ResultReader, Subscription
+from router.results import BLOCK_MS, ResultReader, Subscription
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
+from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)
 
-# Commands on the hot path share a small pool; a burst of requests waits for a connection
-# instead of opening one each.
+# Connections for enqueues and cancel marks; the result reader has one of its own.
 POOL_CONNECTIONS = 16
-POOL_WAIT_S = 10.0
 
 
 class Gateway:
@@ -45,12 +44,9 @@ class Gateway:
         """Connect to Redis and start the result reader."""
         if not settings.redis.url:
             raise RuntimeError("the front door needs redis.url (or REDIS_URL) to be set")
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis.url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT_S
-        )
-        redis = aioredis.Redis(connection_pool=pool)
+        redis = pooled_client(settings.redis.url, POOL_CONNECTIONS)
         # The reader blocks in XREAD, so it gets a connection of its own.
-        reader_redis = aioredis.Redis.from_url(settings.redis.url, single_connection_client=True)
+        reader_redis = blocking_client(settings.redis.url, BLOCK_MS)
         gateway = cls(settings, redis, reader_redis)
         gateway.reader.start()
         return gateway

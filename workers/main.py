@@ -10,10 +10,10 @@ import socket
 import time
 import uuid
 
-import redis.asyncio as aioredis
 from pytriton.client import AsyncioDecoupledModelClient
 
 from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
+from switchboard.redis_conn import pooled_client
 from switchboard.wire import WorkerRecord
 from workers.consumer import TRITON_RESPONSE_TIMEOUT_S, JobConsumer, ServedModel
 from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
@@ -34,7 +34,8 @@ class Worker:
         self.settings = settings
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.started = time.time()
-        self._redis = aioredis.Redis.from_url(settings.redis.url)
+        # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
+        self._redis = pooled_client(settings.redis.url)
         self._host = TritonHost(coalesce_window_s=settings.worker.coalesce_ms / 1000)
         self._writer = ResultWriter(self._redis)
         self._heartbeat = Heartbeat(self._redis, self.record, settings.worker.heartbeat_s)

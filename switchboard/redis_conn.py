@@ -1,0 +1,23 @@
+"""Redis clients as both sides need them: a small shared pool, and one connection for blocking reads."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+# Past this, a command that should have answered is treated as a dead connection.
+COMMAND_TIMEOUT_S = 10.0
+
+
+def pooled_client(url: str, max_connections: int = 16) -> aioredis.Redis:
+    """Commands on the hot path share a bounded pool: a burst waits for a connection, it opens none."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=COMMAND_TIMEOUT_S, socket_timeout=COMMAND_TIMEOUT_S
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+def blocking_client(url: str, block_ms: int) -> aioredis.Redis:
+    """One dedicated connection for a loop of `XREAD BLOCK block_ms`, whose socket waits longer than that."""
+    return aioredis.Redis.from_url(
+        url, single_connection_client=True, socket_timeout=block_ms / 1000 + COMMAND_TIMEOUT_S
+    )

@@ -1,0 +1,243 @@
+"""The front door against a real Redis, with a scripted worker that speaks the wire protocol.
+
+The scripted worker takes jobs from the model's stream with the real consumer group and answers
+through the real ResultWriter, so everything the front door does on Redis is exercised for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+import httpx
+import uvicorn
+
+from router.app import create_app
+from switchboard import keys
+from switchboard.config import ModelConfig, Settings
+from switchboard.redis_server import PrivateRedis
+from switchboard.wire import Chunk, Job, JobError, Usage, WorkerRecord, encode, job_decoder
+from workers.heartbeat import Heartbeat
+from workers.result_writer import ResultWriter
+
+MODEL = "tiny"
+Answer = Callable[[Job, ResultWriter, tuple[str, bytes]], Awaitable[None]]
+
+
+def settings_for(redis_url: str, timeout_s: float = 30.0) -> Settings:
+    settings = Settings(models=[ModelConfig(name=MODEL, path="/nonexistent")])
+    settings.redis.url = redis_url
+    settings.router.request_timeout_s = timeout_s
+    return settings
+
+
+async def answer_words(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
+    """Three text chunks, then a finish with usage."""
+    for index, word in enumerate(["Hello", ", ", "world"]):
+        await writer.append(job.id, encode(Chunk(text=word)), first=index == 0)
+    last = Chunk(finish_reason="length", usage=Usage(prompt_tokens=4, completion_tokens=3))
+    await writer.append(job.id, encode(last), first=False, ack=ack)
+
+
+@contextlib.asynccontextmanager
+async def scripted_worker(redis: aioredis.Redis, answer: Answer) -> AsyncIterator[list[Job]]:
+    """Take jobs for MODEL like a worker would and answer each with `answer`; yields the jobs seen."""
+    stream = keys.job_stream(MODEL)
+    with contextlib.suppress(ResponseError):
+        await redis.xgroup_create(stream, keys.JOB_GROUP, id="0", mkstream=True)
+    writer = ResultWriter(redis)
+    writer.start()
+    seen: list[Job] = []
+
+    async def loop() -> None:
+        while True:
+            response = await redis.xreadgroup(keys.JOB_GROUP, "scripted", {stream: ">"}, block=100)
+            for _, entries in response or ():
+                for entry_id, fields in entries:
+                    job = job_decoder.decode(fields[b"job"])
+                    seen.append(job)
+                    asyncio.create_task(answer(job, writer, (stream, entry_id)))
+
+    task = asyncio.create_task(loop())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await writer.stop()
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The front door on a real HTTP port, in this test's event loop, and a client for it."""
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def front_door(redis: aioredis.Redis, redis_server: PrivateRedis) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(settings_for(redis_server.url)) as client:
+        yield client
+
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+
+
+async def test_non_streamed_request_becomes_a_job_and_an_assembled_completion(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    async with scripted_worker(redis, answer_words) as jobs:
+        response = await front_door.post("/v1/chat/completions", json={**BODY, "seed": 5, "stop": "x"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello, world"}
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    (job,) = jobs
+    assert body["id"] == f"chatcmpl-{job.id}"
+    assert job.model == MODEL
+    assert job.messages is not None and job.messages[0].content == "Hi"
+    assert (job.sampling.max_tokens, job.sampling.seed, job.sampling.stop) == (3, 5, ("x",))
+    assert job.deadline > time.time()
+
+
+async def test_streamed_request_relays_every_chunk_as_sse(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    async with scripted_worker(redis, answer_words):
+        response = await front_door.post(
+            "/v1/chat/completions", json={**BODY, "stream": True, "stream_options": {"include_usage": True}}
+        )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in response.text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    payloads = [json.loads(e[len("data: ") :]) for e in events[:-1]]
+    texts = [p["choices"][0]["delta"].get("content") for p in payloads if p["choices"]]
+    assert "".join(t for t in texts if t) == "Hello, world"
+    assert payloads[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert payloads[-1]["choices"] == []
+    assert payloads[-1]["usage"]["total_tokens"] == 7
+
+
+async def test_a_chunk_written_before_the_reader_looks_is_not_lost(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    async def answer_all_at_once(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
+        pipe = redis.pipeline()
+        pipe.xadd(keys.result_stream(job.id), {"c": encode(Chunk(text="early"))})
+        pipe.xadd(keys.result_stream(job.id), {"c": encode(Chunk(text="!", finish_reason="stop"))})
+        await pipe.execute()
+        await redis.xack(*ack[:1], keys.JOB_GROUP, ack[1])
+
+    async with scripted_worker(redis, answer_all_at_once):
+        response = await front_door.post("/v1/chat/completions", json=BODY)
+    assert response.json()["choices"][0]["message"]["content"] == "early!"
+
+
+async def test_worker_errors_map_to_openai_errors(front_door: httpx.AsyncClient, redis: aioredis.Redis) -> None:
+    async def refuse(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
+        error = JobError(code="invalid_request", message="The prompt is too long.")
+        await writer.append(job.id, encode(Chunk(error=error)), first=True, ack=ack)
+
+    async with scripted_worker(redis, refuse):
+        response = await front_door.post("/v1/chat/completions", json=BODY)
+        streamed = await front_door.post("/v1/chat/completions", json={**BODY, "stream": True})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "The prompt is too long."
+    events = [e for e in streamed.text.split("\n\n") if e]
+    assert json.loads(events[0][len("data: ") :])["error"]["type"] == "invalid_request_error"
+    assert events[-1] == "data: [DONE]"
+
+
+async def test_a_job_that_misses_its_deadline_is_a_504_and_is_cancelled(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    async def never(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
+        await writer.append(job.id, encode(Chunk(text="thinking")), first=True)
+
+    settings = settings_for(redis_server.url, timeout_s=0.5)
+    async with serving(settings) as client, scripted_worker(redis, never) as jobs:
+        response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "timeout"
+    assert await redis.exists(keys.cancel_mark(jobs[0].id))
+    assert 0 < await redis.ttl(keys.cancel_mark(jobs[0].id)) <= keys.CANCEL_TTL_S
+
+
+async def test_bad_requests_never_reach_the_queue(front_door: httpx.AsyncClient, redis: aioredis.Redis) -> None:
+    unknown = await front_door.post("/v1/chat/completions", json={**BODY, "model": "other"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    invalid = await front_door.post("/v1/chat/completions", json={**BODY, "n": 3})
+    assert invalid.status_code == 400
+    assert invalid.json()["error"]["param"] == "n"
+    assert not await redis.exists(keys.job_stream(MODEL))
+
+
+async def test_unknown_routes_and_methods_answer_in_openai_shape(front_door: httpx.AsyncClient) -> None:
+    missing = await front_door.get("/v1/nothing-here")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+    wrong_method = await front_door.get("/v1/chat/completions")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_readyz_needs_a_live_worker(front_door: httpx.AsyncClient, redis: aioredis.Redis) -> None:
+    assert (await front_door.get("/healthz")).status_code == 200
+    not_ready = await front_door.get("/readyz")
+    assert not_ready.status_code == 503
+    assert "worker" in not_ready.json()["error"]["message"]
+    record = WorkerRecord(
+        id="w1", host="h", pid=1, started=time.time(), heartbeat=time.time(), models=(MODEL,),
+        triton_http_port=1, triton_grpc_port=2, triton_metrics_port=3,
+    )
+    heartbeat = Heartbeat(redis, lambda: record, interval_s=60)
+    await heartbeat.start()
+    ready = await front_door.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["workers"] == 1
+    stored = msgspec.msgpack.decode(await redis.get(keys.worker_record("w1")), type=WorkerRecord)
+    assert stored.models == (MODEL,)
+    await heartbeat.stop()
+    assert (await front_door.get("/readyz")).status_code == 503
+    assert not await redis.exists(keys.worker_record("w1"))
+
+
+async def test_many_concurrent_requests_share_a_few_redis_connections(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    async def slow_words(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
+        await asyncio.sleep(0.3)
+        await answer_words(job, writer, ack)
+
+    async with scripted_worker(redis, slow_words):
+        requests = [front_door.post("/v1/chat/completions", json=BODY) for _ in range(100)]
+        gathered = asyncio.gather(*requests)
+        await asyncio.sleep(0.2)
+        clients = (await redis.info("clients"))["connected_clients"]
+        responses = await gathered
+    assert all(r.status_code == 200 for r in responses)
+    # 100 requests in flight: the front door's pool and reader, plus the test's own clients.
+    assert clients < 30
+    assert not [k async for k in redis.scan_iter(match=keys.result_stream("*"))]
