@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from litestar import Litestar, Request, Response
 from litestar.datastructures import State
@@ -58,11 +59,11 @@ def _provide_gateway(state: State) -> Gateway:
     return gateway
 
 
-def _openai_error(_: Request, exc: OpenAIError) -> Response[bytes]:
+def _openai_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes]:
     return routes.json_response(exc.body(), status_code=exc.status_code)
 
 
-def _http_error(request: Request, exc: HTTPException) -> Response[bytes]:
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     error: OpenAIError
     if isinstance(exc, NotFoundException):
         error = RouteNotFoundError(f"No endpoint {request.method} {request.url.path}.")
@@ -77,6 +78,6 @@ def _http_error(request: Request, exc: HTTPException) -> Response[bytes]:
     return _openai_error(request, error)
 
 
-def _unexpected_error(request: Request, exc: Exception) -> Response[bytes]:
+def _unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     logger.exception("unhandled error", exc_info=exc, extra={"path": request.url.path})
     return _openai_error(request, OpenAIError("The server had an error while processing your request."))

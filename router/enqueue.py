@@ -12,6 +12,7 @@ from router.openai.common import stop_list
 from switchboard import keys
 from switchboard.wire import ChatMessage, Job, SamplingParams, encode
 
+
 def new_job_id() -> str:
     """A unique id, also used as the OpenAI response id's suffix."""
     return uuid.uuid4().hex

@@ -107,4 +107,3 @@ class Gateway:
         """How many workers sent a heartbeat recently."""
         since = time.time() - keys.WORKER_TTL_S
         return int(await self.redis.zcount(keys.workers_index(), since, "+inf"))
-

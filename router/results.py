@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.redis_conn import stream_entries
 from switchboard.wire import Chunk, chunk_decoder
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class ResultReader:
             response = await self._redis.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
         finally:
             self.blocked = False
-        for stream_key, entries in response or ():
+        for stream_key, entries in stream_entries(response):
             self._dispatch(stream_key, entries)
 
     def _dispatch(self, stream_key: bytes, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
@@ -29,7 +30,9 @@ def json_response(payload: msgspec.Struct, status_code: int = 200) -> Response[b
 
 
 @post("/v1/chat/completions", status_code=200)
-async def create_chat_completion(request: Request, gateway: Gateway) -> Response[bytes] | Stream:
+async def create_chat_completion(
+    request: Request[Any, Any, Any], gateway: Gateway
+) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
     try:
         chat = _chat_request.decode(await request.body())
@@ -44,7 +47,9 @@ async def create_chat_completion(request: Request, gateway: Gateway) -> Response
         include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
     )
     if chat.stream:
-        return Stream(_stream_events(gateway, job, relay), media_type="text/event-stream", headers=SSE_HEADERS)
+        return Stream(
+            _stream_events(gateway, job, relay), media_type="text/event-stream", headers=SSE_HEADERS
+        )
     async with gateway.run_job(job) as chunks:
         return json_response(await relay.assemble(chunks))
 

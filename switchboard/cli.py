@@ -11,11 +11,17 @@ from switchboard.logs import configure_logging
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="switchboard", description="Multi-model OpenAI-compatible LLM router.")
-    parser.add_argument("--config", type=Path, help="TOML configuration file (environment variables override it)")
+    parser = argparse.ArgumentParser(
+        prog="switchboard", description="Multi-model OpenAI-compatible LLM router."
+    )
+    parser.add_argument(
+        "--config", type=Path, help="TOML configuration file (environment variables override it)"
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="all-in-one local stack: Redis (unless REDIS_URL), front door, one worker")
+    up = commands.add_parser(
+        "up", help="all-in-one local stack: Redis (unless REDIS_URL), front door, one worker"
+    )
     up.add_argument("--port", type=int, help="front door port (default 8000)")
     router = commands.add_parser("router", help="run the front door")
     router.add_argument("--host", help="address to listen on (default 0.0.0.0)")

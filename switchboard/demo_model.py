@@ -72,9 +72,7 @@ CORPUS = [
 ]
 
 
-def build_demo_model(
-    target_dir: Path, *, progress: Callable[[str], None] | None = None
-) -> Path:
+def build_demo_model(target_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
     """Build the demo model into target_dir unless a complete one is already there."""
     target_dir = Path(target_dir)
     report = progress or (lambda _message: None)
@@ -189,12 +187,11 @@ def _make_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return model.eval()
+    model.eval()  # inference mode: no dropout
+    return model
 
 
-def _discourage_special_tokens(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast
-) -> None:
+def _discourage_special_tokens(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast) -> None:
     """Make special and control-character tokens rare, so replies run to max_tokens."""
     import torch
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import redis.asyncio as aioredis
+
+# What XREAD and XREADGROUP return (RESP2, bytes): [(stream, [(entry id, {field: value})])].
+StreamEntries = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 
 # Past this, a command that should have answered is treated as a dead connection.
 COMMAND_TIMEOUT_S = 10.0
@@ -21,3 +26,8 @@ def blocking_client(url: str, block_ms: int) -> aioredis.Redis:
     return aioredis.Redis.from_url(
         url, single_connection_client=True, socket_timeout=block_ms / 1000 + COMMAND_TIMEOUT_S
     )
+
+
+def stream_entries(response: Any) -> StreamEntries:
+    """Type an XREAD/XREADGROUP reply (None when the block timed out) for the code that walks it."""
+    return cast(StreamEntries, response or [])

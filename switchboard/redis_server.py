@@ -44,8 +44,21 @@ class PrivateRedis:
             raise RedisServerError(INSTALL_HINT)
         self._workdir = tempfile.TemporaryDirectory(prefix="switchboard-redis-")
         self._process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self._workdir.name, "--loglevel", "warning"],
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._workdir.name,
+                "--loglevel",
+                "warning",
+            ],
             stdout=subprocess.DEVNULL,
         )
         self._wait_ready(timeout_s)

@@ -63,7 +63,9 @@ def _child_environment(settings: Settings, redis: PrivateRedis | None) -> dict[s
     return env
 
 
-def _spawn(command: str, config_path: Path | None, log_level: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _spawn(
+    command: str, config_path: Path | None, log_level: str, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "switchboard", "--log-level", log_level]
     if config_path is not None:
         argv += ["--config", str(config_path)]
@@ -79,8 +81,10 @@ def _wait_until_ready(settings: Settings, children: list[subprocess.Popen[bytes]
     while time.monotonic() - started < READY_TIMEOUT_S:
         for child in children:
             if child.poll() is not None:
-                print(f"switchboard: {_name(child)} exited with code {child.returncode}; see its log above.",
-                      file=sys.stderr)
+                print(
+                    f"switchboard: {_name(child)} exited with code {child.returncode}; see its log above.",
+                    file=sys.stderr,
+                )
                 return False
         status = _readiness(url)
         if status == "ready":
@@ -110,8 +114,9 @@ def _readiness(url: str) -> str:
 def _print_examples(settings: Settings) -> None:
     base = f"http://localhost:{settings.router.port}/v1"
     model = settings.models[0].name
-    print(f"""
-Switchboard is serving {', '.join(m.name for m in settings.models)} at {base}
+    print(
+        f"""
+Switchboard is serving {", ".join(m.name for m in settings.models)} at {base}
 
 Try it with curl:
   curl {base}/chat/completions -H 'Content-Type: application/json' \\
@@ -125,7 +130,9 @@ Or with the openai Python client:
       print(chunk.choices[0].delta.content or "", end="", flush=True)
 
 Press Ctrl-C to stop.
-""", flush=True)
+""",
+        flush=True,
+    )
 
 
 def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
@@ -139,7 +146,10 @@ def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
     while not stop["requested"]:
         for child in children:
             if child.poll() is not None:
-                print(f"switchboard: {_name(child)} exited with code {child.returncode}; stopping.", file=sys.stderr)
+                print(
+                    f"switchboard: {_name(child)} exited with code {child.returncode}; stopping.",
+                    file=sys.stderr,
+                )
                 return 1
         time.sleep(0.5)
     print("\n• Stopping ...", flush=True)

@@ -20,6 +20,7 @@ from pytriton.client import AsyncioDecoupledModelClient
 from redis.exceptions import ResponseError
 
 from switchboard import keys
+from switchboard.redis_conn import stream_entries
 from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_decoder
 from workers.engines.base import Engine
 from workers.result_writer import ResultWriter
@@ -128,7 +129,7 @@ class JobConsumer:
                 logger.exception("reading jobs failed; retrying")
                 await asyncio.sleep(RETRY_DELAY_S)
                 continue
-            for stream, entries in response or ():
+            for stream, entries in stream_entries(response):
                 for entry_id, fields in entries:
                     self._spawn(stream.decode(), entry_id, fields[b"job"])
 
@@ -145,7 +146,9 @@ class JobConsumer:
         job = job_decoder.decode(payload)
         ack = (stream, entry_id)
         if time.time() > job.deadline:
-            await self._fail(job, ack, JobError(code="timeout", message="the job expired before a worker took it"))
+            await self._fail(
+                job, ack, JobError(code="timeout", message="the job expired before a worker took it")
+            )
             return
         model = self._models[stream]
         try:
@@ -155,7 +158,9 @@ class JobConsumer:
             await self._fail(job, ack, JobError(code="engine_error", message=f"the worker failed: {exc}"))
             return
         if not finished:
-            await self._fail(job, ack, JobError(code="engine_error", message="the engine ended without a result"))
+            await self._fail(
+                job, ack, JobError(code="engine_error", message="the engine ended without a result")
+            )
 
     async def _stream_job(self, job: Job, payload: bytes, model: ServedModel, ack: tuple[str, bytes]) -> bool:
         first, aborted = True, False

@@ -41,9 +41,10 @@ class Heartbeat:
         self._task = None
         worker_id = self._record().id
         with contextlib.suppress(RedisError):
-            await self._redis.pipeline(transaction=False).delete(keys.worker_record(worker_id)).zrem(
-                keys.workers_index(), worker_id
-            ).execute()
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.delete(keys.worker_record(worker_id))
+            pipe.zrem(keys.workers_index(), worker_id)
+            await pipe.execute()
 
     async def beat(self) -> None:
         """Refresh the record and its score; drop workers that stopped beating long ago."""

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 class _Write:
-    __slots__ = ("job_id", "payload", "first", "ack", "done")
+    __slots__ = ("ack", "done", "first", "job_id", "payload")
 
     def __init__(self, job_id: str, payload: bytes, first: bool, ack: tuple[str, bytes] | None) -> None:
         self.job_id = job_id
@@ -47,7 +47,8 @@ class ResultWriter:
         """Stop the flush loop once nothing is pending; idempotent."""
         if self._task is None:
             return
-        while self._pending:
+        # The loop empties `_pending` by itself within a flush or two; wait for it to get there.
+        while self._pending:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

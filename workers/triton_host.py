@@ -72,7 +72,11 @@ class TritonHost:
         self._triton.run()
         logger.info(
             "triton started",
-            extra={"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port},
+            extra={
+                "http_port": self.http_port,
+                "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port,
+            },
         )
 
     def bind(self, model: str, engine: Engine, engine_loop: asyncio.AbstractEventLoop) -> str:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 import numpy as np
+import numpy.typing as npt
 
 from switchboard.wire import Chunk, Job, JobError, Usage, encode, job_decoder
 from workers.coalesce import coalesce
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 JOB_INPUT = "job"
 CHUNK_OUTPUT = "chunk"
 
-Responses = list[dict[str, np.ndarray]]
+Responses = list[dict[str, npt.NDArray[np.object_]]]
 
 
 def chunk_for(delta: Delta) -> Chunk:
@@ -43,7 +44,9 @@ def engine_request(job: Job) -> EngineRequest:
 class EngineCallable:
     """Triton infer function: one request in, a stream of coalesced chunks out."""
 
-    def __init__(self, engine: Engine, engine_loop: asyncio.AbstractEventLoop, coalesce_window_s: float) -> None:
+    def __init__(
+        self, engine: Engine, engine_loop: asyncio.AbstractEventLoop, coalesce_window_s: float
+    ) -> None:
         self._engine = engine
         self._engine_loop = engine_loop
         self._window_s = coalesce_window_s
@@ -68,7 +71,10 @@ class EngineCallable:
             _cancel(pump)
 
     async def _pump(
-        self, request: EngineRequest, queue: asyncio.Queue[Delta | BaseException], target: asyncio.AbstractEventLoop
+        self,
+        request: EngineRequest,
+        queue: asyncio.Queue[Delta | BaseException],
+        target: asyncio.AbstractEventLoop,
     ) -> None:
         """Runs on the engine's loop: forward every delta (or the error) to the callable's loop."""
         try:

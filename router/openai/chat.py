@@ -112,4 +112,4 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     choices: list[ChatChunkChoice]
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     # Present (null until the final usage chunk) only when stream_options.include_usage is set.
-    usage: Usage | None | msgspec.UnsetType = msgspec.UNSET
+    usage: Usage | msgspec.UnsetType | None = msgspec.UNSET

@@ -62,9 +62,7 @@ class ModelNotFoundError(OpenAIError):
 
     def __init__(self, model: str, available: list[str]) -> None:
         names = ", ".join(available) or "none"
-        super().__init__(
-            f"The model `{model}` does not exist. Models served here: {names}.", param="model"
-        )
+        super().__init__(f"The model `{model}` does not exist. Models served here: {names}.", param="model")
 
 
 class RouteNotFoundError(OpenAIError):
@@ -122,7 +120,9 @@ def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) ->
     missing = _MISSING.search(message)
     if missing:
         path = f"{path}.{missing.group('field')}" if path else missing.group("field")
-        return InvalidRequestError(f"Missing required parameter: `{path}`.", param=path, code="missing_required_parameter")
+        return InvalidRequestError(
+            f"Missing required parameter: `{path}`.", param=path, code="missing_required_parameter"
+        )
     if not path:
         return InvalidRequestError(f"Invalid request body: {message}")
     return InvalidRequestError(f"Invalid value for `{path}`: {message}", param=path, code="invalid_value")

@@ -62,7 +62,9 @@ def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: Path) 
             pass
         if time.monotonic() - last_report > 15:
             last_report = time.monotonic()
-            print(f"waiting for the worker to load the engine ({last_report - started:.0f} s)", file=sys.stderr)
+            print(
+                f"waiting for the worker to load the engine ({last_report - started:.0f} s)", file=sys.stderr
+            )
         time.sleep(0.5)
     pytest.fail(f"the stack was not ready within {READY_TIMEOUT_S:.0f} s; logs in {logs}")
 

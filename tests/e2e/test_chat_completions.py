@@ -27,7 +27,9 @@ def test_non_streamed_completion_has_openai_shape_and_usage_that_adds_up(client:
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 24
     assert completion.usage.prompt_tokens > 0
-    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    assert (
+        completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    )
 
 
 def test_streamed_chunks_reassemble_to_the_non_streamed_text(client: OpenAI) -> None:

@@ -12,12 +12,12 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import httpx
 import msgspec
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
-import httpx
 import uvicorn
+from redis.exceptions import ResponseError
 
 from router.app import create_app
 from switchboard import keys
@@ -55,6 +55,7 @@ async def scripted_worker(redis: aioredis.Redis, answer: Answer) -> AsyncIterato
     writer = ResultWriter(redis)
     writer.start()
     seen: list[Job] = []
+    answers: set[asyncio.Task[None]] = set()
 
     async def loop() -> None:
         while True:
@@ -63,7 +64,9 @@ async def scripted_worker(redis: aioredis.Redis, answer: Answer) -> AsyncIterato
                 for entry_id, fields in entries:
                     job = job_decoder.decode(fields[b"job"])
                     seen.append(job)
-                    asyncio.create_task(answer(job, writer, (stream, entry_id)))
+                    task = asyncio.create_task(answer(job, writer, (stream, entry_id)))
+                    answers.add(task)
+                    task.add_done_callback(answers.discard)
 
     task = asyncio.create_task(loop())
     try:
@@ -78,9 +81,11 @@ async def scripted_worker(redis: aioredis.Redis, answer: Answer) -> AsyncIterato
 @contextlib.asynccontextmanager
 async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """The front door on a real HTTP port, in this test's event loop, and a client for it."""
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
+    )
     task = asyncio.create_task(server.serve())
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110 (uvicorn offers no event to wait on)
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
@@ -154,7 +159,9 @@ async def test_a_chunk_written_before_the_reader_looks_is_not_lost(
     assert response.json()["choices"][0]["message"]["content"] == "early!"
 
 
-async def test_worker_errors_map_to_openai_errors(front_door: httpx.AsyncClient, redis: aioredis.Redis) -> None:
+async def test_worker_errors_map_to_openai_errors(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
     async def refuse(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
         error = JobError(code="invalid_request", message="The prompt is too long.")
         await writer.append(job.id, encode(Chunk(error=error)), first=True, ack=ack)
@@ -184,7 +191,9 @@ async def test_a_job_that_misses_its_deadline_is_a_504_and_is_cancelled(
     assert 0 < await redis.ttl(keys.cancel_mark(jobs[0].id)) <= keys.CANCEL_TTL_S
 
 
-async def test_bad_requests_never_reach_the_queue(front_door: httpx.AsyncClient, redis: aioredis.Redis) -> None:
+async def test_bad_requests_never_reach_the_queue(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
     unknown = await front_door.post("/v1/chat/completions", json={**BODY, "model": "other"})
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "model_not_found"
@@ -209,8 +218,15 @@ async def test_readyz_needs_a_live_worker(front_door: httpx.AsyncClient, redis: 
     assert not_ready.status_code == 503
     assert "worker" in not_ready.json()["error"]["message"]
     record = WorkerRecord(
-        id="w1", host="h", pid=1, started=time.time(), heartbeat=time.time(), models=(MODEL,),
-        triton_http_port=1, triton_grpc_port=2, triton_metrics_port=3,
+        id="w1",
+        host="h",
+        pid=1,
+        started=time.time(),
+        heartbeat=time.time(),
+        models=(MODEL,),
+        triton_http_port=1,
+        triton_grpc_port=2,
+        triton_metrics_port=3,
     )
     heartbeat = Heartbeat(redis, lambda: record, interval_s=60)
     await heartbeat.start()

@@ -73,9 +73,7 @@ def test_chat_template_renders(tokenizer) -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi there"},
     ]
-    prompt = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False
-    )
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert prompt == "<s><|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
 
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 from switchboard.config import ModelConfig
+from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,9 @@ class VllmEngine(Engine):
                     conversation, add_generation_prompt=True, tokenize=False
                 )
             except ValueError as exc:  # no template, or one that refuses this conversation
-                raise InvalidEngineRequest(f"cannot apply the chat template of {self.model.name}: {exc}") from exc
+                raise InvalidEngineRequest(
+                    f"cannot apply the chat template of {self.model.name}: {exc}"
+                ) from exc
             # The template writes its own special tokens (BOS and the like).
             ids = list(self._tokenizer.encode(text, add_special_tokens=False))
         else:
@@ -106,7 +108,7 @@ class VllmEngine(Engine):
         room = self._max_model_len - prompt_tokens
         sampling = request.sampling
         max_tokens = min(sampling.max_tokens, room) if sampling.max_tokens else room
-        optional = {
+        optional: dict[str, Any] = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": sampling.seed,

@@ -1,0 +1,202 @@
+"""The worker's path against a real Triton (PyTriton) and a real Redis, with a scripted engine.
+
+The engine is the only stand-in: it streams deltas on a script named in the job's prompt, so the
+consumer, the Triton model (decoupled, coalescing), the result writer and the acknowledgements
+are all exercised for real and fast. The real engine is covered end to end in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from pytriton.client import AsyncioDecoupledModelClient
+
+from switchboard import keys
+from switchboard.redis_server import PrivateRedis
+from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
+from workers.consumer import JobConsumer, ServedModel
+from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
+from workers.result_writer import ResultWriter
+from workers.triton_host import TritonHost
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MODEL = "scripted/model:v1"  # characters Triton refuses, on purpose
+WINDOW_S = 0.05
+
+
+class ScriptedEngine(Engine):
+    """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `invalid`, `crash`."""
+
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+        self._running: dict[str, asyncio.Event] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+        words = (request.prompt or "").split()
+        abort = self._running[request.request_id] = asyncio.Event()
+        if words[0] == "invalid":
+            raise InvalidEngineRequest("The prompt is too long.")
+        if words[0] == "crash":
+            raise RuntimeError("out of memory")
+        count = int(words[1]) if len(words) > 1 else 1_000_000
+        pause = float(words[2]) if len(words) > 2 else (0.0 if words[0] == "fast" else 0.01)
+        for index in range(count):
+            if abort.is_set():
+                yield Delta(text="", prompt_tokens=3, completion_tokens=index, finish_reason="abort")
+                return
+            await asyncio.sleep(pause)
+            last = index == count - 1
+            # "\x00" inside the text checks that bytes survive Triton untouched.
+            yield Delta(
+                text=f"t{index}\x00 ",
+                prompt_tokens=3,
+                completion_tokens=index + 1,
+                finish_reason="length" if last else None,
+            )
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self._running[request_id].set()
+
+    async def stop(self) -> None:
+        return None
+
+    def footprint(self) -> Footprint:
+        return Footprint(device="cpu", memory_bytes=0)
+
+
+class Worker:
+    """The pieces of a worker process, wired as workers.main does."""
+
+    def __init__(self, redis: aioredis.Redis, engine: ScriptedEngine, consumer: JobConsumer) -> None:
+        self.redis = redis
+        self.engine = engine
+        self.consumer = consumer
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def worker() -> AsyncIterator[Worker]:
+    with PrivateRedis() as server:
+        redis = aioredis.Redis.from_url(server.url)
+        host = TritonHost(coalesce_window_s=WINDOW_S)
+        await asyncio.to_thread(host.start)
+        engine = ScriptedEngine()
+        name = await asyncio.to_thread(host.bind, MODEL, engine, asyncio.get_running_loop())
+        client = AsyncioDecoupledModelClient(host.grpc_url, name)
+        writer = ResultWriter(redis)
+        writer.start()
+        served = ServedModel(name=MODEL, client=client, engine=engine)
+        consumer = JobConsumer(redis, writer, worker_id="w1", models=[served], max_concurrent_jobs=4)
+        await consumer.start()
+        try:
+            yield Worker(redis, engine, consumer)
+        finally:
+            await consumer.stop(drain_timeout_s=5)
+            await writer.stop()
+            await client.close()
+            await asyncio.to_thread(host.stop)
+            await redis.aclose()
+
+
+def job(prompt: str, deadline_s: float = 60.0) -> Job:
+    now = time.time()
+    return Job(
+        id=uuid.uuid4().hex,
+        model=MODEL,
+        prompt=prompt,
+        sampling=SamplingParams(),
+        created=now,
+        deadline=now + deadline_s,
+    )
+
+
+async def submit(redis: aioredis.Redis, *jobs: Job) -> None:
+    for one in jobs:
+        await redis.xadd(keys.job_stream(MODEL), {"job": encode(one)})
+
+
+async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> list[Chunk]:
+    """Every chunk of the job, read from the start of its stream as the front door does."""
+    chunks: list[Chunk] = []
+    last_id = b"0-0"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        response = await redis.xread({keys.result_stream(job_id): last_id}, block=500)
+        for _, entries in response or ():
+            for entry_id, fields in entries:
+                last_id = entry_id
+                chunks.append(chunk_decoder.decode(fields[b"c"]))
+        if chunks and chunks[-1].is_last:
+            return chunks
+    raise AssertionError(f"job {job_id} did not finish; got {chunks}")
+
+
+async def test_a_job_streams_through_triton_and_is_acknowledged(worker: Worker) -> None:
+    one = job("slow 5 0.1")
+    await submit(worker.redis, one)
+    chunks = await result(worker.redis, one.id)
+    assert "".join(c.text for c in chunks) == "".join(f"t{i}\x00 " for i in range(5))
+    # Deltas 100 ms apart, window 50 ms: each travels alone, none waits for the next.
+    assert len(chunks) == 5
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    await asyncio.sleep(0.1)
+    assert await worker.redis.xlen(keys.job_stream(MODEL)) == 0
+    assert (await worker.redis.xpending(keys.job_stream(MODEL), keys.JOB_GROUP))["pending"] == 0
+    assert 0 < await worker.redis.ttl(keys.result_stream(one.id)) <= keys.RESULT_TTL_S
+
+
+async def test_fast_tokens_travel_as_few_chunks(worker: Worker) -> None:
+    one = job("fast 400")
+    await submit(worker.redis, one)
+    chunks = await result(worker.redis, one.id)
+    assert "".join(c.text for c in chunks) == "".join(f"t{i}\x00 " for i in range(400))
+    assert len(chunks) < 40, f"{len(chunks)} chunks for 400 tokens that arrived together"
+
+
+async def test_a_cancel_mark_aborts_the_engine_request(worker: Worker) -> None:
+    one = job("hang")
+    await submit(worker.redis, one)
+    await asyncio.sleep(0.5)
+    await worker.redis.set(keys.cancel_mark(one.id), b"1", ex=60)
+    chunks = await result(worker.redis, one.id)
+    assert chunks[-1].finish_reason == "abort"
+    assert one.id in worker.engine.aborted
+    assert (await worker.redis.xpending(keys.job_stream(MODEL), keys.JOB_GROUP))["pending"] == 0
+
+
+async def test_engine_errors_become_error_chunks(worker: Worker) -> None:
+    invalid, crash = job("invalid"), job("crash")
+    await submit(worker.redis, invalid, crash)
+    (refused,) = await result(worker.redis, invalid.id)
+    assert refused.error is not None and refused.error.code == "invalid_request"
+    assert refused.error.message == "The prompt is too long."
+    (failed,) = await result(worker.redis, crash.id)
+    assert failed.error is not None and failed.error.code == "engine_error"
+    assert "out of memory" in failed.error.message
+
+
+async def test_an_expired_job_is_answered_with_a_timeout_without_running(worker: Worker) -> None:
+    stale = job("fast 3", deadline_s=-1)
+    await submit(worker.redis, stale)
+    (chunk,) = await result(worker.redis, stale.id)
+    assert chunk.error is not None and chunk.error.code == "timeout"
+
+
+async def test_no_more_jobs_run_at_once_than_the_worker_allows(worker: Worker) -> None:
+    jobs = [job("slow 3 0.2") for _ in range(8)]
+    await submit(worker.redis, *jobs)
+    await asyncio.sleep(0.3)
+    assert worker.consumer.running <= 4
+    results = await asyncio.gather(*(result(worker.redis, j.id) for j in jobs))
+    assert all(chunks[-1].finish_reason == "length" for chunks in results)
