@@ -9,7 +9,6 @@ before the request subscribed is not lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -17,6 +16,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.redis_conn import stream_entries
+from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, chunk_decoder
 
 logger = logging.getLogger(__name__)
@@ -99,11 +99,7 @@ class ResultReader:
 
     async def stop(self) -> None:
         """Stop the reader loop; idempotent."""
-        if self._task is None:
-            return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
 
     async def _run(self) -> None:

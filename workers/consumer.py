@@ -21,6 +21,7 @@ from redis.exceptions import ResponseError
 
 from switchboard import keys
 from switchboard.redis_conn import stream_entries
+from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_decoder
 from workers.engines.base import Engine
 from workers.result_writer import ResultWriter
@@ -86,11 +87,8 @@ class JobConsumer:
 
         A cancelled job stays pending in its stream, unacknowledged, for another worker to take.
         """
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-            self._reader = None
+        await cancel_and_wait(self._reader)
+        self._reader = None
         if self._jobs:
             _, still_running = await asyncio.wait(self._jobs, timeout=drain_timeout_s)
             for task in still_running:

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from switchboard import keys
+from switchboard.tasks import cancel_and_wait
 from switchboard.wire import WorkerRecord, encode
 
 logger = logging.getLogger(__name__)
@@ -35,9 +36,7 @@ class Heartbeat:
         """Stop advertising and withdraw the advertisement; idempotent."""
         if self._task is None:
             return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
         worker_id = self._record().id
         with contextlib.suppress(RedisError):

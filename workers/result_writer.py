@@ -9,12 +9,12 @@ has gone away (its cancel mark) and acknowledges jobs whose last chunk it carrie
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +50,7 @@ class ResultWriter:
         # The loop empties `_pending` by itself within a flush or two; wait for it to get there.
         while self._pending:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
 
     async def append(

@@ -81,8 +81,17 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
+def _print_logs_if_failed(session: pytest.Session, logs: Path) -> None:
+    """A failing end-to-end test is explained by the worker's and router's logs: show their ends."""
+    if not session.testsfailed:
+        return
+    for log in sorted(logs.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        print(f"\n----- last lines of {log} -----", *tail, sep="\n", file=sys.stderr)
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """Redis, a worker serving the demo model, and the front door, all real processes."""
     root = tmp_path_factory.mktemp("e2e")
     model_dir = root / "demo-model"
@@ -102,6 +111,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             yield Stack(f"http://127.0.0.1:{port}", redis, root)
         finally:
             _stop(list(reversed(processes)))
+            _print_logs_if_failed(request.session, root)
 
 
 @pytest.fixture
