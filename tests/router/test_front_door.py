@@ -257,3 +257,28 @@ async def test_many_concurrent_requests_share_a_few_redis_connections(
     # 100 requests in flight: the front door's pool and reader, plus the test's own clients.
     assert clients < 30
     assert not [k async for k in redis.scan_iter(match=keys.result_stream("*"))]
+
+
+async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    async def endless(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
+        first = True
+        while not await redis.exists(keys.cancel_mark(job.id)):
+            await writer.append(job.id, encode(Chunk(text="more ")), first=first)
+            first = False
+            await asyncio.sleep(0.05)
+        await writer.append(job.id, encode(Chunk(finish_reason="abort")), first=False, ack=ack)
+
+    async with scripted_worker(redis, endless) as jobs:
+        async with front_door.stream(
+            "POST", "/v1/chat/completions", json={**BODY, "stream": True}
+        ) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    break  # the client goes away after its first event
+        for _ in range(100):
+            if jobs and await redis.exists(keys.cancel_mark(jobs[0].id)):
+                break
+            await asyncio.sleep(0.05)
+        assert jobs and await redis.exists(keys.cancel_mark(jobs[0].id))
