@@ -58,8 +58,14 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     models: list[str] = msgspec.field(default_factory=list)
     # Jobs this worker runs at once, across its models (the engine batches them).
     max_concurrent_jobs: Annotated[int, msgspec.Meta(ge=1)] = 64
-    # Tokens that reach the Triton callable within this window travel as one chunk.
+    # Tokens that reach the Triton callable within this window travel as one chunk. Every hop
+    # after the engine costs CPU per chunk, so with many streams the window widens, up to
+    # coalesce_max_ms, to keep each model under max_chunks_per_s in total.
     coalesce_ms: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    # The default budget keeps a 2-core box's front door and worker from drowning in chunks at 32
+    # streams (a window of 160 ms); raise it where more cores serve the messages.
+    coalesce_max_ms: Annotated[float, msgspec.Meta(ge=0)] = 200.0
+    max_chunks_per_s: Annotated[float, msgspec.Meta(gt=0)] = 200.0
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     # Cores kept free of engine compute on CPU workers, for Triton, the consumer and the router.
     reserved_cores: Annotated[int, msgspec.Meta(ge=0)] = 1

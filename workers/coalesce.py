@@ -9,7 +9,7 @@ them. The first delta and the last (finish) delta never wait.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from workers.engines.base import Delta
 
@@ -27,14 +27,20 @@ def merge(deltas: list[Delta]) -> Delta:
     )
 
 
-async def coalesce(queue: asyncio.Queue[Delta | BaseException], window_s: float) -> AsyncIterator[Delta]:
-    """Yield merged deltas from `queue` until one has a finish reason; re-raise queued errors."""
+async def coalesce(
+    queue: asyncio.Queue[Delta | BaseException], window_s: float | Callable[[], float]
+) -> AsyncIterator[Delta]:
+    """Yield merged deltas from `queue` until one has a finish reason; re-raise queued errors.
+
+    `window_s` may be a function, asked again for every chunk, so the window can follow the load.
+    """
+    window = window_s if callable(window_s) else lambda: window_s
     loop = asyncio.get_running_loop()
     last_sent = float("-inf")
     while True:
         pending = [_unwrap(await queue.get())]
         _drain(queue, pending)
-        send_at = last_sent + window_s
+        send_at = last_sent + window()
         while pending[-1].finish_reason is None and loop.time() < send_at:
             try:
                 async with asyncio.timeout_at(send_at):

@@ -23,9 +23,8 @@ from switchboard import keys
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_decoder
-from workers.engines.base import Engine
 from workers.result_writer import ResultWriter
-from workers.triton_model import JOB_INPUT
+from workers.triton_model import JOB_INPUT, EngineCallable
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +39,11 @@ warnings.filterwarnings("ignore", message=".*doesn't support client_timeout.*")
 
 @dataclass
 class ServedModel:
-    """A model this worker holds: its Triton model, and the engine behind it for aborts.
-
-    The consumer runs on the engine's event loop (the worker's main loop), so it may call the
-    engine directly.
-    """
+    """A model this worker holds: the client of its Triton model, and that model's callable (for aborts)."""
 
     name: str
     client: AsyncioDecoupledModelClient
-    engine: Engine
+    triton_model: EngineCallable
 
 
 class JobConsumer:
@@ -172,7 +167,7 @@ class JobConsumer:
                 return True
             if cancelled and not aborted:
                 aborted = True
-                await model.engine.abort(job.id)
+                await asyncio.wrap_future(model.triton_model.abort(job.id))
         return False
 
     async def _fail(self, job: Job, ack: tuple[str, bytes], error: JobError) -> None:

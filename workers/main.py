@@ -20,7 +20,8 @@ from workers.cpu_placement import available_cores, compute_cores, engine_threads
 from workers.engines.base import Engine, create_engine
 from workers.heartbeat import Heartbeat
 from workers.result_writer import ResultWriter
-from workers.triton_host import TritonHost
+from workers.triton_host import TritonHost, triton_model_name
+from workers.triton_model import CoalescingPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +37,11 @@ class Worker:
         self.started = time.time()
         # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
         self._redis = pooled_client(settings.redis.url)
-        self._host = TritonHost(coalesce_window_s=settings.worker.coalesce_ms / 1000)
+        self._host = TritonHost(coalescing=coalescing_policy(settings))
         self._writer = ResultWriter(self._redis)
         self._heartbeat = Heartbeat(self._redis, self.record, settings.worker.heartbeat_s)
         self._models: list[ServedModel] = []
+        self._engines: list[Engine] = []
         self._consumer: JobConsumer | None = None
         self._stop_lock = asyncio.Lock()
         self._stopped = False
@@ -99,12 +101,12 @@ class Worker:
         _ensure_demo_model(model)
         logger.info("loading model", extra={"model": model.name, "path": model.path, "engine": model.engine})
         await engine.start()
-        loop = asyncio.get_running_loop()
-        triton_name = await asyncio.to_thread(self._host.bind, model.name, engine, loop)
+        self._engines.append(engine)
+        triton_model = await asyncio.to_thread(self._host.bind, model.name, engine)
         client = AsyncioDecoupledModelClient(
-            self._host.grpc_url, triton_name, inference_timeout_s=TRITON_RESPONSE_TIMEOUT_S
+            self._host.grpc_url, triton_model_name(model.name), inference_timeout_s=TRITON_RESPONSE_TIMEOUT_S
         )
-        return ServedModel(name=model.name, client=client, engine=engine)
+        return ServedModel(name=model.name, client=client, triton_model=triton_model)
 
     async def stop(self) -> None:
         """Stop taking jobs, drain, withdraw, and release everything; idempotent."""
@@ -119,7 +121,8 @@ class Worker:
             await self._writer.stop()
             for model in self._models:
                 await model.client.close()
-                await model.engine.stop()
+            for engine in self._engines:
+                await engine.stop()
             await asyncio.to_thread(self._host.stop)
             await self._redis.aclose()
 
@@ -132,6 +135,16 @@ def _ensure_demo_model(model: ModelConfig) -> None:
         from switchboard.demo_model import build_demo_model
 
         build_demo_model(Path(model.path), progress=lambda step: logger.info(step))
+
+
+def coalescing_policy(settings: Settings) -> CoalescingPolicy:
+    """The worker's coalescing settings as the Triton models use them."""
+    worker = settings.worker
+    return CoalescingPolicy(
+        min_window_s=worker.coalesce_ms / 1000,
+        max_window_s=worker.coalesce_max_ms / 1000,
+        max_chunks_per_s=worker.max_chunks_per_s,
+    )
 
 
 def run_worker(settings: Settings) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
@@ -14,7 +13,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 from workers.engines.base import Engine
-from workers.triton_model import CHUNK_OUTPUT, JOB_INPUT, EngineCallable
+from workers.triton_model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +46,11 @@ def use_own_libpython() -> None:
 class TritonHost:
     """Starts Triton on free ports and binds engines to it as streaming models."""
 
-    def __init__(self, *, coalesce_window_s: float) -> None:
+    def __init__(self, *, coalescing: CoalescingPolicy) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
-        self._window_s = coalesce_window_s
+        self._coalescing = coalescing
         self._triton: Triton | None = None
 
     @property
@@ -79,19 +78,19 @@ class TritonHost:
             },
         )
 
-    def bind(self, model: str, engine: Engine, engine_loop: asyncio.AbstractEventLoop) -> str:
-        """Serve `engine` as a decoupled Triton model; returns the Triton model name."""
+    def bind(self, model: str, engine: Engine) -> EngineCallable:
+        """Serve `engine` as the decoupled Triton model `triton_model_name(model)`."""
         assert self._triton is not None, "start() the host before binding models"
-        name = triton_model_name(model)
+        callable_ = EngineCallable(engine, self._coalescing)
         self._triton.bind(
-            model_name=name,
-            infer_func=EngineCallable(engine, engine_loop, self._window_s),
+            model_name=triton_model_name(model),
+            infer_func=callable_,
             inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
             outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
             config=ModelConfig(decoupled=True, batching=False),
             strict=False,
         )
-        return name
+        return callable_
 
     def stop(self) -> None:
         """Stop Triton and every model bound to it; idempotent."""

@@ -1,8 +1,8 @@
 """The Triton model for one engine: a decoupled callable that takes a Job and streams Chunks.
 
-PyTriton runs this callable on its own event loop thread, while the engine lives on the worker's
-main loop; a pump task on the engine's loop forwards deltas across, and the coalescer on this side
-groups those that arrive together. The job and the chunks keep their wire encoding end to end, so
+PyTriton runs this callable on its own event loop thread, and the engine is driven from there; a
+pump task moves the engine's deltas into a queue, and the coalescer groups those that arrive
+together. The job and the chunks keep their wire encoding end to end, so
 the consumer appends Triton's output to Redis as it is.
 """
 
@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -41,24 +42,44 @@ def engine_request(job: Job) -> EngineRequest:
     return EngineRequest(request_id=job.id, sampling=job.sampling, messages=job.messages, prompt=job.prompt)
 
 
-class EngineCallable:
-    """Triton infer function: one request in, a stream of coalesced chunks out."""
+class CoalescingPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How long a stream's chunk may wait for more tokens, given how many streams are running.
 
-    def __init__(
-        self, engine: Engine, engine_loop: asyncio.AbstractEventLoop, coalesce_window_s: float
-    ) -> None:
+    A chunk costs the same at every hop whatever it carries, so the model's total chunk rate is
+    what costs CPU. One stream keeps the shortest window; as streams are added the window widens so
+    that all of them together send at most `max_chunks_per_s`, up to `max_window_s`.
+    """
+
+    min_window_s: float = 0.005
+    max_window_s: float = 0.2
+    max_chunks_per_s: float = 200.0
+
+    def window_s(self, streams: int) -> float:
+        """The window for each of `streams` concurrent streams."""
+        return min(self.max_window_s, max(self.min_window_s, streams / self.max_chunks_per_s))
+
+
+class EngineCallable:
+    """Triton infer function: one request in, a stream of coalesced chunks out.
+
+    The engine is driven from PyTriton's own event loop (the thread that calls this), so deltas
+    reach the coalescer without crossing threads; `abort` is the only way in from elsewhere.
+    """
+
+    def __init__(self, engine: Engine, policy: CoalescingPolicy) -> None:
         self._engine = engine
-        self._engine_loop = engine_loop
-        self._window_s = coalesce_window_s
+        self._policy = policy
+        self._streams = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, requests: list[object]) -> AsyncIterator[Responses]:
         """Decoupled inference: yields one response per coalesced chunk, the last one final."""
         (request,) = requests  # batching is off for decoupled models: one request per call
         job = job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
+        self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
-        pump = asyncio.run_coroutine_threadsafe(
-            self._pump(engine_request(job), queue, asyncio.get_running_loop()), self._engine_loop
-        )
+        pump = asyncio.create_task(self._pump(engine_request(job), queue))
+        self._streams += 1
         try:
             async for delta in coalesce(queue, self._window_s):
                 yield _response(chunk_for(delta))
@@ -68,27 +89,27 @@ class EngineCallable:
             logger.exception("generation failed", extra={"job_id": job.id, "model": job.model})
             yield _response(Chunk(error=JobError(code="engine_error", message=f"generation failed: {exc}")))
         finally:
-            _cancel(pump)
+            self._streams -= 1
+            # Cancelling the pump closes the engine's stream, which aborts the request in the engine.
+            pump.cancel()
 
-    async def _pump(
-        self,
-        request: EngineRequest,
-        queue: asyncio.Queue[Delta | BaseException],
-        target: asyncio.AbstractEventLoop,
-    ) -> None:
-        """Runs on the engine's loop: forward every delta (or the error) to the callable's loop."""
+    def abort(self, request_id: str) -> Future[None]:
+        """Abort a running request from any thread; its stream ends with finish reason "abort"."""
+        if self._loop is None:
+            raise RuntimeError("no request has run on this model yet")
+        return asyncio.run_coroutine_threadsafe(self._engine.abort(request_id), self._loop)
+
+    def _window_s(self) -> float:
+        return self._policy.window_s(self._streams)
+
+    async def _pump(self, request: EngineRequest, queue: asyncio.Queue[Delta | BaseException]) -> None:
+        """Move deltas into the queue the coalescer waits on (it may time out; the engine must not)."""
         try:
             async for delta in self._engine.generate(request):
-                target.call_soon_threadsafe(queue.put_nowait, delta)
+                queue.put_nowait(delta)
         except Exception as exc:
-            target.call_soon_threadsafe(queue.put_nowait, exc)
+            queue.put_nowait(exc)
 
 
 def _response(chunk: Chunk) -> Responses:
     return [{CHUNK_OUTPUT: np.array([encode(chunk)], dtype=np.object_)}]
-
-
-def _cancel(pump: Future[None]) -> None:
-    # Cancelling the pump closes the engine's stream, which aborts the request in the engine.
-    if not pump.done():
-        pump.cancel()

@@ -203,3 +203,14 @@ async def test_exception_while_waiting_in_window_is_raised() -> None:
     queue.put_nowait(RuntimeError("mid-window"))
     with pytest.raises(RuntimeError, match="mid-window"):
         await asyncio.wait_for(pending, 5)
+
+
+def test_the_window_widens_with_the_number_of_streams_within_its_bounds() -> None:
+    from workers.triton_model import CoalescingPolicy
+
+    policy = CoalescingPolicy(min_window_s=0.005, max_window_s=0.1, max_chunks_per_s=400)
+    assert policy.window_s(1) == 0.005  # a lone stream is never held back longer than the minimum
+    assert policy.window_s(8) == pytest.approx(0.02)  # 8 streams x 50 chunks/s = 400 chunks/s
+    assert policy.window_s(32) == pytest.approx(0.08)
+    assert policy.window_s(1000) == 0.1  # never longer than the maximum
+    assert policy.window_s(0) == 0.005

@@ -23,7 +23,8 @@ from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
 from workers.consumer import JobConsumer, ServedModel
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 from workers.result_writer import ResultWriter
-from workers.triton_host import TritonHost
+from workers.triton_host import TritonHost, triton_model_name
+from workers.triton_model import CoalescingPolicy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -88,14 +89,14 @@ class Worker:
 async def worker() -> AsyncIterator[Worker]:
     with PrivateRedis() as server:
         redis = aioredis.Redis.from_url(server.url)
-        host = TritonHost(coalesce_window_s=WINDOW_S)
+        host = TritonHost(coalescing=CoalescingPolicy(min_window_s=WINDOW_S, max_window_s=WINDOW_S))
         await asyncio.to_thread(host.start)
         engine = ScriptedEngine()
-        name = await asyncio.to_thread(host.bind, MODEL, engine, asyncio.get_running_loop())
-        client = AsyncioDecoupledModelClient(host.grpc_url, name)
+        triton_model = await asyncio.to_thread(host.bind, MODEL, engine)
+        client = AsyncioDecoupledModelClient(host.grpc_url, triton_model_name(MODEL))
         writer = ResultWriter(redis)
         writer.start()
-        served = ServedModel(name=MODEL, client=client, engine=engine)
+        served = ServedModel(name=MODEL, client=client, triton_model=triton_model)
         consumer = JobConsumer(redis, writer, worker_id="w1", models=[served], max_concurrent_jobs=4)
         await consumer.start()
         try:
