@@ -50,9 +50,10 @@ class Subscription:
                     chunk = await self._queue.get()
             else:
                 chunk = self._queue.get_nowait()
+            # Marked before the caller sees it: a caller that stops at the last chunk has not left early.
+            self.finished = chunk.is_last
             yield chunk
-            if chunk.is_last:
-                self.finished = True
+            if self.finished:
                 return
 
 

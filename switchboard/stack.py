@@ -87,6 +87,8 @@ def _wait_until_ready(settings: Settings, children: list[subprocess.Popen[bytes]
                 )
                 return False
         status = _readiness(url)
+        if "No worker" in status:
+            status = "the worker is starting Triton and loading the model"
         if status == "ready":
             print(f"• Ready after {time.monotonic() - started:.0f} s", flush=True)
             return True

@@ -174,6 +174,8 @@ async def test_worker_errors_map_to_openai_errors(
     events = [e for e in streamed.text.split("\n\n") if e]
     assert json.loads(events[0][len("data: ") :])["error"]["type"] == "invalid_request_error"
     assert events[-1] == "data: [DONE]"
+    # The job ended; nobody left early, so no cancel mark was written.
+    assert not [k async for k in redis.scan_iter(match=keys.cancel_mark("*"))]
 
 
 async def test_a_job_that_misses_its_deadline_is_a_504_and_is_cancelled(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -129,9 +130,14 @@ class VllmEngine(Engine):
 
     async def stop(self) -> None:
         """Shut the engine and its processes down."""
-        if self._llm is not None:
-            self._llm.shutdown()
-            self._llm = None
+        if self._llm is None:
+            return
+        llm, self._llm = self._llm, None
+        llm.shutdown()
+        # Collect it now: left to interpreter exit, AsyncLLM.__del__ shuts down again after its
+        # modules are gone and prints a TypeError.
+        del llm
+        gc.collect()
 
     def footprint(self) -> Footprint:
         """Weights on disk plus the KV cache on CPU; GPU engines report the GPU share they reserve."""
