@@ -11,12 +11,9 @@ import asyncio
 import contextlib
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import redis.asyncio as aioredis
-from pytriton.client import AsyncioDecoupledModelClient
 from redis.exceptions import ResponseError
 
 from switchboard import keys
@@ -24,17 +21,13 @@ from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_decoder
 from workers.result_writer import ResultWriter
-from workers.triton_model import JOB_INPUT, EngineCallable
+from workers.triton_client import TritonJobClient
+from workers.triton_model import EngineCallable
 
 logger = logging.getLogger(__name__)
 
 BLOCK_MS = 1_000
 RETRY_DELAY_S = 0.5
-# Triton's per-response timeout; jobs bound themselves with their own deadline.
-TRITON_RESPONSE_TIMEOUT_S = 3_600.0
-
-# PyTriton warns on every streaming call that gRPC streams take no client timeout.
-warnings.filterwarnings("ignore", message=".*doesn't support client_timeout.*")
 
 
 @dataclass
@@ -42,7 +35,7 @@ class ServedModel:
     """A model this worker holds: the client of its Triton model, and that model's callable (for aborts)."""
 
     name: str
-    client: AsyncioDecoupledModelClient
+    client: TritonJobClient
     triton_model: EngineCallable
 
 
@@ -157,9 +150,7 @@ class JobConsumer:
 
     async def _stream_job(self, job: Job, payload: bytes, model: ServedModel, ack: tuple[str, bytes]) -> bool:
         first, aborted = True, False
-        request = np.array([payload], dtype=np.object_)
-        async for response in model.client.infer_sample(**{JOB_INPUT: request}):
-            raw: bytes = response["chunk"][0]
+        async for raw in model.client.stream(payload):
             is_last = chunk_decoder.decode(raw).is_last
             cancelled = await self._writer.append(job.id, raw, first=first, ack=ack if is_last else None)
             first = False

@@ -10,16 +10,15 @@ import socket
 import time
 import uuid
 
-from pytriton.client import AsyncioDecoupledModelClient
-
 from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
 from switchboard.redis_conn import pooled_client
 from switchboard.wire import WorkerRecord
-from workers.consumer import TRITON_RESPONSE_TIMEOUT_S, JobConsumer, ServedModel
+from workers.consumer import JobConsumer, ServedModel
 from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
 from workers.engines.base import Engine, create_engine
 from workers.heartbeat import Heartbeat
 from workers.result_writer import ResultWriter
+from workers.triton_client import TritonJobClient
 from workers.triton_host import TritonHost, triton_model_name
 from workers.triton_model import CoalescingPolicy
 
@@ -103,9 +102,7 @@ class Worker:
         await engine.start()
         self._engines.append(engine)
         triton_model = await asyncio.to_thread(self._host.bind, model.name, engine)
-        client = AsyncioDecoupledModelClient(
-            self._host.grpc_url, triton_model_name(model.name), inference_timeout_s=TRITON_RESPONSE_TIMEOUT_S
-        )
+        client = TritonJobClient(self._host.grpc_address, triton_model_name(model.name))
         return ServedModel(name=model.name, client=client, triton_model=triton_model)
 
     async def stop(self) -> None:

@@ -54,9 +54,9 @@ class TritonHost:
         self._triton: Triton | None = None
 
     @property
-    def grpc_url(self) -> str:
-        """Where the consumer reaches this Triton."""
-        return f"grpc://127.0.0.1:{self.grpc_port}"
+    def grpc_address(self) -> str:
+        """Where the consumer reaches this Triton over gRPC."""
+        return f"127.0.0.1:{self.grpc_port}"
 
     def start(self) -> None:
         """Launch the Triton server process (a few seconds)."""

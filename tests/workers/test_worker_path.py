@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
-from pytriton.client import AsyncioDecoupledModelClient
 
 from switchboard import keys
 from switchboard.redis_server import PrivateRedis
@@ -23,6 +22,7 @@ from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
 from workers.consumer import JobConsumer, ServedModel
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 from workers.result_writer import ResultWriter
+from workers.triton_client import TritonJobClient
 from workers.triton_host import TritonHost, triton_model_name
 from workers.triton_model import CoalescingPolicy
 
@@ -93,7 +93,7 @@ async def worker() -> AsyncIterator[Worker]:
         await asyncio.to_thread(host.start)
         engine = ScriptedEngine()
         triton_model = await asyncio.to_thread(host.bind, MODEL, engine)
-        client = AsyncioDecoupledModelClient(host.grpc_url, triton_model_name(MODEL))
+        client = TritonJobClient(host.grpc_address, triton_model_name(MODEL))
         writer = ResultWriter(redis)
         writer.start()
         served = ServedModel(name=MODEL, client=client, triton_model=triton_model)
