@@ -1,0 +1,147 @@
+"""Start and stop the systems the benchmarks compare, on this machine, on free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from switchboard.config import WorkerConfig
+from switchboard.redis_server import PrivateRedis
+from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_NAME = "switchboard-demo"
+READY_TIMEOUT_S = 600.0
+PROGRESS_EVERY_S = 10.0
+STOP_TIMEOUT_S = 30.0
+
+
+class StartupError(RuntimeError):
+    """A server did not become ready; the message names its log files."""
+
+
+@dataclass
+class Server:
+    """A running system, ready to take requests."""
+
+    base_url: str
+    start_s: float
+    redis_url: str | None = None
+
+
+# --- load generation -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def engine_cores() -> str:
+    """The cores a Switchboard worker gives its only engine; vLLM's server gets the same, for fairness."""
+    cores = compute_cores(available_cores(), WorkerConfig().reserved_cores)
+    return engine_threads_bind(cores, 0, 1)
+
+
+def spawn(argv: list[str], env: dict[str, str], log: TextIO) -> subprocess.Popen[bytes]:
+    """Start a server in its own process group, so that its engine children can be stopped with it."""
+    return subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after a while; then clear any child it left behind in its group."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"    pid {process.pid} ignored SIGTERM for {STOP_TIMEOUT_S:g} s; killing it", flush=True)
+    # The group id is the pid of our own child (start_new_session): only processes we started are in it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Path], label: str) -> float:
+    """Poll url until it answers 200; return seconds since the call, or raise naming the logs."""
+    started = time.monotonic()
+    next_report = started + PROGRESS_EVERY_S
+    while (elapsed := time.monotonic() - started) < READY_TIMEOUT_S:
+        if any(p.poll() is not None for p in processes):
+            raise StartupError(f"{label} exited while starting; see {', '.join(map(str, logs))}")
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError),
+            urllib.request.urlopen(url, timeout=2) as reply,
+        ):
+            if reply.status == 200:
+                return elapsed
+        if time.monotonic() >= next_report:
+            print(f"    {label}: waiting for {url} ({elapsed:.0f} s)", flush=True)
+            next_report += PROGRESS_EVERY_S
+        time.sleep(1.0)
+    raise StartupError(f"{label} was not ready after {READY_TIMEOUT_S:g} s; see {', '.join(map(str, logs))}")
+
+
+@contextlib.contextmanager
+def run_vllm(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
+    """vLLM's own OpenAI server on the demo model."""
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": engine_cores()}
+    # The same engine settings as the Switchboard worker gives the demo model.
+    flags = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1"]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    argv += ["--served-model-name", MODEL_NAME, "--port", str(port), *flags]
+    log_path = log_dir / f"vllm-round{round_no}.log"
+    with log_path.open("w") as log:
+        process = spawn(argv, env, log)
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+            start_s = wait_ready(f"{base_url}/v1/models", [process], [log_path], "vllm")
+            yield Server(base_url, start_s)
+        finally:
+            stop(process)
+
+
+@contextlib.contextmanager
+def run_switchboard(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
+    """A private Redis, one Switchboard worker and the front door."""
+    redis = PrivateRedis().start()
+    port = free_port()
+    env = {
+        **os.environ,
+        "REDIS_URL": redis.url,
+        "SWITCHBOARD_WORKER__DEMO_MODEL_DIR": str(model_dir),
+        "SWITCHBOARD_ROUTER__PORT": str(port),
+    }
+    logs = [log_dir / f"switchboard-{part}-round{round_no}.log" for part in ("worker", "router")]
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        with logs[0].open("w") as worker_log, logs[1].open("w") as router_log:
+            processes.append(spawn([sys.executable, "-m", "switchboard", "worker"], env, worker_log))
+            processes.append(spawn([sys.executable, "-m", "switchboard", "router"], env, router_log))
+            base_url = f"http://127.0.0.1:{port}"
+            start_s = wait_ready(f"{base_url}/readyz", processes, logs, "switchboard")
+            yield Server(base_url, start_s, redis.url)
+    finally:
+        # The front door first, so that nothing new reaches the worker while it drains.
+        for process in reversed(processes):
+            stop(process)
+        redis.stop()
+
+
+# --- the benchmark ---------------------------------------------------------------------------------
