@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from switchboard.config import WorkerConfig
+from switchboard.ports import free_port
 from switchboard.redis_server import PrivateRedis
 from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
 
@@ -41,13 +41,6 @@ class Server:
 
 
 # --- load generation -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def engine_cores() -> str:

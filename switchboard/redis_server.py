@@ -8,6 +8,8 @@ import subprocess
 import tempfile
 import time
 
+from switchboard.ports import free_port
+
 INSTALL_HINT = (
     "redis-server was not found on PATH. Install it (Debian/Ubuntu: `apt-get install -y redis-server`, "
     "or run `make install`), or point Switchboard at an existing server with REDIS_URL=redis://host:6379/0."
@@ -18,17 +20,11 @@ class RedisServerError(RuntimeError):
     """The private Redis server could not be started."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class PrivateRedis:
     """A redis-server child process that keeps nothing on disk and stops with its owner."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
 

@@ -149,11 +149,10 @@ class JobConsumer:
             )
 
     async def _stream_job(self, job: Job, payload: bytes, model: ServedModel, ack: tuple[str, bytes]) -> bool:
-        first, aborted = True, False
+        aborted = False
         async for raw in model.client.stream(payload):
             is_last = chunk_decoder.decode(raw).is_last
-            cancelled = await self._writer.append(job.id, raw, first=first, ack=ack if is_last else None)
-            first = False
+            cancelled = await self._writer.append(job.id, raw, ack=ack if is_last else None)
             if is_last:
                 return True
             if cancelled and not aborted:
@@ -163,4 +162,4 @@ class JobConsumer:
 
     async def _fail(self, job: Job, ack: tuple[str, bytes], error: JobError) -> None:
         with contextlib.suppress(Exception):
-            await self._writer.append(job.id, encode(Chunk(error=error)), first=True, ack=ack)
+            await self._writer.append(job.id, encode(Chunk(error=error)), ack=ack)

@@ -20,12 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 class _Write:
-    __slots__ = ("ack", "done", "first", "job_id", "payload")
+    __slots__ = ("ack", "done", "job_id", "payload")
 
-    def __init__(self, job_id: str, payload: bytes, first: bool, ack: tuple[str, bytes] | None) -> None:
+    def __init__(self, job_id: str, payload: bytes, ack: tuple[str, bytes] | None) -> None:
         self.job_id = job_id
         self.payload = payload
-        self.first = first
         self.ack = ack
         self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
@@ -53,14 +52,12 @@ class ResultWriter:
         await cancel_and_wait(self._task)
         self._task = None
 
-    async def append(
-        self, job_id: str, payload: bytes, *, first: bool, ack: tuple[str, bytes] | None = None
-    ) -> bool:
+    async def append(self, job_id: str, payload: bytes, *, ack: tuple[str, bytes] | None = None) -> bool:
         """Append one encoded chunk; `ack` = (job stream, entry id) for the job's last chunk.
 
         Returns whether the job's client has left a cancel mark.
         """
-        write = _Write(job_id, payload, first, ack)
+        write = _Write(job_id, payload, ack)
         self._pending.append(write)
         self._has_pending.set()
         return await write.done
@@ -89,11 +86,10 @@ class ResultWriter:
         for write in batch:
             stream = keys.result_stream(write.job_id)
             pipe.xadd(stream, {"c": write.payload})
-            position += 1
-            # The expiry is set when the stream appears and renewed when it ends, not per chunk.
-            if write.first or write.ack is not None:
-                pipe.expire(stream, keys.RESULT_TTL_S)
-                position += 1
+            # Renewed with every chunk: a stream the front door already deleted (its client left)
+            # may be recreated by a late chunk, and must not outlive its TTL even if this worker dies.
+            pipe.expire(stream, keys.RESULT_TTL_S)
+            position += 2
             if write.ack is not None:
                 job_stream, entry_id = write.ack
                 pipe.xack(job_stream, keys.JOB_GROUP, entry_id)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sysconfig
 
 import numpy as np
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
+from switchboard.ports import free_port
 from workers.engines.base import Engine
 from workers.triton_model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
 
@@ -21,13 +21,6 @@ logger = logging.getLogger(__name__)
 def triton_model_name(model: str) -> str:
     """Triton accepts only letters, digits, '.', '_' and '-' in model names."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", model)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now, so several workers can share one machine."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def use_own_libpython() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,10 @@ from openai import AsyncOpenAI, OpenAI
 
 from switchboard.config import DEMO_MODEL_NAME
 from switchboard.demo_model import build_demo_model
+from switchboard.ports import free_port
 from switchboard.redis_server import PrivateRedis
 
 READY_TIMEOUT_S = 600.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Stack:
@@ -96,7 +90,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     root = tmp_path_factory.mktemp("e2e")
     model_dir = root / "demo-model"
     build_demo_model(model_dir)
-    port = _free_port()
+    port = free_port()
     with PrivateRedis() as redis:
         env = {
             **os.environ,

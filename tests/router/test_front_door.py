@@ -40,10 +40,10 @@ def settings_for(redis_url: str, timeout_s: float = 30.0) -> Settings:
 
 async def answer_words(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
     """Three text chunks, then a finish with usage."""
-    for index, word in enumerate(["Hello", ", ", "world"]):
-        await writer.append(job.id, encode(Chunk(text=word)), first=index == 0)
+    for word in ["Hello", ", ", "world"]:
+        await writer.append(job.id, encode(Chunk(text=word)))
     last = Chunk(finish_reason="length", usage=Usage(prompt_tokens=4, completion_tokens=3))
-    await writer.append(job.id, encode(last), first=False, ack=ack)
+    await writer.append(job.id, encode(last), ack=ack)
 
 
 @contextlib.asynccontextmanager
@@ -164,7 +164,7 @@ async def test_worker_errors_map_to_openai_errors(
 ) -> None:
     async def refuse(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
         error = JobError(code="invalid_request", message="The prompt is too long.")
-        await writer.append(job.id, encode(Chunk(error=error)), first=True, ack=ack)
+        await writer.append(job.id, encode(Chunk(error=error)), ack=ack)
 
     async with scripted_worker(redis, refuse):
         response = await front_door.post("/v1/chat/completions", json=BODY)
@@ -182,7 +182,7 @@ async def test_a_job_that_misses_its_deadline_is_a_504_and_is_cancelled(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
     async def never(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
-        await writer.append(job.id, encode(Chunk(text="thinking")), first=True)
+        await writer.append(job.id, encode(Chunk(text="thinking")))
 
     settings = settings_for(redis_server.url, timeout_s=0.5)
     async with serving(settings) as client, scripted_worker(redis, never) as jobs:
@@ -265,12 +265,10 @@ async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
     front_door: httpx.AsyncClient, redis: aioredis.Redis
 ) -> None:
     async def endless(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
-        first = True
         while not await redis.exists(keys.cancel_mark(job.id)):
-            await writer.append(job.id, encode(Chunk(text="more ")), first=first)
-            first = False
+            await writer.append(job.id, encode(Chunk(text="more ")))
             await asyncio.sleep(0.05)
-        await writer.append(job.id, encode(Chunk(finish_reason="abort")), first=False, ack=ack)
+        await writer.append(job.id, encode(Chunk(finish_reason="abort")), ack=ack)
 
     async with scripted_worker(redis, endless) as jobs:
         async with front_door.stream(
