@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import time
@@ -134,10 +133,6 @@ class VllmEngine(Engine):
             return
         llm, self._llm = self._llm, None
         llm.shutdown()
-        # Collect it now: left to interpreter exit, AsyncLLM.__del__ shuts down again after its
-        # modules are gone and prints a TypeError.
-        del llm
-        gc.collect()
 
     def footprint(self) -> Footprint:
         """Weights on disk plus the KV cache on CPU; GPU engines report the GPU share they reserve."""
