@@ -17,6 +17,7 @@ from router.openai.chat import ChatCompletionRequest
 from router.openai.errors import OpenAIError, ServiceUnavailableError, from_validation_error
 from router.openai.models import ModelCard, ModelList
 from router.relay import ChatRelay
+from switchboard.readiness import NO_LIVE_WORKER, REDIS_UNREACHABLE
 from switchboard.wire import Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
@@ -92,7 +93,9 @@ async def readyz(gateway: Gateway) -> Response[bytes]:
     try:
         workers = await gateway.live_workers()
     except RedisError as exc:
-        raise ServiceUnavailableError(f"Redis is unreachable: {exc}") from exc
+        raise ServiceUnavailableError(f"Redis is unreachable: {exc}", code=REDIS_UNREACHABLE) from exc
     if workers == 0:
-        raise ServiceUnavailableError("No worker is alive yet; start one with `switchboard worker`.")
+        raise ServiceUnavailableError(
+            "No worker is alive yet; start one with `switchboard worker`.", code=NO_LIVE_WORKER
+        )
     return json_response(Health(status="ready", workers=workers))

@@ -13,9 +13,11 @@ import urllib.request
 from pathlib import Path
 
 from switchboard.config import DEMO_MODEL_NAME, Settings
+from switchboard.readiness import WAITING_FOR
 from switchboard.redis_server import PrivateRedis, RedisServerError
 
 READY_TIMEOUT_S = 900.0
+
 PROGRESS_EVERY_S = 10.0
 
 
@@ -87,8 +89,6 @@ def _wait_until_ready(settings: Settings, children: list[subprocess.Popen[bytes]
                 )
                 return False
         status = _readiness(url)
-        if "No worker" in status:
-            status = "the worker is starting Triton and loading the model"
         if status == "ready":
             print(f"• Ready after {time.monotonic() - started:.0f} s", flush=True)
             return True
@@ -106,9 +106,10 @@ def _readiness(url: str) -> str:
             return str(json.loads(response.read()).get("status", "ready"))
     except urllib.error.HTTPError as exc:
         try:
-            return str(json.loads(exc.read())["error"]["message"])
+            error = json.loads(exc.read())["error"]
         except (ValueError, KeyError):
             return f"front door answered {exc.code}"
+        return WAITING_FOR.get(error.get("code"), str(error.get("message")))
     except (urllib.error.URLError, OSError):
         return "front door not listening yet"
 

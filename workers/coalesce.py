@@ -28,19 +28,18 @@ def merge(deltas: list[Delta]) -> Delta:
 
 
 async def coalesce(
-    queue: asyncio.Queue[Delta | BaseException], window_s: float | Callable[[], float]
+    queue: asyncio.Queue[Delta | BaseException], window_s: Callable[[], float]
 ) -> AsyncIterator[Delta]:
     """Yield merged deltas from `queue` until one has a finish reason; re-raise queued errors.
 
-    `window_s` may be a function, asked again for every chunk, so the window can follow the load.
+    `window_s` is asked again for every chunk, so the window can follow the load.
     """
-    window = window_s if callable(window_s) else lambda: window_s
     loop = asyncio.get_running_loop()
     last_sent = float("-inf")
     while True:
         pending = [_unwrap(await queue.get())]
         _drain(queue, pending)
-        send_at = last_sent + window()
+        send_at = last_sent + window_s()
         while pending[-1].finish_reason is None and loop.time() < send_at:
             try:
                 async with asyncio.timeout_at(send_at):

@@ -8,7 +8,6 @@ worker that dies mid-job leaves it pending for another worker to take over.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -161,5 +160,8 @@ class JobConsumer:
         return False
 
     async def _fail(self, job: Job, ack: tuple[str, bytes], error: JobError) -> None:
-        with contextlib.suppress(Exception):
+        try:
             await self._writer.append(job.id, encode(Chunk(error=error)), ack=ack)
+        except Exception:
+            # Unacknowledged, the job stays pending in its stream rather than being lost.
+            logger.exception("could not record a failed job", extra={"job_id": job.id, "code": error.code})

@@ -50,9 +50,9 @@ class CoalescingPolicy(msgspec.Struct, frozen=True, kw_only=True):
     that all of them together send at most `max_chunks_per_s`, up to `max_window_s`.
     """
 
-    min_window_s: float = 0.015
-    max_window_s: float = 0.2
-    max_chunks_per_s: float = 200.0
+    min_window_s: float
+    max_window_s: float
+    max_chunks_per_s: float
 
     def window_s(self, streams: int) -> float:
         """The window for each of `streams` concurrent streams."""

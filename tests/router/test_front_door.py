@@ -22,6 +22,7 @@ from redis.exceptions import ResponseError
 from router.app import create_app
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
+from switchboard.readiness import NO_LIVE_WORKER
 from switchboard.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Job, JobError, Usage, WorkerRecord, encode, job_decoder
 from workers.heartbeat import Heartbeat
@@ -219,6 +220,7 @@ async def test_readyz_needs_a_live_worker(front_door: httpx.AsyncClient, redis: 
     not_ready = await front_door.get("/readyz")
     assert not_ready.status_code == 503
     assert "worker" in not_ready.json()["error"]["message"]
+    assert not_ready.json()["error"]["code"] == NO_LIVE_WORKER
     record = WorkerRecord(
         id="w1",
         host="h",

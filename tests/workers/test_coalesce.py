@@ -15,7 +15,7 @@ from workers.engines.base import Delta
 
 
 def open_stream(queue: asyncio.Queue[Delta | BaseException], window_s: float) -> AsyncGenerator[Delta, None]:
-    return cast(AsyncGenerator[Delta, None], coalesce(queue, window_s))
+    return cast(AsyncGenerator[Delta, None], coalesce(queue, lambda: window_s))
 
 
 def d(text: str, n: int = 1, finish: FinishReason | None = None) -> Delta:
@@ -105,7 +105,7 @@ async def test_fast_deltas_are_grouped_and_ordered() -> None:
         queue.put_nowait(d("end", count + 1, "stop"))
 
     producer = asyncio.create_task(produce())
-    chunks = [chunk async for chunk in coalesce(queue, 0.2)]
+    chunks = [chunk async for chunk in coalesce(queue, lambda: 0.2)]
     await producer
     # At least 0.6 s of deltas in 0.2 s windows: a handful of chunks, far fewer than the deltas.
     assert 2 <= len(chunks) <= count // 4
@@ -129,7 +129,7 @@ async def test_slow_deltas_come_out_alone() -> None:
         queue.put_nowait(d("z", 4, "stop"))
 
     producer = asyncio.create_task(produce())
-    chunks = [chunk async for chunk in coalesce(queue, 0.05)]
+    chunks = [chunk async for chunk in coalesce(queue, lambda: 0.05)]
     await producer
     assert [c.text for c in chunks] == ["a", "b", "c", "z"]
     assert [c.finish_reason for c in chunks] == [None, None, None, "stop"]
@@ -161,7 +161,7 @@ async def test_finish_stops_draining() -> None:
     queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
     queue.put_nowait(d("a", 1, "stop"))
     queue.put_nowait(d("after", 2))
-    chunks = [c async for c in coalesce(queue, 0.1)]
+    chunks = [c async for c in coalesce(queue, lambda: 0.1)]
     assert [c.text for c in chunks] == ["a"]
     assert queue.qsize() == 1
 
@@ -169,7 +169,7 @@ async def test_finish_stops_draining() -> None:
 async def test_first_delta_with_finish() -> None:
     queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
     queue.put_nowait(d("", 0, "abort"))
-    chunks = [c async for c in coalesce(queue, 0.5)]
+    chunks = [c async for c in coalesce(queue, lambda: 0.5)]
     assert len(chunks) == 1
     assert chunks[0].finish_reason == "abort"
 
@@ -188,7 +188,7 @@ async def test_exception_first_is_raised() -> None:
     queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
     queue.put_nowait(ValueError("bad request"))
     with pytest.raises(ValueError, match="bad request"):
-        async for _ in coalesce(queue, 0.05):
+        async for _ in coalesce(queue, lambda: 0.05):
             pass
 
 

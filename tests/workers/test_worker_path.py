@@ -89,7 +89,9 @@ class Worker:
 async def worker() -> AsyncIterator[Worker]:
     with PrivateRedis() as server:
         redis = aioredis.Redis.from_url(server.url)
-        host = TritonHost(coalescing=CoalescingPolicy(min_window_s=WINDOW_S, max_window_s=WINDOW_S))
+        host = TritonHost(
+            coalescing=CoalescingPolicy(min_window_s=WINDOW_S, max_window_s=WINDOW_S, max_chunks_per_s=1000)
+        )
         await asyncio.to_thread(host.start)
         engine = ScriptedEngine()
         triton_model = await asyncio.to_thread(host.bind, MODEL, engine)

@@ -1,0 +1,15 @@
+"""Why the front door is not ready: the error codes `/readyz` answers with, and what they mean.
+
+Shared so that tools waiting on readiness (`switchboard up`, probes) need not parse messages.
+"""
+
+from __future__ import annotations
+
+REDIS_UNREACHABLE = "redis_unreachable"
+NO_LIVE_WORKER = "no_live_worker"
+
+# What a person waiting for the stack to start is told, by code.
+WAITING_FOR = {
+    NO_LIVE_WORKER: "the worker is starting Triton and loading the model",
+    REDIS_UNREACHABLE: "the front door cannot reach Redis yet",
+}
