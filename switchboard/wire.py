@@ -10,7 +10,8 @@ from typing import Literal
 
 import msgspec
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+# Failures travel as Chunk.error, never as a finish reason.
+FinishReason = Literal["stop", "length", "abort"]
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
