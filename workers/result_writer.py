@@ -14,7 +14,6 @@ import logging
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -37,19 +36,20 @@ class ResultWriter:
         self._pending: list[_Write] = []
         self._has_pending = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         """Start the flush loop."""
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="result-writer")
 
     async def stop(self) -> None:
-        """Stop the flush loop once nothing is pending; idempotent."""
+        """Flush what is pending or in flight, then end the loop; idempotent."""
         if self._task is None:
             return
-        # The loop empties `_pending` by itself within a flush or two; wait for it to get there.
-        while self._pending:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        await cancel_and_wait(self._task)
+        self._stopping = True
+        self._has_pending.set()
+        await self._task
         self._task = None
 
     async def append(self, job_id: str, payload: bytes, *, ack: tuple[str, bytes] | None = None) -> bool:
@@ -57,27 +57,34 @@ class ResultWriter:
 
         Returns whether the job's client has left a cancel mark.
         """
+        if self._task is None or self._task.done():
+            raise RuntimeError("the result writer is not running")
         write = _Write(job_id, payload, ack)
         self._pending.append(write)
         self._has_pending.set()
         return await write.done
 
     async def _run(self) -> None:
-        while True:
+        # Every write handed over before stop() is flushed and answered: no caller waits forever.
+        while not (self._stopping and not self._pending):
             await self._has_pending.wait()
             self._has_pending.clear()
-            batch, self._pending = self._pending, []
-            try:
-                cancelled = await self._flush(batch)
-            except Exception as exc:
-                logger.exception("writing result chunks failed", extra={"chunks": len(batch)})
-                for write in batch:
-                    if not write.done.done():
-                        write.done.set_exception(exc)
-                continue
-            for write, is_cancelled in zip(batch, cancelled, strict=True):
-                if not write.done.done():
-                    write.done.set_result(is_cancelled)
+            if self._pending:
+                batch, self._pending = self._pending, []
+                await self._write(batch)
+
+    async def _write(self, batch: list[_Write]) -> None:
+        try:
+            cancelled = await self._flush(batch)
+        except Exception as exc:
+            logger.exception("writing result chunks failed", extra={"chunks": len(batch)})
+            for write in batch:
+                if not write.done.done():  # its caller may have been cancelled meanwhile
+                    write.done.set_exception(exc)
+            return
+        for write, is_cancelled in zip(batch, cancelled, strict=True):
+            if not write.done.done():
+                write.done.set_result(is_cancelled)
 
     async def _flush(self, batch: list[_Write]) -> list[bool]:
         pipe = self._redis.pipeline(transaction=False)

@@ -1,6 +1,6 @@
 """The real stack for end-to-end tests: Redis, one worker process (PyTriton + vLLM), the front door.
 
-Started once per session and shared, because the engine takes a minute or two to start.
+Started once for this folder and shared, because the engine takes a minute or two to start.
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def _print_logs_if_failed(session: pytest.Session, logs: Path) -> None:
         print(f"\n----- last lines of {log} -----", *tail, sep="\n", file=sys.stderr)
 
 
-@pytest.fixture(scope="session")
+# Package scope: the engine stops when the end-to-end tests are done, so its busy compute
+# threads do not slow the rest of the suite.
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """Redis, a worker serving the demo model, and the front door, all real processes."""
     root = tmp_path_factory.mktemp("e2e")

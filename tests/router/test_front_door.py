@@ -73,9 +73,9 @@ async def scripted_worker(redis: aioredis.Redis, answer: Answer) -> AsyncIterato
     try:
         yield seen
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for running in [task, *answers]:
+            running.cancel()
+        await asyncio.gather(task, *answers, return_exceptions=True)
         await writer.stop()
 
 
@@ -86,7 +86,10 @@ async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
     )
     task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 (uvicorn offers no event to wait on)
+    while not server.started:
+        if task.done():  # it failed to start: show why instead of waiting forever
+            task.result()
+            raise RuntimeError("the front door stopped before it started")
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
@@ -272,7 +275,7 @@ async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
             await asyncio.sleep(0.05)
         await writer.append(job.id, encode(Chunk(finish_reason="abort")), ack=ack)
 
-    async with scripted_worker(redis, endless) as jobs:
+    async with asyncio.timeout(60), scripted_worker(redis, endless) as jobs:
         async with front_door.stream(
             "POST", "/v1/chat/completions", json={**BODY, "stream": True}
         ) as response:

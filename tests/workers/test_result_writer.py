@@ -1,0 +1,54 @@
+"""The result writer against a real Redis: batching, expiry, acknowledgement, cancel marks, stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from switchboard import keys
+from switchboard.wire import Chunk, chunk_decoder, encode
+from workers.result_writer import ResultWriter
+
+
+async def test_chunks_of_many_jobs_land_in_order_with_expiry_and_cancel_marks(redis: aioredis.Redis) -> None:
+    writer = ResultWriter(redis)
+    writer.start()
+    await redis.set(keys.cancel_mark("b"), b"1")
+    results = await asyncio.gather(
+        *(writer.append(job, encode(Chunk(text=f"{job}{i}"))) for i in range(20) for job in ("a", "b"))
+    )
+    await writer.stop()
+    assert results == [False, True] * 20  # "b" has a cancel mark, "a" has none
+    for job in ("a", "b"):
+        entries = await redis.xrange(keys.result_stream(job))
+        assert [chunk_decoder.decode(fields[b"c"]).text for _, fields in entries] == [
+            f"{job}{i}" for i in range(20)
+        ]
+        assert 0 < await redis.ttl(keys.result_stream(job)) <= keys.RESULT_TTL_S
+
+
+async def test_the_last_chunk_acknowledges_and_deletes_the_job(redis: aioredis.Redis) -> None:
+    stream = keys.job_stream("m")
+    await redis.xgroup_create(stream, keys.JOB_GROUP, id="0", mkstream=True)
+    entry_id = await redis.xadd(stream, {"job": b"x"})
+    await redis.xreadgroup(keys.JOB_GROUP, "w", {stream: ">"})
+    writer = ResultWriter(redis)
+    writer.start()
+    await writer.append("j", encode(Chunk(finish_reason="stop")), ack=(stream, entry_id))
+    await writer.stop()
+    assert await redis.xlen(stream) == 0
+    assert (await redis.xpending(stream, keys.JOB_GROUP))["pending"] == 0
+
+
+async def test_stop_flushes_every_write_handed_over_and_refuses_later_ones(redis: aioredis.Redis) -> None:
+    writer = ResultWriter(redis)
+    writer.start()
+    writes = [asyncio.create_task(writer.append("j", encode(Chunk(text=str(i))))) for i in range(50)]
+    await asyncio.sleep(0)  # the writes are handed over, none flushed yet
+    await writer.stop()
+    assert all(w.done() and w.result() is False for w in writes)
+    assert await redis.xlen(keys.result_stream("j")) == 50
+    with pytest.raises(RuntimeError):
+        await writer.append("j", encode(Chunk(text="late")))
