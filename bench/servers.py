@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import TextIO
 
 from switchboard.config import WorkerConfig
 from switchboard.ports import free_port
+from switchboard.processes import spawn_group, stop_groups
 from switchboard.redis_server import PrivateRedis
 from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
 
@@ -51,23 +51,13 @@ def engine_cores() -> str:
 
 def spawn(argv: list[str], env: dict[str, str], log: TextIO) -> subprocess.Popen[bytes]:
     """Start a server in its own process group, so that its engine children can be stopped with it."""
-    return subprocess.Popen(
-        argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    return spawn_group(argv, env, stdout=log, cwd=REPO)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after a while; then clear any child it left behind in its group."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(f"    pid {process.pid} ignored SIGTERM for {STOP_TIMEOUT_S:g} s; killing it", flush=True)
-    # The group id is the pid of our own child (start_new_session): only processes we started are in it.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    """SIGTERM, then SIGKILL after a while, with any child it left behind in its group."""
+    if stop_groups([process], timeout_s=STOP_TIMEOUT_S):
+        print(f"    pid {process.pid} ignored SIGTERM for {STOP_TIMEOUT_S:g} s; killed it", flush=True)
 
 
 def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Path], label: str) -> float:

@@ -13,10 +13,13 @@ import urllib.request
 from pathlib import Path
 
 from switchboard.config import DEMO_MODEL_NAME, Settings
+from switchboard.processes import spawn_group, stop_groups
 from switchboard.readiness import WAITING_FOR
 from switchboard.redis_server import PrivateRedis, RedisServerError
 
 READY_TIMEOUT_S = 900.0
+# A worker drains running jobs for up to worker.drain_timeout_s (30 s) before it stops.
+STOP_TIMEOUT_S = 90.0
 
 PROGRESS_EVERY_S = 10.0
 
@@ -71,7 +74,7 @@ def _spawn(
     argv = [sys.executable, "-m", "switchboard", "--log-level", log_level]
     if config_path is not None:
         argv += ["--config", str(config_path)]
-    return subprocess.Popen([*argv, command], env=env)
+    return spawn_group([*argv, command], env)
 
 
 def _wait_until_ready(settings: Settings, children: list[subprocess.Popen[bytes]]) -> bool:
@@ -161,15 +164,9 @@ def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
 
 def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:
     # The front door first, so no new work arrives while the worker drains.
-    for child in reversed(children):
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    for child in reversed(children):
-        try:
-            child.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+    forced = stop_groups(list(reversed(children)), timeout_s=STOP_TIMEOUT_S)
+    if forced:
+        print(f"switchboard: killed {forced} after {STOP_TIMEOUT_S:.0f} s without stopping", file=sys.stderr)
 
 
 def _name(child: subprocess.Popen[bytes]) -> str:

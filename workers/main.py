@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Awaitable
 
 from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
 from switchboard.redis_conn import pooled_client
@@ -23,6 +24,10 @@ from workers.triton_host import TritonHost, triton_model_name
 from workers.triton_model import CoalescingPolicy
 
 logger = logging.getLogger(__name__)
+
+# Longest any one step of stopping may take (draining running jobs has its own allowance on top),
+# so that a stuck step never keeps the engine's processes alive.
+STOP_STEP_TIMEOUT_S = 20.0
 
 
 class Worker:
@@ -40,7 +45,6 @@ class Worker:
         self._writer = ResultWriter(self._redis)
         self._heartbeat = Heartbeat(self._redis, self.record, settings.worker.heartbeat_s)
         self._models: list[ServedModel] = []
-        self._engines: list[Engine] = []
         self._consumer: JobConsumer | None = None
         self._stop_lock = asyncio.Lock()
         self._stopped = False
@@ -100,8 +104,11 @@ class Worker:
         _ensure_demo_model(model)
         logger.info("loading model", extra={"model": model.name, "path": model.path, "engine": model.engine})
         await engine.start()
-        self._engines.append(engine)
-        triton_model = await asyncio.to_thread(self._host.bind, model.name, engine)
+        try:
+            triton_model = await asyncio.to_thread(self._host.bind, model.name, engine)
+        except BaseException:
+            await engine.stop()  # nothing else owns it yet
+            raise
         client = TritonJobClient(self._host.grpc_address, triton_model_name(model.name))
         return ServedModel(name=model.name, client=client, triton_model=triton_model)
 
@@ -112,16 +119,27 @@ class Worker:
                 return
             self._stopped = True
             logger.info("worker stopping", extra={"worker_id": self.id})
-            await self._heartbeat.stop()
+            drain_s = self.settings.worker.drain_timeout_s
+            await _stop_step("withdraw the advertisement", self._heartbeat.stop())
             if self._consumer is not None:
-                await self._consumer.stop(self.settings.worker.drain_timeout_s)
-            await self._writer.stop()
+                await _stop_step("drain running jobs", self._consumer.stop(drain_s), drain_s)
+            await _stop_step("flush result chunks", self._writer.stop())
             for model in self._models:
-                await model.client.close()
-            for engine in self._engines:
-                await engine.stop()
-            await asyncio.to_thread(self._host.stop)
-            await self._redis.aclose()
+                await _stop_step(f"close the client of {model.name}", model.client.close())
+                await _stop_step(f"stop the engine of {model.name}", model.triton_model.stop_engine())
+            await _stop_step("stop Triton", asyncio.to_thread(self._host.stop))
+            await _stop_step("close Redis connections", self._redis.aclose())
+            logger.info("worker stopped", extra={"worker_id": self.id})
+
+
+async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:
+    """Run one step of stopping; a step that hangs or fails is logged and the next one still runs."""
+    logger.info("stopping: " + name)
+    try:
+        async with asyncio.timeout(STOP_STEP_TIMEOUT_S + extra_s):
+            await step
+    except Exception:
+        logger.exception("a stop step failed; going on", extra={"step": name})
 
 
 def _ensure_demo_model(model: ModelConfig) -> None:

@@ -99,6 +99,13 @@ class EngineCallable:
             raise RuntimeError("no request has run on this model yet")
         return asyncio.run_coroutine_threadsafe(self._engine.abort(request_id), self._loop)
 
+    async def stop_engine(self) -> None:
+        """Stop the engine on the loop that drives it: vLLM's output task lives there."""
+        if self._loop is None or self._loop.is_closed():
+            await self._engine.stop()
+            return
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._engine.stop(), self._loop))
+
     def _window_s(self) -> float:
         return self._policy.window_s(self._streams)
 

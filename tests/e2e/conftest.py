@@ -6,7 +6,6 @@ Started once for this folder and shared, because the engine takes a minute or tw
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,9 +20,11 @@ from openai import AsyncOpenAI, OpenAI
 from switchboard.config import DEMO_MODEL_NAME
 from switchboard.demo_model import build_demo_model
 from switchboard.ports import free_port
+from switchboard.processes import spawn_group, stop_groups
 from switchboard.redis_server import PrivateRedis
 
 READY_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 60.0
 
 
 class Stack:
@@ -37,9 +38,7 @@ class Stack:
 
 def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "switchboard", command], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+        return spawn_group([sys.executable, "-m", "switchboard", command], env, stdout=out)
 
 
 def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: Path) -> None:
@@ -64,15 +63,9 @@ def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: Path) 
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    forced = stop_groups(processes, timeout_s=STOP_TIMEOUT_S)
+    # A component that ignores SIGTERM is a bug worth failing for, not only a slow teardown.
+    assert not forced, f"processes {forced} did not stop on SIGTERM within {STOP_TIMEOUT_S:.0f} s"
 
 
 def _print_logs_if_failed(session: pytest.Session, logs: Path) -> None:
@@ -100,6 +93,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
             "SWITCHBOARD_WORKER__DEMO_MODEL_DIR": str(model_dir),
             "SWITCHBOARD_ROUTER__PORT": str(port),
             "SWITCHBOARD_ROUTER__HOST": "127.0.0.1",
+            "SWITCHBOARD_WORKER__DRAIN_TIMEOUT_S": "5",
         }
         processes = [_spawn("worker", env, root / "worker.log"), _spawn("router", env, root / "router.log")]
         try:
