@@ -9,6 +9,7 @@ Everything is validated at start, so a typo fails loudly before anything serves.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +35,18 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     engine: Literal["vllm", "trtllm"] = "vllm"
     # Passed to the engine as they are (for vLLM: AsyncEngineArgs fields).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Seconds the model stays warm with nothing to do: 0 leaves as soon as it is idle, -1 never.
+    keep_alive_s: Annotated[float, msgspec.Meta(ge=-1)] = 300.0
+    # Where the engine can sleep (vLLM sleep mode, GPUs only), an idle model sleeps first and
+    # leaves only after this many more seconds asleep; -1 keeps it asleep.
+    asleep_keep_alive_s: Annotated[float, msgspec.Meta(ge=-1)] = 1800.0
+    # Replicas kept however idle the model is (0 = scale to zero) and at most (None = no limit).
+    min_replicas: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_replicas: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # Load one replica when the worker starts instead of on the first request.
+    preload: bool = False
+    # Memory the loaded model takes (GiB); measured after the first load when not declared.
+    footprint_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
 class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -49,13 +62,36 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     # How long a request may wait for its job to finish before the client gets a 504.
     request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
+    # A streamed response holds its headers back this long for the first chunk, so that what is
+    # known before the first token (a failed load, a bad prompt) is a real HTTP status.
+    first_byte_budget_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    # Past that, while a model loads, an SSE comment reports the load's progress this often.
+    load_progress_every_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
 
 
 class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One worker process."""
 
-    # Names of the models this worker serves; empty means every configured model.
+    # Names of the models this worker may hold; empty means every configured model.
     models: list[str] = msgspec.field(default_factory=list)
+    # Models held at once (warm, loading or asleep), whatever the memory budget says.
+    max_loaded_models: Annotated[int, msgspec.Meta(ge=1)] = 3
+    # Memory the worker's models may take together (GiB): GPU memory on GPU workers, RAM on CPU
+    # workers. None takes 90% of the GPU's memory, or 80% of the RAM available at start.
+    memory_budget_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # What kind of machine this is, for the load times measured per model and kind (None: the GPU's
+    # name, or "cpu").
+    kind: str | None = None
+    # A model that was loaded stays at least this long before another model may evict it ...
+    min_residency_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    # ... unless a job of the evicting model has waited longer than this (no job waits forever).
+    max_pass_over_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # After a failed load, the model is not tried again for this long; it doubles with each
+    # failure in a row, up to load_backoff_max_s.
+    load_backoff_s: Annotated[float, msgspec.Meta(gt=0)] = 15.0
+    load_backoff_max_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    # How often the model controller looks at demand when nothing pokes it.
+    controller_tick_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Jobs this worker runs at once, across its models (the engine batches them).
     max_concurrent_jobs: Annotated[int, msgspec.Meta(ge=1)] = 64
     # Tokens that reach the Triton callable within this window travel as one chunk. Every hop
@@ -92,7 +128,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return next((m for m in self.models if m.name == name), None)
 
     def worker_models(self) -> list[ModelConfig]:
-        """The models this worker process serves."""
+        """The models this worker process may hold."""
         if not self.worker.models:
             return list(self.models)
         return [m for m in self.models if m.name in self.worker.models]
@@ -125,6 +161,20 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
     return settings
 
 
+def _check_triton_names(names: list[str]) -> None:
+    """Two models must not meet in one Triton name (Triton's model repository also ignores case)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        key = triton_model_name(name).lower()
+        if key in seen:
+            raise ConfigError(
+                f"models {seen[key]!r} and {name!r} would share the serving name "
+                f"{triton_model_name(name)!r} (names are compared without case, with characters "
+                "other than letters, digits, '.', '_' and '-' read as '_'); rename one of them"
+            )
+        seen[key] = name
+
+
 def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     if environ.get("REDIS_URL"):
         raw.setdefault("redis", {})["url"] = environ["REDIS_URL"]
@@ -146,11 +196,23 @@ def _parse_literal(value: str) -> Any:
         return value
 
 
+def triton_model_name(model: str) -> str:
+    """The model's name inside a worker's Triton: only letters, digits, '.', '_' and '-' are allowed."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model)
+
+
 def _check_consistency(settings: Settings) -> None:
     names = [m.name for m in settings.models]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"model names must be unique; repeated: {', '.join(duplicates)}")
+    _check_triton_names(names)
+    for model in settings.models:
+        if model.max_replicas is not None and model.min_replicas > model.max_replicas:
+            raise ConfigError(
+                f"model {model.name!r}: min_replicas ({model.min_replicas}) is above "
+                f"max_replicas ({model.max_replicas})"
+            )
     unknown = sorted(set(settings.worker.models) - set(names))
     if unknown:
         raise ConfigError(

@@ -29,6 +29,21 @@ WORKER_TTL_S = 15
 # The front door's wake stream only needs to exist while that front door runs.
 WAKE_TTL_S = 60
 
+# A replica lease is renewed by its holder on every controller pass; a holder that dies loses it
+# this long after its last renewal, and another worker may then add that replica.
+REPLICA_LEASE_TTL_S = 10
+
+# Measured load, wake and sleep times per model and worker kind: the last few samples, kept a month.
+COST_SAMPLES = 16
+COST_TTL_S = 30 * 24 * 3600
+
+# An operator's load/unload request is seen by every controller within this time.
+DESIRED_TTL_S = 120
+
+# The demand stream only carries pokes; a few hundred recent entries are plenty.
+DEMAND_MAXLEN = 256
+DEMAND_TTL_S = 3600
+
 
 def job_stream(model: str) -> str:
     """The stream of jobs waiting for `model`, shared by every worker that serves it."""
@@ -58,6 +73,36 @@ def workers_index() -> str:
 def wake_stream(router_id: str) -> str:
     """Poked at enqueue so the front door's result reader picks up a new result stream at once."""
     return f"{PREFIX}:router:{router_id}:wake"
+
+
+def replica_lease(model: str, replica: int) -> str:
+    """Held (`SET NX PX`) by the worker that loads or holds replica `replica` of `model`."""
+    return f"{PREFIX}:model:{model}:replica:{replica}"
+
+
+def replica_lease_pattern(model: str) -> str:
+    """Glob matching every replica lease of `model`."""
+    return f"{PREFIX}:model:{model}:replica:*"
+
+
+def load_failure(model: str) -> str:
+    """Set when the model's last load failed (a msgpack LoadFailure); expires when it may be retried."""
+    return f"{PREFIX}:model:{model}:failure"
+
+
+def desired_state(model: str) -> str:
+    """An operator's load or unload request for the model (a msgpack DesiredState)."""
+    return f"{PREFIX}:model:{model}:desired"
+
+
+def measured_costs(model: str, kind: str, operation: str) -> str:
+    """The last COST_SAMPLES durations (seconds) of `operation` (load, wake, sleep) on `kind` workers."""
+    return f"{PREFIX}:model:{model}:cost:{kind}:{operation}"
+
+
+def demand_stream() -> str:
+    """Poked at enqueue and by admin requests, so that model controllers react at once."""
+    return f"{PREFIX}:demand"
 
 
 def all_key_patterns() -> list[str]:

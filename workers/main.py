@@ -11,16 +11,17 @@ import time
 import uuid
 from collections.abc import Awaitable
 
-from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
+from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings, triton_model_name
 from switchboard.redis_conn import pooled_client
 from switchboard.wire import WorkerRecord
 from workers.consumer import JobConsumer, ServedModel
 from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
-from workers.engines.base import Engine, create_engine
+from workers.engines.base import Engine
+from workers.engines.registry import EngineOptions, create_engine
 from workers.heartbeat import Heartbeat
 from workers.result_writer import ResultWriter
 from workers.triton_client import TritonJobClient
-from workers.triton_host import TritonHost, triton_model_name
+from workers.triton_host import TritonHost
 from workers.triton_model import CoalescingPolicy
 
 logger = logging.getLogger(__name__)
@@ -82,11 +83,11 @@ class Worker:
         models = self.settings.worker_models()
         cores = compute_cores(available_cores(), self.settings.worker.reserved_cores)
         for slot, model in enumerate(models):
-            engine = create_engine(
-                model,
+            options = EngineOptions(
                 cpu_threads=engine_threads_bind(cores, slot, len(models)),
                 cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
             )
+            engine = create_engine(model, options)
             self._models.append(await self._load(model, engine))
         self._writer.start()
         self._consumer = JobConsumer(

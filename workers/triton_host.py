@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sysconfig
 
 import numpy as np
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
+from switchboard.config import triton_model_name
 from switchboard.ports import free_port
 from workers.engines.base import Engine
 from workers.triton_model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
 
 logger = logging.getLogger(__name__)
-
-
-def triton_model_name(model: str) -> str:
-    """Triton accepts only letters, digits, '.', '_' and '-' in model names."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", model)
 
 
 def use_own_libpython() -> None:

@@ -17,13 +17,14 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.config import triton_model_name
 from switchboard.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
 from workers.consumer import JobConsumer, ServedModel
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 from workers.result_writer import ResultWriter
 from workers.triton_client import TritonJobClient
-from workers.triton_host import TritonHost, triton_model_name
+from workers.triton_host import TritonHost
 from workers.triton_model import CoalescingPolicy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -1,6 +1,7 @@
-"""The one interface every engine implements: start, generate, abort, stop, and what it occupies.
+"""The one interface every engine implements: start, generate, abort, stop, sleep, and what it occupies.
 
-Engines know nothing of Redis or jobs: they take an EngineRequest and stream Deltas.
+Engines know nothing of Redis or jobs: they take an EngineRequest and stream Deltas. Which class
+implements which engine name is the registry's business (`workers.engines.registry`).
 """
 
 from __future__ import annotations
@@ -67,18 +68,17 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def footprint(self) -> Footprint:
-        """What the engine occupies while started."""
+        """What the engine occupies while started; before `start`, what it is expected to occupy."""
 
+    @property
+    def supports_sleep(self) -> bool:
+        """Whether `sleep` frees memory and `wake` is much faster than a new start (GPU sleep modes)."""
+        return False
 
-def create_engine(model: ModelConfig, *, cpu_threads: str | None, cpu_kvcache_gib: float) -> Engine:
-    """The engine named by the model's configuration (imported lazily: engines are heavy)."""
-    if model.engine == "vllm":
-        from workers.engines.vllm import VllmEngine
+    async def sleep(self) -> None:
+        """Free most of what the engine holds while keeping it ready to wake; needs `supports_sleep`."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode")
 
-        return VllmEngine(model, cpu_threads=cpu_threads, cpu_kvcache_gib=cpu_kvcache_gib)
-    if model.engine == "trtllm":
-        raise NotImplementedError(
-            f"model {model.name!r}: the TensorRT-LLM engine is not available in this build yet; "
-            'use engine = "vllm"'
-        )
-    raise ValueError(f"model {model.name!r}: unknown engine {model.engine!r}")
+    async def wake(self) -> None:
+        """Undo `sleep`: return when the engine can generate again."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode")

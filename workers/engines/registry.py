@@ -1,0 +1,31 @@
+"""Engine names → implementations, imported only when a model needs one (engines are heavy)."""
+
+from __future__ import annotations
+
+from switchboard.config import ModelConfig
+from workers.engines.base import Engine
+
+
+class EngineOptions:
+    """Worker-level settings an engine starts with."""
+
+    __slots__ = ("cpu_kvcache_gib", "cpu_threads")
+
+    def __init__(self, *, cpu_threads: str | None, cpu_kvcache_gib: float) -> None:
+        # Cores the engine computes on (CPU builds; "0-3" or "0,2"), None to leave it to the engine.
+        self.cpu_threads = cpu_threads
+        self.cpu_kvcache_gib = cpu_kvcache_gib
+
+
+def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
+    """The engine named by the model's configuration, not yet started."""
+    if model.engine == "vllm":
+        from workers.engines.vllm import VllmEngine
+
+        return VllmEngine(model, cpu_threads=options.cpu_threads, cpu_kvcache_gib=options.cpu_kvcache_gib)
+    if model.engine == "trtllm":
+        raise NotImplementedError(
+            f"model {model.name!r}: the TensorRT-LLM engine is not available in this build yet; "
+            'use engine = "vllm"'
+        )
+    raise ValueError(f"model {model.name!r}: unknown engine {model.engine!r}")
