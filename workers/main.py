@@ -1,4 +1,10 @@
-"""One worker process: start Triton and the engines, take jobs, advertise, drain on SIGTERM."""
+"""One worker process: advertise at once, start Triton, load models on demand, drain on SIGTERM.
+
+No model is loaded at start (unless one says `preload = true`): the model controller loads what
+requests ask for, keeps it while it is used, and unloads it when idle. Triton starts and vLLM is
+imported in the background right after the worker advertises itself, so the first load pays for
+neither.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,28 @@ import logging
 import os
 import signal
 import socket
+import statistics
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
-from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings, triton_model_name
-from switchboard.redis_conn import pooled_client
+from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
+from switchboard.redis_conn import blocking_client, pooled_client
+from switchboard.tasks import cancel_and_wait
 from switchboard.wire import WorkerRecord
-from workers.consumer import JobConsumer, ServedModel
+from workers.consumer import JobConsumer
+from workers.controller.coordination import Coordination
+from workers.controller.loop import Backoff, ModelController
+from workers.controller.residency import ModelSlot
+from workers.controller.snapshot import SnapshotReader
+from workers.controller.view import WorkerLimits
 from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
 from workers.engines.base import Engine
-from workers.engines.registry import EngineOptions, create_engine
+from workers.engines.registry import EngineOptions, create_engine, import_runtimes
 from workers.heartbeat import Heartbeat
+from workers.machine import machine_kind, memory_budget_bytes
 from workers.result_writer import ResultWriter
-from workers.triton_client import TritonJobClient
 from workers.triton_host import TritonHost
 from workers.triton_model import CoalescingPolicy
 
@@ -32,7 +46,7 @@ STOP_STEP_TIMEOUT_S = 20.0
 
 
 class Worker:
-    """Owns the Triton host, the engines, the consumer and the heartbeat of one process."""
+    """Owns the Triton host, the model slots, the consumer, the controller and the heartbeat."""
 
     def __init__(self, settings: Settings) -> None:
         if not settings.redis.url:
@@ -40,29 +54,52 @@ class Worker:
         self.settings = settings
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.started = time.time()
+        self.kind = settings.worker.kind or machine_kind()
+        self.memory_budget = memory_budget_bytes(self.kind, settings.worker.memory_budget_gib)
+        self._models = settings.worker_models()
         # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
         self._redis = pooled_client(settings.redis.url)
+        self._poke_redis = blocking_client(settings.redis.url, int(settings.worker.controller_tick_s * 1000))
         self._host = TritonHost(coalescing=coalescing_policy(settings))
+        self._host_started = asyncio.Event()
         self._writer = ResultWriter(self._redis)
         self._heartbeat = Heartbeat(self._redis, self.record, settings.worker.heartbeat_s)
-        self._models: list[ServedModel] = []
-        self._consumer: JobConsumer | None = None
+        self._slots = {model.name: self._slot(model) for model in self._models}
+        self._consumer = JobConsumer(
+            self._redis,
+            self._writer,
+            worker_id=self.id,
+            slots=self._slots,
+            max_concurrent_jobs=settings.worker.max_concurrent_jobs,
+        )
+        self._controller = self._model_controller()
+        self._cores = compute_cores(available_cores(), settings.worker.reserved_cores)
+        self._core_shares: dict[str, int] = {}
+        self._footprints: dict[str, int] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._stop_lock = asyncio.Lock()
         self._stopped = False
         self._stop_requested = asyncio.Event()
 
     def record(self) -> WorkerRecord:
         """How this worker advertises itself."""
+        held = [slot for slot in self._slots.values() if slot.state != "cold"]
         return WorkerRecord(
             id=self.id,
             host=socket.gethostname(),
             pid=os.getpid(),
             started=self.started,
             heartbeat=time.time(),
-            models=tuple(m.name for m in self._models),
+            models=tuple(slot.name for slot in held if slot.state == "warm"),
             triton_http_port=self._host.http_port,
             triton_grpc_port=self._host.grpc_port,
             triton_metrics_port=self._host.metrics_port,
+            kind=self.kind,
+            allowed=tuple(self.settings.worker.models),
+            max_loaded_models=self.settings.worker.max_loaded_models,
+            memory_budget_bytes=self.memory_budget,
+            memory_used_bytes=sum(slot.memory_bytes() for slot in held),
+            slots=tuple(slot.status(_leaves_at(slot)) for slot in held),
         )
 
     async def run(self) -> None:
@@ -77,65 +114,169 @@ class Worker:
             await self.stop()
 
     async def start(self) -> None:
-        """Start Triton, load every model, then take jobs and advertise."""
+        """Advertise and take jobs at once; Triton and the engine runtime come up in the background."""
         await self._redis.ping()
-        await asyncio.to_thread(self._host.start)
-        models = self.settings.worker_models()
-        cores = compute_cores(available_cores(), self.settings.worker.reserved_cores)
-        for slot, model in enumerate(models):
-            options = EngineOptions(
-                cpu_threads=engine_threads_bind(cores, slot, len(models)),
-                cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
-            )
-            engine = create_engine(model, options)
-            self._models.append(await self._load(model, engine))
         self._writer.start()
-        self._consumer = JobConsumer(
-            self._redis,
-            self._writer,
-            worker_id=self.id,
-            models=self._models,
-            max_concurrent_jobs=self.settings.worker.max_concurrent_jobs,
-        )
         await self._consumer.start()
         await self._heartbeat.start()
-        logger.info("worker ready", extra={"worker_id": self.id, "models": [m.name for m in self._models]})
-
-    async def _load(self, model: ModelConfig, engine: Engine) -> ServedModel:
-        _ensure_demo_model(model)
-        logger.info("loading model", extra={"model": model.name, "path": model.path, "engine": model.engine})
-        await engine.start()
-        try:
-            triton_model = await asyncio.to_thread(self._host.bind, model.name, engine)
-        except BaseException:
-            await engine.stop()  # nothing else owns it yet
-            raise
-        client = TritonJobClient(self._host.grpc_address, triton_model_name(model.name))
-        return ServedModel(name=model.name, client=client, triton_model=triton_model)
+        self._in_background(self._prepare_loading(), "start Triton")
+        engines: set[str] = {model.engine for model in self._models}
+        self._in_background(asyncio.to_thread(import_runtimes, engines), "import the engine runtime")
+        await self._controller.start()
+        logger.info(
+            f"worker ready: may hold {', '.join(self._slots)} "
+            f"(at most {self.settings.worker.max_loaded_models} at once, "
+            f"{self.memory_budget / 1024**3:.1f} GiB); models load on first request",
+            extra={"worker_id": self.id, "kind": self.kind},
+        )
 
     async def stop(self) -> None:
-        """Stop taking jobs, drain, withdraw, and release everything; idempotent."""
+        """Stop deciding and taking jobs, drain, withdraw, unload everything; idempotent."""
         async with self._stop_lock:
             if self._stopped:
                 return
             self._stopped = True
             logger.info("worker stopping", extra={"worker_id": self.id})
             drain_s = self.settings.worker.drain_timeout_s
+            await _stop_step("stop the model controller", self._controller.stop(), STOP_STEP_TIMEOUT_S * 3)
             await _stop_step("withdraw the advertisement", self._heartbeat.stop())
-            if self._consumer is not None:
-                await _stop_step("drain running jobs", self._consumer.stop(drain_s), drain_s)
+            await _stop_step("drain running jobs", self._consumer.stop(drain_s), drain_s)
             await _stop_step("flush result chunks", self._writer.stop())
-            for model in self._models:
-                await _stop_step(f"close the client of {model.name}", model.client.close())
-                await _stop_step(f"stop the engine of {model.name}", model.triton_model.stop_engine())
+            for slot in self._slots.values():
+                await _stop_step(f"unload {slot.name}", self._unload_on_stop(slot))
+            for task in self._background:
+                await _stop_step("end a background start", cancel_and_wait(task))
             await _stop_step("stop Triton", asyncio.to_thread(self._host.stop))
-            await _stop_step("close Redis connections", self._redis.aclose())
+            await _stop_step("close Redis connections", self._close_redis())
             logger.info("worker stopped", extra={"worker_id": self.id})
+
+    # --- construction -----------------------------------------------------------------------
+
+    def _slot(self, model: ModelConfig) -> ModelSlot:
+        return ModelSlot(
+            model,
+            host=self._host,
+            host_started=self._host_started,
+            create_engine=self._create_engine,
+            read_barrier=lambda: self._consumer.read_barrier(),
+            on_change=lambda: self._consumer.models_changed(),
+        )
+
+    def _model_controller(self) -> ModelController:
+        worker = self.settings.worker
+        coordination = Coordination(self._redis, self.id, self.kind)
+        snapshot = SnapshotReader(
+            self._redis,
+            self._models,
+            self._slots,
+            kind=self.kind,
+            expected_footprint=self._expected_footprint,
+        )
+        limits = WorkerLimits(
+            max_loaded_models=worker.max_loaded_models,
+            memory_budget_bytes=self.memory_budget,
+            min_residency_s=worker.min_residency_s,
+            max_pass_over_s=worker.max_pass_over_s,
+        )
+        return ModelController(
+            redis=self._redis,
+            poke_redis=self._poke_redis,
+            slots=self._slots,
+            models=self._models,
+            consumer=self._consumer,
+            coordination=coordination,
+            snapshot=snapshot,
+            worker_id=self.id,
+            limits=limits,
+            backoff=Backoff(worker.load_backoff_s, worker.load_backoff_max_s),
+            tick_s=worker.controller_tick_s,
+            advertise=self._heartbeat.beat,
+        )
+
+    def _create_engine(self, model: ModelConfig) -> Engine:
+        """A new engine for `model`, computing on a share of the cores no other held model uses."""
+        shares = self.settings.worker.max_loaded_models
+        taken = {
+            self._core_shares[name]
+            for name, slot in self._slots.items()
+            if name != model.name and slot.state != "cold" and name in self._core_shares
+        }
+        share = next(n for n in range(shares + 1) if n not in taken) % shares
+        self._core_shares[model.name] = share
+        options = EngineOptions(
+            cpu_threads=engine_threads_bind(self._cores, share, shares),
+            cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
+        )
+        return create_engine(model, options)
+
+    def _expected_footprint(self, model: ModelConfig, measured: list[bytes]) -> int:
+        """Declared, else measured on this kind of worker, else the engine's own estimate."""
+        if model.footprint_gib is not None:
+            return int(model.footprint_gib * 1024**3)
+        if measured:
+            return int(statistics.median(float(value) for value in measured))
+        if model.name not in self._footprints:
+            self._footprints[model.name] = _estimated_footprint(model, self.settings)
+        return self._footprints[model.name]
+
+    # --- running ----------------------------------------------------------------------------
+
+    async def _prepare_loading(self) -> None:
+        """What every load needs first: Triton running, and the demo model built if it is served."""
+        await asyncio.to_thread(self._host.start)
+        for model in self._models:
+            await asyncio.to_thread(_ensure_demo_model, model)
+        self._host_started.set()
+
+    def _in_background(self, work: Coroutine[Any, Any, Any], what: str) -> None:
+        """Run a start-up step beside serving; a failure stops the worker (it cannot load anything)."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except Exception:
+                logger.exception(f"could not {what}; stopping the worker")
+                self._stop_requested.set()
+
+        task = asyncio.create_task(guarded(), name=what)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _unload_on_stop(self, slot: ModelSlot) -> None:
+        await slot.unload()
+        if slot.replica is not None:
+            await Coordination(self._redis, self.id, self.kind).release_lease(slot.name, slot.replica)
+            slot.replica = None
+
+    async def _close_redis(self) -> None:
+        await self._poke_redis.aclose()
+        await self._redis.aclose()
+
+
+def _leaves_at(slot: ModelSlot) -> float | None:
+    """When keep-alive will move the slot down the ladder, if nothing uses it meanwhile."""
+    model = slot.model
+    if slot.in_flight or slot.idle_since is None or model.keep_alive_s < 0 or model.min_replicas > 0:
+        return None
+    if slot.state == "warm":
+        return slot.idle_since + model.keep_alive_s
+    if slot.state == "sleeping" and model.asleep_keep_alive_s >= 0:
+        return slot.idle_since + model.keep_alive_s + model.asleep_keep_alive_s
+    return None
+
+
+def _estimated_footprint(model: ModelConfig, settings: Settings) -> int:
+    try:
+        options = EngineOptions(cpu_threads=None, cpu_kvcache_gib=settings.worker.cpu_kvcache_gib)
+        return create_engine(model, options).footprint().memory_bytes
+    except Exception:
+        logger.warning("cannot estimate the model's footprint", exc_info=True, extra={"model": model.name})
+        return 0
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:
     """Run one step of stopping; a step that hangs or fails is logged and the next one still runs."""
-    logger.info("stopping: " + name)
+    logger.debug("stopping: " + name)
     try:
         async with asyncio.timeout(STOP_STEP_TIMEOUT_S + extra_s):
             await step
@@ -148,7 +289,7 @@ def _ensure_demo_model(model: ModelConfig) -> None:
     if model.name == DEMO_MODEL_NAME:
         from pathlib import Path
 
-        from switchboard.demo_model import build_demo_model
+        from switchboard.local.demo_model import build_demo_model
 
         build_demo_model(Path(model.path), progress=lambda step: logger.info(step))
 

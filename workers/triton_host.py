@@ -1,13 +1,21 @@
-"""The worker's PyTriton host: one Triton server, one decoupled model per engine it holds."""
+"""The worker's PyTriton host: one Triton server, one decoupled model per engine it holds, bound and
+unbound while the server runs as models are loaded and unloaded."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import sysconfig
+import threading
+import time
+from typing import Any
 
 import numpy as np
+from pytriton.client.utils import create_client_from_url
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.proxy.data import TensorStore
 from pytriton.triton import Triton, TritonConfig
 
 from switchboard.config import triton_model_name
@@ -31,6 +39,14 @@ def use_own_libpython() -> None:
     os.environ["LD_LIBRARY_PATH"] = ":".join([libdir, *paths])
 
 
+# How long Triton may take to finish unloading a model (its in-flight requests have ended).
+UNLOAD_TIMEOUT_S = 30.0
+
+
+def _still_loaded(index: list[dict[str, str]], name: str) -> bool:
+    return any(entry.get("name") == name and entry.get("state") != "UNAVAILABLE" for entry in index)
+
+
 class TritonHost:
     """Starts Triton on free ports and binds engines to it as streaming models."""
 
@@ -40,6 +56,7 @@ class TritonHost:
         self.metrics_port = free_port()
         self._coalescing = coalescing
         self._triton: Triton | None = None
+        self._unbinding: dict[str, threading.Thread] = {}
 
     @property
     def grpc_address(self) -> str:
@@ -54,6 +71,10 @@ class TritonHost:
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
             log_verbose=0,
+            # Ready means the server is up: models come and go, and each is asked about itself.
+            # (Strict readiness would read "not ready" while any model unloads, and PyTriton's
+            # bind waits for readiness in steps of a second.)
+            strict_readiness=False,
         )
         self._triton = Triton(config=config)
         self._triton.run()
@@ -67,21 +88,89 @@ class TritonHost:
         )
 
     def bind(self, model: str, engine: Engine) -> EngineCallable:
-        """Serve `engine` as the decoupled Triton model `triton_model_name(model)`."""
-        assert self._triton is not None, "start() the host before binding models"
+        """Serve `engine` as the decoupled Triton model `triton_model_name(model)` (about 2 s).
+
+        The engine need not be started yet: Triton sends it nothing until the consumer does.
+        """
+        triton = self._running()
         callable_ = EngineCallable(engine, self._coalescing)
-        self._triton.bind(
-            model_name=triton_model_name(model),
+        name = triton_model_name(model)
+        self._wait_until_unloaded(name)
+        triton.bind(
+            model_name=name,
             infer_func=callable_,
             inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
             outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
             config=ModelConfig(decoupled=True, batching=False),
             strict=False,
         )
+        # PyTriton drives the callable from one event loop thread per bound model; the engine is
+        # driven from that same loop, so it is handed over explicitly here.
+        callable_.attach_loop(self._handler_loop(name))
         return callable_
+
+    def unbind(self, model: str) -> None:
+        """Remove the model from Triton, finishing in the background; returns at once.
+
+        Its handler thread takes a second to end and Triton's Python stub a few more; nothing
+        waits for that but a later bind of the same name (and `stop`).
+        """
+        name = triton_model_name(model)
+        bound = self._running()._model_manager._models.pop((name.lower(), 1), None)  # (name, version)
+        if bound is None:
+            return
+        unbinding = threading.Thread(target=self._unbind, args=(name, bound), name=f"unbind-{name}")
+        self._unbinding[name] = unbinding
+        unbinding.start()
+
+    def _unbind(self, name: str, bound: Any) -> None:
+        """What PyTriton's own shutdown does, for one model (PyTriton 0.7 binds but cannot unbind)."""
+        triton = self._running()
+        tensor_store = getattr(bound._serializer_deserializer, "_tensor_store", None)
+        # clean() first drops PyTriton's observers, so unloading this model does not read as
+        # the whole server terminating (PyTriton stops Triton on that event).
+        bound.clean()
+        if tensor_store is not None:
+            # PyTriton caches one tensor store per socket path for the process's life, with the
+            # old stub's key; a later bind of the same name must make a new one.
+            TensorStore._instances.pop(tensor_store.address, None)
+        with contextlib.closing(create_client_from_url(triton._url)) as client:
+            client.unload_model(name, headers=self._control_headers())
+
+    def _wait_until_unloaded(self, name: str) -> None:
+        """Wait for Triton to finish unloading `name` (binding it again meets the old stub otherwise)."""
+        unbinding = self._unbinding.pop(name, None)
+        if unbinding is not None:
+            unbinding.join(UNLOAD_TIMEOUT_S)
+        triton = self._running()
+        deadline = time.monotonic() + UNLOAD_TIMEOUT_S
+        with contextlib.closing(create_client_from_url(triton._url)) as client:
+            while _still_loaded(client.get_model_repository_index(headers=self._control_headers()), name):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Triton did not unload {name} within {UNLOAD_TIMEOUT_S:g} s")
+                time.sleep(0.02)
+
+    def _control_headers(self) -> dict[str, str] | None:
+        # Model control is guarded by PyTriton's access token.
+        headers: dict[str, str] | None = self._running()._model_manager._headers
+        return headers
+
+    def _running(self) -> Triton:
+        if self._triton is None:
+            raise RuntimeError("start() the Triton host before binding models")
+        return self._triton
+
+    def _handler_loop(self, name: str) -> asyncio.AbstractEventLoop:
+        bound = self._running()._model_manager._models[(name.lower(), 1)]
+        (handler,) = bound._inference_handlers  # one instance per model: batching is off
+        loop: asyncio.AbstractEventLoop = handler._loop
+        return loop
 
     def stop(self) -> None:
         """Stop Triton and every model bound to it; idempotent."""
+        for unbinding in list(self._unbinding.values()):
+            unbinding.join(UNLOAD_TIMEOUT_S)
+        self._unbinding.clear()
         if self._triton is not None:
             self._triton.stop()
             self._triton = None

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -27,6 +28,7 @@ JOB_INPUT = "job"
 CHUNK_OUTPUT = "chunk"
 
 Responses = list[dict[str, npt.NDArray[np.object_]]]
+T = TypeVar("T")
 
 
 def chunk_for(delta: Delta) -> Chunk:
@@ -76,7 +78,6 @@ class EngineCallable:
         """Decoupled inference: yields one response per coalesced chunk, the last one final."""
         (request,) = requests  # batching is off for decoupled models: one request per call
         job = job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
-        self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         pump = asyncio.create_task(self._pump(engine_request(job), queue))
         self._streams += 1
@@ -93,18 +94,30 @@ class EngineCallable:
             # Cancelling the pump closes the engine's stream, which aborts the request in the engine.
             pump.cancel()
 
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop that PyTriton calls this model on; the engine is driven from it alone."""
+        self._loop = loop
+
+    def on_engine_loop(self, work: Callable[[], Coroutine[Any, Any, T]]) -> Future[T]:
+        """Run `work()` on the engine's loop from any thread (abort, stop, sleep, wake).
+
+        vLLM's output task lives on the loop its first request ran on, so every call that touches
+        the engine after that runs there too.
+        """
+        if self._loop is None or self._loop.is_closed():
+            raise RuntimeError("the model is not bound into Triton")
+        return asyncio.run_coroutine_threadsafe(work(), self._loop)
+
     def abort(self, request_id: str) -> Future[None]:
-        """Abort a running request from any thread; its stream ends with finish reason "abort"."""
-        if self._loop is None:
-            raise RuntimeError("no request has run on this model yet")
-        return asyncio.run_coroutine_threadsafe(self._engine.abort(request_id), self._loop)
+        """Abort a running request; its stream ends with finish reason "abort"."""
+        return self.on_engine_loop(lambda: self._engine.abort(request_id))
 
     async def stop_engine(self) -> None:
-        """Stop the engine on the loop that drives it: vLLM's output task lives there."""
+        """Stop the engine on the loop that drives it (or here, if it was never bound)."""
         if self._loop is None or self._loop.is_closed():
             await self._engine.stop()
             return
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._engine.stop(), self._loop))
+        await asyncio.wrap_future(self.on_engine_loop(self._engine.stop))
 
     def _window_s(self) -> float:
         return self._policy.window_s(self._streams)

@@ -1,8 +1,8 @@
 """The worker's path against a real Triton (PyTriton) and a real Redis, with a scripted engine.
 
 The engine is the only stand-in: it streams deltas on a script named in the job's prompt, so the
-consumer, the Triton model (decoupled, coalescing), the result writer and the acknowledgements
-are all exercised for real and fast. The real engine is covered end to end in tests/e2e.
+model slot, the consumer, the Triton model (decoupled, coalescing), the result writer and the
+acknowledgements are all exercised for real and fast. The real engine is covered end to end in tests/e2e.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.config import triton_model_name
-from switchboard.redis_server import PrivateRedis
+from switchboard.config import ModelConfig
+from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
-from workers.consumer import JobConsumer, ServedModel
-from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
+from tests.workers.scripted_engine import ScriptedEngine
+from workers.consumer import JobConsumer
+from workers.controller.residency import ModelSlot
 from workers.result_writer import ResultWriter
-from workers.triton_client import TritonJobClient
 from workers.triton_host import TritonHost
 from workers.triton_model import CoalescingPolicy
 
@@ -31,50 +31,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MODEL = "scripted/model:v1"  # characters Triton refuses, on purpose
 WINDOW_S = 0.05
-
-
-class ScriptedEngine(Engine):
-    """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `invalid`, `crash`."""
-
-    def __init__(self) -> None:
-        self.aborted: list[str] = []
-        self._running: dict[str, asyncio.Event] = {}
-
-    async def start(self) -> None:
-        return None
-
-    async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
-        words = (request.prompt or "").split()
-        abort = self._running[request.request_id] = asyncio.Event()
-        if words[0] == "invalid":
-            raise InvalidEngineRequest("The prompt is too long.")
-        if words[0] == "crash":
-            raise RuntimeError("out of memory")
-        count = int(words[1]) if len(words) > 1 else 1_000_000
-        pause = float(words[2]) if len(words) > 2 else (0.0 if words[0] == "fast" else 0.01)
-        for index in range(count):
-            if abort.is_set():
-                yield Delta(text="", prompt_tokens=3, completion_tokens=index, finish_reason="abort")
-                return
-            await asyncio.sleep(pause)
-            last = index == count - 1
-            # "\x00" inside the text checks that bytes survive Triton untouched.
-            yield Delta(
-                text=f"t{index}\x00 ",
-                prompt_tokens=3,
-                completion_tokens=index + 1,
-                finish_reason="length" if last else None,
-            )
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-        self._running[request_id].set()
-
-    async def stop(self) -> None:
-        return None
-
-    def footprint(self) -> Footprint:
-        return Footprint(device="cpu", memory_bytes=0)
 
 
 class Worker:
@@ -93,21 +49,31 @@ async def worker() -> AsyncIterator[Worker]:
         host = TritonHost(
             coalescing=CoalescingPolicy(min_window_s=WINDOW_S, max_window_s=WINDOW_S, max_chunks_per_s=1000)
         )
+        host_started = asyncio.Event()
         await asyncio.to_thread(host.start)
+        host_started.set()
         engine = ScriptedEngine()
-        triton_model = await asyncio.to_thread(host.bind, MODEL, engine)
-        client = TritonJobClient(host.grpc_address, triton_model_name(MODEL))
         writer = ResultWriter(redis)
         writer.start()
-        served = ServedModel(name=MODEL, client=client, triton_model=triton_model)
-        consumer = JobConsumer(redis, writer, worker_id="w1", models=[served], max_concurrent_jobs=4)
+        consumers: list[JobConsumer] = []
+        slot = ModelSlot(
+            ModelConfig(name=MODEL, path="unused"),
+            host=host,
+            host_started=host_started,
+            create_engine=lambda _: engine,
+            read_barrier=lambda: consumers[0].read_barrier(),
+            on_change=lambda: consumers[0].models_changed() if consumers else None,
+        )
+        consumer = JobConsumer(redis, writer, worker_id="w1", slots={MODEL: slot}, max_concurrent_jobs=4)
+        consumers.append(consumer)
         await consumer.start()
+        await slot.ensure_warm()
         try:
             yield Worker(redis, engine, consumer)
         finally:
             await consumer.stop(drain_timeout_s=5)
             await writer.stop()
-            await client.close()
+            await slot.unload()
             await asyncio.to_thread(host.stop)
             await redis.aclose()
 

@@ -32,6 +32,8 @@ class Unload(msgspec.Struct, frozen=True, kw_only=True, tag="unload"):
 
     model: str
     why: str
+    # Set when the unload makes room for loading that model: it happens only if that load does.
+    for_model: str | None = None
 
 
 Action = Load | Wake | Sleep | Unload

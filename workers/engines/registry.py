@@ -17,6 +17,19 @@ class EngineOptions:
         self.cpu_kvcache_gib = cpu_kvcache_gib
 
 
+def import_runtimes(engines: set[str]) -> None:
+    """Import what starting these engines needs, once per process, so the first load skips it.
+
+    Runs in a thread at worker start: vLLM's import alone takes several seconds.
+    """
+    if "vllm" in engines:
+        from workers.engines import vllm
+
+        import_runtime = getattr(vllm, "import_runtime", None)
+        if import_runtime is not None:
+            import_runtime()
+
+
 def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
     """The engine named by the model's configuration, not yet started."""
     if model.engine == "vllm":

@@ -1,0 +1,64 @@
+"""A scripted stand-in for an engine, for unit tests of the worker's own pieces (Triton, slots, consumer).
+
+The real engine is covered end to end in tests/e2e and tests/workers/engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from switchboard.config import ModelConfig
+from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
+
+
+class ScriptedEngine(Engine):
+    """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `invalid`, `crash`."""
+
+    def __init__(self, *, start_s: float = 0.0, fail_start: str | None = None) -> None:
+        super().__init__(ModelConfig(name="scripted", path="unused"))
+        self.aborted: list[str] = []
+        self.starts = 0
+        self.stops = 0
+        self._start_s = start_s
+        self._fail_start = fail_start
+        self._running: dict[str, asyncio.Event] = {}
+
+    async def start(self) -> None:
+        self.starts += 1
+        await asyncio.sleep(self._start_s)
+        if self._fail_start is not None:
+            raise RuntimeError(self._fail_start)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+        words = (request.prompt or "").split()
+        abort = self._running[request.request_id] = asyncio.Event()
+        if words[0] == "invalid":
+            raise InvalidEngineRequest("The prompt is too long.")
+        if words[0] == "crash":
+            raise RuntimeError("out of memory")
+        count = int(words[1]) if len(words) > 1 else 1_000_000
+        pause = float(words[2]) if len(words) > 2 else (0.0 if words[0] == "fast" else 0.01)
+        for index in range(count):
+            if abort.is_set():
+                yield Delta(text="", prompt_tokens=3, completion_tokens=index, finish_reason="abort")
+                return
+            await asyncio.sleep(pause)
+            last = index == count - 1
+            # "\x00" inside the text checks that bytes survive Triton untouched.
+            yield Delta(
+                text=f"t{index}\x00 ",
+                prompt_tokens=3,
+                completion_tokens=index + 1,
+                finish_reason="length" if last else None,
+            )
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self._running[request_id].set()
+
+    async def stop(self) -> None:
+        self.stops += 1
+
+    def footprint(self) -> Footprint:
+        return Footprint(device="cpu", memory_bytes=1024**2)
