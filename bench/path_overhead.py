@@ -22,7 +22,7 @@ from typing import Any
 from loadgen import PROMPT, WARMUP_REQUESTS, LevelMetrics, measure_level
 from servers import StartupError, engine_cores, run_switchboard, run_vllm
 
-from switchboard.demo_model import build_demo_model
+from switchboard.local.demo_model import build_demo_model
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("vllm", "switchboard")

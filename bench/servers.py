@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import TextIO
 
 from switchboard.config import WorkerConfig
+from switchboard.local.demo_model import config_entry
+from switchboard.local.launcher import Launcher, LauncherError
+from switchboard.local.processes import spawn_group, stop_groups
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.local.toml_text import toml_text
 from switchboard.ports import free_port
-from switchboard.processes import spawn_group, stop_groups
-from switchboard.redis_server import PrivateRedis
 from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,29 +105,40 @@ def run_vllm(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
 
 @contextlib.contextmanager
 def run_switchboard(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
-    """A private Redis, one Switchboard worker and the front door."""
-    redis = PrivateRedis().start()
-    port = free_port()
-    env = {
-        **os.environ,
-        "REDIS_URL": redis.url,
-        "SWITCHBOARD_WORKER__DEMO_MODEL_DIR": str(model_dir),
-        "SWITCHBOARD_ROUTER__PORT": str(port),
-    }
-    logs = [log_dir / f"switchboard-{part}-round{round_no}.log" for part in ("worker", "router")]
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        with logs[0].open("w") as worker_log, logs[1].open("w") as router_log:
-            processes.append(spawn([sys.executable, "-m", "switchboard", "worker"], env, worker_log))
-            processes.append(spawn([sys.executable, "-m", "switchboard", "router"], env, router_log))
-            base_url = f"http://127.0.0.1:{port}"
-            start_s = wait_ready(f"{base_url}/readyz", processes, logs, "switchboard")
-            yield Server(base_url, start_s, redis.url)
-    finally:
-        # The front door first, so that nothing new reaches the worker while it drains.
-        for process in reversed(processes):
-            stop(process)
-        redis.stop()
+    """A private Redis, one Switchboard worker with the demo model preloaded, and the front door.
+
+    Ready means the model answered a first request, as vLLM's server is ready once its model is loaded.
+    """
+    round_dir = log_dir / f"switchboard-round{round_no}"  # worker.log, router.log, console.log
+    round_dir.mkdir(parents=True, exist_ok=True)
+    config_path = round_dir / "switchboard.toml"
+    config_path.write_text(toml_text({"models": [config_entry(model_dir, name=MODEL_NAME, preload=True)]}))
+    with PrivateRedis() as redis:
+        launcher = Launcher(
+            port=free_port(),
+            log_dir=round_dir,
+            config_path=config_path,
+            redis_url=redis.url,
+            console=round_dir / "console.log",
+            cwd=REPO,
+            stop_timeout_s=STOP_TIMEOUT_S,
+        )
+        try:
+            launcher.start()
+            ready_s = launcher.wait_ready(READY_TIMEOUT_S, _progress, PROGRESS_EVERY_S)
+            warm_s = launcher.wait_serving(MODEL_NAME, READY_TIMEOUT_S, _progress, PROGRESS_EVERY_S)
+            yield Server(launcher.base_url, ready_s + warm_s, redis.url)
+        except LauncherError as exc:
+            raise StartupError(f"switchboard: {exc}") from exc
+        finally:
+            # The front door first, so that nothing new reaches the worker while it drains.
+            forced = launcher.stop()
+            if forced:
+                print(f"    pids {forced} ignored SIGTERM for {STOP_TIMEOUT_S:g} s; killed them", flush=True)
+
+
+def _progress(elapsed_s: float, waiting_for: str) -> None:
+    print(f"    switchboard: {waiting_for} ({elapsed_s:.0f} s)", flush=True)
 
 
 # --- the benchmark ---------------------------------------------------------------------------------

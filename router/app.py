@@ -11,14 +11,17 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
+from redis.exceptions import RedisError
 
 from router import routes
+from router.admin import admin_router
 from router.gateway import Gateway
 from router.openai.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     OpenAIError,
     RouteNotFoundError,
+    ServiceUnavailableError,
 )
 from switchboard.config import Settings
 
@@ -42,12 +45,14 @@ def create_app(settings: Settings) -> Litestar:
             routes.list_models,
             routes.healthz,
             routes.readyz,
+            admin_router(),
         ],
         lifespan=[gateway_lifespan],
         dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
         exception_handlers={
             OpenAIError: _openai_error,
             HTTPException: _http_error,
+            RedisError: _redis_error,
             Exception: _unexpected_error,
         },
         openapi_config=None,
@@ -60,7 +65,7 @@ def _provide_gateway(state: State) -> Gateway:
 
 
 def _openai_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes]:
-    return routes.json_response(exc.body(), status_code=exc.status_code)
+    return routes.json_response(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -76,6 +81,11 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         error = OpenAIError(exc.detail)
         error.status_code = exc.status_code
     return _openai_error(request, error)
+
+
+def _redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
+    logger.warning("redis error", extra={"path": request.url.path, "error": str(exc)})
+    return _openai_error(request, ServiceUnavailableError(f"Redis is unavailable: {exc}. Retry shortly."))
 
 
 def _unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from router.openai.chat import ChatCompletionRequest
 from router.openai.common import stop_list
 from switchboard import keys
-from switchboard.wire import ChatMessage, Job, SamplingParams, encode
+from switchboard.wire import ChatMessage, Job, LoadFailure, SamplingParams, encode, load_failure_decoder
 
 
 def new_job_id() -> str:
@@ -48,22 +48,55 @@ def _sampling(request: ChatCompletionRequest) -> SamplingParams:
     )
 
 
+# One round trip for everything an enqueue does. A model whose last load failed takes no job: the
+# failure's payload comes back instead, and the request is answered at once. Otherwise the job goes
+# on its stream and the model controllers are poked; the front door's own reader is poked only when
+# asked (when it is blocked and must pick up the new result stream).
+# KEYS: failure mark, job stream, demand stream[, wake stream]
+# ARGV: job, job stream ttl, model, demand maxlen, demand ttl, wake ttl
+_ENQUEUE_LUA = """
+local failure = redis.call('GET', KEYS[1])
+if failure then
+    return failure
+end
+redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'm', ARGV[3])
+redis.call('EXPIRE', KEYS[3], ARGV[5])
+if KEYS[4] then
+    redis.call('XADD', KEYS[4], 'MAXLEN', '1', '*', 'w', '')
+    redis.call('EXPIRE', KEYS[4], ARGV[6])
+end
+return false
+"""
+
+
 class JobQueue:
     """The front door's side of the job streams."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
+        # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
+        self._enqueue = redis.register_script(_ENQUEUE_LUA)
 
-    async def submit(self, job: Job, *, wake_stream: str | None = None) -> None:
-        """Append the job to its model's stream; poke `wake_stream` in the same round trip."""
-        stream = keys.job_stream(job.model)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(stream, {"job": encode(job)})
-        pipe.expire(stream, keys.JOB_STREAM_TTL_S)
+    async def submit(self, job: Job, *, wake_stream: str | None = None) -> LoadFailure | None:
+        """Append the job to its model's stream, unless the model's last load failed: then its failure.
+
+        Poking the demand stream (and `wake_stream`, if given) happens in the same round trip.
+        """
+        script_keys = [keys.load_failure(job.model), keys.job_stream(job.model), keys.demand_stream()]
         if wake_stream is not None:
-            pipe.xadd(wake_stream, {"w": b""}, maxlen=1, approximate=False)
-            pipe.expire(wake_stream, keys.WAKE_TTL_S)
-        await pipe.execute()
+            script_keys.append(wake_stream)
+        args: list[bytes | str | int] = [
+            encode(job),
+            keys.JOB_STREAM_TTL_S,
+            job.model,
+            keys.DEMAND_MAXLEN,
+            keys.DEMAND_TTL_S,
+            keys.WAKE_TTL_S,
+        ]
+        failure = await self._enqueue(keys=script_keys, args=args)
+        return None if failure is None else load_failure_decoder.decode(failure)
 
     async def cancel(self, job_id: str) -> None:
         """Leave a cancel mark: the worker running the job stops generating for it."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -13,12 +12,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from router.enqueue import JobQueue
-from router.openai.errors import GatewayTimeoutError, ModelNotFoundError, ServiceUnavailableError
-from router.results import BLOCK_MS, ResultReader, Subscription
+from router.job_run import JobRun
+from router.model_status import ModelStatusReader
+from router.openai.errors import ModelLoadFailedError, ModelNotFoundError, ServiceUnavailableError
+from router.results import BLOCK_MS, ResultReader
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
-from switchboard.wire import Chunk, Job
+from switchboard.wire import Job
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ POOL_CONNECTIONS = 16
 
 
 class Gateway:
-    """Settings, Redis connections, the job queue and the result reader of one front door."""
+    """Settings, Redis connections, the job queue, the result reader and model status of one front door."""
 
     def __init__(self, settings: Settings, redis: aioredis.Redis, reader_redis: aioredis.Redis) -> None:
         self.settings = settings
@@ -38,6 +39,7 @@ class Gateway:
         self.reader = ResultReader(reader_redis, self.router_id)
         self._reader_redis = reader_redis
         self._models = {m.name: m for m in settings.models}
+        self.status = ModelStatusReader(redis, settings.models)
 
     @classmethod
     async def open(cls, settings: Settings) -> Gateway:
@@ -68,40 +70,38 @@ class Gateway:
             raise ModelNotFoundError(name, self.model_names())
         return model
 
-    @contextlib.asynccontextmanager
-    async def run_job(self, job: Job) -> AsyncIterator[AsyncIterator[Chunk]]:
-        """Enqueue `job` and yield its chunks; cancel it if the caller leaves before the end."""
+    async def start_job(self, job: Job) -> JobRun:
+        """Enqueue `job` and start reading its results; the caller must `close()` what it gets.
+
+        A model whose last load failed takes no job: its failure is a 503 with Retry-After at once.
+        """
         subscription = self.reader.subscribe(job.id)
         wake = self.reader.wake_key if self.reader.blocked else None
         try:
-            await self.queue.submit(job, wake_stream=wake)
+            failure = await self.queue.submit(job, wake_stream=wake)
         except RedisError as exc:
             self.reader.unsubscribe(subscription)
             raise ServiceUnavailableError(f"The job queue is unavailable: {exc}. Retry shortly.") from exc
-        try:
-            yield self._chunks_until_deadline(subscription, job)
-        finally:
+        if failure is not None:
             self.reader.unsubscribe(subscription)
-            if not subscription.finished:
-                await self._cancel_quietly(job.id)
+            raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())
+        return JobRun(
+            job,
+            subscription,
+            reader=self.reader,
+            queue=self.queue,
+            status=self.status,
+            timeout_s=self.settings.router.request_timeout_s,
+        )
 
-    async def _chunks_until_deadline(self, subscription: Subscription, job: Job) -> AsyncIterator[Chunk]:
-        remaining = job.deadline - time.time()
-        deadline = asyncio.get_running_loop().time() + remaining
+    @contextlib.asynccontextmanager
+    async def run_job(self, job: Job) -> AsyncIterator[JobRun]:
+        """`start_job` for a caller that is done with the job when its block ends."""
+        run = await self.start_job(job)
         try:
-            async for chunk in subscription.chunks(deadline):
-                yield chunk
-        except TimeoutError:
-            raise GatewayTimeoutError(
-                f"The job did not finish within {self.settings.router.request_timeout_s:g} s. "
-                "Retry later, or raise router.request_timeout_s."
-            ) from None
-
-    async def _cancel_quietly(self, job_id: str) -> None:
-        try:
-            await asyncio.shield(self.queue.cancel(job_id))
-        except (RedisError, asyncio.CancelledError):
-            logger.warning("could not leave a cancel mark", extra={"job_id": job_id})
+            yield run
+        finally:
+            await run.close()
 
     async def live_workers(self) -> int:
         """How many workers sent a heartbeat recently."""

@@ -19,7 +19,13 @@ from router.openai.chat import (
     ChatMessageOut,
 )
 from router.openai.common import Usage
-from router.openai.errors import EngineError, GatewayTimeoutError, InvalidRequestError, OpenAIError
+from router.openai.errors import (
+    EngineError,
+    GatewayTimeoutError,
+    InvalidRequestError,
+    ModelLoadFailedError,
+    OpenAIError,
+)
 from switchboard.wire import Chunk, JobError
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -31,12 +37,21 @@ def sse_event(payload: msgspec.Struct) -> bytes:
     return b"data: " + _json.encode(payload) + b"\n\n"
 
 
-def error_for(job_error: JobError) -> OpenAIError:
-    """The client-facing error for a job that failed on the worker."""
+def sse_comment(text: str) -> bytes:
+    """An SSE comment line: clients (the `openai` SDK among them) skip it, proxies see traffic."""
+    return b": " + " ".join(text.splitlines()).encode() + b"\n\n"
+
+
+def error_for(job_error: JobError, model: str) -> OpenAIError:
+    """The client-facing error for a job of `model` that failed on the worker."""
     if job_error.code == "invalid_request":
         return InvalidRequestError(job_error.message)
     if job_error.code == "timeout":
         return GatewayTimeoutError(job_error.message)
+    if job_error.code == "load_failed":
+        # Workers send this to every waiting job when a load fails; the message is the reason.
+        retry_after_s = job_error.retry_after_s if job_error.retry_after_s is not None else 0.0
+        return ModelLoadFailedError(model, job_error.message, retry_after_s)
     return EngineError(job_error.message)
 
 
@@ -61,7 +76,7 @@ class ChatRelay:
         first = True
         async for chunk in chunks:
             if chunk.error is not None:
-                yield sse_event(error_for(chunk.error).body())
+                yield sse_event(error_for(chunk.error, self.model).body())
                 break
             if chunk.text or chunk.finish_reason is not None:
                 yield sse_event(self._chunk_event(chunk, with_role=first))
@@ -80,7 +95,7 @@ class ChatRelay:
         last = Chunk()
         async for chunk in chunks:
             if chunk.error is not None:
-                raise error_for(chunk.error)
+                raise error_for(chunk.error, self.model)
             parts.append(chunk.text)
             last = chunk
         message = ChatMessageOut(content="".join(parts))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
@@ -42,19 +41,16 @@ class Subscription:
         """Called by the reader loop for every chunk read from the job's result stream."""
         self._queue.put_nowait(chunk)
 
-    async def chunks(self, deadline: float) -> AsyncIterator[Chunk]:
-        """Yield chunks until the job's last one; TimeoutError past `deadline` (loop time)."""
-        while True:
-            if self._queue.empty():
-                async with asyncio.timeout_at(deadline):
-                    chunk = await self._queue.get()
-            else:
-                chunk = self._queue.get_nowait()
-            # Marked before the caller sees it: a caller that stops at the last chunk has not left early.
-            self.finished = chunk.is_last
-            yield chunk
-            if self.finished:
-                return
+    async def get(self, deadline: float) -> Chunk:
+        """The next chunk; TimeoutError past `deadline` (loop time)."""
+        if self._queue.empty():
+            async with asyncio.timeout_at(deadline):
+                chunk = await self._queue.get()
+        else:
+            chunk = self._queue.get_nowait()
+        # Marked before the caller sees it: a caller that stops at the last chunk has not left early.
+        self.finished = chunk.is_last
+        return chunk
 
 
 class ResultReader:

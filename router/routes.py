@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -14,20 +13,23 @@ from redis.exceptions import RedisError
 from router.enqueue import chat_job
 from router.gateway import Gateway
 from router.openai.chat import ChatCompletionRequest
-from router.openai.errors import OpenAIError, ServiceUnavailableError, from_validation_error
+from router.openai.errors import ServiceUnavailableError, from_validation_error
 from router.openai.models import ModelCard, ModelList
 from router.relay import ChatRelay
+from router.streaming import stream_response
 from switchboard.readiness import NO_LIVE_WORKER, REDIS_UNREACHABLE
-from switchboard.wire import Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
 _json = msgspec.json.Encoder()
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def json_response(payload: msgspec.Struct, status_code: int = 200) -> Response[bytes]:
+def json_response(
+    payload: msgspec.Struct, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response[bytes]:
     """A JSON response encoded with msgspec directly (no Litestar serialization pass)."""
-    return Response(_json.encode(payload), status_code=status_code, media_type="application/json")
+    return Response(
+        _json.encode(payload), status_code=status_code, media_type="application/json", headers=headers
+    )
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -48,21 +50,10 @@ async def create_chat_completion(
         include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
     )
     if chat.stream:
-        return Stream(
-            _stream_events(gateway, job, relay), media_type="text/event-stream", headers=SSE_HEADERS
-        )
-    async with gateway.run_job(job) as chunks:
-        return json_response(await relay.assemble(chunks))
-
-
-async def _stream_events(gateway: Gateway, job: Job, relay: ChatRelay) -> AsyncIterator[bytes]:
-    try:
-        async with gateway.run_job(job) as chunks:
-            async for event in relay.events(chunks):
-                yield event
-    except OpenAIError as exc:
-        # Headers are gone by now: the error travels as an event, as OpenAI's streams do.
-        yield relay.error_event(exc)
+        run = await gateway.start_job(job)
+        return await stream_response(run, relay, gateway.settings.router, gateway.status)
+    async with gateway.run_job(job) as run:
+        return json_response(await relay.assemble(run.chunks()))
 
 
 @get("/v1/models")

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from switchboard.redis_server import PrivateRedis
+from switchboard.local.redis_server import PrivateRedis
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import socket
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
@@ -44,11 +44,14 @@ logger = logging.getLogger(__name__)
 # so that a stuck step never keeps the engine's processes alive.
 STOP_STEP_TIMEOUT_S = 20.0
 
+EngineFactory = Callable[[ModelConfig, EngineOptions], Engine]
+
 
 class Worker:
     """Owns the Triton host, the model slots, the consumer, the controller and the heartbeat."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, engine_factory: EngineFactory = create_engine) -> None:
+        """`engine_factory` makes an engine for a model; tests of the worker's own parts pass a scripted one."""
         if not settings.redis.url:
             raise RuntimeError("the worker needs redis.url (or REDIS_URL) to be set")
         self.settings = settings
@@ -57,6 +60,7 @@ class Worker:
         self.kind = settings.worker.kind or machine_kind()
         self.memory_budget = memory_budget_bytes(self.kind, settings.worker.memory_budget_gib)
         self._models = settings.worker_models()
+        self._engine_factory = engine_factory
         # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
         self._redis = pooled_client(settings.redis.url)
         self._poke_redis = blocking_client(settings.redis.url, int(settings.worker.controller_tick_s * 1000))
@@ -120,8 +124,9 @@ class Worker:
         await self._consumer.start()
         await self._heartbeat.start()
         self._in_background(self._prepare_loading(), "start Triton")
-        engines: set[str] = {model.engine for model in self._models}
-        self._in_background(asyncio.to_thread(import_runtimes, engines), "import the engine runtime")
+        if self._engine_factory is create_engine:  # a scripted engine imports nothing
+            engines: set[str] = {model.engine for model in self._models}
+            self._in_background(asyncio.to_thread(import_runtimes, engines), "import the engine runtime")
         await self._controller.start()
         logger.info(
             f"worker ready: may hold {', '.join(self._slots)} "
@@ -207,7 +212,7 @@ class Worker:
             cpu_threads=engine_threads_bind(self._cores, share, shares),
             cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
         )
-        return create_engine(model, options)
+        return self._engine_factory(model, options)
 
     def _expected_footprint(self, model: ModelConfig, measured: list[bytes]) -> int:
         """Declared, else measured on this kind of worker, else the engine's own estimate."""
@@ -216,8 +221,16 @@ class Worker:
         if measured:
             return int(statistics.median(float(value) for value in measured))
         if model.name not in self._footprints:
-            self._footprints[model.name] = _estimated_footprint(model, self.settings)
+            self._footprints[model.name] = self._estimated_footprint(model)
         return self._footprints[model.name]
+
+    def _estimated_footprint(self, model: ModelConfig) -> int:
+        try:
+            options = EngineOptions(cpu_threads=None, cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib)
+            return self._engine_factory(model, options).footprint().memory_bytes
+        except Exception:
+            logger.warning("cannot estimate the footprint", exc_info=True, extra={"model": model.name})
+            return 0
 
     # --- running ----------------------------------------------------------------------------
 
@@ -263,15 +276,6 @@ def _leaves_at(slot: ModelSlot) -> float | None:
     if slot.state == "sleeping" and model.asleep_keep_alive_s >= 0:
         return slot.idle_since + model.keep_alive_s + model.asleep_keep_alive_s
     return None
-
-
-def _estimated_footprint(model: ModelConfig, settings: Settings) -> int:
-    try:
-        options = EngineOptions(cpu_threads=None, cpu_kvcache_gib=settings.worker.cpu_kvcache_gib)
-        return create_engine(model, options).footprint().memory_bytes
-    except Exception:
-        logger.warning("cannot estimate the model's footprint", exc_info=True, extra={"model": model.name})
-        return 0
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:

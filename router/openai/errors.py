@@ -7,6 +7,7 @@ with the matching status code, in one place.
 
 from __future__ import annotations
 
+import math
 import re
 
 import msgspec
@@ -34,11 +35,21 @@ class OpenAIError(Exception):
     error_type = "internal_error"
     default_code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code or self.default_code
+        # Sent with the error's response (Retry-After, for errors that pass); lost once a stream's
+        # headers are gone.
+        self.headers: dict[str, str] = headers or {}
 
     def body(self) -> ErrorBody:
         """The error object sent to the client."""
@@ -87,6 +98,47 @@ class ServiceUnavailableError(OpenAIError):
     status_code = 503
     error_type = "service_unavailable"
     default_code = "service_unavailable"
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """`Retry-After` in whole seconds, at least 1 (a client told 0 would retry at once)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+class ModelLoadFailedError(ServiceUnavailableError):
+    """The model's last load failed and is not retried yet (503 with Retry-After)."""
+
+    default_code = "model_load_failed"
+
+    def __init__(self, model: str, reason: str, retry_after_s: float) -> None:
+        headers = retry_after_header(retry_after_s)
+        reason = reason.strip().rstrip(".") or "no reason given"
+        super().__init__(
+            f"Model `{model}` failed to load: {reason}. Retrying in {headers['Retry-After']} s.",
+            headers=headers,
+        )
+
+
+class ModelLoadingError(ServiceUnavailableError):
+    """The request's deadline passed while its model was still loading, or not loaded at all (503)."""
+
+    default_code = "model_loading"
+
+    def __init__(
+        self, model: str, *, loading: bool, typical_load_s: float | None, retry_after_s: float
+    ) -> None:
+        headers = retry_after_header(retry_after_s)
+        state = "is still loading" if loading else "is not loaded yet and no worker has started loading it"
+        usually = (
+            f"a load usually takes about {typical_load_s:.0f} s"
+            if typical_load_s is not None
+            else "how long a load takes is not known yet"
+        )
+        super().__init__(
+            f"Model `{model}` {state} ({usually}); the request was dropped when its deadline passed. "
+            f"Retry in {headers['Retry-After']} s.",
+            headers=headers,
+        )
 
 
 class GatewayTimeoutError(OpenAIError):

@@ -1,107 +1,253 @@
-"""The real stack for end-to-end tests: Redis, one worker process (PyTriton + vLLM), the front door.
+"""The real stack for end-to-end tests: Redis, workers (PyTriton + vLLM) and the front door, all processes.
 
-Started once for this folder and shared, because the engine takes a minute or two to start.
+Two ways in, both started by `switchboard.local.launcher.Launcher` like `switchboard up`:
+
+- `stack` (with `client` and `async_client`): one worker and the demo model, marked `preload = true`
+  and answered once before the first test, started once for this folder and shared, because an
+  engine takes a while to start;
+- `start_stack(config, *, workers=1, env=None, worker_env=(), ready_timeout_s=...)`, a fixture that
+  returns a context manager (`running_stack` without the fixture): its own private Redis, `workers`
+  worker processes and the front door, from a TOML text or a settings dict, with logs in a temp
+  folder. It yields a `Stack`: `base_url`, `redis_url`, `log_dir`, `log_paths`, `console_log` (what
+  `switchboard up` would have shown on its terminal), `workers` (each a `Component`: `.process`,
+  `.log_path`, `.kill()` to lose one with everything it started), `spawn_worker()`, `wait_serving()`
+  and `wait_until()`. Everything stops on leaving the block; a component that ignores SIGTERM fails
+  the test. When the block raises, or a test of the session has failed, the ends of the logs are
+  printed.
+
+A test on several workers (for example in tests/e2e/test_serverless.py)::
+
+    pytestmark = pytest.mark.e2e
+
+    def test_jobs_of_a_lost_worker_are_taken_over(start_stack, demo_model_dir: Path) -> None:
+        config = {
+            "worker": {"max_loaded_models": 1},
+            "models": [config_entry(demo_model_dir, name="a", keep_alive_s=5), config_entry(demo_model_dir, name="b")],
+        }
+        with start_stack(config, workers=2, env={"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}) as stack:
+            stack.wait_serving("a", timeout_s=STACK_TIMEOUT_S)   # the first request loads it
+            stack.workers[0].kill()                             # SIGKILL to its whole process group
+            client = redis.Redis.from_url(stack.redis_url)
+            stack.wait_until(lambda: ..., timeout_s=60, what="the job to be taken over")
+
+`config_entry` is `switchboard.local.demo_model.config_entry`: a `[[models]]` entry serving the demo
+model from a folder (the same engine arguments as `switchboard up`), with any field overridden.
+Never sleep a fixed time: wait for what the test needs with `wait_serving` or `wait_until`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from switchboard.config import DEMO_MODEL_NAME
-from switchboard.demo_model import build_demo_model
+from switchboard.local.demo_model import build_demo_model, config_entry
+from switchboard.local.launcher import Component, Launcher, LauncherError
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.local.toml_text import toml_text
 from switchboard.ports import free_port
-from switchboard.processes import spawn_group, stop_groups
-from switchboard.redis_server import PrivateRedis
 
-READY_TIMEOUT_S = 600.0
+MODEL = DEMO_MODEL_NAME
+# Generous: a busy machine took over two minutes to start one vLLM CPU engine.
+STACK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 40
+# Settings every test stack gets unless its config says otherwise.
+TEST_DEFAULTS: dict[str, dict[str, Any]] = {
+    "router": {"host": "127.0.0.1"},
+    "worker": {"drain_timeout_s": 5},
+}
+
+T = TypeVar("T")
 
 
 class Stack:
-    """Where the end-to-end stack listens, and its processes' logs."""
+    """A running stack: where it listens, its processes and their logs."""
 
-    def __init__(self, base_url: str, redis: PrivateRedis, logs: Path) -> None:
-        self.base_url = base_url
+    def __init__(self, launcher: Launcher, redis: PrivateRedis, config_path: Path) -> None:
+        self.launcher = launcher
         self.redis = redis
-        self.logs = logs
+        self.config_path = config_path
+
+    @property
+    def base_url(self) -> str:
+        """The front door, without `/v1`."""
+        return self.launcher.base_url
+
+    @property
+    def redis_url(self) -> str:
+        """The stack's private Redis."""
+        return self.redis.url
+
+    @property
+    def log_dir(self) -> Path:
+        """The folder holding every log (and the config file)."""
+        return self.launcher.log_dir
+
+    @property
+    def logs(self) -> Path:
+        """Same as `log_dir`."""
+        return self.launcher.log_dir
+
+    @property
+    def workers(self) -> list[Component]:
+        """The worker processes, in start order (killed ones included)."""
+        return self.launcher.worker_components
+
+    @property
+    def router(self) -> Component:
+        """The front door's process."""
+        assert self.launcher.router is not None
+        return self.launcher.router
+
+    @property
+    def log_paths(self) -> dict[str, Path]:
+        """Each component's log file by name: `worker` (or `worker-1`, ...), `router`."""
+        return {c.name: c.log_path for c in self.launcher.components if c.log_path is not None}
+
+    @property
+    def console_log(self) -> Path:
+        """What the components showed on their terminal (warnings, a model loading, ...)."""
+        assert self.launcher.console is not None
+        return self.launcher.console
+
+    def spawn_worker(self, env: Mapping[str, str] | None = None) -> Component:
+        """Start one more worker (its log is `worker-N.log`); it is stopped with the rest."""
+        return self.launcher.spawn_worker(env)
+
+    def wait_serving(self, model: str, timeout_s: float = STACK_TIMEOUT_S) -> float:
+        """Send one-token chat completions until `model` answers (loading it if needed); returns seconds."""
+        return self.launcher.wait_serving(model, timeout_s)
+
+    def wait_until(
+        self, condition: Callable[[], T | None], *, timeout_s: float, what: str, poll_s: float = 0.1
+    ) -> T:
+        """Poll `condition` until it returns something true, and return that; fail naming `what`.
+
+        Fails at once when a component exits that nobody killed.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.launcher.check()
+            result = condition()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited {timeout_s:g} s for {what}; logs in {self.log_dir}")
+            time.sleep(poll_s)
 
 
-def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return spawn_group([sys.executable, "-m", "switchboard", command], env, stdout=out)
+def _with_test_defaults(config: str | Mapping[str, Any]) -> dict[str, Any]:
+    settings = tomllib.loads(config) if isinstance(config, str) else dict(config)
+    for section, defaults in TEST_DEFAULTS.items():
+        settings[section] = {**defaults, **settings.get(section, {})}
+    return settings
 
 
-def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: Path) -> None:
-    started = time.monotonic()
-    last_report = started
-    while time.monotonic() - started < READY_TIMEOUT_S:
-        for process in processes:
-            if process.poll() is not None:
-                pytest.fail(f"{process.args[-1]} exited with {process.returncode}; logs in {logs}")  # type: ignore[index]
+@contextlib.contextmanager
+def running_stack(
+    config: str | Mapping[str, Any],
+    *,
+    root: Path,
+    workers: int = 1,
+    env: Mapping[str, str] | None = None,
+    worker_env: Sequence[Mapping[str, str]] = (),
+    ready_timeout_s: float = STACK_TIMEOUT_S,
+    session: pytest.Session | None = None,
+) -> Iterator[Stack]:
+    """A private Redis, `workers` workers and the front door on `config`, ready; logs and config in `root`.
+
+    `env` reaches every component (on top of ours), `worker_env[i]` worker i only. Returns once
+    `/readyz` says ready (Redis answers, a worker is alive): models are not loaded unless their
+    config says `preload = true`; `Stack.wait_serving(model)` waits until one answers.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    config_path = root / "switchboard.toml"
+    config_path.write_text(toml_text(_with_test_defaults(config)))
+    failed = False
+    with PrivateRedis() as redis:
+        launcher = Launcher(
+            port=free_port(),
+            log_dir=root,
+            workers=workers,
+            config_path=config_path,
+            env={**os.environ, **(env or {})},
+            redis_url=redis.url,
+            worker_env=worker_env,
+            console=root / "console.log",
+            stop_timeout_s=STOP_TIMEOUT_S,
+        )
         try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() - last_report > 15:
-            last_report = time.monotonic()
-            print(
-                f"waiting for the worker to load the engine ({last_report - started:.0f} s)", file=sys.stderr
-            )
-        time.sleep(0.5)
-    pytest.fail(f"the stack was not ready within {READY_TIMEOUT_S:.0f} s; logs in {logs}")
+            launcher.start()
+            launcher.wait_ready(ready_timeout_s, progress=_report_progress, progress_every_s=15)
+            yield Stack(launcher, redis, config_path)
+        except LauncherError as exc:
+            failed = True
+            pytest.fail(str(exc))
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            forced = launcher.stop()
+            if failed or (session is not None and session.testsfailed):
+                _print_logs(root)
+        # A component that ignores SIGTERM is a bug worth failing for, not only a slow teardown.
+        assert not forced, f"processes {forced} did not stop on SIGTERM within {STOP_TIMEOUT_S:.0f} s"
 
 
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    forced = stop_groups(processes, timeout_s=STOP_TIMEOUT_S)
-    # A component that ignores SIGTERM is a bug worth failing for, not only a slow teardown.
-    assert not forced, f"processes {forced} did not stop on SIGTERM within {STOP_TIMEOUT_S:.0f} s"
+def _report_progress(elapsed_s: float, waiting_for: str) -> None:
+    print(f"waiting for the stack ({elapsed_s:.0f} s): {waiting_for}", file=sys.stderr)
 
 
-def _print_logs_if_failed(session: pytest.Session, logs: Path) -> None:
-    """A failing end-to-end test is explained by the worker's and router's logs: show their ends."""
-    if not session.testsfailed:
-        return
-    for log in sorted(logs.glob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-40:]
+def _print_logs(root: Path) -> None:
+    """A failing end-to-end test is explained by the components' logs: show their ends."""
+    for log in sorted(root.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
         print(f"\n----- last lines of {log} -----", *tail, sep="\n", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model, built once per test session."""
+    return build_demo_model(tmp_path_factory.mktemp("demo-model") / "model")
+
+
+@pytest.fixture
+def start_stack(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Callable[..., contextlib.AbstractContextManager[Stack]]:
+    """`start_stack(config, *, workers=1, env=None, worker_env=(), ready_timeout_s=...)`: see the module doc."""
+    started = 0
+
+    def start(config: str | Mapping[str, Any], **options: Any) -> contextlib.AbstractContextManager[Stack]:
+        nonlocal started
+        started += 1
+        return running_stack(config, root=tmp_path / f"stack-{started}", session=request.session, **options)
+
+    return start
 
 
 # Package scope: the engine stops when the end-to-end tests are done, so its busy compute
 # threads do not slow the rest of the suite.
 @pytest.fixture(scope="package")
-def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """Redis, a worker serving the demo model, and the front door, all real processes."""
-    root = tmp_path_factory.mktemp("e2e")
-    model_dir = root / "demo-model"
-    build_demo_model(model_dir)
-    port = free_port()
-    with PrivateRedis() as redis:
-        env = {
-            **os.environ,
-            "REDIS_URL": redis.url,
-            "SWITCHBOARD_WORKER__DEMO_MODEL_DIR": str(model_dir),
-            "SWITCHBOARD_ROUTER__PORT": str(port),
-            "SWITCHBOARD_ROUTER__HOST": "127.0.0.1",
-            "SWITCHBOARD_WORKER__DRAIN_TIMEOUT_S": "5",
-        }
-        processes = [_spawn("worker", env, root / "worker.log"), _spawn("router", env, root / "router.log")]
-        try:
-            _wait_ready(f"http://127.0.0.1:{port}/readyz", processes, root)
-            yield Stack(f"http://127.0.0.1:{port}", redis, root)
-        finally:
-            _stop(list(reversed(processes)))
-            _print_logs_if_failed(request.session, root)
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
+) -> Iterator[Stack]:
+    """Redis, a worker with the demo model loaded and answering, and the front door."""
+    config = {"models": [config_entry(demo_model_dir, preload=True)]}
+    with running_stack(config, root=tmp_path_factory.mktemp("e2e"), session=request.session) as stack:
+        # Models load on demand: one answered request, so that no test pays for the load.
+        stack.wait_serving(MODEL)
+        yield stack
 
 
 @pytest.fixture
@@ -115,6 +261,3 @@ def client(stack: Stack) -> Iterator[OpenAI]:
 async def async_client(stack: Stack) -> AsyncOpenAI:
     """The official async openai client pointed at the front door."""
     return AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-MODEL = DEMO_MODEL_NAME

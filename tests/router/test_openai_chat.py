@@ -24,6 +24,8 @@ from router.openai.errors import (
     GatewayTimeoutError,
     InvalidRequestError,
     MethodNotAllowedError,
+    ModelLoadFailedError,
+    ModelLoadingError,
     ModelNotFoundError,
     OpenAIError,
     RouteNotFoundError,
@@ -394,3 +396,33 @@ def test_chunk_usage_null_when_set_to_none() -> None:
 def test_chunk_usage_values() -> None:
     data = _chunk(ChatDelta(), usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3))
     assert data["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+
+
+@pytest.mark.parametrize(("retry_after_s", "header"), [(11.2, "12"), (0.2, "1"), (-3.0, "1"), (30.0, "30")])
+def test_load_failure_carries_retry_after(retry_after_s: float, header: str) -> None:
+    error = ModelLoadFailedError("tiny", "CUDA out of memory.\n", retry_after_s)
+    assert (error.status_code, error.error_type, error.code) == (
+        503,
+        "service_unavailable",
+        "model_load_failed",
+    )
+    assert error.headers == {"Retry-After": header}
+    assert error.message == f"Model `tiny` failed to load: CUDA out of memory. Retrying in {header} s."
+
+
+def test_model_loading_says_how_long_a_load_takes() -> None:
+    loading = ModelLoadingError("tiny", loading=True, typical_load_s=49.6, retry_after_s=37.2)
+    assert (loading.status_code, loading.code) == (503, "model_loading")
+    assert loading.headers == {"Retry-After": "38"}
+    assert loading.message == (
+        "Model `tiny` is still loading (a load usually takes about 50 s); "
+        "the request was dropped when its deadline passed. Retry in 38 s."
+    )
+    cold = ModelLoadingError("tiny", loading=False, typical_load_s=None, retry_after_s=30)
+    assert "is not loaded yet" in cold.message
+    assert "how long a load takes is not known yet" in cold.message
+
+
+def test_errors_carry_no_headers_unless_given() -> None:
+    assert InvalidRequestError("bad").headers == {}
+    assert ServiceUnavailableError("busy", headers={"Retry-After": "3"}).headers == {"Retry-After": "3"}

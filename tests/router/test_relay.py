@@ -12,10 +12,11 @@ from router.openai.errors import (
     EngineError,
     GatewayTimeoutError,
     InvalidRequestError,
+    ModelLoadFailedError,
     OpenAIError,
     ServiceUnavailableError,
 )
-from router.relay import SSE_DONE, ChatRelay
+from router.relay import SSE_DONE, ChatRelay, sse_comment
 from switchboard.wire import Chunk, JobError, Usage
 
 DONE = b"data: [DONE]\n\n"
@@ -201,3 +202,25 @@ async def test_assemble_raises_job_error(code: Any, cls: type[OpenAIError], stat
         await relay().assemble(feed(chunks))
     assert info.value.status_code == status
     assert info.value.message == "went wrong"
+
+
+async def test_a_failed_load_is_a_503_naming_the_model() -> None:
+    error = JobError(code="load_failed", message="weights not found", retry_after_s=14.5)
+    events = payloads(await collect(relay(), [Chunk(error=error)]))
+    assert events == [
+        {
+            "error": {
+                "message": "Model `m` failed to load: weights not found. Retrying in 15 s.",
+                "type": "service_unavailable",
+                "param": None,
+                "code": "model_load_failed",
+            }
+        }
+    ]
+    with pytest.raises(ModelLoadFailedError) as info:
+        await relay().assemble(feed([Chunk(error=error)]))
+    assert info.value.headers == {"Retry-After": "15"}
+
+
+def test_sse_comment_is_one_comment_line() -> None:
+    assert sse_comment("loading m,\n12 s") == b": loading m, 12 s\n\n"

@@ -18,6 +18,7 @@ class ScriptedEngine(Engine):
     def __init__(self, *, start_s: float = 0.0, fail_start: str | None = None) -> None:
         super().__init__(ModelConfig(name="scripted", path="unused"))
         self.aborted: list[str] = []
+        self.requests: list[str] = []
         self.starts = 0
         self.stops = 0
         self._start_s = start_s
@@ -31,6 +32,7 @@ class ScriptedEngine(Engine):
             raise RuntimeError(self._fail_start)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+        self.requests.append(request.request_id)
         words = (request.prompt or "").split()
         abort = self._running[request.request_id] = asyncio.Event()
         if words[0] == "invalid":

@@ -8,8 +8,6 @@ acknowledgements are all exercised for real and fast. The real engine is covered
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,7 +17,8 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
+from switchboard.wire import Job
+from tests.workers.jobs import make_job, result, submit
 from tests.workers.scripted_engine import ScriptedEngine
 from workers.consumer import JobConsumer
 from workers.controller.residency import ModelSlot
@@ -79,36 +78,7 @@ async def worker() -> AsyncIterator[Worker]:
 
 
 def job(prompt: str, deadline_s: float = 60.0) -> Job:
-    now = time.time()
-    return Job(
-        id=uuid.uuid4().hex,
-        model=MODEL,
-        prompt=prompt,
-        sampling=SamplingParams(),
-        created=now,
-        deadline=now + deadline_s,
-    )
-
-
-async def submit(redis: aioredis.Redis, *jobs: Job) -> None:
-    for one in jobs:
-        await redis.xadd(keys.job_stream(MODEL), {"job": encode(one)})
-
-
-async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> list[Chunk]:
-    """Every chunk of the job, read from the start of its stream as the front door does."""
-    chunks: list[Chunk] = []
-    last_id = b"0-0"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        response = await redis.xread({keys.result_stream(job_id): last_id}, block=500)
-        for _, entries in response or ():
-            for entry_id, fields in entries:
-                last_id = entry_id
-                chunks.append(chunk_decoder.decode(fields[b"c"]))
-        if chunks and chunks[-1].is_last:
-            return chunks
-    raise AssertionError(f"job {job_id} did not finish; got {chunks}")
+    return make_job(MODEL, prompt, deadline_s)
 
 
 async def test_a_job_streams_through_triton_and_is_acknowledged(worker: Worker) -> None:

@@ -42,16 +42,24 @@ class Backoff:
         self._first_s = first_s
         self._max_s = max_s
         self._failures: dict[str, int] = {}
+        self._until: dict[str, float] = {}
 
     def failed(self, model: str) -> tuple[float, int]:
         """Count a failure; returns (seconds to wait, failures in a row)."""
         count = self._failures.get(model, 0) + 1
         self._failures[model] = count
-        return min(self._max_s, self._first_s * 2 ** (count - 1)), count
+        wait_s = min(self._max_s, self._first_s * 2 ** (count - 1))
+        self._until[model] = time.time() + wait_s
+        return wait_s, count
 
     def succeeded(self, model: str) -> bool:
         """Forget the model's failures; returns whether it had any."""
+        self._until.pop(model, None)
         return self._failures.pop(model, 0) > 0
+
+    def until(self) -> dict[str, float]:
+        """When each failing model may be tried again here (unix seconds)."""
+        return dict(self._until)
 
 
 class ModelController:
@@ -156,6 +164,7 @@ class ModelController:
             limits=self._limits,
             starting=starting,
             preload_pending=frozenset(self._preload_pending),
+            backoff_until=self._backoff.until(),
         )
 
     async def _renew_leases(self) -> None:
@@ -226,7 +235,10 @@ class ModelController:
         try:
             await slot.ensure_warm()
         except LoadFailed as exc:
-            await self._load_failed(slot, replica, str(exc), time.monotonic() - started)
+            serving_elsewhere = any(
+                s.state == "warm" for s in await self._snapshot.holders_elsewhere(slot.name, self._worker_id)
+            )
+            await self._load_failed(slot, replica, str(exc), time.monotonic() - started, serving_elsewhere)
             return
         finally:
             progress.cancel()
@@ -242,7 +254,9 @@ class ModelController:
         if requested:
             await self._coordination.consume_load_request(slot.name)
 
-    async def _load_failed(self, slot: ModelSlot, replica: int, reason: str, seconds: float) -> None:
+    async def _load_failed(
+        self, slot: ModelSlot, replica: int, reason: str, seconds: float, serving_elsewhere: bool
+    ) -> None:
         slot.replica = None
         await self._coordination.release_lease(slot.name, replica)
         backoff_s, in_a_row = self._backoff.failed(slot.name)
@@ -250,12 +264,10 @@ class ModelController:
             f"{slot.name} failed to load after {seconds:.1f} s: {reason}; not retried for {backoff_s:.0f} s",
             extra={"model": slot.name, "reason": reason, "backoff_s": backoff_s, "failures": in_a_row},
         )
+        if serving_elsewhere:
+            return  # requests keep going to the replicas that work; only this worker backs off
         await self._coordination.record_failure(slot.name, reason, backoff_s, in_a_row)
-        error = JobError(
-            code="load_failed",
-            message=f"Model `{slot.name}` failed to load: {reason}",
-            retry_after_s=backoff_s,
-        )
+        error = JobError(code="load_failed", message=reason, retry_after_s=backoff_s)
         refused = await self._consumer.refuse_waiting(slot.name, error)
         if refused:
             logger.info(f"answered {refused} waiting requests for {slot.name} with the load failure")

@@ -73,6 +73,8 @@ class LocalFacts:
     starting: frozenset[str]
     # Preloaded models this worker has not yet seen held anywhere.
     preload_pending: frozenset[str]
+    # This worker's own backoff after failed loads (a model may fail here and work elsewhere).
+    backoff_until: dict[str, float]
 
 
 class SnapshotReader:
@@ -127,6 +129,13 @@ class SnapshotReader:
             models[model.name]["oldest_id"] = oldest
         return {"models": models, "workers": workers}
 
+    async def holders_elsewhere(self, model: str, own_id: str) -> list[SlotStatus]:
+        """The slots other live workers advertise for `model`."""
+        since = time.time() - keys.WORKER_TTL_S
+        worker_ids = await self._redis.zrangebyscore(keys.workers_index(), since, "+inf")
+        records = await self._live_records(cast(list[bytes], worker_ids), own_id)
+        return [s for record in records for s in record.slots if s.model == model]
+
     async def _live_records(self, worker_ids: list[bytes], own_id: str) -> list[WorkerRecord]:
         others = [w for w in worker_ids if w.decode() != own_id]
         if not others:
@@ -176,7 +185,7 @@ class SnapshotReader:
             + (slot.jobs_per_s() if state == "warm" else 0.0),
             next_replica=next((n for n, lease in enumerate(leases) if lease is None), None),
             others_with_room=any(_has_room(r, model.name, footprint) for r in records),
-            retry_at=failure.retry_at if failure else None,
+            retry_at=_retry_at(failure.retry_at if failure else None, local.backoff_until.get(model.name)),
             load_requested=_load_requested(
                 desired, model.name in local.preload_pending, replicas == 0 or state == "sleeping"
             ),
@@ -184,6 +193,12 @@ class SnapshotReader:
             load_s=typical(raw["load"]),
             wake_s=typical(raw["wake"]),
         )
+
+
+def _retry_at(shared: float | None, own: float | None) -> float | None:
+    """The later of the failure every worker sees and this worker's own backoff."""
+    times = [t for t in (shared, own) if t is not None]
+    return max(times) if times else None
 
 
 def _replicas_tracked(model: ModelConfig) -> int:

@@ -12,7 +12,9 @@ import string
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from switchboard.config import DEMO_MODEL_NAME, Settings, WorkerConfig, demo_model
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
@@ -93,6 +95,15 @@ def build_demo_model(target_dir: Path, *, progress: Callable[[str], None] | None
     return target_dir
 
 
+def config_entry(path: Path, *, name: str = DEMO_MODEL_NAME, **fields: Any) -> dict[str, Any]:
+    """A `[[models]]` entry serving the demo model from `path`, as `switchboard up` would.
+
+    `fields` add or override settings of the entry (`preload=True`, `keep_alive_s=5`, ...).
+    """
+    model = demo_model(Settings(worker=WorkerConfig(demo_model_dir=str(path))))
+    return {"name": name, "path": model.path, "engine_args": dict(model.engine_args), **fields}
+
+
 def is_complete(folder: Path) -> bool:
     """Whether folder holds a finished demo model of the current format."""
     marker = Path(folder) / MARKER_NAME
@@ -105,8 +116,17 @@ def _build_into(folder: Path, report: Callable[[str], None]) -> None:
     report("building weights")
     model = _make_model(tokenizer)
     report("saving")
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    from transformers.utils import logging as hf_logging
+
+    # Our own progress lines say what happens; a progress bar for one small shard is noise.
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
     # The marker goes last: its presence means every other file is complete.
     (folder / MARKER_NAME).write_text(FORMAT_VERSION + "\n")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from switchboard.demo_model import MARKER_NAME, build_demo_model, is_complete
+from switchboard.local.demo_model import MARKER_NAME, build_demo_model, is_complete
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")

@@ -1,0 +1,120 @@
+"""One enqueued job as its request handler sees it: its chunks until its deadline, then its cleanup.
+
+The chunks come from the process's one result reader (`router.results`); nothing here reads Redis
+while chunks arrive in time. Only a deadline that passes before the first chunk reads where the
+model stands, to tell a client whose model is still loading when to come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from redis.exceptions import RedisError
+
+from router.enqueue import JobQueue
+from router.model_status import ModelStatusReader
+from router.openai.errors import GatewayTimeoutError, ModelLoadingError, OpenAIError
+from router.results import ResultReader, Subscription
+from switchboard.wire import Chunk, Job
+
+logger = logging.getLogger(__name__)
+
+# Retry-After for a request dropped while its model loads, when no load time is known at all.
+UNKNOWN_LOAD_RETRY_S = 30.0
+
+
+class JobRun:
+    """The chunks of one enqueued job; `close()` ends it, leaving a cancel mark if it is unfinished."""
+
+    def __init__(
+        self,
+        job: Job,
+        subscription: Subscription,
+        *,
+        reader: ResultReader,
+        queue: JobQueue,
+        status: ModelStatusReader,
+        timeout_s: float,
+    ) -> None:
+        self.job = job
+        self._subscription = subscription
+        self._reader = reader
+        self._queue = queue
+        self._status = status
+        self._timeout_s = timeout_s
+        # The job's deadline on the event loop's clock, which timeouts use.
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + (job.deadline - time.time())
+        self.started = False  # a chunk has arrived
+        self._closed = False
+
+    async def wait_chunk(self, within_s: float) -> Chunk | None:
+        """The next chunk, or None if `within_s` passes first; the deadline's error if that passes first."""
+        limit = min(asyncio.get_running_loop().time() + within_s, self._deadline)
+        return await self._next(limit, before_deadline=limit < self._deadline)
+
+    async def chunks(self, first: Chunk | None = None) -> AsyncIterator[Chunk]:
+        """Every chunk (starting with `first`, if already taken) until the last; the deadline's error."""
+        chunk = first
+        while chunk is None or not chunk.is_last:
+            if chunk is not None:
+                yield chunk
+            chunk = await self._next(self._deadline, before_deadline=False)
+        yield chunk
+
+    async def close(self) -> None:
+        """Stop reading the job's results; an unfinished job gets a cancel mark. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._reader.unsubscribe(self._subscription)
+        if not self._subscription.finished:
+            await self._cancel_quietly()
+
+    async def _next(self, limit: float, *, before_deadline: bool) -> Chunk | None:
+        try:
+            chunk = await self._subscription.get(limit)
+        except TimeoutError:
+            if before_deadline:
+                return None
+            raise await self._deadline_error() from None
+        self.started = True
+        return chunk
+
+    async def _deadline_error(self) -> OpenAIError:
+        """504 once the job has started, or while its model is warm; 503 while the model loads."""
+        timeout = GatewayTimeoutError(
+            f"The job did not finish within {self._timeout_s:g} s. "
+            "Retry later, or raise router.request_timeout_s."
+        )
+        if self.started:
+            return timeout
+        try:
+            status = await self._status.read_one(self.job.model)
+        except RedisError:
+            logger.warning("could not read the model's status", extra={"model": self.job.model})
+            return timeout
+        if status.state == "warm":
+            return timeout
+        remaining_s = status.load_remaining_s()
+        logger.info(
+            "request dropped while its model loads",
+            extra={"model": self.job.model, "job_id": self.job.id, "remaining_s": remaining_s},
+        )
+        return ModelLoadingError(
+            self.job.model,
+            # Asleep or on its way out, it is on its way back too: the controller sees the waiting job.
+            loading=status.state != "cold",
+            typical_load_s=status.typical_load_s(),
+            retry_after_s=UNKNOWN_LOAD_RETRY_S if remaining_s is None else remaining_s,
+        )
+
+    async def _cancel_quietly(self) -> None:
+        # Shielded: a client that left cancels this task, and the mark must still be written.
+        try:
+            await asyncio.shield(self._queue.cancel(self.job.id))
+        except RedisError:
+            logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})

@@ -1,0 +1,309 @@
+"""Where each model stands, read from what the workers advertise in Redis.
+
+The front door never calls a worker: a model's replicas come from the live workers' heartbeat
+records, its queue from its job stream, its failure from the failure mark, its load times from the
+measured costs. `GET /admin/models` shows this; the gateway reads it for progress comments and for
+the Retry-After of a request whose model is still loading. Nothing here is read on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from switchboard import keys
+from switchboard.config import ModelConfig
+from switchboard.wire import (
+    LoadFailure,
+    SlotState,
+    SlotStatus,
+    WorkerRecord,
+    load_failure_decoder,
+    worker_decoder,
+)
+
+logger = logging.getLogger(__name__)
+
+# A model's state is its best replica's: warm beats loading beats sleeping beats unloading.
+_STATE_RANK: dict[SlotState, int] = {"warm": 0, "loading": 1, "sleeping": 2, "unloading": 3, "cold": 4}
+
+
+class ReplicaStatus(msgspec.Struct, kw_only=True):
+    """One model on one worker (one slot of its heartbeat record)."""
+
+    worker_id: str
+    host: str
+    kind: str
+    state: SlotState
+    replica: int | None
+    in_flight: int
+    # Seconds since its last job ended (0 while it runs jobs); None while it is not loaded.
+    idle_s: float | None
+    # Seconds until keep-alive moves it down (warm → sleeping → cold); None: not while busy, or never.
+    leaves_in_s: float | None
+    # While loading: seconds since the load began, and how long it is expected to take.
+    loading_elapsed_s: float | None
+    loading_expected_s: float | None
+
+
+class LoadSeconds(msgspec.Struct, kw_only=True):
+    """Measured load times of a model on one kind of worker."""
+
+    last: float
+    typical: float  # the median of the samples kept
+    samples: int
+
+
+class FailureStatus(msgspec.Struct, kw_only=True):
+    """The model's last load failed; no load is tried before `retry_in_s` has passed."""
+
+    reason: str
+    worker_id: str
+    retry_in_s: float
+    failures_in_a_row: int
+
+
+class ModelStatus(msgspec.Struct, kw_only=True):
+    """One configured model across every live worker."""
+
+    name: str
+    state: SlotState
+    replicas: list[ReplicaStatus]
+    waiting: int  # jobs on its stream that no worker has taken yet
+    in_flight: int
+    # Per worker kind, for the kinds of the live workers that have loaded it before.
+    load_seconds: dict[str, LoadSeconds]
+    idle_s: float | None
+    leaves_in_s: float | None
+    # Its configuration keeps it where it is (keep-alive -1, or min_replicas > 0).
+    never_leaves: bool
+    failure: FailureStatus | None = None
+    object: str = "model.status"
+
+    def typical_load_s(self) -> float | None:
+        """The shortest typical load time among the kinds measured, if any."""
+        return min((cost.typical for cost in self.load_seconds.values()), default=None)
+
+    def load_remaining_s(self) -> float | None:
+        """How long until a replica is warm, as far as anyone can tell (None: nothing is known).
+
+        The earliest loading replica's expected end; the typical load time, less what has passed,
+        when its expectation is unknown; the typical load time when nothing is loading yet.
+        """
+        loading = [r for r in self.replicas if r.state == "loading"]
+        remaining = [
+            r.loading_expected_s - r.loading_elapsed_s
+            for r in loading
+            if r.loading_expected_s is not None and r.loading_elapsed_s is not None
+        ]
+        if remaining:
+            return min(remaining)
+        typical = self.typical_load_s()
+        if typical is None:
+            return None
+        elapsed = max((r.loading_elapsed_s or 0.0 for r in loading), default=0.0)
+        return typical - elapsed
+
+
+class ModelStatusList(msgspec.Struct, kw_only=True):
+    """Every configured model (`GET /admin/models`)."""
+
+    data: list[ModelStatus]
+    time: float
+    object: str = "list"
+
+
+class ModelStatusReader:
+    """Reads model status in three pipelined round trips: queues and failures, records, costs."""
+
+    def __init__(self, redis: aioredis.Redis, models: Sequence[ModelConfig]) -> None:
+        self._redis = redis
+        self._models = {m.name: m for m in models}
+        # Progress comments of many requests waiting on one model share one read.
+        self._recent: dict[str, tuple[float, asyncio.Task[ModelStatus]]] = {}
+
+    async def read(self, names: Sequence[str], *, with_costs: bool = True) -> list[ModelStatus]:
+        """The status of each of `names` (configured models), in that order."""
+        now = time.time()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zrangebyscore(keys.workers_index(), now - keys.WORKER_TTL_S, "+inf")
+        for name in names:
+            pipe.xlen(keys.job_stream(name))
+            pipe.xpending(keys.job_stream(name), keys.JOB_GROUP)
+            pipe.get(keys.load_failure(name))
+        replies = await pipe.execute(raise_on_error=False)
+        _raise_unexpected(replies)
+        worker_ids: list[bytes] = replies[0]
+        records = await self._records(worker_ids)
+        costs = await self._load_costs(names, records) if with_costs else {}
+        statuses = []
+        for index, name in enumerate(names):
+            length, pending, failure = replies[1 + 3 * index : 4 + 3 * index]
+            waiting = max(0, int(length) - _pending_count(pending))
+            statuses.append(
+                summarize(
+                    self._models[name],
+                    records,
+                    waiting=waiting,
+                    failure=_decode_failure(failure),
+                    load_samples=costs.get(name, {}),
+                    now=now,
+                )
+            )
+        return statuses
+
+    async def read_one(self, name: str, *, with_costs: bool = True) -> ModelStatus:
+        """The status of one configured model."""
+        (status,) = await self.read([name], with_costs=with_costs)
+        return status
+
+    async def read_shared(self, name: str, max_age_s: float) -> ModelStatus:
+        """The status of `name` without costs, shared with every caller within `max_age_s`."""
+        loop = asyncio.get_running_loop()
+        recent = self._recent.get(name)
+        if recent is None or loop.time() - recent[0] > max_age_s:
+            task = loop.create_task(self.read_one(name, with_costs=False))
+            recent = self._recent[name] = (loop.time(), task)
+        # Shielded: a caller that goes away must not cancel the read the others wait on.
+        return await asyncio.shield(recent[1])
+
+    async def _records(self, worker_ids: list[bytes]) -> list[WorkerRecord]:
+        if not worker_ids:
+            return []
+        raw = await self._redis.mget([keys.worker_record(w.decode()) for w in worker_ids])
+        records = []
+        for payload in raw:
+            if not isinstance(payload, bytes):  # expired since the index was read: not alive
+                continue
+            try:
+                records.append(worker_decoder.decode(payload))
+            except msgspec.DecodeError:
+                logger.warning("unreadable worker record", extra={"payload_bytes": len(payload)})
+        return records
+
+    async def _load_costs(
+        self, names: Sequence[str], records: list[WorkerRecord]
+    ) -> dict[str, dict[str, list[float]]]:
+        """Load-time samples (newest first) per model and kind, for the kinds of the live workers."""
+        kinds = sorted({record.kind for record in records})
+        if not kinds or not names:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        pairs = [(name, kind) for name in names for kind in kinds]
+        for name, kind in pairs:
+            pipe.lrange(keys.measured_costs(name, kind, "load"), 0, keys.COST_SAMPLES - 1)
+        costs: dict[str, dict[str, list[float]]] = {}
+        for (name, kind), samples in zip(pairs, await pipe.execute(), strict=True):
+            if samples:
+                costs.setdefault(name, {})[kind] = [float(s) for s in samples]
+        return costs
+
+
+def summarize(
+    model: ModelConfig,
+    records: Sequence[WorkerRecord],
+    *,
+    waiting: int,
+    failure: LoadFailure | None,
+    load_samples: dict[str, list[float]],
+    now: float,
+) -> ModelStatus:
+    """One model's status from what was read (pure: tests feed it recorded values)."""
+    replicas = sorted(
+        (
+            _replica(record, slot, now)
+            for record in records
+            for slot in record.slots
+            if slot.model == model.name and slot.state != "cold"
+        ),
+        key=lambda r: (r.replica is None, r.replica or 0, r.worker_id),
+    )
+    state: SlotState = min((r.state for r in replicas), key=_STATE_RANK.__getitem__, default="cold")
+    held = [r for r in replicas if r.state in ("warm", "sleeping")]
+    idle = [r.idle_s for r in held if r.idle_s is not None]
+    # The model leaves when its last replica does; one that stays (busy, or for good) keeps it.
+    leaves = [r.leaves_in_s for r in held if r.leaves_in_s is not None]
+    leaves_in_s = max(leaves) if held and len(leaves) == len(held) else None
+    never_leaves = bool(held) and (
+        model.min_replicas > 0
+        or (state == "warm" and model.keep_alive_s < 0)
+        or (state == "sleeping" and model.asleep_keep_alive_s < 0)
+    )
+    return ModelStatus(
+        name=model.name,
+        state=state,
+        replicas=replicas,
+        waiting=waiting,
+        in_flight=sum(r.in_flight for r in replicas),
+        load_seconds={
+            kind: LoadSeconds(last=samples[0], typical=statistics.median(samples), samples=len(samples))
+            for kind, samples in sorted(load_samples.items())
+            if samples
+        },
+        idle_s=min(idle) if idle else None,
+        leaves_in_s=None if never_leaves else leaves_in_s,
+        never_leaves=never_leaves,
+        failure=_failure_status(failure, now),
+    )
+
+
+def _replica(record: WorkerRecord, slot: SlotStatus, now: float) -> ReplicaStatus:
+    loading = slot.state == "loading"
+    idle_s: float | None = None
+    if slot.state in ("warm", "sleeping"):
+        idle_s = 0.0 if slot.in_flight else (max(0.0, now - slot.idle_since) if slot.idle_since else None)
+    return ReplicaStatus(
+        worker_id=record.id,
+        host=record.host,
+        kind=record.kind,
+        state=slot.state,
+        replica=slot.replica,
+        in_flight=slot.in_flight,
+        idle_s=idle_s,
+        leaves_in_s=None if slot.leaves_at is None else max(0.0, slot.leaves_at - now),
+        loading_elapsed_s=max(0.0, now - slot.load_started) if loading and slot.load_started else None,
+        loading_expected_s=slot.expected_load_s if loading else None,
+    )
+
+
+def _failure_status(failure: LoadFailure | None, now: float) -> FailureStatus | None:
+    if failure is None:
+        return None
+    return FailureStatus(
+        reason=failure.reason,
+        worker_id=failure.worker_id,
+        retry_in_s=max(0.0, failure.retry_at - now),
+        failures_in_a_row=failure.failures_in_a_row,
+    )
+
+
+def _decode_failure(payload: bytes | None) -> LoadFailure | None:
+    if payload is None:
+        return None
+    try:
+        return load_failure_decoder.decode(payload)
+    except msgspec.DecodeError:
+        logger.warning("unreadable load failure mark", extra={"payload_bytes": len(payload)})
+        return None
+
+
+def _pending_count(reply: Any) -> int:
+    """Jobs taken but not acknowledged; a stream without a consumer group yet has none."""
+    if isinstance(reply, ResponseError) or not reply:
+        return 0
+    return int(reply.get("pending", 0)) if isinstance(reply, dict) else int(reply[0])
+
+
+def _raise_unexpected(replies: list[Any]) -> None:
+    # XPENDING answers NOGROUP until a worker has joined the model's stream: that is expected.
+    for reply in replies:
+        if isinstance(reply, ResponseError) and not str(reply).startswith("NOGROUP"):
+            raise reply

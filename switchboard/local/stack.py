@@ -1,0 +1,167 @@
+"""`switchboard up`: Redis (unless one is configured), the workers and the front door, supervised.
+
+The terminal stays short: where the logs are, a line while it starts, a line once it serves, how to
+call it. The components' own start-up output (Triton's, vLLM's) goes to their log files; what they
+show here are warnings and the few records a person follows (a model loading, a worker ready).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from switchboard.config import DEMO_MODEL_NAME, Settings
+from switchboard.local.launcher import Launcher, LauncherError
+from switchboard.local.redis_server import PrivateRedis, RedisServerError
+
+DEFAULT_LOG_DIR = Path("~/.cache/switchboard/logs")
+DEFAULT_PORT = 8000
+READY_TIMEOUT_S = 900.0
+# A worker drains running jobs for up to worker.drain_timeout_s (30 s) before it stops.
+STOP_TIMEOUT_S = 90.0
+PROGRESS_EVERY_S = 10.0
+SUPERVISE_EVERY_S = 0.5
+
+
+def run_stack(
+    settings: Settings,
+    *,
+    config_path: Path | None,
+    log_level: str,
+    workers: int = 1,
+    log_dir: Path = DEFAULT_LOG_DIR,
+    verbose: bool = False,
+) -> int:
+    """Start everything, print how to call it, and run until Ctrl-C or a component dies."""
+    # Ctrl-C and SIGTERM both end the wait or the supervision the same way, then everything stops.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    redis = None
+    launcher = None
+    try:
+        _build_demo_model_if_needed(settings)
+        if not settings.redis.url:
+            redis = PrivateRedis().start()
+            _say(f"Redis: private redis-server at {redis.url} (stops with this command)")
+        launcher = Launcher(
+            port=settings.router.port,
+            log_dir=Path(log_dir).expanduser(),
+            workers=workers,
+            config_path=config_path,
+            redis_url=redis.url if redis else None,
+            log_level=log_level,
+            verbose=verbose,
+            stop_timeout_s=STOP_TIMEOUT_S,
+        )
+        _say_where_logs_go(launcher)
+        _say(f"Starting {_count(workers, 'worker')} and the front door ...")
+        launcher.start()
+        seconds = launcher.wait_ready(
+            READY_TIMEOUT_S, progress=_still_starting, progress_every_s=PROGRESS_EVERY_S
+        )
+        _say(f"Serving after {seconds:.0f} s")
+        _print_examples(settings)
+        return _supervise(launcher)
+    except (LauncherError, RedisServerError) as exc:
+        print(f"switchboard: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(flush=True)
+        return 0
+    finally:
+        # A second Ctrl-C must not leave engines running: stopping runs to its end (it kills past a timeout).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if launcher is not None:
+            _say("Stopping ...")
+            forced = launcher.stop()
+            if forced:
+                print(
+                    f"switchboard: killed {forced} after {STOP_TIMEOUT_S:.0f} s without stopping",
+                    file=sys.stderr,
+                )
+        if redis is not None:
+            redis.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _build_demo_model_if_needed(settings: Settings) -> None:
+    demo = settings.model(DEMO_MODEL_NAME)
+    if demo is None:
+        return
+    from switchboard.local.demo_model import build_demo_model, is_complete
+
+    _say(f"Model: {DEMO_MODEL_NAME} (tiny demo model) in {demo.path}")
+    if not is_complete(Path(demo.path)):
+        build_demo_model(Path(demo.path), progress=lambda step: print(f"    {step}", flush=True))
+
+
+def _say_where_logs_go(launcher: Launcher) -> None:
+    if launcher.verbose:
+        _say("Logs: everything on this terminal (--verbose)")
+        return
+    names = (
+        ["worker.log"]
+        if launcher.workers == 1
+        else [f"worker-{i}.log" for i in range(1, launcher.workers + 1)]
+    )
+    shown = names if len(names) <= 3 else [names[0], "...", names[-1]]
+    _say(f"Logs: {', '.join([*shown, 'router.log'])} in {launcher.log_dir} (--verbose shows everything here)")
+
+
+def _still_starting(elapsed_s: float, waiting_for: str) -> None:
+    print(f"  ... still starting ({elapsed_s:.0f} s: {waiting_for})", flush=True)
+
+
+def _print_examples(settings: Settings) -> None:
+    base = f"http://localhost:{settings.router.port}/v1"
+    model = settings.models[0].name
+    names = ", ".join(m.name for m in settings.models)
+    preloaded = [m.name for m in settings.models if m.preload]
+    models_command = "switchboard models"
+    if settings.router.port != DEFAULT_PORT:
+        models_command += f" --url http://127.0.0.1:{settings.router.port}"
+    loading = (
+        f"Models load on the first request that asks for them, so that request waits for the load "
+        f"(`{models_command}` shows their state)."
+    )
+    if preloaded:
+        loading += f" Loading now (preload = true): {', '.join(preloaded)}."
+    print(
+        f"""
+Switchboard is serving {names} at {base}
+
+Try it with curl:
+  curl {base}/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
+
+Or with the openai Python client:
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}", api_key="unused")
+  for chunk in client.chat.completions.create(
+      model="{model}", messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32, stream=True):
+      print(chunk.choices[0].delta.content or "", end="", flush=True)
+
+{loading}
+Press Ctrl-C to stop.
+""",
+        flush=True,
+    )
+
+
+def _supervise(launcher: Launcher) -> int:
+    """Watch the components until Ctrl-C (KeyboardInterrupt) or one of them exits."""
+    while True:
+        launcher.check()
+        time.sleep(SUPERVISE_EVERY_S)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _say(line: str) -> None:
+    print(f"• {line}", flush=True)

@@ -1,0 +1,133 @@
+"""`switchboard models`: where every model stands, as a table, from the front door's `/admin/models`.
+
+Only the standard library: the CLI imports this without the front door's dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+COLUMNS = ("MODEL", "STATE", "WHERE", "QUEUE", "IN-FLIGHT", "LAST LOAD", "TYPICAL LOAD", "IDLE", "LEAVES IN")
+TIMEOUT_S = 10.0
+
+
+def show_models(base_url: str) -> int:
+    """Print the models table of the front door at `base_url`; the process's exit code."""
+    url = f"{base_url.rstrip('/')}/admin/models"
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+            payload = json.load(response)
+    except urllib.error.HTTPError as exc:
+        print(f"switchboard: {url} answered {exc.code}: {_error_message(exc)}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(
+            f"switchboard: cannot reach the front door at {base_url} ({reason}); start it with "
+            "`switchboard up` (or `switchboard router`), or point `--url` at the one that runs.",
+            file=sys.stderr,
+        )
+        return 1
+    except ValueError as exc:
+        print(
+            f"switchboard: {url} did not answer with JSON ({exc}); is that a Switchboard front door?",
+            file=sys.stderr,
+        )
+        return 1
+    print(render_table(payload), end="")
+    return 0
+
+
+def render_table(payload: dict[str, Any]) -> str:
+    """The table for a `/admin/models` payload: one line per model, then one per failed load."""
+    models: list[dict[str, Any]] = payload.get("data", [])
+    rows = [_row(model) for model in models]
+    notes = [_failure_note(model) for model in models if model.get("failure")]
+    return _align([COLUMNS, *rows]) + "".join(f"{note}\n" for note in notes)
+
+
+def human_seconds(seconds: float | None) -> str:
+    """`7.1 s`, `42 s`, `4 min`, `2.5 h`; `-` for nothing."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _row(model: dict[str, Any]) -> tuple[str, ...]:
+    load_seconds: dict[str, dict[str, Any]] = model.get("load_seconds") or {}
+    state = model["state"]
+    if model.get("failure") and state == "cold":
+        state = "failed"
+    idle = "busy" if model.get("in_flight") else human_seconds(model.get("idle_s"))
+    leaves = "never" if model.get("never_leaves") else human_seconds(model.get("leaves_in_s"))
+    return (
+        model["name"],
+        state,
+        _where(model),
+        str(model.get("waiting", 0)),
+        str(model.get("in_flight", 0)),
+        _per_kind(load_seconds, "last"),
+        _per_kind(load_seconds, "typical"),
+        idle,
+        leaves,
+    )
+
+
+def _where(model: dict[str, Any]) -> str:
+    """`w1@gpu-a#0`, one per replica; a replica whose state differs from the model's says so."""
+    places = []
+    for replica in model.get("replicas", []):
+        place = f"{replica['worker_id']}@{replica['host']}"
+        if replica.get("replica") is not None:
+            place += f"#{replica['replica']}"
+        if replica["state"] == "loading":
+            elapsed = replica.get("loading_elapsed_s") or 0.0
+            expected = replica.get("loading_expected_s")
+            of = "?" if expected is None else human_seconds(expected)
+            place += f" (loading {human_seconds(elapsed)} of {of})"
+        elif replica["state"] != model["state"]:
+            place += f" ({replica['state']})"
+        places.append(place)
+    return ", ".join(places) or "-"
+
+
+def _per_kind(load_seconds: dict[str, dict[str, Any]], field: str) -> str:
+    """One kind: its value; several: each with its kind."""
+    if len(load_seconds) == 1:
+        (cost,) = load_seconds.values()
+        return human_seconds(cost[field])
+    return " / ".join(f"{human_seconds(cost[field])} {kind}" for kind, cost in load_seconds.items()) or "-"
+
+
+def _failure_note(model: dict[str, Any]) -> str:
+    failure = model["failure"]
+    return (
+        f"{model['name']}: load failed on {failure['worker_id']}: {failure['reason']} "
+        f"(retry in {human_seconds(failure['retry_in_s'])})"
+    )
+
+
+def _align(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.load(exc)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return exc.reason if isinstance(exc.reason, str) else str(exc)

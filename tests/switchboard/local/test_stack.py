@@ -1,0 +1,63 @@
+"""`switchboard up` on fake components: what its terminal shows, and that a dying part stops it all."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from switchboard.config import load_settings
+from switchboard.local import stack
+from switchboard.local.launcher import Launcher
+from switchboard.ports import free_port
+
+FAKE = (sys.executable, str(Path(__file__).with_name("fake_component.py")))
+
+CONFIG = """
+[redis]
+url = "redis://127.0.0.1:1/0"
+
+[[models]]
+name = "first-model"
+path = "/models/first"
+
+[[models]]
+name = "second-model"
+path = "/models/second"
+preload = true
+"""
+
+
+def test_up_says_where_logs_are_when_it_serves_and_how_to_call_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    env = {**os.environ, "FAKE_EVENTS": str(tmp_path / "events"), "FAKE_WORKER_EXIT_AFTER_READY": "5"}
+    monkeypatch.setattr(stack, "Launcher", functools.partial(Launcher, argv_prefix=FAKE, env=env))
+    config = tmp_path / "switchboard.toml"
+    config.write_text(CONFIG)
+    settings = load_settings(config, environ={})
+    settings.router.port = port = free_port()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    code = stack.run_stack(
+        settings, config_path=config, log_level="INFO", workers=2, log_dir=tmp_path / "logs"
+    )
+
+    out, err = capfd.readouterr()
+    assert code == 1  # a worker exited (as the fake was told to, once the stack served)
+    assert f"• Logs: worker-1.log, worker-2.log, router.log in {tmp_path / 'logs'}" in out
+    assert "• Starting 2 workers and the front door ..." in out
+    assert "• Serving after" in out
+    assert f"Switchboard is serving first-model, second-model at http://localhost:{port}/v1" in out
+    assert f"curl http://localhost:{port}/v1/chat/completions" in out
+    assert '"model": "first-model"' in out
+    assert f"`switchboard models --url http://127.0.0.1:{port}` shows their state" in out
+    assert "Loading now (preload = true): second-model." in out
+    assert "• Stopping ..." in out
+    assert "exited with code 5" in err
+    assert (tmp_path / "logs" / "router.log").is_file()
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers  # left as it found them

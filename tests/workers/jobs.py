@@ -1,0 +1,47 @@
+"""Jobs as the front door writes them, and their results as it reads them, for worker tests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import redis.asyncio as aioredis
+
+from switchboard import keys
+from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
+
+
+def make_job(model: str, prompt: str, deadline_s: float = 60.0) -> Job:
+    """A plain-prompt job for `model`; the scripted engine reads its script from the prompt."""
+    now = time.time()
+    return Job(
+        id=uuid.uuid4().hex,
+        model=model,
+        prompt=prompt,
+        sampling=SamplingParams(),
+        created=now,
+        deadline=now + deadline_s,
+    )
+
+
+async def submit(redis: aioredis.Redis, *jobs: Job) -> None:
+    """Append jobs to their model's stream and poke the controllers, as an enqueue does."""
+    for one in jobs:
+        await redis.xadd(keys.job_stream(one.model), {"job": encode(one)})
+        await redis.xadd(keys.demand_stream(), {"m": one.model})
+
+
+async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> list[Chunk]:
+    """Every chunk of the job, read from the start of its stream as the front door does."""
+    chunks: list[Chunk] = []
+    last_id = b"0-0"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        response = await redis.xread({keys.result_stream(job_id): last_id}, block=500)
+        for _, entries in response or ():
+            for entry_id, fields in entries:
+                last_id = entry_id
+                chunks.append(chunk_decoder.decode(fields[b"c"]))
+        if chunks and chunks[-1].is_last:
+            return chunks
+    raise AssertionError(f"job {job_id} did not finish; got {chunks}")
