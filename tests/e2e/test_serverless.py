@@ -1,0 +1,229 @@
+"""Serverless models through every real part: openai client → front door → Redis → workers running
+real vLLM CPU engines on tiny models, loaded on demand and unloaded when idle.
+
+Each test starts its own stack (Redis, workers, front door) from a config written for it, and
+never sleeps a fixed time: it waits for what it needs through the admin view or the openai client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import psutil
+import pytest
+import redis
+
+from switchboard import keys
+from switchboard.local.demo_model import config_entry
+from switchboard.wire import worker_decoder
+from tests.e2e.conftest import Stack
+
+pytestmark = pytest.mark.e2e
+
+MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
+GIB = 1024**3
+KIND = "cpu"
+
+StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
+
+
+def admin(stack: Stack, model: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{stack.base_url}/admin/models/{model}", timeout=10) as response:
+        payload: dict[str, Any] = json.loads(response.read())
+        return payload
+
+
+def client(stack: Stack, timeout_s: float = 300) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+
+
+def chat(stack: Stack, model: str, max_tokens: int = 8) -> str:
+    with client(stack) as openai_client:
+        reply = openai_client.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            max_tokens=max_tokens,
+            temperature=0,  # type: ignore[arg-type]
+        )
+    assert reply.choices[0].finish_reason == "length"
+    return reply.choices[0].message.content or ""
+
+
+def engine_processes(stack: Stack, worker: int = 0) -> Iterator[psutil.Process]:
+    """The worker's vLLM engine processes (vLLM titles them `VLLM::EngineCore`)."""
+    for child in psutil.Process(stack.workers[worker].process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+                yield child
+
+
+def tree_rss(pid: int) -> int:
+    total = 0
+    for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += process.memory_info().rss
+    return total
+
+
+def console(stack: Stack) -> str:
+    return stack.console_log.read_text(errors="replace")
+
+
+def test_two_models_on_a_one_model_worker_swap_and_every_request_is_answered(
+    start_stack: StartStack, demo_model_dir: Path
+) -> None:
+    config = {
+        "worker": {"max_loaded_models": 1},
+        "models": [config_entry(demo_model_dir, name="tiny-a"), config_entry(demo_model_dir, name="tiny-b")],
+    }
+    with start_stack(config) as stack:
+        assert admin(stack, "tiny-a")["state"] == "cold", "nothing is loaded at start"
+        for model in ["tiny-a", "tiny-b", "tiny-a", "tiny-b"]:
+            assert chat(stack, model)
+            assert admin(stack, model)["state"] == "warm"
+        assert admin(stack, "tiny-b")["state"] == "warm"
+        assert admin(stack, "tiny-a")["state"] == "cold", "room for one: the other was evicted"
+        for model in ("tiny-a", "tiny-b"):
+            assert admin(stack, model)["load_seconds"][KIND]["samples"] == 2
+        log = console(stack)
+        assert log.count("unloading tiny-a: make room for tiny-b") == 2
+        assert log.count("unloading tiny-b: make room for tiny-a") == 1
+
+
+async def test_a_burst_of_16_requests_for_a_cold_model_starts_one_load_and_all_are_answered(
+    start_stack: StartStack, demo_model_dir: Path
+) -> None:
+    config = {"models": [config_entry(demo_model_dir, name="tiny")]}
+    with start_stack(config, workers=2) as stack:
+        async with openai.AsyncOpenAI(
+            base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as async_client:
+            replies = await asyncio.gather(
+                *(
+                    async_client.chat.completions.create(
+                        model="tiny",
+                        messages=MESSAGES,  # type: ignore[arg-type]
+                        max_tokens=8,
+                        stream=index % 2 == 0,
+                    )
+                    for index in range(16)
+                )
+            )
+            texts = []
+            for reply in replies:
+                if isinstance(reply, openai.AsyncStream):
+                    texts.append(
+                        "".join([c.choices[0].delta.content or "" async for c in reply if c.choices])
+                    )
+                else:
+                    texts.append(reply.choices[0].message.content or "")
+        assert len(texts) == 16 and all(texts)
+        status = admin(stack, "tiny")
+        assert len(status["replicas"]) == 1
+        assert status["load_seconds"][KIND]["samples"] == 1, "exactly one load for the burst"
+        assert console(stack).count("loading tiny (replica") == 1
+
+
+def test_an_idle_model_unloads_after_keep_alive_returns_its_memory_and_loads_again(
+    start_stack: StartStack, demo_model_dir: Path
+) -> None:
+    config = {"models": [config_entry(demo_model_dir, name="tiny", keep_alive_s=3)]}
+    with start_stack(config) as stack:
+        worker_pid = stack.workers[0].process.pid
+        idle_rss = tree_rss(worker_pid)
+        chat(stack, "tiny")
+        engines = list(engine_processes(stack))
+        assert engines, "the engine runs in a process of its own"
+        warm_rss = tree_rss(worker_pid)
+        stack.wait_until(lambda: admin(stack, "tiny")["state"] == "cold", timeout_s=60, what="keep-alive")
+        left = [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, [(p.pid, p.cmdline()) for p in left]
+        cold_rss = tree_rss(worker_pid)
+        returned = warm_rss - cold_rss
+        print(
+            f"worker tree RSS: idle {idle_rss / GIB:.2f} GiB, warm {warm_rss / GIB:.2f}, cold {cold_rss / GIB:.2f}"
+        )
+        assert returned > 0.5 * (warm_rss - idle_rss), "most of what the engine took is returned"
+        assert "tiny unloaded" in console(stack)
+        assert chat(stack, "tiny"), "the next request loads it again"
+        assert admin(stack, "tiny")["load_seconds"][KIND]["samples"] == 2
+
+
+def test_a_request_whose_deadline_passes_during_the_load_gets_503_and_its_job_never_runs(
+    start_stack: StartStack, demo_model_dir: Path
+) -> None:
+    config = {
+        "router": {"request_timeout_s": 1.5},
+        "models": [config_entry(demo_model_dir, name="tiny")],
+    }
+    with start_stack(config) as stack, client(stack) as openai_client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            openai_client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+        assert refused.value.status_code == 503
+        assert refused.value.body["code"] == "model_loading"  # type: ignore[index]
+        assert int(refused.value.response.headers["Retry-After"]) >= 1
+        stack.wait_until(lambda: admin(stack, "tiny")["state"] == "warm", timeout_s=300, what="the load")
+        stack.wait_until(lambda: admin(stack, "tiny")["waiting"] == 0, timeout_s=30, what="the queue")
+        assert triton_inferences(stack, "tiny") == 0, "the expired job never reached the engine"
+        stack.wait_serving("tiny")
+        assert triton_inferences(stack, "tiny") >= 1
+
+
+def triton_inferences(stack: Stack, model: str) -> int:
+    """How many requests the worker's Triton model received (Triton's own Prometheus counters)."""
+    redis_client = redis.Redis.from_url(stack.redis_url)
+    (worker_id,) = redis_client.zrange(keys.workers_index(), 0, -1)
+    record = worker_decoder.decode(redis_client.get(keys.worker_record(worker_id.decode())))  # type: ignore[arg-type]
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{record.triton_metrics_port}/metrics", timeout=10
+    ) as response:
+        metrics = response.read().decode()
+    counters = re.findall(
+        rf'^nv_inference_request_(?:success|failure)\{{[^}}]*model="{model}"[^}}]*\}} (\d+)', metrics, re.M
+    )
+    assert counters, f"Triton reports no counters for {model}"
+    return sum(int(value) for value in counters)
+
+
+def test_a_load_that_fails_answers_every_waiter_with_the_reason_and_backs_off(
+    start_stack: StartStack, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-model"
+    config = {
+        "worker": {"load_backoff_s": 60},
+        "models": [{"name": "ghost", "path": str(missing), "engine_args": {"max_model_len": 256}}],
+    }
+
+    async def three_at_once(stack: Stack) -> list[BaseException | object]:
+        async with openai.AsyncOpenAI(
+            base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as async_client:
+            return await asyncio.gather(
+                *(
+                    async_client.chat.completions.create(model="ghost", messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
+                    for _ in range(3)
+                ),
+                return_exceptions=True,
+            )
+
+    with start_stack(config) as stack:
+        for error in asyncio.run(three_at_once(stack)):
+            assert isinstance(error, openai.APIStatusError), error
+            assert error.status_code == 503
+            assert error.body["code"] == "model_load_failed"  # type: ignore[index]
+            assert "ghost" in error.message and "no-such-model" in error.message
+        with client(stack) as openai_client, pytest.raises(openai.APIStatusError) as again:
+            openai_client.chat.completions.create(model="ghost", messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
+        assert again.value.status_code == 503
+        assert 1 <= int(again.value.response.headers["Retry-After"]) <= 60
+        status = admin(stack, "ghost")
+        assert status["state"] == "cold" and status["failure"]["failures_in_a_row"] == 1
+        assert console(stack).count("loading ghost (replica") == 1, "no new attempt during the backoff"
