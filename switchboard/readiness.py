@@ -10,6 +10,6 @@ NO_LIVE_WORKER = "no_live_worker"
 
 # What a person waiting for the stack to start is told, by code.
 WAITING_FOR = {
-    NO_LIVE_WORKER: "the worker is starting Triton and loading the model",
+    NO_LIVE_WORKER: "the worker is starting",
     REDIS_UNREACHABLE: "the front door cannot reach Redis yet",
 }
