@@ -227,3 +227,44 @@ def test_a_load_that_fails_answers_every_waiter_with_the_reason_and_backs_off(
         status = admin(stack, "ghost")
         assert status["state"] == "cold" and status["failure"]["failures_in_a_row"] == 1
         assert console(stack).count("loading ghost (replica") == 1, "no new attempt during the backoff"
+
+
+@pytest.mark.parametrize(("measured_load_s", "second_replica"), [(0.5, True), (10_000.0, False)])
+def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiting(
+    start_stack: StartStack, demo_model_dir: Path, measured_load_s: float, second_replica: bool
+) -> None:
+    config = {"models": [config_entry(demo_model_dir, name="tiny", preload=True)]}
+    env = {"SWITCHBOARD_WORKER__MAX_CONCURRENT_JOBS": "2"}
+    with start_stack(config, workers=2, env=env) as stack:
+        stack.wait_serving("tiny")
+        # The load time this kind of worker "measured" before: under the test's control.
+        redis_client = redis.Redis.from_url(stack.redis_url)
+        costs = keys.measured_costs("tiny", KIND, "load")
+        redis_client.delete(costs)
+        redis_client.lpush(costs, *[measured_load_s] * 5)
+
+        async def backlog() -> list[str]:
+            async with openai.AsyncOpenAI(
+                base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600
+            ) as async_client:
+                replies = await asyncio.gather(
+                    *(
+                        async_client.chat.completions.create(
+                            model="tiny",
+                            messages=MESSAGES,  # type: ignore[arg-type]
+                            max_tokens=64,
+                        )
+                        for _ in range(24)
+                    )
+                )
+            return [reply.choices[0].message.content or "" for reply in replies]
+
+        assert all(asyncio.run(backlog()))
+        loads = console(stack).count("loading tiny (replica")
+        assert loads == (2 if second_replica else 1), console(stack)
+        if second_replica:
+            stack.wait_until(
+                lambda: len([r for r in admin(stack, "tiny")["replicas"] if r["state"] == "warm"]) == 2,
+                timeout_s=300,
+                what="the second replica to be warm",
+            )

@@ -56,10 +56,16 @@ def _operator_unloads(view: View) -> list[Action]:
 
 
 def _keep_alive_moves(view: View, leaving: Mapping[str, Action]) -> list[Action]:
-    """Sleep or unload models idle past their keep-alive, never taking a model below `min_replicas`."""
+    """Sleep or unload models idle past their keep-alive, never taking a model below `min_replicas`.
+
+    Replica numbers below `min_replicas` are the minimum set and never leave by keep-alive, so two
+    idle holders of a model with `min_replicas = 1` cannot both leave at once.
+    """
     moves: list[Action] = []
     for model in view.models:
         if model.name in leaving or model.replicas <= model.min_replicas:
+            continue
+        if model.replica is not None and model.replica < model.min_replicas:
             continue
         move = _keep_alive_move(view.now, model)
         if move is not None:

@@ -172,6 +172,7 @@ class SnapshotReader:
             max_replicas=model.max_replicas,
             can_sleep=slot.engine is not None and slot.engine.supports_sleep,
             state=state,
+            replica=slot.replica,
             in_flight=slot.in_flight,
             load_started=slot.load_started,
             warm_since=slot.warm_since,

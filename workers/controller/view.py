@@ -25,6 +25,7 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
 
     # --- here (this worker's slot for the model) ---
     state: SlotState = "cold"
+    replica: int | None = None  # the replica number whose lease this worker holds for it
     in_flight: int = 0  # jobs of this model running here
     load_started: float | None = None  # when the current (or last) load here began
     warm_since: float | None = None  # when it last became warm here

@@ -457,3 +457,14 @@ def test_without_the_bounds_the_same_demand_thrashes() -> None:
 
     assert sum(slot.loads for slot in slots) > 30
     assert len(waits) < 2 * 240  # the loads ate the time: jobs still waiting at the end
+
+
+def test_replicas_below_min_replicas_never_leave_by_keep_alive_so_two_idle_holders_keep_one() -> None:
+    def holder(replica: int) -> View:
+        return view(
+            warm("tiny-a", replica=replica, replicas=2, min_replicas=1, keep_alive_s=60.0, idle_for=300)
+        )
+
+    assert decide(holder(0)) == []
+    (move,) = decide(holder(1))
+    assert isinstance(move, Unload) and move.model == "tiny-a"
