@@ -8,6 +8,7 @@ never sleeps a fixed time: it waits for what it needs through the admin view or 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import re
@@ -268,3 +269,22 @@ def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiti
                 timeout_s=300,
                 what="the second replica to be warm",
             )
+
+
+def test_a_worker_that_dies_while_loading_hands_the_load_to_another_worker(
+    start_stack: StartStack, demo_model_dir: Path
+) -> None:
+    config = {"models": [config_entry(demo_model_dir, name="tiny")]}
+    with start_stack(config, workers=2) as stack, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(chat, stack, "tiny")
+        loader = stack.wait_until(
+            lambda: next((w for w in stack.workers if f"[{w.name}] loading tiny" in console(stack)), None),
+            timeout_s=120,
+            what="a worker to start loading",
+        )
+        loader.kill()  # SIGKILL to the worker and everything it started, mid-load
+        assert reply.result(timeout=600), "the request is answered by the other worker"
+        (survivor,) = [w for w in stack.workers if w is not loader]
+        assert f"[{survivor.name}] loading tiny (replica 0)" in console(stack)
+        status = admin(stack, "tiny")
+        assert [r["state"] for r in status["replicas"]] == ["warm"]

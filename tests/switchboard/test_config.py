@@ -264,3 +264,42 @@ def test_env_override_of_non_table_section_is_a_config_error(
 ) -> None:
     with pytest.raises(ConfigError):
         load_settings(write(tmp_path, text), environ=environ)
+
+
+@pytest.mark.parametrize(("first", "second"), [("org/model", "org_model"), ("Tiny", "tiny"), ("a:b", "A/B")])
+def test_models_that_would_share_a_triton_name_are_refused(tmp_path: Path, first: str, second: str) -> None:
+    message = load_error(
+        tmp_path, f'[[models]]\nname = "{first}"\npath = "/x"\n[[models]]\nname = "{second}"\npath = "/y"\n'
+    )
+    assert first in message and second in message and "rename one" in message
+
+
+def test_serverless_settings_are_read_and_checked(tmp_path: Path) -> None:
+    settings = load_settings(
+        write(
+            tmp_path,
+            """
+[worker]
+max_loaded_models = 1
+memory_budget_gib = 70
+
+[[models]]
+name = "big"
+path = "/models/big"
+keep_alive_s = -1
+min_replicas = 1
+max_replicas = 2
+preload = true
+footprint_gib = 40
+""",
+        ),
+        environ={},
+    )
+    (big,) = settings.models
+    assert (big.keep_alive_s, big.min_replicas, big.max_replicas, big.preload) == (-1, 1, 2, True)
+    assert big.footprint_gib == 40 and settings.worker.max_loaded_models == 1
+    message = load_error(
+        tmp_path, '[[models]]\nname = "x"\npath = "/x"\nmin_replicas = 3\nmax_replicas = 2\n'
+    )
+    assert "min_replicas (3) is above max_replicas (2)" in message
+    assert "keep_alive_s" in load_error(tmp_path, '[[models]]\nname = "x"\npath = "/x"\nkeep_alive_s = -5\n')

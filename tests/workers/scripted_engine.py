@@ -64,3 +64,25 @@ class ScriptedEngine(Engine):
 
     def footprint(self) -> Footprint:
         return Footprint(device="cpu", memory_bytes=1024**2)
+
+
+class SleepyEngine(ScriptedEngine):
+    """A scripted engine with a sleep mode, as vLLM has on GPUs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asleep = False
+        self.sleeps = 0
+        self.wakes = 0
+
+    @property
+    def supports_sleep(self) -> bool:
+        return True
+
+    async def sleep(self) -> None:
+        self.sleeps += 1
+        self.asleep = True
+
+    async def wake(self) -> None:
+        self.wakes += 1
+        self.asleep = False

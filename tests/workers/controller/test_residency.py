@@ -22,7 +22,7 @@ from switchboard import keys
 from switchboard.config import ModelConfig, triton_model_name
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Job, SamplingParams, chunk_decoder, encode
-from tests.workers.scripted_engine import ScriptedEngine
+from tests.workers.scripted_engine import ScriptedEngine, SleepyEngine
 from workers.consumer import JobConsumer
 from workers.controller.residency import LoadFailed, ModelSlot, SlotNotServing
 from workers.result_writer import ResultWriter
@@ -131,6 +131,26 @@ async def test_a_model_loads_again_after_an_unload_and_serves(host: Host) -> Non
     )
     chunks = [chunk_decoder.decode(raw) async for raw in served.client.stream(encode(job))]
     assert "".join(c.text for c in chunks) == "t0\x00 t1\x00 t2\x00 "
+    await slot.unload()
+
+
+async def test_a_model_sleeps_under_no_job_and_wakes_without_a_new_load(host: Host) -> None:
+    engine = SleepyEngine()
+    slot = host.slot(engine)
+    await slot.ensure_warm()
+    lease = slot.lease()
+    sleeping = asyncio.create_task(slot.sleep())
+    await asyncio.sleep(0.2)
+    assert not sleeping.done() and slot.state == "sleeping" and not slot.wants_jobs
+    lease.release()
+    await asyncio.wait_for(sleeping, 10)
+    assert engine.asleep and engine.sleeps == 1
+    with pytest.raises(SlotNotServing):
+        slot.lease()
+    await slot.ensure_warm()
+    assert not engine.asleep and engine.wakes == 1 and engine.starts == 1
+    assert slot.state == "warm" and host.ready_in_triton(slot.name)
+    slot.lease().release()
     await slot.unload()
 
 
