@@ -151,7 +151,8 @@ class Worker:
                 await _stop_step(f"unload {slot.name}", self._unload_on_stop(slot))
             for task in self._background:
                 await _stop_step("end a background start", cancel_and_wait(task))
-            await _stop_step("stop Triton", asyncio.to_thread(self._host.stop))
+            # Triton waits for its models to finish unloading: give it longer than other steps.
+            await _stop_step("stop Triton", asyncio.to_thread(self._host.stop), STOP_STEP_TIMEOUT_S * 2)
             await _stop_step("close Redis connections", self._close_redis())
             logger.info("worker stopped", extra={"worker_id": self.id})
 

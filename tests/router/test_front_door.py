@@ -222,14 +222,16 @@ async def test_many_concurrent_requests_share_a_few_redis_connections(
         await answer_words(job, writer, ack)
 
     async with scripted_worker(redis, slow_words):
+        before = (await redis.info("clients"))["connected_clients"]
         requests = [front_door.post("/v1/chat/completions", json=BODY) for _ in range(100)]
         gathered = asyncio.gather(*requests)
         await asyncio.sleep(0.2)
         clients = (await redis.info("clients"))["connected_clients"]
         responses = await gathered
     assert all(r.status_code == 200 for r in responses)
-    # 100 requests in flight: the front door's pool and reader, plus the test's own clients.
-    assert clients < 30
+    # 100 requests in flight: at most the front door's pool and its reader are added (the count
+    # before includes the test's own clients and whatever else this session's Redis serves).
+    assert clients - before < 20
     assert not [k async for k in redis.scan_iter(match=keys.result_stream("*"))]
 
 
