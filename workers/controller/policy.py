@@ -50,7 +50,7 @@ def _operator_unloads(view: View) -> list[Action]:
         # A replica held without a recorded load start was loaded before anything we know of.
         started = model.load_started if model.load_started is not None else float("-inf")
         if started < requested_at:
-            why = f"operator asked to unload {_secs(view.now - requested_at)} s ago; this load began before"
+            why = "an operator asked to unload it (POST /admin/models/…/unload)"
             unloads.append(Unload(model=model.name, why=why))
     return unloads
 

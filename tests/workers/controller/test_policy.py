@@ -287,7 +287,7 @@ def test_load_backoff() -> None:
 def test_operator_unload_applies_only_to_loads_begun_before_the_request() -> None:
     before = warm("tiny-a", load_started=NOW - 100.0, unload_requested_at=NOW - 40.0, in_flight=2)
     assert decide(view(before)) == [
-        Unload(model="tiny-a", why="operator asked to unload 40 s ago; this load began before")
+        Unload(model="tiny-a", why="an operator asked to unload it (POST /admin/models/…/unload)")
     ]
     after = warm("tiny-a", load_started=NOW - 30.0, unload_requested_at=NOW - 40.0)
     assert decide(view(after)) == []
