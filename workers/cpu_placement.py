@@ -49,3 +49,36 @@ def _ranges(cores: list[int]) -> list[str]:
         previous = core
     ranges.append(f"{start}-{previous}")
     return ranges
+
+
+def parse_cpu_list(cpu_threads: str) -> list[int]:
+    """ "0,2-3" → [0, 2, 3]: the cores named by a VLLM_CPU_OMP_THREADS_BIND-style list, in order."""
+    cores: list[int] = []
+    for part in cpu_threads.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first = int(low)
+            last = int(high) if dash else first
+        except ValueError:
+            raise ValueError(
+                f"cannot read {cpu_threads!r} as a list of cores such as '0-3' or '0,2-3'"
+            ) from None
+        if first < 0 or last < first:
+            raise ValueError(f"{part.strip()!r} in {cpu_threads!r} is not a range of cores")
+        cores.extend(core for core in range(first, last + 1) if core not in cores)
+    return cores
+
+
+def omp_environment(cpu_threads: str) -> dict[str, str]:
+    """The OpenMP variables that pin an engine process's compute threads to the cores of `cpu_threads`.
+
+    One place per core, threads bound close to the master: thread i computes on the i-th core, as
+    vLLM's own binding did when it still ran a separate worker process per engine. OpenMP reads
+    these once, when the runtime loads, so they must be in the environment of the new process.
+    """
+    cores = parse_cpu_list(cpu_threads)
+    return {
+        "OMP_NUM_THREADS": str(len(cores)),
+        "OMP_PLACES": ",".join(f"{{{core}}}" for core in cores),
+        "OMP_PROC_BIND": "close",
+    }

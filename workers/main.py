@@ -124,9 +124,7 @@ class Worker:
         await self._consumer.start()
         await self._heartbeat.start()
         self._in_background(self._prepare_loading(), "start Triton")
-        if self._engine_factory is create_engine:  # a scripted engine imports nothing
-            engines: set[str] = {model.engine for model in self._models}
-            self._in_background(asyncio.to_thread(import_runtimes, engines), "import the engine runtime")
+        self._in_background(self._prepare_engines(), "import the engine runtime")
         await self._controller.start()
         logger.info(
             f"worker ready: may hold {', '.join(self._slots)} "
@@ -212,6 +210,7 @@ class Worker:
         options = EngineOptions(
             cpu_threads=engine_threads_bind(self._cores, share, shares),
             cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
+            engine_process=self.settings.worker.engine_process,
         )
         return self._engine_factory(model, options)
 
@@ -221,9 +220,7 @@ class Worker:
             return int(model.footprint_gib * 1024**3)
         if measured:
             return int(statistics.median(float(value) for value in measured))
-        if model.name not in self._footprints:
-            self._footprints[model.name] = self._estimated_footprint(model)
-        return self._footprints[model.name]
+        return self._footprints.get(model.name, 0)  # 0 (unknown) until estimated at boot
 
     def _estimated_footprint(self, model: ModelConfig) -> int:
         try:
@@ -234,6 +231,17 @@ class Worker:
             return 0
 
     # --- running ----------------------------------------------------------------------------
+
+    async def _prepare_engines(self) -> None:
+        """Import the engines' runtime (and start vLLM's fork server), then estimate footprints.
+
+        Both import vLLM, which takes seconds: never on the event loop.
+        """
+        if self._engine_factory is create_engine:  # a scripted engine imports nothing
+            engines: set[str] = {model.engine for model in self._models}
+            await asyncio.to_thread(import_runtimes, engines, self.settings.worker.engine_process)
+        for model in self._models:
+            self._footprints[model.name] = await asyncio.to_thread(self._estimated_footprint, model)
 
     async def _prepare_loading(self) -> None:
         """What every load needs first: Triton running, and the demo model built if it is served."""

@@ -235,7 +235,9 @@ def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiti
     start_stack: StartStack, demo_model_dir: Path, measured_load_s: float, second_replica: bool
 ) -> None:
     config = {"models": [config_entry(demo_model_dir, name="tiny", preload=True)]}
-    env = {"SWITCHBOARD_WORKER__MAX_CONCURRENT_JOBS": "2"}
+    # Two jobs at a time per worker, and heartbeats often enough for the measured service rate
+    # to reach the other worker while the backlog lasts.
+    env = {"SWITCHBOARD_WORKER__MAX_CONCURRENT_JOBS": "2", "SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}
     with start_stack(config, workers=2, env=env) as stack:
         stack.wait_serving("tiny")
         # The load time this kind of worker "measured" before: under the test's control.
@@ -253,9 +255,9 @@ def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiti
                         async_client.chat.completions.create(
                             model="tiny",
                             messages=MESSAGES,  # type: ignore[arg-type]
-                            max_tokens=64,
+                            max_tokens=128,
                         )
-                        for _ in range(24)
+                        for _ in range(48)
                     )
                 )
             return [reply.choices[0].message.content or "" for reply in replies]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
+from workers.cpu_placement import (
+    available_cores,
+    compute_cores,
+    engine_threads_bind,
+    omp_environment,
+    parse_cpu_list,
+)
 
 
 def expand(bind: str) -> list[int]:
@@ -86,3 +92,44 @@ def test_non_contiguous_cores_split_between_engines() -> None:
 def test_invalid_slot_raises(slot: int, slots: int) -> None:
     with pytest.raises(ValueError):
         engine_threads_bind([0, 1, 2, 3], slot, slots)
+
+
+@pytest.mark.parametrize(
+    ("cpu_threads", "expected"),
+    [
+        ("0-0", [0]),
+        ("0-3", [0, 1, 2, 3]),
+        ("0,2-3", [0, 2, 3]),
+        ("5", [5]),
+        ("1, 3-4", [1, 3, 4]),
+        ("2-3,0-1", [2, 3, 0, 1]),
+        ("0-1,1-2", [0, 1, 2]),
+    ],
+)
+def test_parse_cpu_list(cpu_threads: str, expected: list[int]) -> None:
+    assert parse_cpu_list(cpu_threads) == expected
+
+
+@pytest.mark.parametrize("cpu_threads", ["", "a", "0-", "-1", "3-1", "0,,1", "0-1-2"])
+def test_parse_cpu_list_refuses_what_is_not_a_core_list(cpu_threads: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cpu_list(cpu_threads)
+
+
+def test_omp_environment_for_one_core() -> None:
+    assert omp_environment("0-0") == {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{0}", "OMP_PROC_BIND": "close"}
+
+
+def test_omp_environment_for_non_contiguous_cores() -> None:
+    env = omp_environment("0,2-3")
+    assert env == {"OMP_NUM_THREADS": "3", "OMP_PLACES": "{0},{2},{3}", "OMP_PROC_BIND": "close"}
+
+
+@pytest.mark.parametrize(("n_cores", "slots"), [(8, 2), (8, 3), (2, 1), (6, 5)])
+def test_omp_environment_of_each_engine_share(n_cores: int, slots: int) -> None:
+    cores = compute_cores(list(range(n_cores)), 1)
+    for slot in range(slots):
+        bind = engine_threads_bind(cores, slot, slots)
+        env = omp_environment(bind)
+        assert int(env["OMP_NUM_THREADS"]) == len(expand(bind))
+        assert env["OMP_PLACES"] == ",".join(f"{{{core}}}" for core in expand(bind))

@@ -2,32 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from switchboard.config import ModelConfig
 from workers.engines.base import Engine
+
+EngineProcess = Literal["fork", "spawn"]
 
 
 class EngineOptions:
     """Worker-level settings an engine starts with."""
 
-    __slots__ = ("cpu_kvcache_gib", "cpu_threads")
+    __slots__ = ("cpu_kvcache_gib", "cpu_threads", "engine_process")
 
-    def __init__(self, *, cpu_threads: str | None, cpu_kvcache_gib: float) -> None:
+    def __init__(
+        self, *, cpu_threads: str | None, cpu_kvcache_gib: float, engine_process: EngineProcess = "spawn"
+    ) -> None:
         # Cores the engine computes on (CPU builds; "0-3" or "0,2"), None to leave it to the engine.
         self.cpu_threads = cpu_threads
         self.cpu_kvcache_gib = cpu_kvcache_gib
+        # "fork" (from the worker's pre-imported helper) or "spawn" (a new interpreter).
+        self.engine_process: EngineProcess = engine_process
 
 
-def import_runtimes(engines: set[str]) -> None:
+def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
     """Import what starting these engines needs, once per process, so the first load skips it.
 
-    Runs in a thread at worker start: vLLM's import alone takes several seconds.
+    Runs in a thread at worker start: vLLM's import alone takes several seconds, and so does the
+    fork server's (in its own process), from which engines are then forked in about 2 s.
     """
     if "vllm" in engines:
-        from workers.engines import vllm
+        from workers.engines.vllm import import_runtime
 
-        import_runtime = getattr(vllm, "import_runtime", None)
-        if import_runtime is not None:
-            import_runtime()
+        import_runtime()
+        if engine_process == "fork":
+            from workers.engines.forked_core import start_fork_server
+
+            start_fork_server()
 
 
 def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
@@ -35,7 +46,12 @@ def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
     if model.engine == "vllm":
         from workers.engines.vllm import VllmEngine
 
-        return VllmEngine(model, cpu_threads=options.cpu_threads, cpu_kvcache_gib=options.cpu_kvcache_gib)
+        return VllmEngine(
+            model,
+            cpu_threads=options.cpu_threads,
+            cpu_kvcache_gib=options.cpu_kvcache_gib,
+            engine_process=options.engine_process,
+        )
     if model.engine == "trtllm":
         raise NotImplementedError(
             f"model {model.name!r}: the TensorRT-LLM engine is not available in this build yet; "

@@ -1,65 +1,328 @@
-"""vLLM's AsyncLLM behind the engine interface (the GPU build, or vLLM's CPU build without a GPU)."""
+"""vLLM's AsyncLLM behind the engine interface (the GPU build, or vLLM's CPU build without a GPU).
+
+A cold load is what a request for an unloaded model waits for, so starting is kept short:
+- `import_runtime()` imports vLLM once, in the long-lived worker, before the first load;
+- vLLM's caches live in a persistent folder (`VLLM_CACHE_ROOT`, ~/.cache/switchboard/vllm);
+- on CPU the executor runs inside the one EngineCore process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
+  with its OpenMP threads pinned through the environment that process is spawned with.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import psutil
 
 from switchboard.config import ModelConfig
+from workers.cpu_placement import omp_environment
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
+DEFAULT_CACHE_ROOT = "~/.cache/switchboard/vllm"
+# What one engine process costs on CPU beyond its weights and KV cache: the interpreter with
+# torch and vLLM imported and the model runner's buffers. Measured on the demo model with one
+# EngineCore process (VLLM_ENABLE_V1_MULTIPROCESSING=0): 1,673 MiB resident = 5 MiB of weights +
+# 1 GiB of KV cache + 0.63 GiB; rounded up, as an estimate for placement should be.
+CPU_PROCESS_OVERHEAD_BYTES = int(0.7 * GIB)
+# How long stop() waits for the engine's processes to exit after vLLM's shutdown before killing them.
+REAP_TIMEOUT_S = 10.0
+
+# Imports are serialised so that the background import at worker boot and a first load that
+# overtakes it never import the same modules from two threads at once.
+_runtime_lock = threading.Lock()
+_runtime_imported = False
+# A new engine process inherits the environment of the moment it is spawned, and its thread
+# pinning travels in OMP_* variables: one CPU engine start at a time sets them.
+_spawn_lock = threading.Lock()
+
+
+def set_process_defaults() -> None:
+    """vLLM settings this process needs before vLLM reads them; the environment's own values win."""
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(DEFAULT_CACHE_ROOT).expanduser()))
+    # CPU builds: run the executor inside the EngineCore process instead of in a Worker process of
+    # its own (one interpreter importing vLLM per engine instead of two). GPU builds' AsyncLLM
+    # ignores it.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def import_runtime() -> None:
+    """Import what an engine start needs (vLLM, its platform, tokenizers); once per process.
+
+    Safe from any thread. The worker calls it in the background right after it starts, so the
+    first load does not pay the imports; `start()` calls it too and waits for a running import.
+    """
+    global _runtime_imported
+    with _runtime_lock:
+        if _runtime_imported:
+            return
+        set_process_defaults()
+        started = time.monotonic()
+        from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
+        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: F401
+        from vllm.inputs import TokensPrompt  # noqa: F401
+        from vllm.platforms import current_platform
+        from vllm.sampling_params import SamplingParams  # noqa: F401
+        from vllm.usage.usage_lib import UsageContext  # noqa: F401
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
+        from vllm.v1.executor.abstract import Executor  # noqa: F401
+
+        current_platform.is_cpu()  # resolves the platform (it probes for devices)
+        _import_engine_start_modules()
+        _runtime_imported = True
+        logger.info("engine runtime imported", extra={"seconds": round(time.monotonic() - started, 2)})
+
+
+def _import_engine_start_modules() -> None:
+    """Modules vLLM imports lazily while a start builds its config and front end in this process.
+
+    Found by comparing sys.modules before and after a start; what is left is model-specific.
+    """
+    import importlib
+
+    for name in (
+        "vllm.v1.executor.uniproc_executor",
+        "vllm.v1.engine.core_client",
+        "vllm.v1.engine.utils",
+        "vllm.v1.engine.core",
+        "vllm.model_executor.models.registry",
+        "vllm.tokenizers",
+        "vllm.renderers",
+        "transformers.models.auto.tokenization_auto",
+        "transformers.tokenization_utils_fast",
+        "vllm.renderers.hf",
+        "vllm.transformers_utils.chat_templates",
+        "vllm.model_executor.models.config",
+        "vllm.model_executor.warmup",
+        "vllm.v1.worker.block_table",
+        "multiprocessing.popen_spawn_posix",
+    ):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def _platform() -> Any:
+    import_runtime()
+    from vllm.platforms import current_platform
+
+    return current_platform
+
+
+EngineProcess = Literal["spawn", "fork"]
 
 
 class VllmEngine(Engine):
-    """One model in one vLLM AsyncLLM."""
+    """One model in one vLLM AsyncLLM, whose EngineCore runs in a process of its own.
 
-    def __init__(self, model: ModelConfig, *, cpu_threads: str | None, cpu_kvcache_gib: float) -> None:
+    `engine_process` says how that process starts: "spawn" (vLLM's own way: a new interpreter that
+    imports vLLM) or "fork" (forked from the worker's fork server, see `forked_core`).
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        *,
+        cpu_threads: str | None,
+        cpu_kvcache_gib: float,
+        engine_process: EngineProcess = "spawn",
+    ) -> None:
         super().__init__(model)
+        self._engine_process = engine_process
+        self._forked: Any = None
+        # Cores this engine computes on (CPU builds), as "0-3" or "0,2-3"; None leaves it to OpenMP.
         self._cpu_threads = cpu_threads
         self._cpu_kvcache_gib = cpu_kvcache_gib
         self._llm: Any = None
+        self._engine_pids: list[int] = []
         self._tokenizer: Any = None
         self._max_model_len = 0
-        self._device = "cpu"
+        self._sleep_enabled = False
         self.start_seconds = 0.0
+        self.stop_seconds = 0.0
+
+    # --- start and stop ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Build the AsyncLLM off the event loop (it takes tens of seconds), then warm its tokenizer."""
+        """Build the AsyncLLM off the event loop, then warm its tokenizer."""
+        if self._llm is not None:
+            raise RuntimeError(f"the engine of {self.model.name} is already started")
         started = time.monotonic()
-        self._llm = await asyncio.to_thread(self._build)
+        build = asyncio.ensure_future(asyncio.to_thread(self._build))
+        try:
+            self._llm = await asyncio.shield(build)
+        except asyncio.CancelledError:
+            # The thread cannot be interrupted: once it has built the engine, shut that down, so
+            # that no engine process outlives a cancelled start.
+            build.add_done_callback(self._discard_build)
+            raise
+        self._engine_pids = [self._forked.pid] if self._forked is not None else _engine_pids(self._llm)
         self._tokenizer = self._llm.get_tokenizer()
         self._max_model_len = self._llm.model_config.max_model_len
+        self._sleep_enabled = bool(self._llm.vllm_config.model_config.enable_sleep_mode)
         self.start_seconds = time.monotonic() - started
         logger.info(
             "engine started",
-            extra={"model": self.model.name, "seconds": round(self.start_seconds, 1), "device": self._device},
+            extra={
+                "model": self.model.name,
+                "seconds": round(self.start_seconds, 2),
+                "device": self.footprint().device,
+                "engine_pids": self._engine_pids,
+            },
         )
 
+    def _discard_build(self, build: asyncio.Future[Any]) -> None:
+        if build.cancelled() or build.exception() is not None:
+            return
+        llm, forked, self._forked = build.result(), self._forked, None
+        shutdown = forked.shutdown if forked is not None else llm.shutdown
+        threading.Thread(target=shutdown, name="DiscardCancelledEngine", daemon=True).start()
+        logger.warning("engine start cancelled; shutting the engine down", extra={"model": self.model.name})
+
     def _build(self) -> Any:
-        self._prepare_cpu_environment()
+        platform = _platform()
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._device = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
-        args = AsyncEngineArgs(model=self.model.path, **self.model.engine_args)
-        return AsyncLLM.from_engine_args(args)
+        args = AsyncEngineArgs(**self._engine_kwargs(platform))
+        # Outside the spawn lock: reading the model's config and tokenizer needs no process.
+        vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if self._engine_process == "fork" and self._can_fork(platform):
+            from workers.engines import forked_core
 
-    def _prepare_cpu_environment(self) -> None:
-        # Read by vLLM's CPU build when its engine process starts; harmless on GPU builds.
-        # The KV cache must be small: vLLM sizes itself from NUMA node 0, which can be far smaller
-        # than the machine, and refuses to start when most of it is not free.
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self._cpu_kvcache_gib:g}")
-        if self._cpu_threads is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._cpu_threads
+            self._forked = forked_core.launch(
+                vllm_config,
+                cpu_threads=self._cpu_threads if platform.is_cpu() else None,
+                log_stats=not args.disable_log_stats,
+                log_requests=args.enable_log_requests,
+            )
+            return self._forked.llm
+        with engine_process_environment(self._spawn_environment(platform), locked=platform.is_cpu()):
+            return AsyncLLM.from_vllm_config(
+                vllm_config,
+                enable_log_requests=args.enable_log_requests,
+                disable_log_stats=args.disable_log_stats,
+            )
+
+    def _can_fork(self, platform: Any) -> bool:
+        from workers.engines import forked_core
+
+        reason = forked_core.unsupported_reason(platform)
+        if reason is not None:
+            logger.warning(
+                "cannot fork the engine; spawning it", extra={"model": self.model.name, "why": reason}
+            )
+        return reason is None
+
+    def _engine_kwargs(self, platform: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": self.model.path, **self.model.engine_args}
+        if platform.is_cpu():
+            # vLLM's CPU build sizes its KV cache from NUMA node 0 (which can be far smaller than
+            # the machine) and refuses to start unless most of it is free; a fixed size per
+            # engine starts reliably. VLLM_CPU_KVCACHE_SPACE, where set, still overrides it.
+            kwargs.setdefault("kv_cache_memory_bytes", int(self._cpu_kvcache_gib * GIB))
+        elif platform.is_sleep_mode_available():
+            kwargs.setdefault("enable_sleep_mode", True)
+        return kwargs
+
+    def _spawn_environment(self, platform: Any) -> dict[str, str]:
+        if not platform.is_cpu() or self._cpu_threads is None:
+            return {}
+        return omp_environment(self._cpu_threads)
+
+    async def stop(self) -> None:
+        """Shut the engine down; returns when its processes have exited and their memory is free."""
+        if self._llm is None:
+            return
+        llm, self._llm = self._llm, None
+        started = time.monotonic()
+        processes = _process_tree(self._engine_pids)
+        # The output task reads from the engine: end it first, or it reports the engine's exit as
+        # a failure. vLLM started it on this loop (the one that drives the engine).
+        handler = getattr(llm, "output_handler", None)
+        if handler is not None and handler.get_loop() is asyncio.get_running_loop():
+            handler.cancel()
+        # vLLM's shutdown joins the engine process (seconds): off the loop, so other models'
+        # streams keep flowing. It hands the closing of its sockets back to their loop itself.
+        if self._forked is not None:
+            forked, self._forked = self._forked, None
+            await asyncio.to_thread(forked.shutdown, REAP_TIMEOUT_S)
+        else:
+            await asyncio.to_thread(llm.shutdown)
+        survivors = await asyncio.to_thread(_reap, processes, REAP_TIMEOUT_S)
+        if survivors:
+            logger.warning("engine processes killed after shutdown", extra={"pids": survivors})
+        self._engine_pids = []
+        self._tokenizer = None
+        del llm
+        gc.collect()
+        self.stop_seconds = time.monotonic() - started
+        logger.info(
+            "engine stopped", extra={"model": self.model.name, "seconds": round(self.stop_seconds, 2)}
+        )
+
+    # --- sleep --------------------------------------------------------------------------------
+
+    @property
+    def supports_sleep(self) -> bool:
+        """vLLM sleep mode: GPU builds only (vLLM's CPU build refuses `enable_sleep_mode`).
+
+        Before `start`, this needs vLLM's platform, like `footprint`.
+        """
+        if self._llm is not None:
+            return self._sleep_enabled
+        return bool(self.model.engine_args.get("enable_sleep_mode", True)) and bool(
+            _platform().is_sleep_mode_available()
+        )
+
+    async def sleep(self) -> None:
+        """Level 1: weights offloaded to host memory, KV cache discarded; running requests are aborted."""
+        if not self._sleep_enabled:
+            await super().sleep()
+        await self._llm.sleep(level=1)
+
+    async def wake(self) -> None:
+        """Bring the weights back and reallocate the KV cache."""
+        if not self._sleep_enabled:
+            await super().wake()
+        await self._llm.wake_up()
+
+    # --- what it occupies -----------------------------------------------------------------------
+
+    def footprint(self) -> Footprint:
+        """Started on CPU: the engine processes' resident memory. Otherwise what a start reserves.
+
+        Needs vLLM's platform: before `import_runtime` has run, this imports vLLM (seconds), so
+        call it off the event loop then.
+        """
+        platform = _platform()
+        if not platform.is_cpu():
+            device = str(platform.device_type)
+            utilization = float(self.model.engine_args.get("gpu_memory_utilization", 0.9))
+            return Footprint(
+                device=device, memory_bytes=int(utilization * platform.get_device_total_memory())
+            )
+        if self._engine_pids:
+            resident = _resident_bytes(self._engine_pids)
+            if resident:
+                return Footprint(device="cpu", memory_bytes=resident)
+        return Footprint(device="cpu", memory_bytes=self._cpu_estimate_bytes())
+
+    def _cpu_estimate_bytes(self) -> int:
+        kv_cache = self.model.engine_args.get("kv_cache_memory_bytes") or int(self._cpu_kvcache_gib * GIB)
+        return _weights_bytes(Path(self.model.path)) + int(kv_cache) + CPU_PROCESS_OVERHEAD_BYTES
+
+    # --- generation -----------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         """Stream deltas; the prompt is tokenized here with the model's own tokenizer and template."""
@@ -127,29 +390,71 @@ class VllmEngine(Engine):
         """Abort in vLLM; the request's stream ends with finish reason "abort"."""
         await self._llm.abort(request_id)
 
-    async def stop(self) -> None:
-        """Shut the engine and its processes down."""
-        if self._llm is None:
-            return
-        llm, self._llm = self._llm, None
-        llm.shutdown()
 
-    def footprint(self) -> Footprint:
-        """Weights on disk plus the KV cache on CPU; GPU engines report the GPU share they reserve."""
-        weights = sum(f.stat().st_size for f in Path(self.model.path).glob("*.safetensors"))
-        if self._device == "cpu":
-            return Footprint(device="cpu", memory_bytes=weights + int(self._cpu_kvcache_gib * GIB))
-        utilization = float(self.model.engine_args.get("gpu_memory_utilization", 0.9))
-        return Footprint(device=self._device, memory_bytes=int(utilization * _gpu_memory_bytes()))
+@contextlib.contextmanager
+def engine_process_environment(overrides: dict[str, str], *, locked: bool) -> Iterator[None]:
+    """`overrides` set in the environment while a process is spawned, then restored.
+
+    `locked`: under the process-wide spawn lock, so that no other start sees them (CPU builds).
+    """
+    with _spawn_lock if locked else contextlib.nullcontext():
+        saved = {name: os.environ.get(name) for name in overrides}
+        os.environ.update(overrides)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _engine_pids(llm: Any) -> list[int]:
+    """The EngineCore processes vLLM started for `llm` (vLLM's process manager keeps them)."""
+    manager = getattr(getattr(getattr(llm, "engine_core", None), "resources", None), "engine_manager", None)
+    return [proc.pid for proc in getattr(manager, "processes", []) if proc.pid is not None]
+
+
+def _process_tree(pids: list[int]) -> list[psutil.Process]:
+    processes: list[psutil.Process] = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            processes += [root, *root.children(recursive=True)]
+    return processes
+
+
+def _reap(processes: list[psutil.Process], timeout_s: float) -> list[int]:
+    """Wait for `processes` to exit, kill what is left; the pids that had to be killed."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=timeout_s)
+    return [process.pid for process in alive]
+
+
+def _resident_bytes(pids: list[int]) -> int:
+    return sum(_rss(process) for process in _process_tree(pids))
+
+
+def _rss(process: psutil.Process) -> int:
+    try:
+        return int(process.memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+def _weights_bytes(model_dir: Path) -> int:
+    for pattern in ("*.safetensors", "*.bin", "*.pt"):
+        files = list(model_dir.glob(pattern))
+        if files:
+            return sum(f.stat().st_size for f in files)
+    return 0
 
 
 def _finish_reason(reason: str | None) -> Any:
     if reason is None or reason in ("stop", "length", "abort"):
         return reason
     return "stop"
-
-
-def _gpu_memory_bytes() -> int:
-    import torch
-
-    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0

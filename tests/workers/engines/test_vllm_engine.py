@@ -1,0 +1,226 @@
+"""A real vLLM CPU engine on the demo model: load, generate, unload, load again, and what it occupies.
+
+One engine at a time, each started and stopped inside its test (vLLM's output task belongs to the
+loop that drives the engine, and pytest-asyncio gives each test its own loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from switchboard.config import ModelConfig
+from switchboard.wire import SamplingParams
+from workers.cpu_placement import available_cores
+from workers.engines.base import EngineRequest
+from workers.engines.vllm import GIB, VllmEngine, import_runtime
+
+try:
+    from switchboard.local.demo_model import build_demo_model
+except ImportError:  # before the demo model moved to switchboard.local
+    from switchboard.demo_model import build_demo_model  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.e2e
+
+MIB = 1024**2
+# The frontend in this process keeps a little of what a start brings (tokenizer, sockets, caches).
+FRONTEND_GROWTH_LIMIT = 300 * MIB
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(build_demo_model(tmp_path_factory.mktemp("engine") / "demo-model"))
+
+
+@pytest.fixture(autouse=True)
+def small_kv_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """vLLM's CPU build checks NUMA node 0's free memory unless the KV cache size is given."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    yield
+
+
+def demo(model_dir: Path) -> ModelConfig:
+    args = {"max_model_len": 256, "dtype": "float32", "enforce_eager": True}
+    return ModelConfig(name="demo", path=str(model_dir), engine_args=args)
+
+
+def engine_core_cores() -> str:
+    return f"{available_cores()[0]}-{available_cores()[0]}"
+
+
+async def greedy_text(engine: VllmEngine, request_id: str) -> tuple[str, int]:
+    sampling = SamplingParams(max_tokens=8, temperature=0.0, seed=0)
+    request = EngineRequest(request_id=request_id, sampling=sampling, prompt="Tell me a story.")
+    text, tokens, finish = "", 0, None
+    async for delta in engine.generate(request):
+        text += delta.text
+        tokens = delta.completion_tokens
+        finish = delta.finish_reason
+    assert finish in ("length", "stop")
+    return text, tokens
+
+
+def tree_rss() -> int:
+    """This process and everything below it (the resource tracker and the engines)."""
+    total = 0
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += process.memory_info().rss
+    return total
+
+
+def allowed_cores(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+
+
+def test_import_runtime_from_threads_at_once() -> None:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            import_runtime()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_footprint_before_start_is_an_estimate(model_dir: Path) -> None:
+    engine = VllmEngine(demo(model_dir), cpu_threads="0-0", cpu_kvcache_gib=1)
+    footprint = engine.footprint()
+    assert footprint.device == "cpu"
+    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    assert footprint.memory_bytes > weights + 1 * GIB
+
+
+def test_no_sleep_mode_on_cpu(model_dir: Path) -> None:
+    engine = VllmEngine(demo(model_dir), cpu_threads="0-0", cpu_kvcache_gib=1)
+    assert engine.supports_sleep is False
+
+
+async def test_load_unload_and_load_again(model_dir: Path) -> None:
+    import_runtime()
+    cores = engine_core_cores()
+    engine = VllmEngine(demo(model_dir), cpu_threads=cores, cpu_kvcache_gib=1)
+    rss_before_start = tree_rss()
+
+    await engine.start()
+    engine_pids = list(engine._engine_pids)
+    assert engine_pids, "the engine's process is known"
+    assert all(allowed_cores(pid) == cores.split("-")[0] for pid in engine_pids), "pinned to its core"
+    assert engine.supports_sleep is False
+    assert engine.footprint().memory_bytes > 1 * GIB  # resident: the engine with its 1 GiB KV cache
+    first = await greedy_text(engine, "a")
+    assert first[1] > 0
+    assert await greedy_text(engine, "b") == first, "greedy decoding is deterministic"
+    rss_started = tree_rss()
+
+    await engine.stop()
+    assert not [pid for pid in engine_pids if psutil.pid_exists(pid)], "no engine process is left"
+    rss_stopped = tree_rss()
+    assert rss_started - rss_stopped > 1 * GIB, "the engine's memory (KV cache included) is returned"
+    assert rss_stopped - rss_before_start < FRONTEND_GROWTH_LIMIT
+    await engine.stop()  # idempotent
+
+    await engine.start()
+    assert await greedy_text(engine, "c") == first, "the same weights answer the same after a reload"
+    await engine.stop()
+    assert not [pid for pid in engine._engine_pids if psutil.pid_exists(pid)]
+
+
+async def test_forked_engine_core(model_dir: Path) -> None:
+    from workers.engines import forked_core
+
+    forked_core.start_fork_server()
+    server = forked_core.fork_server_pid()
+    assert server is not None
+    assert len(os.listdir(f"/proc/{server}/task")) == 1, "the fork server stays single-threaded"
+    cores = engine_core_cores()
+    engine = VllmEngine(demo(model_dir), cpu_threads=cores, cpu_kvcache_gib=1, engine_process="fork")
+
+    await engine.start()
+    (engine_pid,) = engine._engine_pids
+    assert psutil.Process(engine_pid).ppid() == server, "forked from the fork server"
+    assert allowed_cores(engine_pid) == cores.split("-")[0]
+    _, tokens = await greedy_text(engine, "a")
+    assert tokens > 0
+    await engine.stop()
+
+    assert not psutil.pid_exists(engine_pid)
+    assert len(os.listdir(f"/proc/{server}/task")) == 1
+
+
+async def test_forked_engine_core_that_dies_fails_its_running_request(model_dir: Path) -> None:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    engine = VllmEngine(
+        demo(model_dir), cpu_threads=engine_core_cores(), cpu_kvcache_gib=1, engine_process="fork"
+    )
+    await engine.start()
+    (engine_pid,) = engine._engine_pids
+    assert psutil.Process(engine_pid).name().startswith("VLLM::EngineCor"), "named like vLLM's own"
+    sampling = SamplingParams(max_tokens=240, temperature=0.0, seed=0)
+    request = EngineRequest(request_id="dies", sampling=sampling, prompt="Tell me a story.")
+    with pytest.raises(EngineDeadError):
+        async with asyncio.timeout(30):
+            async for _ in engine.generate(request):
+                if psutil.pid_exists(engine_pid):
+                    psutil.Process(engine_pid).kill()  # the engine dies while it generates
+    await engine.stop()
+    assert not psutil.pid_exists(engine_pid)
+
+
+def test_engines_are_not_forked_where_it_is_unverified() -> None:
+    from workers.engines.forked_core import unsupported_reason
+
+    class Gpu:
+        device_type = "cuda"
+
+        def is_cpu(self) -> bool:
+            return False
+
+    assert unsupported_reason(Gpu()) is not None
+
+
+def new_engine_processes(before: set[int]) -> list[int]:
+    """Processes below this one that were not there `before`, the resource tracker aside."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if process.pid not in before and "resource_tracker" not in " ".join(process.cmdline()):
+                found.append(process.pid)
+    return found
+
+
+async def test_a_cancelled_start_leaves_no_engine_behind(model_dir: Path) -> None:
+    import_runtime()
+    engine = VllmEngine(demo(model_dir), cpu_threads=engine_core_cores(), cpu_kvcache_gib=1)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    start = asyncio.create_task(engine.start())
+    await poll_until(lambda: bool(new_engine_processes(before)), 60)  # the engine process exists
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    # The start runs to its end in its thread, then the engine it built is shut down.
+    await poll_until(lambda: not new_engine_processes(before), 90)
+
+
+async def poll_until(condition: Callable[[], bool], timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.2)):
+        if condition():
+            return
+        await asyncio.sleep(0.2)
+    pytest.fail(f"not so after {timeout_s:g} s")

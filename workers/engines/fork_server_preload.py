@@ -1,0 +1,36 @@
+"""Imported once by the fork server at its start (never by the worker): vLLM's engine side, preloaded.
+
+Every EngineCore forked from the fork server then starts with these modules already imported.
+Nothing here may start a thread or touch CUDA: the children check both (`forked_core`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+from workers.engines.vllm import set_process_defaults
+
+set_process_defaults()
+with contextlib.suppress(ImportError):
+    import setproctitle
+
+    setproctitle.setproctitle("switchboard::engine-fork-server")
+
+# What an EngineCore imports before it can load a model; a module that fails to import is left to
+# the child, which then pays for it (the fork server must come up whatever happens here).
+for _name in (
+    "torch",
+    "vllm.platforms",
+    "vllm.v1.engine.core",
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.model_executor.model_loader",
+    "vllm.model_executor.models.llama",
+    "vllm.v1.attention.backends.cpu_attn",
+):
+    try:
+        importlib.import_module(_name)
+    except Exception:
+        continue
