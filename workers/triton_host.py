@@ -10,6 +10,7 @@ import os
 import sysconfig
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,8 @@ class TritonHost:
         self.metrics_port = free_port()
         self._coalescing = coalescing
         self._triton: Triton | None = None
-        self._unbinding: dict[str, threading.Thread] = {}
+        # Models being unbound in the background: the thread, and the old stub's data socket.
+        self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
 
     @property
     def grpc_address(self) -> str:
@@ -120,32 +122,41 @@ class TritonHost:
         if bound is None:
             return
         unbinding = threading.Thread(target=self._unbind, args=(name, bound), name=f"unbind-{name}")
-        self._unbinding[name] = unbinding
+        tensor_store = getattr(bound._serializer_deserializer, "_tensor_store", None)
+        data_socket = Path(tensor_store.address) if tensor_store is not None else None
+        self._unbinding[name] = (unbinding, data_socket)
         unbinding.start()
 
     def _unbind(self, name: str, bound: Any) -> None:
         """What PyTriton's own shutdown does, for one model (PyTriton 0.7 binds but cannot unbind)."""
         triton = self._running()
         tensor_store = getattr(bound._serializer_deserializer, "_tensor_store", None)
-        # clean() first drops PyTriton's observers, so unloading this model does not read as
-        # the whole server terminating (PyTriton stops Triton on that event).
+        # Drop PyTriton's observers first, so that this model's stub ending does not read as the
+        # whole server terminating (PyTriton stops Triton on that event); then let Triton unload
+        # the stub while the model's own threads wind down (about a second) here.
+        with bound._observers_lock:
+            bound._model_events_observers.clear()
+        with contextlib.closing(create_client_from_url(triton._url)) as client:
+            client.unload_model(name, headers=self._control_headers())
         bound.clean()
         if tensor_store is not None:
             # PyTriton caches one tensor store per socket path for the process's life, with the
             # old stub's key; a later bind of the same name must make a new one.
             TensorStore._instances.pop(tensor_store.address, None)
-        with contextlib.closing(create_client_from_url(triton._url)) as client:
-            client.unload_model(name, headers=self._control_headers())
 
     def _wait_until_unloaded(self, name: str) -> None:
-        """Wait for Triton to finish unloading `name` (binding it again meets the old stub otherwise)."""
-        unbinding = self._unbinding.pop(name, None)
-        if unbinding is not None:
-            unbinding.join(UNLOAD_TIMEOUT_S)
+        """Wait for Triton to finish unloading `name`: a new stub of the same name would otherwise
+        meet the old one's handshake and data sockets (and fail to start)."""
+        unbinding, data_socket = self._unbinding.pop(name, (None, None))
+        if unbinding is None:
+            return
+        unbinding.join(UNLOAD_TIMEOUT_S)
         triton = self._running()
         deadline = time.monotonic() + UNLOAD_TIMEOUT_S
         with contextlib.closing(create_client_from_url(triton._url)) as client:
-            while _still_loaded(client.get_model_repository_index(headers=self._control_headers()), name):
+            while _still_loaded(client.get_model_repository_index(headers=self._control_headers()), name) or (
+                data_socket is not None and data_socket.exists()
+            ):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"Triton did not unload {name} within {UNLOAD_TIMEOUT_S:g} s")
                 time.sleep(0.02)
@@ -168,7 +179,7 @@ class TritonHost:
 
     def stop(self) -> None:
         """Stop Triton and every model bound to it; idempotent."""
-        for unbinding in list(self._unbinding.values()):
+        for unbinding, _ in list(self._unbinding.values()):
             unbinding.join(UNLOAD_TIMEOUT_S)
         self._unbinding.clear()
         if self._triton is not None:
