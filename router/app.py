@@ -40,6 +40,9 @@ def create_app(settings: Settings) -> Litestar:
             await app.state.gateway.close()
 
     return Litestar(
+        # Logging belongs to the process (`switchboard.logs`): Litestar's default would add its own
+        # queue handler and format to the root logger, once per app.
+        logging_config=None,
         route_handlers=[
             routes.create_chat_completion,
             routes.list_models,

@@ -221,7 +221,7 @@ async def test_many_concurrent_requests_share_a_few_redis_connections(
         await asyncio.sleep(0.3)
         await answer_words(job, writer, ack)
 
-    async with scripted_worker(redis, slow_words):
+    async with asyncio.timeout(120), scripted_worker(redis, slow_words):
         before = (await redis.info("clients"))["connected_clients"]
         requests = [front_door.post("/v1/chat/completions", json=BODY) for _ in range(100)]
         gathered = asyncio.gather(*requests)
