@@ -21,7 +21,8 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.config import ModelConfig, triton_model_name
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.wire import Job, SamplingParams, chunk_decoder, encode
+from switchboard.wire import chunk_decoder, encode
+from tests.workers.jobs import make_job, result, submit
 from tests.workers.scripted_engine import ScriptedEngine, SleepyEngine
 from workers.consumer import JobConsumer
 from workers.controller.residency import LoadFailed, ModelSlot, SlotNotServing
@@ -121,14 +122,7 @@ async def test_a_model_loads_again_after_an_unload_and_serves(host: Host) -> Non
     await slot.unload()
     served = await slot.ensure_warm()
     assert engine.starts == 2
-    job = Job(
-        id=uuid.uuid4().hex,
-        model=slot.name,
-        prompt="fast 3",
-        sampling=SamplingParams(),
-        created=time.time(),
-        deadline=time.time() + 30,
-    )
+    job = make_job(slot.name, "fast 3")
     chunks = [chunk_decoder.decode(raw) async for raw in served.client.stream(encode(job))]
     assert "".join(c.text for c in chunks) == "t0\x00 t1\x00 t2\x00 "
     await slot.unload()
@@ -183,20 +177,13 @@ async def test_the_consumer_reads_only_warm_models_and_a_waiting_job_runs_once_i
     )
     consumers.append(consumer)
     await consumer.start()
-    job = Job(
-        id=uuid.uuid4().hex,
-        model=slot.name,
-        prompt="fast 2",
-        sampling=SamplingParams(),
-        created=time.time(),
-        deadline=time.time() + 60,
-    )
-    await host.redis.xadd(keys.job_stream(slot.name), {"job": encode(job)})
+    job = make_job(slot.name, "fast 2")
+    await submit(host.redis, job)
     await asyncio.sleep(0.6)
     assert await host.redis.xlen(keys.job_stream(slot.name)) == 1, "the job waits in its stream"
     assert await host.redis.exists(keys.result_stream(job.id)) == 0
     await slot.ensure_warm()
-    await _until(lambda: host.redis.exists(keys.result_stream(job.id)), timeout_s=10)
+    assert (await result(host.redis, job.id, timeout_s=10))[-1].finish_reason == "length"
     await _until(lambda: _is_zero(host.redis.xlen(keys.job_stream(slot.name))), timeout_s=10)
     await consumer.stop(drain_timeout_s=5)
     await slot.unload()
