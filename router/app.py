@@ -45,7 +45,9 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,
         route_handlers=[
             routes.create_chat_completion,
+            routes.create_completion,
             routes.list_models,
+            routes.retrieve_model,
             routes.healthz,
             routes.readyz,
             admin_router(),

@@ -1,52 +1,11 @@
-"""Turn a validated request into a Job and put it on its model's stream in one round trip."""
+"""Put a job on its model's stream in one round trip."""
 
 from __future__ import annotations
 
-import time
-import uuid
-
 import redis.asyncio as aioredis
 
-from router.openai.chat import ChatCompletionRequest
-from router.openai.common import stop_list
 from switchboard import keys
-from switchboard.wire import ChatMessage, Job, LoadFailure, SamplingParams, encode, load_failure_decoder
-
-
-def new_job_id() -> str:
-    """A unique id, also used as the OpenAI response id's suffix."""
-    return uuid.uuid4().hex
-
-
-def chat_job(request: ChatCompletionRequest, *, timeout_s: float, tenant: str | None = None) -> Job:
-    """The job for a chat completion request."""
-    now = time.time()
-    return Job(
-        id=new_job_id(),
-        model=request.model,
-        messages=tuple(ChatMessage(role=m.role, content=m.text()) for m in request.messages),
-        sampling=_sampling(request),
-        created=now,
-        deadline=now + timeout_s,
-        tenant=tenant,
-    )
-
-
-def _sampling(request: ChatCompletionRequest) -> SamplingParams:
-    temperature = request.temperature
-    # top_p == 0 keeps only the most likely token: that is greedy sampling, which the engines
-    # express as temperature 0 (they refuse top_p == 0 itself).
-    top_p = request.top_p
-    if top_p == 0:
-        temperature, top_p = 0.0, None
-    return SamplingParams(
-        max_tokens=request.max_completion_tokens or request.max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=request.seed,
-        stop=stop_list(request.stop),
-    )
-
+from switchboard.wire import Job, LoadFailure, encode, load_failure_decoder
 
 # One round trip for everything an enqueue does. A model whose last load failed takes no job: the
 # failure's payload comes back instead, and the request is answered at once. Otherwise the job goes

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from router.enqueue import JobQueue
 from router.job_run import JobRun
+from router.model_limits import ModelLimitsCache
 from router.model_status import ModelStatusReader
 from router.openai.errors import ModelLoadFailedError, ModelNotFoundError, ServiceUnavailableError
 from router.results import BLOCK_MS, ResultReader
@@ -40,6 +41,7 @@ class Gateway:
         self._reader_redis = reader_redis
         self._models = {m.name: m for m in settings.models}
         self.status = ModelStatusReader(redis, settings.models)
+        self.limits = ModelLimitsCache(redis)
 
     @classmethod
     async def open(cls, settings: Settings) -> Gateway:

@@ -1,23 +1,18 @@
-"""Result chunks → OpenAI chat completion: server-sent events, or one assembled response.
+"""What the chat and completion relays share: SSE framing, job errors as OpenAI errors, usage, and
+the per-choice assembly of a non-streamed answer.
 
-One result chunk becomes at most one event: the engine side already groups tokens that arrived
-together, and every event costs the client a parse, so the relay never splits or pads them.
+A relay turns one job's result chunks into an OpenAI response: server-sent events for a streamed
+request, one response object otherwise. One result chunk becomes at most one event: the engine side
+already groups tokens that arrived together, and every event costs the client a parse.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import msgspec
 
-from router.openai.chat import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
-    ChatMessageOut,
-)
 from router.openai.common import Usage
 from router.openai.errors import (
     EngineError,
@@ -26,15 +21,32 @@ from router.openai.errors import (
     ModelLoadFailedError,
     OpenAIError,
 )
-from switchboard.wire import Chunk, JobError
+from switchboard.wire import Chunk, JobError, TokenLogprob
 
 SSE_DONE = b"data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
 
 
+class Relay(Protocol):
+    """One job's chunks as an OpenAI response, streamed or assembled."""
+
+    def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+        """Server-sent events for a streamed response, ending with ``data: [DONE]``."""
+        ...
+
+    def error_event(self, error: OpenAIError) -> bytes:
+        """The closing event of a stream that fails after its headers were sent."""
+        ...
+
+
 def sse_event(payload: msgspec.Struct) -> bytes:
     """Frame one JSON payload as a server-sent event."""
     return b"data: " + _json.encode(payload) + b"\n\n"
+
+
+def sse_error(error: OpenAIError) -> bytes:
+    """A stream's closing error event and its end."""
+    return sse_event(error.body()) + SSE_DONE
 
 
 def sse_comment(text: str) -> bytes:
@@ -45,7 +57,7 @@ def sse_comment(text: str) -> bytes:
 def error_for(job_error: JobError, model: str) -> OpenAIError:
     """The client-facing error for a job of `model` that failed on the worker."""
     if job_error.code == "invalid_request":
-        return InvalidRequestError(job_error.message)
+        return InvalidRequestError(job_error.message, param=job_error.param, code=job_error.client_code)
     if job_error.code == "timeout":
         return GatewayTimeoutError(job_error.message)
     if job_error.code == "load_failed":
@@ -55,69 +67,41 @@ def error_for(job_error: JobError, model: str) -> OpenAIError:
     return EngineError(job_error.message)
 
 
-def _usage(chunk: Chunk) -> Usage | None:
+def usage_of(chunk: Chunk) -> Usage:
+    """OpenAI's usage object for the job's last chunk (zeros if it carried none)."""
     if chunk.usage is None:
-        return None
+        return Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
     prompt, completion = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-class ChatRelay:
-    """Relays one job's chunks as an OpenAI chat completion."""
+class ChoiceText:
+    """One choice of a non-streamed answer, gathered from its chunks."""
 
-    def __init__(self, *, job_id: str, model: str, created: int, include_usage: bool = False) -> None:
-        self.completion_id = f"chatcmpl-{job_id}"
-        self.model = model
-        self.created = created
-        self.include_usage = include_usage
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.finish_reason: str | None = None
 
-    async def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
-        """Server-sent events for a streamed response, ending with ``data: [DONE]``."""
-        first = True
-        async for chunk in chunks:
-            if chunk.error is not None:
-                yield sse_event(error_for(chunk.error, self.model).body())
-                break
-            if chunk.text or chunk.finish_reason is not None:
-                yield sse_event(self._chunk_event(chunk, with_role=first))
-                first = False
-            if chunk.finish_reason is not None and self.include_usage:
-                yield sse_event(self._usage_event(chunk))
-        yield SSE_DONE
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
-    def error_event(self, error: OpenAIError) -> bytes:
-        """The closing event of a stream that fails after its headers were sent."""
-        return sse_event(error.body()) + SSE_DONE
 
-    async def assemble(self, chunks: AsyncIterator[Chunk]) -> ChatCompletion:
-        """One response for `stream: false`; raises the job's error if it failed."""
-        parts: list[str] = []
-        last = Chunk()
-        async for chunk in chunks:
-            if chunk.error is not None:
-                raise error_for(chunk.error, self.model)
-            parts.append(chunk.text)
-            last = chunk
-        message = ChatMessageOut(content="".join(parts))
-        choice = ChatChoice(index=0, message=message, finish_reason=last.finish_reason)
-        usage = _usage(last) or Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
-        return ChatCompletion(
-            id=self.completion_id, created=self.created, model=self.model, choices=[choice], usage=usage
-        )
-
-    def _chunk_event(self, chunk: Chunk, *, with_role: bool) -> ChatCompletionChunk:
-        delta = ChatDelta(role="assistant" if with_role else None, content=chunk.text or None)
-        if with_role and delta.content is None:
-            delta.content = ""
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=chunk.finish_reason)
-        event = ChatCompletionChunk(
-            id=self.completion_id, created=self.created, model=self.model, choices=[choice]
-        )
-        if self.include_usage:
-            event.usage = None
-        return event
-
-    def _usage_event(self, chunk: Chunk) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self.completion_id, created=self.created, model=self.model, choices=[], usage=_usage(chunk)
-        )
+async def gather_choices(chunks: AsyncIterator[Chunk], model: str, n: int) -> tuple[list[ChoiceText], Usage]:
+    """Every choice's text, log probabilities and finish reason, and the usage; the job's error raised."""
+    choices = [ChoiceText() for _ in range(n)]
+    usage = Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+    async for chunk in chunks:
+        if chunk.error is not None:
+            raise error_for(chunk.error, model)
+        if chunk.index >= len(choices):
+            choices.extend(ChoiceText() for _ in range(chunk.index + 1 - len(choices)))
+        choice = choices[chunk.index]
+        choice.parts.append(chunk.text)
+        choice.logprobs.extend(chunk.logprobs)
+        if chunk.finish_reason is not None:
+            choice.finish_reason = chunk.finish_reason
+        if chunk.is_last:
+            usage = usage_of(chunk)
+    return choices, usage

@@ -10,16 +10,25 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 from redis.exceptions import RedisError
 
-from router.enqueue import chat_job
+from router.bodies import decode_body
+from router.chat_relay import ChatRelay
+from router.completion_relay import CompletionRelay
+from router.disconnect import unless_disconnected
 from router.gateway import Gateway
+from router.jobs import chat_job, completion_job
+from router.model_limits import check_job_fits
 from router.openai.chat import ChatCompletionRequest
-from router.openai.errors import ServiceUnavailableError, from_validation_error
+from router.openai.checks import check_chat, check_completion
+from router.openai.completions import CompletionRequest
+from router.openai.errors import ServiceUnavailableError
 from router.openai.models import ModelCard, ModelList
-from router.relay import ChatRelay
 from router.streaming import stream_response
+from router.tool_calls import plan_tools
 from switchboard.readiness import NO_LIVE_WORKER, REDIS_UNREACHABLE
+from switchboard.wire import Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_request = msgspec.json.Decoder(CompletionRequest)
 _json = msgspec.json.Encoder()
 
 
@@ -37,31 +46,75 @@ async def create_chat_completion(
     request: Request[Any, Any, Any], gateway: Gateway
 ) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
-    try:
-        chat = _chat_request.decode(await request.body())
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise from_validation_error(exc) from None
+    chat = await decode_body(request, _chat_request)
+    check_chat(chat)
     gateway.require_model(chat.model)
-    job = chat_job(chat, timeout_s=gateway.settings.router.request_timeout_s)
+    tools, structured = plan_tools(chat, chat.model)
+    job = chat_job(chat, timeout_s=gateway.settings.router.request_timeout_s, structured=structured)
     relay = ChatRelay(
         job_id=job.id,
         model=chat.model,
         created=int(job.created),
+        n=chat.n,
         include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
+        logprobs=chat.logprobs,
+        tools=tools,
     )
-    if chat.stream:
+    return await _answer(request, gateway, job, relay, stream=chat.stream)
+
+
+@post("/v1/completions", status_code=200)
+async def create_completion(request: Request[Any, Any, Any], gateway: Gateway) -> Response[bytes] | Stream:
+    """OpenAI (legacy) Completions, streamed (server-sent events) or not."""
+    completion = await decode_body(request, _completion_request)
+    prompts = check_completion(completion)
+    gateway.require_model(completion.model)
+    job = completion_job(completion, timeout_s=gateway.settings.router.request_timeout_s)
+    relay = CompletionRelay(
+        job_id=job.id,
+        model=completion.model,
+        created=int(job.created),
+        choices=prompts * completion.n,
+        include_usage=bool(completion.stream_options and completion.stream_options.include_usage),
+        logprobs=completion.logprobs is not None,
+    )
+    return await _answer(request, gateway, job, relay, stream=completion.stream)
+
+
+async def _answer(
+    request: Request[Any, Any, Any],
+    gateway: Gateway,
+    job: Job,
+    relay: ChatRelay | CompletionRelay,
+    *,
+    stream: bool,
+) -> Response[bytes] | Stream:
+    """Queue the job and answer with its result: streamed, or whole once the job has finished."""
+    await check_job_fits(gateway.limits, job)
+    if stream:
         run = await gateway.start_job(job)
         return await stream_response(run, relay, gateway.settings.router, gateway.status)
     async with gateway.run_job(job) as run:
-        return json_response(await relay.assemble(run.chunks()))
+        return json_response(await unless_disconnected(request, relay.assemble(run.chunks())))
 
 
 @get("/v1/models")
 async def list_models(gateway: Gateway) -> Response[bytes]:
     """The models this front door routes."""
-    created = int(gateway.started)
-    cards = [ModelCard(id=name, created=created) for name in gateway.model_names()]
-    return json_response(ModelList(data=cards))
+    return json_response(ModelList(data=[_card(gateway, name) for name in gateway.model_names()]))
+
+
+# Model names may hold slashes (`Qwen/Qwen2.5-0.5B`), so the id is the rest of the path.
+@get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, gateway: Gateway) -> Response[bytes]:
+    """One model this front door routes, or a 404."""
+    name = model_id.strip("/")
+    gateway.require_model(name)
+    return json_response(_card(gateway, name))
+
+
+def _card(gateway: Gateway, name: str) -> ModelCard:
+    return ModelCard(id=name, created=int(gateway.started))
 
 
 class Health(msgspec.Struct, kw_only=True):

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from router.job_run import JobRun
 from router.model_status import ModelStatus, ModelStatusReader
 from router.openai.errors import OpenAIError
-from router.relay import ChatRelay, error_for, sse_comment
+from router.relay import Relay, error_for, sse_comment
 from switchboard.config import RouterConfig
 from switchboard.wire import Chunk
 
@@ -33,7 +33,7 @@ STATUS_MAX_AGE_S = 1.0
 
 
 async def stream_response(
-    run: JobRun, relay: ChatRelay, settings: RouterConfig, status: ModelStatusReader
+    run: JobRun, relay: Relay, settings: RouterConfig, status: ModelStatusReader
 ) -> Stream:
     """The streamed response of `run`, once its first chunk came or the first-byte budget passed.
 
@@ -58,7 +58,7 @@ async def stream_response(
 
 
 async def _events(
-    run: JobRun, relay: ChatRelay, first: Chunk | None, every_s: float, status: ModelStatusReader
+    run: JobRun, relay: Relay, first: Chunk | None, every_s: float, status: ModelStatusReader
 ) -> AsyncIterator[bytes]:
     try:
         while first is None:

@@ -40,6 +40,10 @@ COST_TTL_S = 30 * 24 * 3600
 # An operator's load/unload request is seen by every controller within this time.
 DESIRED_TTL_S = 120
 
+# A model's limits (context length, vocabulary) outlive its loads: the front door checks requests
+# against them while it is cold too.
+MODEL_LIMITS_TTL_S = 30 * 24 * 3600
+
 # The demand stream only carries pokes; a few hundred recent entries are plenty.
 DEMAND_MAXLEN = 256
 DEMAND_TTL_S = 3600
@@ -98,6 +102,11 @@ def desired_state(model: str) -> str:
 def measured_costs(model: str, kind: str, operation: str) -> str:
     """The last COST_SAMPLES durations (seconds) of `operation` (load, wake, sleep) on `kind` workers."""
     return f"{PREFIX}:model:{model}:cost:{kind}:{operation}"
+
+
+def model_limits(model: str) -> str:
+    """What the model accepts (a msgpack ModelLimits), written by the worker that loaded it last."""
+    return f"{PREFIX}:model:{model}:limits"
 
 
 def demand_stream() -> str:

@@ -14,11 +14,32 @@ import msgspec
 FinishReason = Literal["stop", "length", "abort"]
 
 
-class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
-    """One message of a conversation, already flattened to text by the front door."""
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A function call the assistant made earlier in the conversation."""
+
+    id: str
+    name: str
+    # The arguments as the model wrote them (JSON text).
+    arguments: str
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One message of a conversation, its content already flattened to text by the front door."""
 
     role: str
-    content: str
+    content: str | None = None
+    name: str | None = None
+    # An assistant's earlier calls, and the call a tool message answers.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A constraint on the text generated: any JSON object, or JSON that a schema accepts."""
+
+    json_object: bool = False
+    # The JSON Schema as JSON text (schemas are arbitrary JSON; text crosses every hop as it is).
+    json_schema: str | None = None
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -27,21 +48,62 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Choices generated per prompt.
+    n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    # Token id → bias added to its logit (-100 bans it, +100 all but forces it).
+    logit_bias: dict[int, float] | None = None
+    # Log probabilities of each generated token and of this many most likely alternatives; None:
+    # no log probabilities at all.
+    logprobs: int | None = None
+    # Completions: the prompt is repeated before each choice's text.
+    echo: bool = False
+    structured: StructuredOutput | None = None
+
+
+class TopLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One of the most likely tokens at a position, and its log probability."""
+
+    token: str
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """A generated token, its log probability and the most likely alternatives at its position.
+
+    An echoed prompt's first token has no log probability (None).
+    """
+
+    token: str
+    logprob: float | None
+    top: tuple[TopLogprob, ...] = ()
+
+
+# A prompt of a plain completion: text, or token ids given by the client.
+Prompt = str | tuple[int, ...]
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One generation request waiting on its model's job stream.
 
-    Exactly one of `messages` (chat) and `prompt` (plain completion) is set.
+    Exactly one of `messages` (chat) and `prompts` (plain completion) is set. A completion of several
+    prompts is one job: choice `i * n + j` is the `j`th choice of prompt `i`, as OpenAI numbers them.
     """
 
     id: str
     model: str
     sampling: SamplingParams
     messages: tuple[ChatMessage, ...] | None = None
-    prompt: str | None = None
+    # Chat: the tools offered to the model, as OpenAI's `tools` list in JSON text, for the template.
+    tools: str | None = None
+    prompts: tuple[Prompt, ...] | None = None
     created: float
     # Unix time after which nobody waits for the result: a worker drops the job unstarted.
     deadline: float
@@ -57,23 +119,30 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
 
 
-class JobError(msgspec.Struct, frozen=True, kw_only=True):
+class JobError(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a job failed; `code` maps to an HTTP status at the front door."""
 
     code: Literal["invalid_request", "timeout", "engine_error", "cancelled", "load_failed"]
     message: str
+    # For the client's mistakes: the request parameter at fault, and OpenAI's code for the mistake
+    # (for example "context_length_exceeded").
+    param: str | None = None
+    client_code: str | None = None
     # For failures that pass (a model that failed to load is retried later): when to try again.
     retry_after_s: float | None = None
 
 
 class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A piece of one job's output, as appended to its result stream.
+    """A piece of one choice of one job's output, as appended to its result stream.
 
-    Tokens that arrived together travel together in `text`. The last chunk of a job carries its
-    `finish_reason` and `usage`, or an `error`.
+    Tokens of a choice that arrived together travel together in `text` (and `logprobs`). A choice's
+    last chunk carries its `finish_reason`; the job's last chunk also carries the `usage` of all its
+    choices, or is an `error`.
     """
 
     text: str = ""
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: JobError | None = None
@@ -81,7 +150,7 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     @property
     def is_last(self) -> bool:
         """Whether nothing follows this chunk on the job's result stream."""
-        return self.finish_reason is not None or self.error is not None
+        return self.usage is not None or self.error is not None
 
 
 SlotState = Literal["cold", "loading", "warm", "sleeping", "unloading"]
@@ -144,6 +213,17 @@ class LoadFailure(msgspec.Struct, frozen=True, kw_only=True):
     failures_in_a_row: int = 1
 
 
+class ModelLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """What a loaded model accepts, published so that the front door refuses the impossible early."""
+
+    # Prompt and completion tokens together.
+    max_model_len: int
+    vocab_size: int
+    # No token stands for more characters than this: a prompt longer than max_model_len times this
+    # cannot fit, whatever the tokenizer makes of it.
+    max_token_chars: int
+
+
 class DesiredState(msgspec.Struct, frozen=True, kw_only=True):
     """An operator's request to load or unload a model (`POST /admin/models/{name}/load|unload`)."""
 
@@ -159,8 +239,9 @@ chunk_decoder = msgspec.msgpack.Decoder(Chunk)
 worker_decoder = msgspec.msgpack.Decoder(WorkerRecord)
 load_failure_decoder = msgspec.msgpack.Decoder(LoadFailure)
 desired_state_decoder = msgspec.msgpack.Decoder(DesiredState)
+model_limits_decoder = msgspec.msgpack.Decoder(ModelLimits)
 
 
-def encode(value: Job | Chunk | WorkerRecord | LoadFailure | DesiredState) -> bytes:
+def encode(value: Job | Chunk | WorkerRecord | LoadFailure | DesiredState | ModelLimits) -> bytes:
     """Serialize a wire struct to msgpack."""
     return _encoder.encode(value)

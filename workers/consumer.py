@@ -198,9 +198,10 @@ class JobConsumer:
         slot = self._slots[stream]
         try:
             finished = await self._stream_job(job, payload, slot, lease, ack)
-        except Exception as exc:
+        except Exception:
             logger.exception("job failed", extra={"job_id": job.id, "model": job.model})
-            await self._fail(job, ack, JobError(code="engine_error", message=f"the worker failed: {exc}"))
+            message = f"The worker failed while running job {job.id}; its log has the reason."
+            await self._fail(job, ack, JobError(code="engine_error", message=message))
             return
         if not finished:
             await self._fail(

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from switchboard.wire import Chunk, Job, JobError, Usage, encode, job_decoder
 from workers.coalesce import coalesce
 from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
+from workers.fan_in import fan_in
 
 logger = logging.getLogger(__name__)
 
@@ -32,16 +33,31 @@ T = TypeVar("T")
 
 
 def chunk_for(delta: Delta) -> Chunk:
-    """The wire chunk for a (merged) delta; the final one carries usage."""
-    if delta.finish_reason is None:
-        return Chunk(text=delta.text)
-    usage = Usage(prompt_tokens=delta.prompt_tokens, completion_tokens=delta.completion_tokens)
-    return Chunk(text=delta.text, finish_reason=delta.finish_reason, usage=usage)
+    """The wire chunk for a (merged) delta; the request's last one carries usage."""
+    usage = None
+    if delta.last:
+        usage = Usage(prompt_tokens=delta.prompt_tokens, completion_tokens=delta.completion_tokens)
+    return Chunk(
+        text=delta.text,
+        index=delta.index,
+        logprobs=delta.logprobs,
+        finish_reason=delta.finish_reason,
+        usage=usage,
+    )
 
 
-def engine_request(job: Job) -> EngineRequest:
-    """What the engine needs of a job."""
-    return EngineRequest(request_id=job.id, sampling=job.sampling, messages=job.messages, prompt=job.prompt)
+def engine_requests(job: Job) -> list[EngineRequest]:
+    """What the engine runs for a job: the conversation, or one request per prompt."""
+    if job.prompts is None:
+        return [
+            EngineRequest(request_id=job.id, sampling=job.sampling, messages=job.messages, tools=job.tools)
+        ]
+    if len(job.prompts) == 1:
+        return [EngineRequest(request_id=job.id, sampling=job.sampling, prompt=job.prompts[0])]
+    return [
+        EngineRequest(request_id=f"{job.id}/{i}", sampling=job.sampling, prompt=prompt)
+        for i, prompt in enumerate(job.prompts)
+    ]
 
 
 class CoalescingPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,25 +89,34 @@ class EngineCallable:
         self._policy = policy
         self._streams = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The engine's request ids of each running job (one per prompt), for abort.
+        self._running: dict[str, list[str]] = {}
 
     async def __call__(self, requests: list[object]) -> AsyncIterator[Responses]:
         """Decoupled inference: yields one response per coalesced chunk, the last one final."""
         (request,) = requests  # batching is off for decoupled models: one request per call
         job = job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
-        pump = asyncio.create_task(self._pump(engine_request(job), queue))
+        requests_ = engine_requests(job)
+        self._running[job.id] = [r.request_id for r in requests_]
+        pump = asyncio.create_task(self._pump(requests_, job.sampling.n, queue))
         self._streams += 1
         try:
-            async for delta in coalesce(queue, self._window_s):
-                yield _response(chunk_for(delta))
+            async for deltas in coalesce(queue, self._window_s):
+                for delta in deltas:
+                    yield _response(chunk_for(delta))
         except InvalidEngineRequest as exc:
-            yield _response(Chunk(error=JobError(code="invalid_request", message=str(exc))))
-        except Exception as exc:
+            error = JobError(code="invalid_request", message=str(exc), param=exc.param, client_code=exc.code)
+            yield _response(Chunk(error=error))
+        except Exception:
             logger.exception("generation failed", extra={"job_id": job.id, "model": job.model})
-            yield _response(Chunk(error=JobError(code="engine_error", message=f"generation failed: {exc}")))
+            # The reason goes to the log; the client gets the job's id to quote.
+            message = f"The engine failed while generating (job {job.id}); the worker's log has the reason."
+            yield _response(Chunk(error=JobError(code="engine_error", message=message)))
         finally:
             self._streams -= 1
-            # Cancelling the pump closes the engine's stream, which aborts the request in the engine.
+            self._running.pop(job.id, None)
+            # Cancelling the pump closes the engine's streams, which aborts the requests in the engine.
             pump.cancel()
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -108,9 +133,14 @@ class EngineCallable:
             raise RuntimeError("the model is not bound into Triton")
         return asyncio.run_coroutine_threadsafe(work(), self._loop)
 
-    def abort(self, request_id: str) -> Future[None]:
-        """Abort a running request; its stream ends with finish reason "abort"."""
-        return self.on_engine_loop(lambda: self._engine.abort(request_id))
+    def abort(self, job_id: str) -> Future[None]:
+        """Abort a running job; its choices end with finish reason "abort"."""
+
+        async def abort_all() -> None:
+            for request_id in self._running.get(job_id, ()):
+                await self._engine.abort(request_id)
+
+        return self.on_engine_loop(abort_all)
 
     async def stop_engine(self) -> None:
         """Stop the engine on the loop that drives it (or here, if it was never bound)."""
@@ -122,11 +152,16 @@ class EngineCallable:
     def _window_s(self) -> float:
         return self._policy.window_s(self._streams)
 
-    async def _pump(self, request: EngineRequest, queue: asyncio.Queue[Delta | BaseException]) -> None:
+    async def _pump(
+        self, requests: list[EngineRequest], n: int, queue: asyncio.Queue[Delta | BaseException]
+    ) -> None:
         """Move deltas into the queue the coalescer waits on (it may time out; the engine must not)."""
         try:
-            async for delta in self._engine.generate(request):
-                queue.put_nowait(delta)
+            if len(requests) == 1:
+                async for delta in self._engine.generate(requests[0]):
+                    queue.put_nowait(delta)
+            else:
+                await fan_in(self._engine, requests, n, queue)
         except Exception as exc:
             queue.put_nowait(exc)
 

@@ -1,70 +1,201 @@
 """OpenAI Chat Completions: request, response and stream chunk structs.
 
 Constraints are msgspec's own (`Meta`), so a bad value fails in the decoder and comes out as a 400
-naming the field. Unknown fields are accepted and ignored, as OpenAI does.
+naming the field; what one field cannot say alone (a parameter that needs another, content parts,
+tool choices) is checked in `router.openai.checks`. Unknown fields are accepted and ignored, as
+vLLM's server does; fields OpenAI defines that are not supported here are refused by name.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai.common import Probability, StopSequences, Temperature, TokenCount, Usage
+from router.openai.common import UNSET, SamplingRequest, TokenCount, Usage
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
-class TextPart(msgspec.Struct, kw_only=True):
-    """A text part of a message's content given as a list."""
+class ContentPart(msgspec.Struct, kw_only=True):
+    """One part of a message's content given as a list; only text parts are served here."""
 
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+class FunctionCallIn(msgspec.Struct, kw_only=True):
+    """The function an assistant message called: its name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(msgspec.Struct, kw_only=True):
+    """An earlier tool call of the assistant, in the conversation sent back."""
+
+    id: str
+    function: FunctionCallIn
+    type: Literal["function"] = "function"
 
 
 class ChatMessageIn(msgspec.Struct, kw_only=True):
     """One message of the conversation as the client sends it."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    role: Role
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
-        """The content flattened to one string."""
+        """The content flattened to one string (a list's text and refusal parts joined)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or part.refusal or "" for part in self.content)
 
 
-class StreamOptions(msgspec.Struct, kw_only=True):
-    """Options that only apply when `stream` is true."""
+class FunctionDefinition(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A function the model may call."""
 
-    include_usage: bool = False
+    name: FunctionName
+    description: str | None = None
+    # A JSON Schema object for the arguments; none means a function without arguments.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+class Tool(msgspec.Struct, kw_only=True):
+    """One entry of `tools`."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    """`tool_choice` naming the one function the model must call."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class TextFormat(msgspec.Struct, kw_only=True, tag="text", tag_field="type"):
+    """Plain text, the default."""
+
+
+class JsonObjectFormat(msgspec.Struct, kw_only=True, tag="json_object", tag_field="type"):
+    """Any JSON object."""
+
+
+class JsonSchemaSpec(msgspec.Struct, kw_only=True):
+    """A named JSON Schema the answer must satisfy."""
+
+    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    # `schema` is the field's name in OpenAI's API.
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True, tag="json_schema", tag_field="type"):
+    """JSON that a schema accepts."""
+
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
+class ChatCompletionRequest(SamplingRequest, kw_only=True):
     """`POST /v1/chat/completions` body."""
 
-    model: Annotated[str, msgspec.Meta(min_length=1)]
     messages: Annotated[list[ChatMessageIn], msgspec.Meta(min_length=1)]
-    max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
-    temperature: Temperature | None = None
-    top_p: Probability | None = None
-    seed: int | None = None
-    stop: StopSequences = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    # Only one choice per request for now; more is refused rather than silently ignored.
-    n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1
-    user: str | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], msgspec.Meta(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Identifiers for the operator's records and OpenAI's caches; they change nothing here.
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # Defined by OpenAI, not supported here: refused when given a value that would change anything.
+    audio: Any = UNSET
+    modalities: Any = UNSET
+    prediction: Any = UNSET
+    web_search_options: Any = UNSET
+    functions: Any = UNSET
+    function_call: Any = UNSET
+    store: Any = UNSET
+    reasoning_effort: Any = UNSET
+    verbosity: Any = UNSET
+    service_tier: Any = UNSET
+
+
+class FunctionCallOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A function call in a response (in a stream, its name comes once and its arguments in parts)."""
+
+    name: str | None = None
+    arguments: str = ""
+
+
+class ToolCallOut(msgspec.Struct, kw_only=True):
+    """A tool call of a non-streamed response."""
+
+    id: str
+    function: FunctionCallOut
+    type: Literal["function"] = "function"
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A piece of a tool call in a stream chunk: the first carries its id, type and name."""
+
+    index: int
+    function: FunctionCallOut
+    id: str | None = None
+    type: Literal["function"] | None = None
+
+
+class TopLogprobOut(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(msgspec.Struct, kw_only=True):
+    """One generated token's log probability and its most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChoiceLogprobs(msgspec.Struct, kw_only=True):
+    content: list[TokenLogprobOut] | None
+    refusal: None = None
 
 
 class ChatMessageOut(msgspec.Struct, kw_only=True):
     """The assistant's message in a non-streamed response."""
 
     role: Literal["assistant"] = "assistant"
-    content: str = ""
+    content: str | None = ""
+    tool_calls: list[ToolCallOut] | msgspec.UnsetType = msgspec.UNSET
+    refusal: None = None
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -73,7 +204,7 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     index: int
     message: ChatMessageOut
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
@@ -92,6 +223,7 @@ class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):
@@ -100,7 +232,7 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True):

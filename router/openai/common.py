@@ -1,16 +1,62 @@
-"""Field types and structs shared by the OpenAI endpoints."""
+"""Field types and structs shared by the OpenAI endpoints (chat and plain completions).
+
+Bounds are those of OpenAI's published specification, written as msgspec constraints so that a bad
+value fails in the decoder and comes out as a 400 naming the field. vLLM's own extensions (top_k,
+min_p, repetition_penalty, min_tokens) are accepted too, as vLLM's server accepts them.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 TokenCount = Annotated[int, msgspec.Meta(ge=1)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+# OpenAI documents seeds as 64-bit integers; larger ones cannot reach an engine.
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 # OpenAI accepts one stop string or a list of up to four.
 StopSequences = str | Annotated[list[str], msgspec.Meta(max_length=4)] | None
+# Token ids (as JSON object keys, so strings) to a bias in [-100, 100]; OpenAI takes up to 300.
+LogitBias = Annotated[
+    dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]], msgspec.Meta(max_length=300)
+]
+# JSON has no -inf: a log probability of a token that cannot occur is sent as this, as OpenAI does.
+LOWEST_LOGPROB = -9999.0
+# Choices per prompt: OpenAI allows up to 128.
+ChoiceCount = Annotated[int, msgspec.Meta(ge=1, le=128)]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    """Options that only apply when `stream` is true."""
+
+    include_usage: bool = False
+
+
+class SamplingRequest(msgspec.Struct, kw_only=True):
+    """What every generation request has: the model, how to sample, and how to answer."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1)]
+    max_tokens: TokenCount | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    n: ChoiceCount = 1
+    seed: Seed | None = None
+    stop: StopSequences = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
+    # An end user's id, for the operator's own records; it changes nothing here.
+    user: str | None = None
+    # vLLM's extensions.
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    min_p: Probability | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
+    min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -28,3 +74,9 @@ def stop_list(stop: StopSequences) -> tuple[str, ...]:
     if isinstance(stop, str):
         return (stop,) if stop else ()
     return tuple(s for s in stop if s)
+
+
+# A field that OpenAI defines and Switchboard does not support: absent is fine, anything else is a
+# 400 naming it (never silently ignored).
+Unsupported = Any
+UNSET: Any = msgspec.UNSET

@@ -167,7 +167,8 @@ def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) ->
     if not isinstance(exc, msgspec.ValidationError):
         return InvalidRequestError(f"The request body is not valid JSON: {text}")
     match = _LOCATION.search(text)
-    path = match.group("path").lstrip(".") if match else ""
+    # A dictionary's value shows as `[...]` in msgspec's path: the dictionary is the parameter.
+    path = match.group("path").lstrip(".").replace("[...]", "") if match else ""
     message = text[: match.start()] if match else text
     missing = _MISSING.search(message)
     if missing:
@@ -178,3 +179,10 @@ def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) ->
     if not path:
         return InvalidRequestError(f"Invalid request body: {message}")
     return InvalidRequestError(f"Invalid value for `{path}`: {message}", param=path, code="invalid_value")
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    """The body is not sent as JSON (415)."""
+
+    status_code = 415
+    default_code = "unsupported_media_type"

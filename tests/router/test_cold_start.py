@@ -222,7 +222,12 @@ async def test_the_openai_client_ignores_progress_comments(
     async def worker_after_a_load() -> None:
         job = await next_job(redis)
         await asyncio.sleep(0.5)
-        await write_chunks(redis, job.id, Chunk(text="Hi"), Chunk(text=" there", finish_reason="stop"))
+        await write_chunks(
+            redis,
+            job.id,
+            Chunk(text="Hi"),
+            Chunk(text=" there", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=2)),
+        )
 
     async with serving(settings) as client:
         worker = asyncio.create_task(worker_after_a_load())
@@ -324,7 +329,11 @@ async def test_a_warm_model_reads_no_status_on_the_hot_path(
         await redis.config_resetstat()
         request = asyncio.create_task(client.post("/v1/chat/completions", json={**BODY, "stream": True}))
         job = await next_job(redis)
-        await write_chunks(redis, job.id, Chunk(text="ok", finish_reason="stop"))
+        await write_chunks(
+            redis,
+            job.id,
+            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
+        )
         response = await request
     assert response.status_code == 200
     assert not any(line.startswith(":") for line in response.text.splitlines())

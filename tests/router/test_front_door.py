@@ -83,7 +83,7 @@ async def test_non_streamed_request_becomes_a_job_and_an_assembled_completion(
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "chat.completion"
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello, world"}
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello, world", "refusal": None}
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
     (job,) = jobs
@@ -120,7 +120,14 @@ async def test_a_chunk_written_before_the_reader_looks_is_not_lost(
     async def answer_all_at_once(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
         pipe = redis.pipeline()
         pipe.xadd(keys.result_stream(job.id), {"c": encode(Chunk(text="early"))})
-        pipe.xadd(keys.result_stream(job.id), {"c": encode(Chunk(text="!", finish_reason="stop"))})
+        pipe.xadd(
+            keys.result_stream(job.id),
+            {
+                "c": encode(
+                    Chunk(text="!", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))
+                )
+            },
+        )
         await pipe.execute()
         await redis.xack(*ack[:1], keys.JOB_GROUP, ack[1])
 
@@ -170,7 +177,7 @@ async def test_bad_requests_never_reach_the_queue(
     unknown = await front_door.post("/v1/chat/completions", json={**BODY, "model": "other"})
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "model_not_found"
-    invalid = await front_door.post("/v1/chat/completions", json={**BODY, "n": 3})
+    invalid = await front_door.post("/v1/chat/completions", json={**BODY, "n": 300})
     assert invalid.status_code == 400
     assert invalid.json()["error"]["param"] == "n"
     assert not await redis.exists(keys.job_stream(MODEL))
@@ -242,7 +249,11 @@ async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
         while not await redis.exists(keys.cancel_mark(job.id)):
             await writer.append(job.id, encode(Chunk(text="more ")))
             await asyncio.sleep(0.05)
-        await writer.append(job.id, encode(Chunk(finish_reason="abort")), ack=ack)
+        await writer.append(
+            job.id,
+            encode(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=1, completion_tokens=0))),
+            ack=ack,
+        )
 
     async with asyncio.timeout(60), scripted_worker(redis, endless) as jobs:
         async with front_door.stream(

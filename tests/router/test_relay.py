@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from router.chat_relay import ChatRelay
 from router.openai.errors import (
     EngineError,
     GatewayTimeoutError,
@@ -16,7 +17,7 @@ from router.openai.errors import (
     OpenAIError,
     ServiceUnavailableError,
 )
-from router.relay import SSE_DONE, ChatRelay, sse_comment
+from router.relay import SSE_DONE, sse_comment
 from switchboard.wire import Chunk, JobError, Usage
 
 DONE = b"data: [DONE]\n\n"
@@ -172,7 +173,7 @@ async def test_assemble() -> None:
     assert data["choices"] == [
         {
             "index": 0,
-            "message": {"role": "assistant", "content": "Hello world"},
+            "message": {"role": "assistant", "content": "Hello world", "refusal": None},
             "finish_reason": "stop",
             "logprobs": None,
         }

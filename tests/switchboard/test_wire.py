@@ -11,6 +11,8 @@ from switchboard.wire import (
     Job,
     JobError,
     SamplingParams,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     WorkerRecord,
     chunk_decoder,
@@ -40,15 +42,17 @@ def test_chat_job_round_trip() -> None:
     assert isinstance(decoded.messages, tuple)
     assert decoded.messages[1] == ChatMessage(role="user", content="hi")
     assert decoded.sampling.stop == ("\n", "END")
-    assert decoded.prompt is None
+    assert decoded.prompts is None
     assert decoded.trace == {"traceparent": "00-abc-def-01"}
 
 
 def test_prompt_job_round_trip() -> None:
-    job = Job(id="j2", model="m", sampling=SamplingParams(), prompt="Once upon", created=1.0, deadline=2.0)
+    job = Job(
+        id="j2", model="m", sampling=SamplingParams(), prompts=("Once upon",), created=1.0, deadline=2.0
+    )
     decoded = job_decoder.decode(encode(job))
     assert decoded == job
-    assert decoded.prompt == "Once upon"
+    assert decoded.prompts == ("Once upon",)
     assert decoded.messages is None
     assert decoded.sampling == SamplingParams()
     assert decoded.sampling.max_tokens is None
@@ -57,9 +61,16 @@ def test_prompt_job_round_trip() -> None:
 
 
 def test_job_omits_defaults() -> None:
-    job = Job(id="j2", model="m", sampling=SamplingParams(), prompt="p", created=1.0, deadline=2.0)
+    job = Job(id="j2", model="m", sampling=SamplingParams(), prompts=("p",), created=1.0, deadline=2.0)
     raw = msgspec.msgpack.decode(encode(job))
-    assert raw == {"id": "j2", "model": "m", "sampling": {}, "prompt": "p", "created": 1.0, "deadline": 2.0}
+    assert raw == {
+        "id": "j2",
+        "model": "m",
+        "sampling": {},
+        "prompts": ["p"],
+        "created": 1.0,
+        "deadline": 2.0,
+    }
 
 
 def test_job_requires_its_fields() -> None:
@@ -75,6 +86,7 @@ def test_job_requires_its_fields() -> None:
         Chunk(text="hello"),
         Chunk(text="!", finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=9)),
         Chunk(finish_reason="length"),
+        Chunk(text="x", index=3, finish_reason="stop"),
         Chunk(error=JobError(code="timeout", message="too slow")),
     ],
 )
@@ -82,13 +94,28 @@ def test_chunk_round_trip(chunk: Chunk) -> None:
     assert chunk_decoder.decode(encode(chunk)) == chunk
 
 
-def test_chunk_is_last() -> None:
-    assert Chunk(finish_reason="stop").is_last
-    assert Chunk(text="x", finish_reason="abort").is_last
+def test_the_job_ends_with_its_usage_or_an_error() -> None:
+    usage = Usage(prompt_tokens=1, completion_tokens=1)
+    assert Chunk(finish_reason="stop", usage=usage).is_last
+    assert Chunk(text="x", index=2, finish_reason="abort", usage=usage).is_last
     assert Chunk(error=JobError(code="engine_error", message="x")).is_last
+    # One choice finishing does not end a job of several choices.
+    assert not Chunk(text="x", index=1, finish_reason="stop").is_last
     assert not Chunk(text="x").is_last
     assert not Chunk().is_last
-    assert not Chunk(text="x", usage=Usage(prompt_tokens=1, completion_tokens=1)).is_last
+
+
+def test_logprobs_travel_as_compact_arrays() -> None:
+    chunk = Chunk(
+        text="ab",
+        index=1,
+        logprobs=(
+            TokenLogprob(token="a", logprob=-0.5, top=(TopLogprob(token="a", logprob=-0.5),)),
+            TokenLogprob(token="b", logprob=None),
+        ),
+    )
+    assert chunk_decoder.decode(encode(chunk)) == chunk
+    assert msgspec.msgpack.decode(encode(chunk))["logprobs"] == [["a", -0.5, [["a", -0.5]]], ["b", None, []]]
 
 
 def test_plain_chunk_encoding_is_compact() -> None:

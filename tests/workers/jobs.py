@@ -17,7 +17,7 @@ def make_job(model: str, prompt: str, deadline_s: float = 60.0) -> Job:
     return Job(
         id=uuid.uuid4().hex,
         model=model,
-        prompt=prompt,
+        prompts=(prompt,),
         sampling=SamplingParams(),
         created=now,
         deadline=now + deadline_s,

@@ -33,7 +33,7 @@ class ScriptedEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         self.requests.append(request.request_id)
-        words = (request.prompt or "").split()
+        words = request.prompt.split() if isinstance(request.prompt, str) else ["fast"]
         abort = self._running[request.request_id] = asyncio.Event()
         if words[0] == "invalid":
             raise InvalidEngineRequest("The prompt is too long.")
@@ -43,7 +43,9 @@ class ScriptedEngine(Engine):
         pause = float(words[2]) if len(words) > 2 else (0.0 if words[0] == "fast" else 0.01)
         for index in range(count):
             if abort.is_set():
-                yield Delta(text="", prompt_tokens=3, completion_tokens=index, finish_reason="abort")
+                yield Delta(
+                    text="", prompt_tokens=3, completion_tokens=index, finish_reason="abort", last=True
+                )
                 return
             await asyncio.sleep(pause)
             last = index == count - 1
@@ -53,6 +55,7 @@ class ScriptedEngine(Engine):
                 prompt_tokens=3,
                 completion_tokens=index + 1,
                 finish_reason="length" if last else None,
+                last=last,
             )
 
     async def abort(self, request_id: str) -> None:

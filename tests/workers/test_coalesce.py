@@ -14,38 +14,83 @@ from workers.coalesce import coalesce, merge
 from workers.engines.base import Delta
 
 
-def open_stream(queue: asyncio.Queue[Delta | BaseException], window_s: float) -> AsyncGenerator[Delta, None]:
-    return cast(AsyncGenerator[Delta, None], coalesce(queue, lambda: window_s))
+class OneChoiceStream:
+    """The coalesced stream of a one-choice request: one merged delta per chunk."""
+
+    def __init__(self, queue: asyncio.Queue[Delta | BaseException], window_s: float) -> None:
+        self._chunks = cast(AsyncGenerator[list[Delta], None], coalesce(queue, lambda: window_s))
+
+    def __aiter__(self) -> OneChoiceStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        (delta,) = await anext(self._chunks)
+        return delta
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
 
 
-def d(text: str, n: int = 1, finish: FinishReason | None = None) -> Delta:
-    return Delta(text=text, prompt_tokens=5, completion_tokens=n, finish_reason=finish)
+def open_stream(queue: asyncio.Queue[Delta | BaseException], window_s: float) -> OneChoiceStream:
+    return OneChoiceStream(queue, window_s)
+
+
+def d(
+    text: str, n: int = 1, finish: FinishReason | None = None, index: int = 0, last: bool | None = None
+) -> Delta:
+    last = finish is not None if last is None else last
+    return Delta(
+        text=text, prompt_tokens=5, completion_tokens=n, index=index, finish_reason=finish, last=last
+    )
 
 
 def test_merge_single_is_unchanged() -> None:
     delta = d("x", 3)
-    assert merge([delta]) == delta
+    assert merge([delta]) == [delta]
 
 
 def test_merge_joins_texts_and_keeps_last_counts() -> None:
-    merged = merge(
+    (merged,) = merge(
         [
             Delta(text="a", prompt_tokens=1, completion_tokens=1),
             Delta(text="b", prompt_tokens=2, completion_tokens=2),
-            Delta(text="c", prompt_tokens=3, completion_tokens=7, finish_reason="length"),
+            Delta(text="c", prompt_tokens=3, completion_tokens=7, finish_reason="length", last=True),
         ]
     )
     assert merged.text == "abc"
     assert merged.prompt_tokens == 3
     assert merged.completion_tokens == 7
     assert merged.finish_reason == "length"
+    assert merged.last
 
 
 def test_merge_without_finish() -> None:
-    merged = merge([d("a", 1), d("", 2), d("b", 3)])
+    (merged,) = merge([d("a", 1), d("", 2), d("b", 3)])
     assert merged.text == "ab"
     assert merged.completion_tokens == 3
     assert merged.finish_reason is None
+
+
+def test_merge_keeps_choices_apart_and_the_last_delta_last() -> None:
+    merged = merge(
+        [
+            d("a", 1, index=0),
+            d("x", 2, index=1),
+            d("b", 3, index=0, finish="stop", last=False),
+            d("y", 4, index=1, finish="length", last=True),
+        ]
+    )
+    assert [(m.index, m.text, m.finish_reason, m.last) for m in merged] == [
+        (0, "ab", "stop", False),
+        (1, "xy", "length", True),
+    ]
+    assert merged[-1].completion_tokens == 4
+
+
+def test_merge_orders_choices_by_their_last_delta() -> None:
+    merged = merge([d("a", 1, index=1), d("x", 2, index=0), d("b", 3, index=1, finish="stop")])
+    assert [m.index for m in merged] == [0, 1]
+    assert merged[-1].last
 
 
 async def test_lone_delta_is_not_delayed() -> None:
@@ -105,7 +150,7 @@ async def test_fast_deltas_are_grouped_and_ordered() -> None:
         queue.put_nowait(d("end", count + 1, "stop"))
 
     producer = asyncio.create_task(produce())
-    chunks = [chunk async for chunk in coalesce(queue, lambda: 0.2)]
+    chunks = [chunk async for chunk in open_stream(queue, 0.2)]
     await producer
     # At least 0.6 s of deltas in 0.2 s windows: a handful of chunks, far fewer than the deltas.
     assert 2 <= len(chunks) <= count // 4
@@ -129,7 +174,7 @@ async def test_slow_deltas_come_out_alone() -> None:
         queue.put_nowait(d("z", 4, "stop"))
 
     producer = asyncio.create_task(produce())
-    chunks = [chunk async for chunk in coalesce(queue, lambda: 0.05)]
+    chunks = [chunk async for chunk in open_stream(queue, 0.05)]
     await producer
     assert [c.text for c in chunks] == ["a", "b", "c", "z"]
     assert [c.finish_reason for c in chunks] == [None, None, None, "stop"]
@@ -161,7 +206,7 @@ async def test_finish_stops_draining() -> None:
     queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
     queue.put_nowait(d("a", 1, "stop"))
     queue.put_nowait(d("after", 2))
-    chunks = [c async for c in coalesce(queue, lambda: 0.1)]
+    chunks = [c async for c in open_stream(queue, 0.1)]
     assert [c.text for c in chunks] == ["a"]
     assert queue.qsize() == 1
 
@@ -169,7 +214,7 @@ async def test_finish_stops_draining() -> None:
 async def test_first_delta_with_finish() -> None:
     queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
     queue.put_nowait(d("", 0, "abort"))
-    chunks = [c async for c in coalesce(queue, lambda: 0.5)]
+    chunks = [c async for c in open_stream(queue, 0.5)]
     assert len(chunks) == 1
     assert chunks[0].finish_reason == "abort"
 
@@ -188,7 +233,7 @@ async def test_exception_first_is_raised() -> None:
     queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
     queue.put_nowait(ValueError("bad request"))
     with pytest.raises(ValueError, match="bad request"):
-        async for _ in coalesce(queue, lambda: 0.05):
+        async for _ in open_stream(queue, 0.05):
             pass
 
 

@@ -13,7 +13,7 @@ import time
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.wire import LoadFailure, encode
+from switchboard.wire import LoadFailure, ModelLimits, encode
 
 LEASE_TTL_MS = keys.REPLICA_LEASE_TTL_S * 1000
 
@@ -92,6 +92,10 @@ class Coordination:
         pipe.ltrim(key, 0, keys.COST_SAMPLES - 1)
         pipe.expire(key, keys.COST_TTL_S)
         await pipe.execute()
+
+    async def publish_limits(self, model: str, limits: ModelLimits) -> None:
+        """What the loaded model accepts, for the front doors' checks before anything is queued."""
+        await self._redis.set(keys.model_limits(model), encode(limits), ex=keys.MODEL_LIMITS_TTL_S)
 
     async def consume_load_request(self, model: str) -> None:
         """An operator's load request was carried out: keep-alive rules the model again."""

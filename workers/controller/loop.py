@@ -251,6 +251,9 @@ class ModelController:
             await self._coordination.clear_failure(slot.name)
         await self._coordination.record_cost(slot.name, "load", seconds)
         await self._coordination.record_cost(slot.name, "memory", slot.memory_bytes())
+        limits = slot.engine.limits() if slot.engine is not None else None
+        if limits is not None:
+            await self._coordination.publish_limits(slot.name, limits)
         if requested:
             await self._coordination.consume_load_request(slot.name)
 

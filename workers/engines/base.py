@@ -12,25 +12,43 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from switchboard.config import ModelConfig
-from switchboard.wire import ChatMessage, FinishReason, SamplingParams
+from switchboard.wire import (
+    ChatMessage,
+    FinishReason,
+    ModelLimits,
+    Prompt,
+    SamplingParams,
+    TokenLogprob,
+)
 
 
 class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One generation: a conversation (chat template applied by the engine) or a plain prompt."""
+    """One generation: a conversation (chat template applied by the engine) or a plain prompt.
+
+    `sampling.n` choices are generated, numbered from 0.
+    """
 
     request_id: str
     sampling: SamplingParams
     messages: tuple[ChatMessage, ...] | None = None
-    prompt: str | None = None
+    # With `messages`: OpenAI's `tools` list as JSON text, for the chat template.
+    tools: str | None = None
+    prompt: Prompt | None = None
 
 
 class Delta(msgspec.Struct, kw_only=True):
-    """New output of one request; the counts are totals so far, not increments."""
+    """New output of one choice of a request; the counts are the request's totals so far.
+
+    `finish_reason` ends the choice; `last` ends the request (every choice has finished).
+    """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
+    last: bool = False
 
 
 class Footprint(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,7 +59,15 @@ class Footprint(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class InvalidEngineRequest(ValueError):
-    """The request cannot run on this model (prompt too long, bad stop, ...): the client's fault."""
+    """The request cannot run on this model (prompt too long, bad stop, ...): the client's fault.
+
+    `param` names the request parameter at fault; `code` is OpenAI's code for the mistake.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 class Engine(abc.ABC):
@@ -69,6 +95,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def footprint(self) -> Footprint:
         """What the engine occupies while started; before `start`, what it is expected to occupy."""
+
+    def limits(self) -> ModelLimits | None:
+        """What the started model accepts; None where the engine cannot tell."""
+        return None
 
     @property
     def supports_sleep(self) -> bool:

@@ -23,8 +23,11 @@ from typing import Any, Literal
 import psutil
 
 from switchboard.config import ModelConfig
+from switchboard.wire import ModelLimits
 from workers.cpu_placement import omp_environment
-from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
+from workers.engines.base import Delta, Engine, EngineRequest, Footprint
+from workers.engines.prompts import PromptBuilder
+from workers.engines.vllm_io import OutputReader, vllm_sampling_params
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +148,7 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._engine_pids: list[int] = []
         self._tokenizer: Any = None
-        self._max_model_len = 0
+        self._prompts: PromptBuilder | None = None
         self._sleep_enabled = False
         self.start_seconds = 0.0
         self.stop_seconds = 0.0
@@ -167,7 +170,12 @@ class VllmEngine(Engine):
             raise
         self._engine_pids = [self._forked.pid] if self._forked is not None else _engine_pids(self._llm)
         self._tokenizer = self._llm.get_tokenizer()
-        self._max_model_len = self._llm.model_config.max_model_len
+        self._prompts = PromptBuilder(
+            self._tokenizer,
+            model_name=self.model.name,
+            max_model_len=self._llm.model_config.max_model_len,
+            vocab_size=self._llm.model_config.get_vocab_size(),
+        )
         self._sleep_enabled = bool(self._llm.vllm_config.model_config.enable_sleep_mode)
         self.start_seconds = time.monotonic() - started
         logger.info(
@@ -264,6 +272,7 @@ class VllmEngine(Engine):
             logger.warning("engine processes killed after shutdown", extra={"pids": survivors})
         self._engine_pids = []
         self._tokenizer = None
+        self._prompts = None
         del llm
         gc.collect()
         self.stop_seconds = time.monotonic() - started
@@ -325,66 +334,27 @@ class VllmEngine(Engine):
     # --- generation -----------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
-        """Stream deltas; the prompt is tokenized here with the model's own tokenizer and template."""
+        """Stream deltas; the prompt is built (template, tokenizer) off the event loop."""
         from vllm.inputs import TokensPrompt
 
-        prompt_ids = self._prompt_token_ids(request)
-        params = self._sampling_params(request, len(prompt_ids))
-        completion_tokens = 0
-        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request.request_id)
+        builder = self._prompts
+        if builder is None:
+            raise RuntimeError(f"the engine of {self.model.name} is not started")
+        # Tokenizing a long prompt takes a while: never on the loop that drives every other stream.
+        prompt = await asyncio.to_thread(builder.build, request)
+        prompt_param = "messages" if request.messages is not None else "prompt"
+        params = vllm_sampling_params(request.sampling, prompt, builder, prompt_param=prompt_param)
+        reader = OutputReader(request.sampling, prompt, self._tokenizer)
+        stream = self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt.token_ids), params, request.request_id
+        )
         async for output in stream:
-            completion = output.outputs[0]
-            completion_tokens += len(completion.token_ids)
-            finish = completion.finish_reason if output.finished else None
-            yield Delta(
-                text=completion.text,
-                prompt_tokens=len(prompt_ids),
-                completion_tokens=completion_tokens,
-                finish_reason=_finish_reason(finish),
-            )
+            for delta in reader.deltas(output):
+                yield delta
 
-    def _prompt_token_ids(self, request: EngineRequest) -> list[int]:
-        if request.messages is not None:
-            conversation = [{"role": m.role, "content": m.content} for m in request.messages]
-            try:
-                text = self._tokenizer.apply_chat_template(
-                    conversation, add_generation_prompt=True, tokenize=False
-                )
-            except ValueError as exc:  # no template, or one that refuses this conversation
-                raise InvalidEngineRequest(
-                    f"cannot apply the chat template of {self.model.name}: {exc}"
-                ) from exc
-            # The template writes its own special tokens (BOS and the like).
-            ids = list(self._tokenizer.encode(text, add_special_tokens=False))
-        else:
-            ids = list(self._tokenizer.encode(request.prompt or ""))
-        if len(ids) >= self._max_model_len:
-            raise InvalidEngineRequest(
-                f"The prompt is {len(ids)} tokens long; {self.model.name} takes at most "
-                f"{self._max_model_len - 1} prompt tokens."
-            )
-        return ids
-
-    def _sampling_params(self, request: EngineRequest, prompt_tokens: int) -> Any:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        room = self._max_model_len - prompt_tokens
-        sampling = request.sampling
-        max_tokens = min(sampling.max_tokens, room) if sampling.max_tokens else room
-        optional: dict[str, Any] = {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "seed": sampling.seed,
-        }
-        try:
-            return SamplingParams(
-                max_tokens=max_tokens,
-                stop=list(sampling.stop) or None,
-                output_kind=RequestOutputKind.DELTA,
-                **{name: value for name, value in optional.items() if value is not None},
-            )
-        except ValueError as exc:
-            raise InvalidEngineRequest(str(exc)) from exc
+    def limits(self) -> ModelLimits | None:
+        """The started model's context length, vocabulary size and longest token."""
+        return self._prompts.limits if self._prompts is not None else None
 
     async def abort(self, request_id: str) -> None:
         """Abort in vLLM; the request's stream ends with finish reason "abort"."""
@@ -452,9 +422,3 @@ def _weights_bytes(model_dir: Path) -> int:
         if files:
             return sum(f.stat().st_size for f in files)
     return 0
-
-
-def _finish_reason(reason: str | None) -> Any:
-    if reason is None or reason in ("stop", "length", "abort"):
-        return reason
-    return "stop"

@@ -1,0 +1,139 @@
+"""Validated OpenAI requests into Jobs: the product's own schema, which is all a worker sees."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonObjectFormat, JsonSchemaFormat
+from router.openai.checks import logit_bias_tokens
+from router.openai.common import SamplingRequest, stop_list
+from router.openai.completions import CompletionRequest
+from switchboard.wire import ChatMessage, Job, Prompt, SamplingParams, StructuredOutput, ToolCall
+
+_json = msgspec.json.Encoder()
+
+
+def new_job_id() -> str:
+    """A unique id, also used as the OpenAI response id's suffix."""
+    return uuid.uuid4().hex
+
+
+def chat_job(
+    request: ChatCompletionRequest,
+    *,
+    timeout_s: float,
+    structured: StructuredOutput | None = None,
+    tenant: str | None = None,
+) -> Job:
+    """The job for a chat completion; `structured` is what its tool choice needs, if anything."""
+    top_logprobs = request.top_logprobs or 0
+    sampling = sampling_params(
+        request,
+        max_tokens=request.max_completion_tokens or request.max_tokens,
+        logprobs=top_logprobs if request.logprobs else None,
+        structured=structured or _response_format(request),
+    )
+    tools = _json.encode([tool for tool in request.tools]).decode() if request.tools else None
+    return _job(
+        request.model,
+        sampling,
+        timeout_s=timeout_s,
+        tenant=tenant,
+        messages=tuple(_message(m) for m in request.messages),
+        tools=tools,
+    )
+
+
+def completion_job(request: CompletionRequest, *, timeout_s: float, tenant: str | None = None) -> Job:
+    """The job for a plain completion (its prompt already checked by `check_completion`)."""
+    sampling = sampling_params(
+        request, max_tokens=request.max_tokens, logprobs=request.logprobs, echo=request.echo
+    )
+    return _job(
+        request.model, sampling, timeout_s=timeout_s, tenant=tenant, prompts=prompts_of(request.prompt)
+    )
+
+
+def prompts_of(prompt: str | list[Any]) -> tuple[Prompt, ...]:
+    """The prompts of a completion request, in OpenAI's order."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if all(isinstance(item, int) for item in prompt):
+        return (tuple(prompt),)
+    return tuple(item if isinstance(item, str) else tuple(item) for item in prompt)
+
+
+def sampling_params(
+    request: SamplingRequest,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    echo: bool = False,
+    structured: StructuredOutput | None = None,
+) -> SamplingParams:
+    """What the engine samples with, from the fields every generation request shares."""
+    temperature = request.temperature
+    # top_p == 0 keeps only the most likely token: that is greedy sampling, which the engines
+    # express as temperature 0 (they refuse top_p == 0 itself).
+    top_p = request.top_p
+    if top_p == 0:
+        temperature, top_p = 0.0, None
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        seed=request.seed,
+        stop=stop_list(request.stop),
+        n=request.n,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        min_tokens=request.min_tokens,
+        logit_bias=logit_bias_tokens(request.logit_bias),
+        logprobs=logprobs,
+        echo=echo,
+        structured=structured,
+    )
+
+
+def _job(model: str, sampling: SamplingParams, *, timeout_s: float, tenant: str | None, **inputs: Any) -> Job:
+    now = time.time()
+    return Job(
+        id=new_job_id(),
+        model=model,
+        sampling=sampling,
+        created=now,
+        deadline=now + timeout_s,
+        tenant=tenant,
+        **inputs,
+    )
+
+
+def _message(message: ChatMessageIn) -> ChatMessage:
+    calls = tuple(
+        ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+        for call in message.tool_calls or ()
+    )
+    return ChatMessage(
+        role=message.role,
+        content=None if message.content is None else message.text(),
+        name=message.name,
+        tool_calls=calls,
+        tool_call_id=message.tool_call_id,
+    )
+
+
+def _response_format(request: ChatCompletionRequest) -> StructuredOutput | None:
+    response_format = request.response_format
+    if isinstance(response_format, JsonObjectFormat):
+        return StructuredOutput(json_object=True)
+    if isinstance(response_format, JsonSchemaFormat):
+        schema = response_format.json_schema.schema or {"type": "object"}
+        return StructuredOutput(json_schema=_json.encode(schema).decode())
+    return None

@@ -1,0 +1,134 @@
+"""What each model accepts, as its workers published it, and the checks made with it before queueing.
+
+A request that cannot fit the model's context (a prompt longer in characters than any text of
+max_model_len tokens can be, or max_tokens beyond the context) is refused here, before it is queued
+or tokenized anywhere. Limits are known once the model has been loaded anywhere; until then, the
+worker makes the same checks (and its answer is still a 400 before the first byte).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from router.openai.errors import InvalidRequestError
+from switchboard import keys
+from switchboard.wire import Job, ModelLimits, model_limits_decoder
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+# Limits change only when a model's configuration does; a few seconds of staleness costs nothing.
+CACHE_S = 10.0
+
+
+class ModelLimitsCache:
+    """Each model's published limits, read from Redis at most every CACHE_S seconds."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._cached: dict[str, tuple[float, ModelLimits | None]] = {}
+
+    async def get(self, model: str) -> ModelLimits | None:
+        """The model's limits, or None if no worker has loaded it yet."""
+        now = time.monotonic()
+        cached = self._cached.get(model)
+        if cached is not None and now - cached[0] < CACHE_S:
+            return cached[1]
+        raw = cast(bytes | None, await self._redis.get(keys.model_limits(model)))
+        limits = model_limits_decoder.decode(raw) if raw is not None else None
+        self._cached[model] = (now, limits)
+        return limits
+
+
+class RequestSize:
+    """What a request asks of a model's context, as far as the front door can tell without tokenizing."""
+
+    def __init__(
+        self,
+        *,
+        prompt_param: str,
+        prompt_chars: int,
+        max_tokens: int | None,
+        prompt_tokens: int = 0,
+        token_ids: list[int] | None = None,
+        logit_bias: dict[int, float] | None = None,
+    ) -> None:
+        self.prompt_param = prompt_param
+        # The longest prompt, in characters, and (prompts given as token ids) in tokens.
+        self.prompt_chars = prompt_chars
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.token_ids = token_ids or []
+        self.logit_bias = logit_bias or {}
+
+
+def size_of(job: Job) -> RequestSize:
+    """What `job` asks of its model's context."""
+    sampling = job.sampling
+    if job.messages is not None:
+        chars = sum(len(m.content or "") for m in job.messages)
+        return RequestSize(
+            prompt_param="messages",
+            prompt_chars=chars,
+            max_tokens=sampling.max_tokens,
+            logit_bias=sampling.logit_bias,
+        )
+    texts = [p for p in job.prompts or () if isinstance(p, str)]
+    token_prompts = [p for p in job.prompts or () if not isinstance(p, str)]
+    return RequestSize(
+        prompt_param="prompt",
+        prompt_chars=max((len(text) for text in texts), default=0),
+        prompt_tokens=max((len(ids) for ids in token_prompts), default=0),
+        max_tokens=sampling.max_tokens,
+        token_ids=[token for ids in token_prompts for token in ids],
+        logit_bias=sampling.logit_bias,
+    )
+
+
+async def check_job_fits(cache: ModelLimitsCache, job: Job) -> None:
+    """Refuse (400) a job that cannot fit its model, where the model's limits are known."""
+    limits = await cache.get(job.model)
+    if limits is not None:
+        check_fits(limits, size_of(job))
+
+
+def check_fits(limits: ModelLimits, size: RequestSize) -> None:
+    """Refuse (400) what cannot fit `limits`, naming the parameter at fault."""
+    context = limits.max_model_len
+    longest_text = context * limits.max_token_chars
+    if size.prompt_chars > longest_text:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {context} tokens, and the {size.prompt_param} "
+            f"is {size.prompt_chars} characters long, more than any text of that many tokens can be "
+            f"({longest_text} characters). Shorten the {size.prompt_param}.",
+            param=size.prompt_param,
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
+    if size.prompt_tokens >= context:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {context} tokens, and the {size.prompt_param} "
+            f"alone is {size.prompt_tokens} tokens, which leaves no room for a completion.",
+            param=size.prompt_param,
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
+    if size.max_tokens is not None and size.max_tokens >= context:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {context} tokens, so max_tokens must be below "
+            f"{context} (the prompt takes at least one token); it is {size.max_tokens}.",
+            param="max_tokens",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
+    _check_tokens(size.token_ids, limits, size.prompt_param)
+    _check_tokens(list(size.logit_bias), limits, "logit_bias")
+
+
+def _check_tokens(token_ids: list[int], limits: ModelLimits, param: str) -> None:
+    outside = sorted({token for token in token_ids if token >= limits.vocab_size})
+    if outside:
+        raise InvalidRequestError(
+            f"`{param}` holds token ids outside the model's vocabulary (0 to {limits.vocab_size - 1}): "
+            f"{outside[:5]}.",
+            param=param,
+            code="invalid_value",
+        )

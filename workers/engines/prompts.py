@@ -1,0 +1,156 @@
+"""From a request to the prompt's token ids: the chat template, tokenization, and the length checks.
+
+Engine-agnostic: it needs only the model's Hugging Face tokenizer. Building a prompt can take long
+for a long one (a template over many messages, a tokenizer over megabytes), so engines call
+`PromptBuilder.token_ids` off their event loop; it refuses what cannot fit before tokenizing it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from switchboard.wire import ChatMessage, ModelLimits
+from workers.engines.base import EngineRequest, InvalidEngineRequest
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+class BuiltPrompt:
+    """A request's prompt as the engine takes it, and as text (what `echo` repeats)."""
+
+    def __init__(self, token_ids: list[int], text: str) -> None:
+        self.token_ids = token_ids
+        self.text = text
+
+
+class PromptBuilder:
+    """Turns requests into token ids with one model's tokenizer and chat template."""
+
+    def __init__(self, tokenizer: Any, *, model_name: str, max_model_len: int, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self._model_name = model_name
+        self.limits = ModelLimits(
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            max_token_chars=longest_token_chars(tokenizer),
+        )
+
+    def build(self, request: EngineRequest) -> BuiltPrompt:
+        """The prompt of `request`, refused (InvalidEngineRequest) if it cannot fit the context."""
+        if request.messages is not None:
+            return self._chat_prompt(request.messages, request.tools)
+        if isinstance(request.prompt, tuple):
+            return self._token_prompt(list(request.prompt))
+        return self._text_prompt(request.prompt or "")
+
+    def _chat_prompt(self, messages: tuple[ChatMessage, ...], tools: str | None) -> BuiltPrompt:
+        self._refuse_longer_than_possible(sum(len(m.content or "") for m in messages), "messages")
+        conversation = [_template_message(m) for m in messages]
+        try:
+            text = self._tokenizer.apply_chat_template(
+                conversation,
+                tools=json.loads(tools) if tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # no template, or one that refuses this conversation (jinja raises)
+            raise InvalidEngineRequest(
+                f"The chat template of {self._model_name} does not accept this conversation: {exc}",
+                param="messages",
+            ) from exc
+        # The template writes its own special tokens (BOS and the like).
+        ids = self._encode(text, add_special_tokens=False)
+        self._refuse_too_long(len(ids), "messages")
+        return BuiltPrompt(ids, text)
+
+    def _text_prompt(self, text: str) -> BuiltPrompt:
+        self._refuse_longer_than_possible(len(text), "prompt")
+        ids = self._encode(text, add_special_tokens=True)
+        self._refuse_too_long(len(ids), "prompt")
+        return BuiltPrompt(ids, text)
+
+    def _token_prompt(self, ids: list[int]) -> BuiltPrompt:
+        self._refuse_too_long(len(ids), "prompt")
+        vocab = self.limits.vocab_size
+        outside = [token for token in ids if not 0 <= token < vocab]
+        if outside:
+            raise InvalidEngineRequest(
+                f"The prompt holds token ids outside the vocabulary of {self._model_name} "
+                f"(0 to {vocab - 1}): {outside[:5]}.",
+                param="prompt",
+            )
+        return BuiltPrompt(ids, self._tokenizer.decode(ids))
+
+    def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _refuse_longer_than_possible(self, characters: int, param: str) -> None:
+        """Refuse, without tokenizing, text that cannot fit even at the longest token's length."""
+        limit = self.limits.max_model_len * self.limits.max_token_chars
+        if characters > limit:
+            raise InvalidEngineRequest(
+                f"This model's maximum context length is {self.limits.max_model_len} tokens, and "
+                f"the {param} is {characters} characters long, more than any text of that many "
+                f"tokens can be ({limit} characters). Shorten the {param}.",
+                param=param,
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
+
+    def _refuse_too_long(self, tokens: int, param: str) -> None:
+        if tokens >= self.limits.max_model_len:
+            raise InvalidEngineRequest(
+                f"This model's maximum context length is {self.limits.max_model_len} tokens, and "
+                f"the {param} alone is {tokens} tokens, which leaves no room for a completion. "
+                f"Shorten the {param}.",
+                param=param,
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
+
+    def refuse_completion_too_long(self, prompt_tokens: int, max_tokens: int, prompt_param: str) -> None:
+        """Refuse `max_tokens` that do not fit after the prompt, as OpenAI and vLLM do (no clamping)."""
+        if prompt_tokens + max_tokens > self.limits.max_model_len:
+            raise InvalidEngineRequest(
+                f"This model's maximum context length is {self.limits.max_model_len} tokens. However, "
+                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"{prompt_param}, {max_tokens} in the completion). Reduce the length of the "
+                f"{prompt_param} or of the completion (max_tokens).",
+                param="max_tokens",
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """An upper bound on the characters one token stands for: its longest vocabulary entry.
+
+    Byte-level vocabularies spell each byte as one character, and SentencePiece spells a space as
+    one, so no entry decodes to more characters than it has.
+    """
+    vocabulary = tokenizer.get_vocab()
+    return max((len(entry) for entry in vocabulary), default=1) or 1
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    entry: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.name is not None:
+        entry["name"] = message.name
+    if message.tool_call_id is not None:
+        entry["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        # Templates read a call's arguments as a mapping (`arguments | tojson`, `arguments.items()`).
+        entry["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    return entry
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

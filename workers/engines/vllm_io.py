@@ -1,0 +1,172 @@
+"""Our sampling parameters into vLLM's, and vLLM's request outputs into deltas.
+
+Kept apart from the engine's lifecycle (`vllm.py`): this is the part that follows OpenAI's request
+surface, and it changes when that surface grows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from switchboard.wire import FinishReason, SamplingParams, TokenLogprob, TopLogprob
+from workers.engines.base import Delta, InvalidEngineRequest
+from workers.engines.prompts import BuiltPrompt, PromptBuilder
+
+# JSON has no -inf; OpenAI and vLLM's server send this for a token of probability zero.
+LOWEST_LOGPROB = -9999.0
+
+
+def vllm_sampling_params(
+    sampling: SamplingParams, prompt: BuiltPrompt, builder: PromptBuilder, *, prompt_param: str
+) -> Any:
+    """vLLM's SamplingParams for one request whose prompt is `prompt`."""
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+    prompt_tokens = len(prompt.token_ids)
+    if sampling.max_tokens is None:
+        max_tokens = builder.limits.max_model_len - prompt_tokens
+    else:
+        builder.refuse_completion_too_long(prompt_tokens, sampling.max_tokens, prompt_param)
+        max_tokens = sampling.max_tokens
+    _check_logit_bias(sampling.logit_bias, builder.limits.vocab_size)
+    optional: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "seed": sampling.seed,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "repetition_penalty": sampling.repetition_penalty,
+        "min_tokens": sampling.min_tokens,
+        "logit_bias": sampling.logit_bias,
+        "logprobs": sampling.logprobs,
+        # Echoed prompts report their own tokens' log probabilities too, as OpenAI's do.
+        "prompt_logprobs": sampling.logprobs if sampling.echo else None,
+    }
+    if sampling.structured is not None:
+        optional["structured_outputs"] = StructuredOutputsParams(
+            json=sampling.structured.json_schema,
+            json_object=sampling.structured.json_object or None,
+        )
+    try:
+        return VllmSamplingParams(
+            n=sampling.n,
+            max_tokens=max_tokens,
+            stop=list(sampling.stop) or None,
+            output_kind=RequestOutputKind.DELTA,
+            **{name: value for name, value in optional.items() if value is not None},
+        )
+    except ValueError as exc:
+        raise InvalidEngineRequest(str(exc)) from exc
+
+
+def _check_logit_bias(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
+    if not logit_bias:
+        return
+    outside = sorted(token for token in logit_bias if not 0 <= token < vocab_size)
+    if outside:
+        raise InvalidEngineRequest(
+            f"logit_bias names token ids outside the model's vocabulary (0 to {vocab_size - 1}): "
+            f"{outside[:5]}.",
+            param="logit_bias",
+        )
+
+
+class OutputReader:
+    """Turns the request outputs of one vLLM request into deltas (its counts, echo and log probs)."""
+
+    def __init__(self, sampling: SamplingParams, prompt: BuiltPrompt, tokenizer: Any) -> None:
+        self._sampling = sampling
+        self._prompt = prompt
+        self._tokenizer = tokenizer
+        self._completion_tokens = 0
+        # Choices that still owe the echoed prompt (it goes before their first text).
+        self._echo_due = set(range(sampling.n)) if sampling.echo else set()
+        self._prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+
+    def deltas(self, output: Any) -> list[Delta]:
+        """The deltas of one request output; the last one is marked when the request finished."""
+        deltas: list[Delta] = []
+        for completion in output.outputs:
+            self._completion_tokens += len(completion.token_ids)
+            text, logprobs = completion.text, self._logprobs(completion)
+            if completion.index in self._echo_due:
+                self._echo_due.discard(completion.index)
+                text = self._prompt.text + text
+                logprobs = self._echoed_logprobs(output) + logprobs
+            deltas.append(
+                Delta(
+                    text=text,
+                    index=completion.index,
+                    logprobs=logprobs,
+                    prompt_tokens=len(self._prompt.token_ids),
+                    completion_tokens=self._completion_tokens,
+                    finish_reason=finish_reason(completion.finish_reason),
+                )
+            )
+        if output.finished:
+            if not deltas:
+                deltas.append(
+                    Delta(
+                        text="",
+                        prompt_tokens=len(self._prompt.token_ids),
+                        completion_tokens=self._completion_tokens,
+                    )
+                )
+            deltas[-1].last = True
+        return deltas
+
+    def _logprobs(self, completion: Any) -> tuple[TokenLogprob, ...]:
+        if self._sampling.logprobs is None or completion.logprobs is None:
+            return ()
+        return tuple(
+            self._position(token_id, candidates)
+            for token_id, candidates in zip(completion.token_ids, completion.logprobs, strict=False)
+        )
+
+    def _echoed_logprobs(self, output: Any) -> tuple[TokenLogprob, ...]:
+        """The prompt tokens' log probabilities (the first has none), once per request."""
+        if self._sampling.logprobs is None:
+            return ()
+        if self._prompt_logprobs is None:
+            positions = output.prompt_logprobs or [None] * len(self._prompt.token_ids)
+            self._prompt_logprobs = tuple(
+                self._position(token_id, candidates)
+                for token_id, candidates in zip(self._prompt.token_ids, positions, strict=False)
+            )
+        return self._prompt_logprobs
+
+    def _position(self, token_id: int, candidates: dict[int, Any] | None) -> TokenLogprob:
+        top_n = self._sampling.logprobs or 0
+        if not candidates:
+            return TokenLogprob(token=self._decode(token_id), logprob=None)
+        chosen = candidates.get(token_id)
+        ranked = sorted(candidates.items(), key=lambda item: item[1].rank or math.inf)[:top_n]
+        top = tuple(
+            TopLogprob(token=self._token_text(other, entry), logprob=_finite(entry.logprob))
+            for other, entry in ranked
+        )
+        logprob = _finite(chosen.logprob) if chosen is not None else None
+        token = self._token_text(token_id, chosen) if chosen is not None else self._decode(token_id)
+        return TokenLogprob(token=token, logprob=logprob, top=top)
+
+    def _token_text(self, token_id: int, entry: Any) -> str:
+        decoded = entry.decoded_token
+        return decoded if decoded is not None else self._decode(token_id)
+
+    def _decode(self, token_id: int) -> str:
+        return str(self._tokenizer.decode([token_id]))
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, LOWEST_LOGPROB) if not math.isnan(logprob) else LOWEST_LOGPROB
+
+
+def finish_reason(reason: str | None) -> FinishReason | None:
+    """vLLM's finish reason in our words (anything unknown ends the choice as a stop)."""
+    if reason is None or reason in ("stop", "length", "abort"):
+        return reason  # type: ignore[return-value]
+    return "stop"
