@@ -234,6 +234,9 @@ class VllmEngine(Engine):
 
     def _engine_kwargs(self, platform: Any) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model.path, **self.model.engine_args}
+        kwargs["structured_outputs_config"] = _structured_outputs_config(
+            kwargs.get("structured_outputs_config")
+        )
         if platform.is_cpu():
             # vLLM's CPU build sizes its KV cache from NUMA node 0 (which can be far smaller than
             # the machine) and refuses to start unless most of it is free; a fixed size per
@@ -378,6 +381,19 @@ def engine_process_environment(overrides: dict[str, str], *, locked: bool) -> It
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def _structured_outputs_config(configured: dict[str, Any] | None) -> Any:
+    """vLLM's structured output settings: the model's own, over compact JSON by default.
+
+    Whitespace between JSON tokens carries nothing, and a model may emit it until max_tokens runs
+    out; without it, an answer under `response_format` or a forced tool call always ends. vLLM
+    allows that only with a named backend: xgrammar, its default, which reads every tokenizer.
+    """
+    from vllm.config import StructuredOutputsConfig
+
+    defaults = {"backend": "xgrammar", "disable_any_whitespace": True}
+    return StructuredOutputsConfig(**{**defaults, **(configured or {})})
 
 
 def _engine_pids(llm: Any) -> list[int]:

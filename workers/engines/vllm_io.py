@@ -15,12 +15,25 @@ from workers.engines.prompts import BuiltPrompt, PromptBuilder
 
 # JSON has no -inf; OpenAI and vLLM's server send this for a token of probability zero.
 LOWEST_LOGPROB = -9999.0
+# Below this temperature vLLM samples greedily (its own threshold).
+GREEDY_BELOW = 1e-5
+
+
+def greedy_copies(sampling: SamplingParams) -> int:
+    """How many identical copies each generated choice stands for.
+
+    Greedy choices are all the same, and vLLM refuses to generate several of them; OpenAI answers
+    `n` > 1 at temperature 0 all the same, so one is generated and repeated.
+    """
+    greedy = sampling.temperature is not None and sampling.temperature < GREEDY_BELOW
+    return sampling.n if greedy else 1
 
 
 def vllm_sampling_params(
     sampling: SamplingParams, prompt: BuiltPrompt, builder: PromptBuilder, *, prompt_param: str
 ) -> Any:
     """vLLM's SamplingParams for one request whose prompt is `prompt`."""
+    from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
@@ -53,13 +66,13 @@ def vllm_sampling_params(
         )
     try:
         return VllmSamplingParams(
-            n=sampling.n,
+            n=sampling.n // greedy_copies(sampling),
             max_tokens=max_tokens,
             stop=list(sampling.stop) or None,
             output_kind=RequestOutputKind.DELTA,
             **{name: value for name, value in optional.items() if value is not None},
         )
-    except ValueError as exc:
+    except (ValueError, VLLMValidationError) as exc:
         raise InvalidEngineRequest(str(exc)) from exc
 
 
@@ -83,6 +96,7 @@ class OutputReader:
         self._prompt = prompt
         self._tokenizer = tokenizer
         self._completion_tokens = 0
+        self._copies = greedy_copies(sampling)
         # Choices that still owe the echoed prompt (it goes before their first text).
         self._echo_due = set(range(sampling.n)) if sampling.echo else set()
         self._prompt_logprobs: tuple[TokenLogprob, ...] | None = None
@@ -91,22 +105,11 @@ class OutputReader:
         """The deltas of one request output; the last one is marked when the request finished."""
         deltas: list[Delta] = []
         for completion in output.outputs:
-            self._completion_tokens += len(completion.token_ids)
-            text, logprobs = completion.text, self._logprobs(completion)
-            if completion.index in self._echo_due:
-                self._echo_due.discard(completion.index)
-                text = self._prompt.text + text
-                logprobs = self._echoed_logprobs(output) + logprobs
-            deltas.append(
-                Delta(
-                    text=text,
-                    index=completion.index,
-                    logprobs=logprobs,
-                    prompt_tokens=len(self._prompt.token_ids),
-                    completion_tokens=self._completion_tokens,
-                    finish_reason=finish_reason(completion.finish_reason),
-                )
-            )
+            if completion.finish_reason == "error":
+                raise RuntimeError(f"the engine failed the request (choice {completion.index})")
+            self._completion_tokens += len(completion.token_ids) * self._copies
+            for copy in range(self._copies):
+                deltas.append(self._delta(output, completion, completion.index * self._copies + copy))
         if output.finished:
             if not deltas:
                 deltas.append(
@@ -118,6 +121,21 @@ class OutputReader:
                 )
             deltas[-1].last = True
         return deltas
+
+    def _delta(self, output: Any, completion: Any, index: int) -> Delta:
+        text, logprobs = completion.text, self._logprobs(completion)
+        if index in self._echo_due:
+            self._echo_due.discard(index)
+            text = self._prompt.text + text
+            logprobs = self._echoed_logprobs(output) + logprobs
+        return Delta(
+            text=text,
+            index=index,
+            logprobs=logprobs,
+            prompt_tokens=len(self._prompt.token_ids),
+            completion_tokens=self._completion_tokens,
+            finish_reason=finish_reason(completion.finish_reason),
+        )
 
     def _logprobs(self, completion: Any) -> tuple[TokenLogprob, ...]:
         if self._sampling.logprobs is None or completion.logprobs is None:
