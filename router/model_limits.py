@@ -99,16 +99,16 @@ def check_fits(limits: ModelLimits, size: RequestSize) -> None:
     longest_text = context * limits.max_token_chars
     if size.prompt_chars > longest_text:
         raise InvalidRequestError(
-            f"This model's maximum context length is {context} tokens, and the {size.prompt_param} "
-            f"is {size.prompt_chars} characters long, more than any text of that many tokens can be "
-            f"({longest_text} characters). Shorten the {size.prompt_param}.",
+            f"This model's maximum context length is {context} tokens, and the text of "
+            f"`{size.prompt_param}` is {size.prompt_chars} characters long, more than any text of that "
+            f"many tokens can be ({longest_text} characters). Shorten `{size.prompt_param}`.",
             param=size.prompt_param,
             code=CONTEXT_LENGTH_EXCEEDED,
         )
     if size.prompt_tokens >= context:
         raise InvalidRequestError(
-            f"This model's maximum context length is {context} tokens, and the {size.prompt_param} "
-            f"alone is {size.prompt_tokens} tokens, which leaves no room for a completion.",
+            f"This model's maximum context length is {context} tokens, and `{size.prompt_param}` "
+            f"alone takes {size.prompt_tokens} tokens, which leaves no room for a completion.",
             param=size.prompt_param,
             code=CONTEXT_LENGTH_EXCEEDED,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.openai.chat import ChatCompletionRequest, NamedToolChoice, TextFormat
-from router.openai.common import UNSET, SamplingRequest
+from router.openai.common import INT32_MAX, UNSET, SamplingRequest
 from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError
 
@@ -92,9 +92,10 @@ def logit_bias_tokens(logit_bias: dict[str, float] | None) -> dict[int, float] |
             token = int(key)
         except ValueError:
             token = -1
-        if token < 0 or str(token) != key.strip():
+        if not 0 <= token <= INT32_MAX or str(token) != key.strip():
             raise invalid(
-                "logit_bias", f"`logit_bias` keys are token ids (non-negative integers); got {key!r}."
+                "logit_bias",
+                f"`logit_bias` keys are token ids (integers from 0 to {INT32_MAX}); got {key!r}.",
             )
         biases[token] = bias
     return biases
@@ -112,7 +113,7 @@ def _check_prompt_text(text: str, param: str) -> None:
 
 
 def _is_token_id(item: Any) -> bool:
-    return isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 2**31
+    return isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= INT32_MAX
 
 
 # A field OpenAI defines, the values that change nothing here, and why others are refused.

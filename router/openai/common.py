@@ -11,7 +11,10 @@ from typing import Annotated, Any
 
 import msgspec
 
-TokenCount = Annotated[int, msgspec.Meta(ge=1)]
+# Token counts and token ids cross Redis as msgpack integers and reach engines that hold them in 32
+# bits; larger ones would fail there (or in the job's encoding) instead of as a 400 naming the field.
+INT32_MAX = 2**31 - 1
+TokenCount = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
@@ -53,10 +56,10 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     # An end user's id, for the operator's own records; it changes nothing here.
     user: str | None = None
     # vLLM's extensions.
-    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | None = None
     min_p: Probability | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
-    min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    min_tokens: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] | None = None
 
 
 class Usage(msgspec.Struct, kw_only=True):

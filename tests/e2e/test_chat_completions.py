@@ -151,7 +151,9 @@ def test_prompt_longer_than_the_model_takes_is_a_400(client: OpenAI) -> None:
     long_text = "word " * 3000
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": long_text}])
-    assert "prompt" in caught.value.message
+    assert caught.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    assert caught.value.body["param"] == "messages"  # type: ignore[index]
+    assert "1024 tokens" in caught.value.message
 
 
 def test_models_and_health_endpoints(client: OpenAI, stack: Stack) -> None:

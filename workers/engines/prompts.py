@@ -91,8 +91,8 @@ class PromptBuilder:
         if characters > limit:
             raise InvalidEngineRequest(
                 f"This model's maximum context length is {self.limits.max_model_len} tokens, and "
-                f"the {param} is {characters} characters long, more than any text of that many "
-                f"tokens can be ({limit} characters). Shorten the {param}.",
+                f"the text of `{param}` is {characters} characters long, more than any text of that many "
+                f"tokens can be ({limit} characters). Shorten `{param}`.",
                 param=param,
                 code=CONTEXT_LENGTH_EXCEEDED,
             )
@@ -101,8 +101,8 @@ class PromptBuilder:
         if tokens >= self.limits.max_model_len:
             raise InvalidEngineRequest(
                 f"This model's maximum context length is {self.limits.max_model_len} tokens, and "
-                f"the {param} alone is {tokens} tokens, which leaves no room for a completion. "
-                f"Shorten the {param}.",
+                f"`{param}` alone takes {tokens} tokens, which leaves no room for a completion. "
+                f"Shorten `{param}`.",
                 param=param,
                 code=CONTEXT_LENGTH_EXCEEDED,
             )
