@@ -3,7 +3,8 @@
 Each choice's first event carries the assistant role. Under a named `tool_choice` the generated text
 is the call's arguments, streamed as they come; under `required` it is a JSON list of calls, which
 can only be turned into `tool_calls` once complete, so that choice's text is held back until it
-finishes.
+finishes. Under `auto` the worker parses the calls in the model's own syntax and sends them with
+the choice's last chunk.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from router.openai.common import LOWEST_LOGPROB
 from router.openai.errors import OpenAIError
 from router.relay import SSE_DONE, ChoiceText, error_for, gather_choices, sse_error, sse_event, usage_of
 from router.tool_calls import TEXT, ToolPlan, new_call_id, parse_required_calls
-from switchboard.wire import Chunk, TokenLogprob
+from switchboard.wire import Chunk, TokenLogprob, ToolCall
 
 
 class ChatRelay:
@@ -87,7 +88,7 @@ class ChatRelay:
     # --- streamed ---------------------------------------------------------------------------------
 
     def _stream_choice(self, chunk: Chunk) -> ChatChunkChoice | None:
-        if not (chunk.text or chunk.finish_reason or chunk.logprobs):
+        if not (chunk.text or chunk.finish_reason or chunk.logprobs or chunk.tool_calls):
             return None
         first = chunk.index not in self._started
         self._started.add(chunk.index)
@@ -96,6 +97,9 @@ class ChatRelay:
             delta, finish = self._held_calls(chunk)
         elif self.tools.mode == "named":
             delta = ChatDelta(tool_calls=[self._named_call_delta(chunk.index, chunk.text, first)])
+        elif chunk.tool_calls:
+            delta = ChatDelta(content=chunk.text or None, tool_calls=parsed_call_deltas(chunk.tool_calls))
+            finish = "tool_calls"
         else:
             delta = ChatDelta(content=chunk.text if chunk.text or first else None)
         if first:
@@ -156,6 +160,17 @@ class ChatRelay:
                 id=new_call_id(), function=FunctionCallOut(name=self.tools.function, arguments=text)
             )
             message = ChatMessageOut(content=None, tool_calls=[call])
+        elif choice.tool_calls:
+            message = ChatMessageOut(
+                content=text or None,
+                tool_calls=[
+                    ToolCallOut(
+                        id=call.id, function=FunctionCallOut(name=call.name, arguments=call.arguments)
+                    )
+                    for call in choice.tool_calls
+                ],
+            )
+            finish = "tool_calls"
         elif self.tools.mode == "required":
             calls = parse_required_calls(text)
             if calls is not None:
@@ -177,6 +192,19 @@ class ChatRelay:
         if not self.logprobs:
             return None
         return ChoiceLogprobs(content=[chat_logprob(entry) for entry in logprobs])
+
+
+def parsed_call_deltas(calls: tuple[ToolCall, ...]) -> list[ToolCallDelta]:
+    """Calls the worker parsed from the model's text, each whole in one stream delta."""
+    return [
+        ToolCallDelta(
+            index=position,
+            id=call.id,
+            type="function",
+            function=FunctionCallOut(name=call.name, arguments=call.arguments),
+        )
+        for position, call in enumerate(calls)
+    ]
 
 
 def chat_logprob(entry: TokenLogprob) -> TokenLogprobOut:

@@ -27,15 +27,17 @@ def chat_job(
     *,
     timeout_s: float,
     structured: StructuredOutput | None = None,
+    parse_tool_calls: bool = False,
     tenant: str | None = None,
 ) -> Job:
-    """The job for a chat completion; `structured` is what its tool choice needs, if anything."""
+    """The job for a chat completion; `structured` is what its tool choice needs, if anything, and
+    `parse_tool_calls` whether the model's own tool calls are to be parsed from its text."""
     top_logprobs = request.top_logprobs or 0
     sampling = sampling_params(
         request,
         max_tokens=request.max_completion_tokens or request.max_tokens,
         logprobs=top_logprobs if request.logprobs else None,
-        structured=structured or _response_format(request),
+        structured=structured or _response_format(request) or _structured_outputs(request),
     )
     tools = _json.encode([tool for tool in request.tools]).decode() if request.tools else None
     return _job(
@@ -45,13 +47,18 @@ def chat_job(
         tenant=tenant,
         messages=tuple(_message(m) for m in request.messages),
         tools=tools,
+        parse_tool_calls=parse_tool_calls,
     )
 
 
 def completion_job(request: CompletionRequest, *, timeout_s: float, tenant: str | None = None) -> Job:
     """The job for a plain completion (its prompt already checked by `check_completion`)."""
     sampling = sampling_params(
-        request, max_tokens=request.max_tokens, logprobs=request.logprobs, echo=request.echo
+        request,
+        max_tokens=request.max_tokens,
+        logprobs=request.logprobs,
+        echo=request.echo,
+        structured=_structured_outputs(request),
     )
     return _job(
         request.model, sampling, timeout_s=timeout_s, tenant=tenant, prompts=prompts_of(request.prompt)
@@ -137,3 +144,17 @@ def _response_format(request: ChatCompletionRequest) -> StructuredOutput | None:
         schema = response_format.json_schema.schema or {"type": "object"}
         return StructuredOutput(json_schema=_json.encode(schema).decode())
     return None
+
+
+def _structured_outputs(request: SamplingRequest) -> StructuredOutput | None:
+    """vLLM's `structured_outputs` extension (its one constraint checked by `check_chat`/`check_completion`)."""
+    constraints = request.structured_outputs
+    if constraints is None:
+        return None
+    return StructuredOutput(
+        json_schema=_json.encode(constraints.json).decode() if constraints.json is not None else None,
+        json_object=bool(constraints.json_object),
+        regex=constraints.regex,
+        choice=tuple(constraints.choice) if constraints.choice is not None else None,
+        grammar=constraints.grammar,
+    )

@@ -21,7 +21,7 @@ from router.openai.errors import (
     ModelLoadFailedError,
     OpenAIError,
 )
-from switchboard.wire import Chunk, JobError, TokenLogprob
+from switchboard.wire import Chunk, JobError, TokenLogprob, ToolCall
 
 SSE_DONE = b"data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
@@ -81,6 +81,7 @@ class ChoiceText:
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.logprobs: list[TokenLogprob] = []
+        self.tool_calls: list[ToolCall] = []
         self.finish_reason: str | None = None
 
     @property
@@ -100,6 +101,7 @@ async def gather_choices(chunks: AsyncIterator[Chunk], model: str, n: int) -> tu
         choice = choices[chunk.index]
         choice.parts.append(chunk.text)
         choice.logprobs.extend(chunk.logprobs)
+        choice.tool_calls.extend(chunk.tool_calls)
         if chunk.finish_reason is not None:
             choice.finish_reason = chunk.finish_reason
         if chunk.is_last:

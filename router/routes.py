@@ -48,9 +48,14 @@ async def create_chat_completion(
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
     chat = await decode_body(request, _chat_request)
     check_chat(chat)
-    gateway.require_model(chat.model)
-    tools, structured = plan_tools(chat, chat.model)
-    job = chat_job(chat, timeout_s=gateway.settings.router.request_timeout_s, structured=structured)
+    model = gateway.require_model(chat.model)
+    tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
+    job = chat_job(
+        chat,
+        timeout_s=gateway.settings.router.request_timeout_s,
+        structured=structured,
+        parse_tool_calls=tools.mode == "auto",
+    )
     relay = ChatRelay(
         job_id=job.id,
         model=chat.model,

@@ -2,9 +2,10 @@
 and how the generated text becomes OpenAI's `tool_calls`.
 
 A named `tool_choice` constrains the output to the function's arguments schema, and `required` to a
-JSON list of calls, so both work on any model without a tool-call parser. `auto` would need a
-parser for the model's own tool-call syntax; no model here is configured with one, so it is refused
-with a clear 400 rather than answered with text the client would have to parse itself.
+JSON list of calls, so both work on any model without a tool-call parser. `auto` lets the model
+decide, in its own tool-call syntax, which the worker parses with the model's configured
+`tool_call_parser`; on a model without one it is refused with a clear 400 rather than answered with
+text the client would have to parse itself.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from router.openai.chat import ChatCompletionRequest, NamedToolChoice, Tool
 from router.openai.errors import InvalidRequestError
 from switchboard.wire import StructuredOutput
 
-ToolMode = Literal["text", "named", "required"]
+ToolMode = Literal["text", "named", "required", "auto"]
 # A function declared without parameters takes an empty object.
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -35,16 +36,21 @@ class ToolPlan(msgspec.Struct, frozen=True, kw_only=True):
 TEXT = ToolPlan()
 
 
-def plan_tools(request: ChatCompletionRequest, model: str) -> tuple[ToolPlan, StructuredOutput | None]:
+def plan_tools(
+    request: ChatCompletionRequest, model: str, tool_call_parser: str | None
+) -> tuple[ToolPlan, StructuredOutput | None]:
     """The plan for `request`, and the structured output it needs (None: plain text)."""
     choice = request.tool_choice
     if not request.tools or choice == "none":
         return TEXT, None
+    if (choice is None or choice == "auto") and tool_call_parser is not None:
+        return ToolPlan(mode="auto"), None
     if choice is None or choice == "auto":
         raise InvalidRequestError(
             f'`tool_choice` "auto" (the default when `tools` are given) needs a tool-call parser for '
-            f"the model's own tool-call format, and `{model}` has none configured. Set `tool_choice` to "
-            '"required" or to a named function (both work on any model), or to "none".',
+            f"the model's own tool-call format, and `{model}` has none configured (its "
+            '`tool_call_parser` setting). Set `tool_choice` to "required" or to a named function '
+            '(both work on any model), or to "none".',
             param="tool_choice",
             code="unsupported_parameter",
         )

@@ -47,6 +47,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     preload: bool = False
     # Memory the loaded model takes (GiB); measured after the first load when not declared.
     footprint_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # vLLM's parser for the model's own tool-call syntax ("hermes", "llama3_json", "mistral",
+    # "pythonic", ...): with one, `tool_choice: "auto"` lets the model decide to call tools.
+    tool_call_parser: str | None = None
 
 
 class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

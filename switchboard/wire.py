@@ -35,11 +35,15 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
 
 class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A constraint on the text generated: any JSON object, or JSON that a schema accepts."""
+    """A constraint on the text generated (at most one kind is set)."""
 
     json_object: bool = False
     # The JSON Schema as JSON text (schemas are arbitrary JSON; text crosses every hop as it is).
     json_schema: str | None = None
+    # vLLM's own constraints: a regular expression, one of several strings, or an EBNF grammar.
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -103,6 +107,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     messages: tuple[ChatMessage, ...] | None = None
     # Chat: the tools offered to the model, as OpenAI's `tools` list in JSON text, for the template.
     tools: str | None = None
+    # Chat: the model may call tools in its own syntax, which the worker parses into tool calls.
+    parse_tool_calls: bool = False
     prompts: tuple[Prompt, ...] | None = None
     created: float
     # Unix time after which nobody waits for the result: a worker drops the job unstarted.
@@ -143,6 +149,8 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     text: str = ""
     index: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    # Calls parsed from the model's text (jobs with `parse_tool_calls`), sent once the choice ends.
+    tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: JobError | None = None

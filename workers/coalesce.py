@@ -37,6 +37,7 @@ def _join(group: list[Delta]) -> Delta:
     return Delta(
         text="".join(d.text for d in group),
         logprobs=tuple(lp for d in group for lp in d.logprobs),
+        tool_calls=tuple(call for d in group for call in d.tool_calls),
         index=last.index,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,

@@ -34,6 +34,7 @@ async def fan_in(
                     text=delta.text,
                     index=position * n + delta.index,
                     logprobs=delta.logprobs,
+                    tool_calls=delta.tool_calls,
                     prompt_tokens=sum(prompt for prompt, _ in totals),
                     completion_tokens=sum(completion for _, completion in totals),
                     finish_reason=delta.finish_reason,

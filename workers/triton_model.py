@@ -41,6 +41,7 @@ def chunk_for(delta: Delta) -> Chunk:
         text=delta.text,
         index=delta.index,
         logprobs=delta.logprobs,
+        tool_calls=delta.tool_calls,
         finish_reason=delta.finish_reason,
         usage=usage,
     )
@@ -49,9 +50,14 @@ def chunk_for(delta: Delta) -> Chunk:
 def engine_requests(job: Job) -> list[EngineRequest]:
     """What the engine runs for a job: the conversation, or one request per prompt."""
     if job.prompts is None:
-        return [
-            EngineRequest(request_id=job.id, sampling=job.sampling, messages=job.messages, tools=job.tools)
-        ]
+        chat = EngineRequest(
+            request_id=job.id,
+            sampling=job.sampling,
+            messages=job.messages,
+            tools=job.tools,
+            parse_tool_calls=job.parse_tool_calls,
+        )
+        return [chat]
     if len(job.prompts) == 1:
         return [EngineRequest(request_id=job.id, sampling=job.sampling, prompt=job.prompts[0])]
     return [

@@ -39,6 +39,9 @@ def check_chat(request: ChatCompletionRequest) -> None:
     if request.top_logprobs is not None and not request.logprobs:
         raise invalid("top_logprobs", "`top_logprobs` needs `logprobs` set to true.")
     _check_tools(request)
+    response_format = request.response_format
+    if request.structured_outputs is not None and not isinstance(response_format, TextFormat | None):
+        raise invalid("structured_outputs", "Give `response_format` or `structured_outputs`, not both.")
 
 
 def check_completion(request: CompletionRequest) -> int:
@@ -105,6 +108,19 @@ def _check_common(request: SamplingRequest) -> None:
     if request.stream_options is not None and not request.stream:
         raise invalid("stream_options", "`stream_options` is only allowed when `stream` is true.")
     logit_bias_tokens(request.logit_bias)
+    constraints = request.structured_outputs
+    if constraints is not None:
+        kinds = [
+            name
+            for name in ("json", "json_object", "regex", "choice", "grammar")
+            if getattr(constraints, name)
+        ]
+        if len(kinds) != 1:
+            raise invalid(
+                "structured_outputs",
+                "`structured_outputs` takes exactly one of `json`, `json_object`, `regex`, `choice` "
+                f"and `grammar`; got {', '.join(kinds) or 'none'}.",
+            )
 
 
 def _check_prompt_text(text: str, param: str) -> None:
@@ -186,8 +202,11 @@ def _check_tools(request: ChatCompletionRequest) -> None:
         )
     if choice == "auto":
         return
-    if request.response_format is not None and not isinstance(request.response_format, TextFormat):
+    constrained = request.structured_outputs is not None or (
+        request.response_format is not None and not isinstance(request.response_format, TextFormat)
+    )
+    if constrained:
+        param = "response_format" if request.structured_outputs is None else "structured_outputs"
         raise invalid(
-            "response_format",
-            "`response_format` cannot be combined with a `tool_choice` that makes the model call a tool.",
+            param, f"`{param}` cannot be combined with a `tool_choice` that makes the model call a tool."
         )

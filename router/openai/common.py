@@ -2,7 +2,7 @@
 
 Bounds are those of OpenAI's published specification, written as msgspec constraints so that a bad
 value fails in the decoder and comes out as a 400 naming the field. vLLM's own extensions (top_k,
-min_p, repetition_penalty, min_tokens) are accepted too, as vLLM's server accepts them.
+min_p, repetition_penalty, min_tokens, structured_outputs) are accepted too, as vLLM's server accepts them.
 """
 
 from __future__ import annotations
@@ -38,6 +38,17 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+class StructuredOutputs(msgspec.Struct, kw_only=True):
+    """vLLM's extension: constrain the text to JSON of a schema, a regular expression, one of several
+    strings, or an EBNF grammar (exactly one)."""
+
+    json: dict[str, Any] | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
+    grammar: str | None = None
+
+
 class SamplingRequest(msgspec.Struct, kw_only=True):
     """What every generation request has: the model, how to sample, and how to answer."""
 
@@ -60,6 +71,7 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     min_p: Probability | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class Usage(msgspec.Struct, kw_only=True):

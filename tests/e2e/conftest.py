@@ -243,7 +243,8 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
 ) -> Iterator[Stack]:
     """Redis, a worker with the demo model loaded and answering, and the front door."""
-    config = {"models": [config_entry(demo_model_dir, preload=True)]}
+    # Its tool calls, when it makes any, are in the Python-like list syntax.
+    config = {"models": [config_entry(demo_model_dir, preload=True, tool_call_parser="pythonic")]}
     with running_stack(config, root=tmp_path_factory.mktemp("e2e"), session=request.session) as stack:
         # Models load on demand: one answered request, so that no test pays for the load.
         stack.wait_serving(MODEL)

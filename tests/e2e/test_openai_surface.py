@@ -239,11 +239,65 @@ def test_required_tool_choice_calls_one_of_the_tools(client: OpenAI) -> None:
     assert isinstance(json.loads(call.function.arguments), dict)
 
 
-def test_auto_tool_choice_without_a_parser_is_a_clear_400(client: OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER_TOOL])
-    assert caught.value.body["param"] == "tool_choice"  # type: ignore[index]
-    assert "required" in caught.value.message
+# The shared stack's model parses tool calls in the "pythonic" syntax: `[name(arg=value, ...)]`.
+# (No space in it: the demo tokenizer spells spaces as "▁", which xgrammar does not map back.)
+OSLO_CALL = r"\[get_weather\(city='Oslo',days=2\)\]"
+
+
+def test_auto_tool_choice_parses_the_models_own_tool_call_syntax(client: OpenAI) -> None:
+    # A random model never writes a call by itself: vLLM's regex constraint makes it write one.
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        max_tokens=40,
+        extra_body={"structured_outputs": {"regex": OSLO_CALL}},
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo", "days": 2}
+    assert not choice.message.content
+
+
+def test_auto_tool_choice_streamed_and_without_a_call(client: OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
+        max_tokens=40,
+        stream=True,
+        extra_body={"structured_outputs": {"regex": OSLO_CALL}},
+    )
+    calls = [call for chunk in stream for choice in chunk.choices for call in choice.delta.tool_calls or []]
+    (call,) = calls
+    assert call.function is not None and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments or "") == {"city": "Oslo", "days": 2}
+    # Text that is no call stays text.
+    plain = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=[WEATHER_TOOL], max_tokens=8, temperature=0
+    )
+    assert plain.choices[0].message.content and not plain.choices[0].message.tool_calls
+    assert plain.choices[0].finish_reason == "length"
+
+
+def test_vllm_structured_outputs_choice_and_regex(client: OpenAI) -> None:
+    picked = client.completions.create(
+        model=MODEL,
+        prompt="Pick one:",
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}},
+    )
+    assert picked.choices[0].text in {"red", "green", "blue"}
+    number = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=10,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}"}},
+    )
+    assert re.fullmatch("[0-9]{3}", number.choices[0].message.content or "")
 
 
 def test_a_conversation_with_tool_results_is_answered(client: OpenAI) -> None:

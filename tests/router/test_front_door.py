@@ -267,3 +267,16 @@ async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
                 break
             await asyncio.sleep(0.05)
         assert jobs and await redis.exists(keys.cancel_mark(jobs[0].id))
+
+
+async def test_auto_tool_choice_needs_the_models_tool_call_parser(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    for extra in ({}, {"tool_choice": "auto"}):
+        response = await front_door.post("/v1/chat/completions", json={**BODY, "tools": [tool], **extra})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("tool_choice", "unsupported_parameter")
+        assert "tool_call_parser" in error["message"]
+    assert not await redis.exists(keys.job_stream(MODEL))

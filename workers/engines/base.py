@@ -19,6 +19,7 @@ from switchboard.wire import (
     Prompt,
     SamplingParams,
     TokenLogprob,
+    ToolCall,
 )
 
 
@@ -31,8 +32,10 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     sampling: SamplingParams
     messages: tuple[ChatMessage, ...] | None = None
-    # With `messages`: OpenAI's `tools` list as JSON text, for the chat template.
+    # With `messages`: OpenAI's `tools` list as JSON text, for the chat template, and whether the
+    # model's tool calls are to be parsed from its text.
     tools: str | None = None
+    parse_tool_calls: bool = False
     prompt: Prompt | None = None
 
 
@@ -47,6 +50,7 @@ class Delta(msgspec.Struct, kw_only=True):
     completion_tokens: int
     index: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: FinishReason | None = None
     last: bool = False
 

@@ -28,6 +28,7 @@ from workers.cpu_placement import omp_environment
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
 from workers.engines.prompts import PromptBuilder
 from workers.engines.vllm_io import OutputReader, vllm_sampling_params
+from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +171,8 @@ class VllmEngine(Engine):
             raise
         self._engine_pids = [self._forked.pid] if self._forked is not None else _engine_pids(self._llm)
         self._tokenizer = self._llm.get_tokenizer()
+        if self.model.tool_call_parser is not None:
+            tool_parser_class(self.model.tool_call_parser)  # a typo fails the load, not each request
         self._prompts = PromptBuilder(
             self._tokenizer,
             model_name=self.model.name,
@@ -346,14 +349,29 @@ class VllmEngine(Engine):
         # Tokenizing a long prompt takes a while: never on the loop that drives every other stream.
         prompt = await asyncio.to_thread(builder.build, request)
         prompt_param = "messages" if request.messages is not None else "prompt"
-        params = vllm_sampling_params(request.sampling, prompt, builder, prompt_param=prompt_param)
+        tools = self._tool_call_extractor(request)
+        params = vllm_sampling_params(
+            request.sampling,
+            prompt,
+            builder,
+            prompt_param=prompt_param,
+            skip_special_tokens=tools.skip_special_tokens if tools is not None else True,
+        )
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
         stream = self._llm.generate(
             TokensPrompt(prompt_token_ids=prompt.token_ids), params, request.request_id
         )
         async for output in stream:
             for delta in reader.deltas(output):
-                yield delta
+                held = tools.hold(delta) if tools is not None else delta
+                if held is not None:
+                    yield held
+
+    def _tool_call_extractor(self, request: EngineRequest) -> ToolCallExtractor | None:
+        parser = self.model.tool_call_parser
+        if not request.parse_tool_calls or parser is None:
+            return None
+        return ToolCallExtractor(parser, self._tokenizer, request)
 
     def limits(self) -> ModelLimits | None:
         """The started model's context length, vocabulary size and longest token."""

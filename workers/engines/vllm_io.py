@@ -30,7 +30,12 @@ def greedy_copies(sampling: SamplingParams) -> int:
 
 
 def vllm_sampling_params(
-    sampling: SamplingParams, prompt: BuiltPrompt, builder: PromptBuilder, *, prompt_param: str
+    sampling: SamplingParams,
+    prompt: BuiltPrompt,
+    builder: PromptBuilder,
+    *,
+    prompt_param: str,
+    skip_special_tokens: bool = True,
 ) -> Any:
     """vLLM's SamplingParams for one request whose prompt is `prompt`."""
     from vllm.exceptions import VLLMValidationError
@@ -60,15 +65,20 @@ def vllm_sampling_params(
         "prompt_logprobs": sampling.logprobs if sampling.echo else None,
     }
     if sampling.structured is not None:
+        structured = sampling.structured
         optional["structured_outputs"] = StructuredOutputsParams(
-            json=sampling.structured.json_schema,
-            json_object=sampling.structured.json_object or None,
+            json=structured.json_schema,
+            json_object=structured.json_object or None,
+            regex=structured.regex,
+            choice=list(structured.choice) if structured.choice is not None else None,
+            grammar=structured.grammar,
         )
     try:
         return VllmSamplingParams(
             n=sampling.n // greedy_copies(sampling),
             max_tokens=max_tokens,
             stop=list(sampling.stop) or None,
+            skip_special_tokens=skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
             **{name: value for name, value in optional.items() if value is not None},
         )
