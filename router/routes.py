@@ -10,6 +10,7 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 from redis.exceptions import RedisError
 
+from router.auth import Caller
 from router.enqueue import chat_job
 from router.gateway import Gateway
 from router.openai.chat import ChatCompletionRequest
@@ -34,7 +35,7 @@ def json_response(
 
 @post("/v1/chat/completions", status_code=200)
 async def create_chat_completion(
-    request: Request[Any, Any, Any], gateway: Gateway
+    request: Request[Any, Any, Any], gateway: Gateway, caller: Caller
 ) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
     try:
@@ -50,17 +51,18 @@ async def create_chat_completion(
         include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
     )
     if chat.stream:
-        run = await gateway.start_job(job)
+        run = await gateway.start_job(job, caller)
         return await stream_response(run, relay, gateway.settings.router, gateway.status)
-    async with gateway.run_job(job) as run:
+    async with gateway.run_job(job, caller) as run:
         return json_response(await relay.assemble(run.chunks()))
 
 
 @get("/v1/models")
-async def list_models(gateway: Gateway) -> Response[bytes]:
-    """The models this front door routes."""
+async def list_models(gateway: Gateway, caller: Caller) -> Response[bytes]:
+    """The models this front door routes that the caller's key may use."""
     created = int(gateway.started)
-    cards = [ModelCard(id=name, created=created) for name in gateway.model_names()]
+    names = [name for name in gateway.model_names() if caller.may_use(name)]
+    cards = [ModelCard(id=name, created=created) for name in names]
     return json_response(ModelList(data=cards))
 
 
