@@ -24,7 +24,7 @@ import math
 import time
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import OutOfMemoryError, RedisError
 
 from router.auth import Caller
 from router.openai.errors import TooManyRequestsError
@@ -147,7 +147,7 @@ return false
 
 def is_redis_full(exc: RedisError) -> bool:
     """Whether Redis refused a write for want of memory (maxmemory with noeviction)."""
-    return isinstance(exc, ResponseError) and str(exc).startswith("OOM")
+    return isinstance(exc, OutOfMemoryError)
 
 
 def estimate_tokens(job: Job, completion_tokens: int) -> int:
