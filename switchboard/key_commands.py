@@ -33,7 +33,11 @@ def add_parser(commands: Any) -> None:
     add = actions.add_parser("add", help="make a key, store its SHA-256 in Redis and print the key once")
     add.add_argument("name", help="who or what the key is for (letters, digits, '.', '_', '@', '-')")
     add.add_argument(
-        "--models", type=_names, default=[], help="comma-separated models it may use (default: all)"
+        "--models",
+        dest="key_models",
+        type=_names,
+        default=[],
+        help="comma-separated models it may use (default: all)",
     )
     add.add_argument("--rpm", type=_positive_int, help="requests per minute (default: no limit)")
     add.add_argument(
@@ -76,11 +80,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _add(store: api_keys.KeyStore, args: argparse.Namespace, settings: Settings) -> int:
-    _warn_unknown_models(args.models, settings)
+    _warn_unknown_models(args.key_models, settings)
     try:
         secret, record = store.add(
             args.name,
-            models=args.models,
+            models=args.key_models,
             rpm=args.rpm,
             tpm=args.tpm,
             max_parallel=args.parallel,
@@ -111,11 +115,11 @@ def _remove(store: api_keys.KeyStore, name: str, settings: Settings) -> int:
 
 
 def _print_toml(args: argparse.Namespace, settings: Settings) -> int:
-    _warn_unknown_models(args.models, settings)
+    _warn_unknown_models(args.key_models, settings)
     try:
         secret, record = api_keys.make_key(
             args.name,
-            models=args.models,
+            models=args.key_models,
             rpm=args.rpm,
             tpm=args.tpm,
             max_parallel=args.parallel,
