@@ -17,6 +17,7 @@ from router import routes
 from router.admin import admin_router
 from router.admission import REDIS_FULL_RETRY_S, is_redis_full
 from router.auth import authenticate, provide_caller
+from router.disconnect import cancel_on_disconnect
 from router.gateway import Gateway
 from router.openai.errors import (
     InvalidRequestError,
@@ -56,6 +57,7 @@ def create_app(settings: Settings) -> Litestar:
         lifespan=[gateway_lifespan],
         # Every route needs a known API key while auth is on (router.auth), but the health checks.
         guards=[authenticate],
+        middleware=[cancel_on_disconnect],
         dependencies={
             "gateway": Provide(_provide_gateway, sync_to_thread=False),
             "caller": Provide(provide_caller),

@@ -116,8 +116,10 @@ class Gateway:
                 raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())
         except BaseException as exc:
             self.reader.unsubscribe(subscription)
-            # Shielded: a client that left cancels this task, and the slots must still be given back.
-            await asyncio.shield(self._release_quietly(ticket))
+            # Shielded: a client that left cancels this task, and the slots must still be given back
+            # (and a job that may have been queued for nobody, cancelled).
+            left = isinstance(exc, asyncio.CancelledError)
+            await asyncio.shield(self._abandon(job.id, ticket, cancel=left))
             if isinstance(exc, RedisError):
                 raise _unavailable(exc) from exc
             raise
@@ -132,17 +134,25 @@ class Gateway:
         )
 
     async def _admit(self, job: Job, caller: Caller) -> Ticket:
+        admitting = asyncio.ensure_future(self.admission.admit(job, caller))
         try:
-            return await self.admission.admit(job, caller)
+            return await asyncio.shield(admitting)
+        except asyncio.CancelledError:
+            # The client left while its admission was in flight: give back what it may have taken.
+            with contextlib.suppress(Exception):
+                await self._abandon(job.id, await admitting, cancel=False)
+            raise
         except RedisError as exc:
             raise _unavailable(exc) from exc
 
-    async def _release_quietly(self, ticket: Ticket) -> None:
-        """Give back the ticket of a job that was never queued (nothing was generated for it)."""
+    async def _abandon(self, job_id: str, ticket: Ticket, *, cancel: bool) -> None:
+        """Give back the ticket of a job that nobody waits for (nothing was generated for it)."""
         try:
+            if cancel:
+                await self.queue.cancel(job_id)
             await ticket.release(0)
         except RedisError:
-            logger.warning("could not release the job's admission slots", extra={"job_id": ticket.job_id})
+            logger.warning("could not release the job's admission slots", extra={"job_id": job_id})
 
     @contextlib.asynccontextmanager
     async def run_job(self, job: Job, caller: Caller) -> AsyncIterator[JobRun]:

@@ -1,0 +1,91 @@
+"""A request whose client has gone away stops: its handler is cancelled, so its job ends at once.
+
+ASGI servers do not stop a handler when its client disconnects; a non-streamed request would wait
+for its job to the deadline, holding its key's parallel slot and the deployment's in-flight slot,
+and the worker would generate for nobody. Once the handler has read the whole request body, this
+middleware listens for the disconnect itself and cancels the handler, whose cleanup (`JobRun.close`:
+a cancel mark, the slots released) then runs. Once a response has started, it is left alone: a
+streamed response hears the disconnect itself, stops and closes its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
+
+logger = logging.getLogger(__name__)
+
+
+def cancel_on_disconnect(app: ASGIApp) -> ASGIApp:
+    """Wrap `app` so that an HTTP request's handler is cancelled when its client disconnects."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await app(scope, receive, send)
+            return
+        await _Request(app, scope, receive, send).run()
+
+    return middleware
+
+
+class _Request:
+    """One HTTP request: the app runs in a task; a watcher cancels it when the client leaves."""
+
+    def __init__(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        self._app = app
+        self._scope = scope
+        self._receive = receive
+        self._send = send
+        self._body_read = asyncio.Event()
+        self._disconnected = asyncio.Event()
+        self._response_started = False
+
+    async def run(self) -> None:
+        handler = asyncio.create_task(self._handle())
+        watcher = asyncio.create_task(self._watch(handler))
+        try:
+            await handler
+        except asyncio.CancelledError:
+            if not self._disconnected.is_set():
+                raise  # cancelled from outside (the server stopping), not by the watcher
+            logger.debug("client disconnected; request cancelled", extra={"path": self._scope.get("path")})
+        finally:
+            handler.cancel()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _handle(self) -> None:
+        await self._app(self._scope, self._app_receive, self._app_send)
+
+    async def _app_receive(self) -> ReceiveMessage:
+        if self._body_read.is_set():
+            # The body is read: only a disconnect can come now, and the watcher receives it.
+            await self._disconnected.wait()
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self._disconnected.set()
+        elif message["type"] == "http.request" and not message.get("more_body", False):
+            self._body_read.set()
+        return message
+
+    async def _app_send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._response_started = True
+        await self._send(message)
+
+    async def _watch(self, handler: asyncio.Task[None]) -> None:
+        await self._body_read.wait()
+        message = await self._receive()
+        if message["type"] != "http.disconnect":
+            return
+        self._disconnected.set()
+        # Once a response has started, the response itself hears the disconnect: a stream stops
+        # and runs its cleanup. (Servers also answer `http.disconnect` once a response is complete.)
+        if not self._response_started:
+            handler.cancel()
