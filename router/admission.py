@@ -227,7 +227,7 @@ class Admission:
     def _refused(
         self, what: str, retry_after_s: float, detail: int, job: Job, caller: Caller, tokens: int
     ) -> TooManyRequestsError:
-        logger.info(
+        logger.debug(
             "request refused at admission",
             extra={"key": caller.name, "model": job.model, "limit": what, "retry_after_s": retry_after_s},
         )

@@ -19,7 +19,8 @@ def serve(settings: Settings) -> None:
     any API key (the app checks again as it starts; this says so without a traceback).
     """
     stored_keys = _stored_key_count(settings)
-    if stored_keys is not None:
+    # With open access allowed there is nothing to refuse; the app logs its warning as it starts.
+    if stored_keys is not None and not settings.router.allow_open_access:
         check_exposure(settings, stored_keys)
     uvicorn.run(
         create_app(settings),

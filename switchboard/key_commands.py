@@ -63,8 +63,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.keys_command == "add" and args.toml:
         return _print_toml(args, settings)
     if not settings.redis.url:
+        if args.keys_command == "list":
+            print(render_table([], settings.auth.keys), end="")
         _say(NO_REDIS)
-        return 2
+        return 0 if args.keys_command == "list" else 2
     try:
         with redis.Redis.from_url(settings.redis.url, socket_timeout=10, socket_connect_timeout=10) as client:
             store = api_keys.KeyStore(client)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -15,7 +19,9 @@ from router.auth import auth_always_on, bearer_token, check_exposure
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey, ConfigError, ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.ports import free_port
 from switchboard.wire import Chunk, Usage
+from tests.network import accepts
 
 OTHER = "other"
 MODELS = [ModelConfig(name=MODEL, path="/nonexistent"), ModelConfig(name=OTHER, path="/nonexistent")]
@@ -211,3 +217,27 @@ def test_exposure_beyond_loopback_needs_a_key_or_an_explicit_choice(caplog: pyte
         check_exposure(settings, stored_keys=0)
     assert "without API keys" in caplog.text
     assert not auth_always_on(settings)
+
+
+def test_a_router_process_beyond_loopback_needs_a_key_or_open_access(redis_server: PrivateRedis) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "switchboard", "router", "--host", "0.0.0.0", "--port", str(port)]
+    env = {**os.environ, "REDIS_URL": redis_server.url}
+    refused = subprocess.run(argv, env=env, capture_output=True, timeout=120)
+    assert refused.returncode == 2
+    assert b"switchboard keys add" in refused.stderr
+    assert b"allow_open_access" in refused.stderr
+    env["SWITCHBOARD_ROUTER__ALLOW_OPEN_ACCESS"] = "true"
+    with subprocess.Popen(argv, env=env, stderr=subprocess.PIPE) as serving_everyone:
+        try:
+            for _ in range(600):
+                if accepts("127.0.0.1", port):
+                    break
+                assert serving_everyone.poll() is None, serving_everyone.stderr
+                time.sleep(0.1)
+            else:
+                pytest.fail("the front door did not start with allow_open_access")
+        finally:
+            serving_everyone.terminate()
+            _, stderr = serving_everyone.communicate(timeout=30)
+    assert b"serving without API keys" in stderr

@@ -102,3 +102,6 @@ def test_without_redis_the_command_says_where_keys_can_live(
     monkeypatch.delenv("REDIS_URL", raising=False)
     assert cli.main(["keys", "add", "alice"]) == 2
     assert "--toml" in capsys.readouterr().err
+    assert cli.main(["keys", "list"]) == 0  # the config's keys, and where the others would live
+    out, err = capsys.readouterr()
+    assert out.startswith("NAME") and "--toml" in err
