@@ -29,7 +29,8 @@ def show_models(base_url: str, api_key: str | None = None) -> int:
         ) as response:
             payload = json.load(response)
     except urllib.error.HTTPError as exc:
-        print(f"switchboard: {url} answered {exc.code}: {_error_message(exc)}", file=sys.stderr)
+        hint = " Pass an admin key with --key (or SWITCHBOARD_ADMIN_KEY)." if exc.code in (401, 403) else ""
+        print(f"switchboard: {url} answered {exc.code}: {_error_message(exc)}{hint}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
