@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -63,11 +63,15 @@ class Deployment:
     redis_url: str
     urls: list[str]
     secrets: dict[str, str]
+    # The clients of the running test (each belongs to its event loop); closed when it ends.
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
 
     def client(self, door: int, key: str | None) -> openai.AsyncOpenAI:
         """The openai client of front door `door` with key `key` (None: a key nobody made)."""
         secret = self.secrets[key] if key else "sb-" + "x" * 43
-        return openai.AsyncOpenAI(base_url=f"{self.urls[door]}/v1", api_key=secret, max_retries=0)
+        client = openai.AsyncOpenAI(base_url=f"{self.urls[door]}/v1", api_key=secret, max_retries=0)
+        self.clients.append(client)
+        return client
 
 
 def _switchboard(config: Path, *argv: str) -> list[str]:
@@ -125,6 +129,17 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                     process.wait()
 
 
+@pytest.fixture
+async def doors(deployment: Deployment) -> AsyncIterator[Deployment]:
+    """The deployment, for one test: the clients it makes are closed at its end."""
+    try:
+        yield deployment
+    finally:
+        for client in deployment.clients:
+            await client.close()
+        deployment.clients.clear()
+
+
 class ScriptedWorker:
     """Takes every job of SERVED with the real consumer group; answers when told (or at once)."""
 
@@ -147,10 +162,21 @@ class ScriptedWorker:
                     else:
                         self.jobs.put_nowait((job, entry_id))
 
-    async def taken(self, count: int) -> list[tuple[Job, bytes]]:
-        """The next `count` jobs taken (and held)."""
-        async with asyncio.timeout(20):
-            return [await self.jobs.get() for _ in range(count)]
+    async def taken(self, count: int, requests: list[asyncio.Task[str | None]]) -> list[tuple[Job, bytes]]:
+        """The next `count` jobs taken (and held); a request that ends meanwhile fails the test."""
+        jobs: list[tuple[Job, bytes]] = []
+        async with asyncio.timeout(60):
+            while len(jobs) < count:
+                getting = asyncio.ensure_future(self.jobs.get())
+                await asyncio.wait([getting, *requests], return_when=asyncio.FIRST_COMPLETED)
+                if not getting.done():
+                    getting.cancel()
+                    ended = next(r for r in requests if r.done())
+                    pytest.fail(
+                        f"a request ended before its job was taken: {ended.exception() or ended.result()}"
+                    )
+                jobs.append(getting.result())
+        return jobs
 
     async def answer(self, job: Job, entry_id: bytes, tokens: int = 2) -> None:
         """The job's only chunk, with `tokens` of usage, then its acknowledgement."""
@@ -190,98 +216,98 @@ def started(client: openai.AsyncOpenAI, max_tokens: int = 1, model: str = SERVED
     return asyncio.create_task(chat(client, model, max_tokens))
 
 
-async def test_both_front_doors_know_every_key(deployment: Deployment) -> None:
+async def test_both_front_doors_know_every_key(doors: Deployment) -> None:
     for door in range(2):
         with pytest.raises(openai.AuthenticationError) as unknown:
-            await deployment.client(door, None).models.list()
+            await doors.client(door, None).models.list()
         assert unknown.value.code == "invalid_api_key"
         assert "sb-xx***xxxx" in unknown.value.message
-        listed = await deployment.client(door, "tiny-only").models.list()
+        listed = await doors.client(door, "tiny-only").models.list()
         assert [m.id for m in listed.data] == [SERVED]
         with pytest.raises(openai.PermissionDeniedError) as denied:
-            await chat(deployment.client(door, "tiny-only"), UNSERVED)
+            await chat(doors.client(door, "tiny-only"), UNSERVED)
         assert denied.value.code == "model_not_allowed"
-        async with httpx.AsyncClient(base_url=deployment.urls[door]) as admin:
+        async with httpx.AsyncClient(base_url=doors.urls[door]) as admin:
             assert (await admin.get("/admin/models")).status_code == 401
-            as_user = {"Authorization": f"Bearer {deployment.secrets['tiny-only']}"}
+            as_user = {"Authorization": f"Bearer {doors.secrets['tiny-only']}"}
             assert (await admin.get("/admin/models", headers=as_user)).status_code == 403
-            as_ops = {"Authorization": f"Bearer {deployment.secrets['ops']}"}
+            as_ops = {"Authorization": f"Bearer {doors.secrets['ops']}"}
             assert (await admin.get("/admin/models", headers=as_ops)).status_code == 200
             assert (await admin.get("/healthz")).status_code == 200
 
 
-async def test_requests_per_minute_are_counted_across_front_doors(deployment: Deployment) -> None:
-    async with scripted_worker(deployment, answer_at_once=True):
-        assert await chat(deployment.client(0, "rpm")) == "ok"
-        assert await chat(deployment.client(1, "rpm")) == "ok"
-        assert await chat(deployment.client(0, "rpm")) == "ok"
+async def test_requests_per_minute_are_counted_across_front_doors(doors: Deployment) -> None:
+    async with scripted_worker(doors, answer_at_once=True):
+        assert await chat(doors.client(0, "rpm")) == "ok"
+        assert await chat(doors.client(1, "rpm")) == "ok"
+        assert await chat(doors.client(0, "rpm")) == "ok"
         for door in range(2):
             with pytest.raises(openai.RateLimitError) as limited:
-                await chat(deployment.client(door, "rpm"))
+                await chat(doors.client(door, "rpm"))
             assert limited.value.code == "rate_limit_exceeded"
             assert 1 <= int(limited.value.response.headers["Retry-After"]) <= 20
-        assert await chat(deployment.client(1, "ops")) == "ok"  # other keys are not held back
+        assert await chat(doors.client(1, "ops")) == "ok"  # other keys are not held back
 
 
-async def test_parallel_requests_are_counted_across_front_doors(deployment: Deployment) -> None:
-    async with scripted_worker(deployment, answer_at_once=False) as worker:
-        held = [started(deployment.client(0, "parallel")), started(deployment.client(1, "parallel"))]
-        (first, second) = await worker.taken(2)
+async def test_parallel_requests_are_counted_across_front_doors(doors: Deployment) -> None:
+    async with scripted_worker(doors, answer_at_once=False) as worker:
+        held = [started(doors.client(0, "parallel")), started(doors.client(1, "parallel"))]
+        (first, second) = await worker.taken(2, held)
         for door in range(2):
             with pytest.raises(openai.RateLimitError) as limited:
-                await chat(deployment.client(door, "parallel"))
+                await chat(doors.client(door, "parallel"))
             assert "2 requests in flight" in limited.value.message
             assert limited.value.response.headers["Retry-After"] == "1"
         await worker.answer(*first)
-        await asyncio.wait_for(asyncio.gather(*held[:1], return_exceptions=True), 20)
-        # Whichever request ended, its slot is free on both front doors.
-        extra = started(deployment.client(1, "parallel"))
-        (third,) = await worker.taken(1)
+        await asyncio.wait(held, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        # Whichever front door that request came through, its slot is free on both.
+        extra = [started(doors.client(1, "parallel"))]
+        (third,) = await worker.taken(1, extra)
         await worker.answer(*second)
         await worker.answer(*third)
-        assert await asyncio.wait_for(asyncio.gather(*held, extra), 20) == ["ok", "ok", "ok"]
+        assert await asyncio.wait_for(asyncio.gather(*held, *extra), 60) == ["ok", "ok", "ok"]
 
 
-async def test_tokens_per_minute_are_reserved_and_settled_across_front_doors(deployment: Deployment) -> None:
-    async with scripted_worker(deployment, answer_at_once=False) as worker:
+async def test_tokens_per_minute_are_reserved_and_settled_across_front_doors(doors: Deployment) -> None:
+    async with scripted_worker(doors, answer_at_once=False) as worker:
         # About 61 tokens reserved on door 0: the same again on door 1 exceeds 100 per minute.
-        first = started(deployment.client(0, "tokens"), max_tokens=60)
-        ((job, entry_id),) = await worker.taken(1)
+        first = started(doors.client(0, "tokens"), max_tokens=60)
+        ((job, entry_id),) = await worker.taken(1, [first])
         with pytest.raises(openai.RateLimitError) as limited:
-            await chat(deployment.client(1, "tokens"), max_tokens=60)
+            await chat(doors.client(1, "tokens"), max_tokens=60)
         assert limited.value.type == "tokens"
         # It used 4 tokens: the rest comes back when it ends, and door 1 admits the request.
         await worker.answer(job, entry_id, tokens=4)
-        assert await asyncio.wait_for(first, 20) == "ok"
-        second = started(deployment.client(1, "tokens"), max_tokens=60)
-        ((job, entry_id),) = await worker.taken(1)
+        assert await asyncio.wait_for(first, 60) == "ok"
+        second = started(doors.client(1, "tokens"), max_tokens=60)
+        ((job, entry_id),) = await worker.taken(1, [second])
         await worker.answer(job, entry_id, tokens=4)
-        assert await asyncio.wait_for(second, 20) == "ok"
+        assert await asyncio.wait_for(second, 60) == "ok"
 
 
 async def test_in_flight_requests_and_queue_depth_are_bounded_across_front_doors(
-    deployment: Deployment,
+    doors: Deployment,
 ) -> None:
-    async with scripted_worker(deployment, answer_at_once=False) as worker:
-        held = [started(deployment.client(door % 2, "ops")) for door in range(MAX_IN_FLIGHT)]
-        taken = await worker.taken(MAX_IN_FLIGHT)
+    async with scripted_worker(doors, answer_at_once=False) as worker:
+        held = [started(doors.client(door % 2, "ops")) for door in range(MAX_IN_FLIGHT)]
+        taken = await worker.taken(MAX_IN_FLIGHT, held)
         for door in range(2):
             with pytest.raises(openai.RateLimitError) as busy:
-                await chat(deployment.client(door, "ops"))
+                await chat(doors.client(door, "ops"))
             assert busy.value.code == "server_busy"
         for job, entry_id in taken:
             await worker.answer(job, entry_id)
-        assert await asyncio.wait_for(asyncio.gather(*held), 20) == ["ok"] * MAX_IN_FLIGHT
+        assert await asyncio.wait_for(asyncio.gather(*held), 60) == ["ok"] * MAX_IN_FLIGHT
     # Nobody takes UNSERVED's jobs: two wait (one per front door), the third finds the queue full.
-    waiting = [started(deployment.client(door, "ops"), model=UNSERVED) for door in range(2)]
-    redis = aioredis.Redis.from_url(deployment.redis_url)
+    waiting = [started(doors.client(door, "ops"), model=UNSERVED) for door in range(2)]
+    redis = aioredis.Redis.from_url(doors.redis_url)
     try:
         for _ in range(400):
             if await redis.xlen(keys.job_stream(UNSERVED)) == 2:
                 break
             await asyncio.sleep(0.05)
         with pytest.raises(openai.RateLimitError) as full:
-            await chat(deployment.client(1, "ops"), UNSERVED)
+            await chat(doors.client(1, "ops"), UNSERVED)
         assert full.value.code == "queue_full"
         for request in waiting:
             request.cancel()
