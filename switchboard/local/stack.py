@@ -124,7 +124,8 @@ def _print_examples(settings: Settings) -> None:
     base = f"http://{shown_host}:{settings.router.port}/v1"
     # With keys in play the examples send one; with none, the front door ignores what is sent.
     keyed = bool(settings.auth.keys or settings.auth.admin_key_sha256 or settings.auth.required)
-    api_key = "YOUR_KEY" if keyed or not is_loopback_host(host) else "unused"
+    exposed = not is_loopback_host(host) and not settings.router.allow_open_access
+    api_key = "YOUR_KEY" if keyed or exposed else "unused"
     curl_auth = f" -H 'Authorization: Bearer {api_key}'" if api_key != "unused" else ""
     model = settings.models[0].name
     names = ", ".join(m.name for m in settings.models)
