@@ -13,6 +13,7 @@ from typing import Literal
 from litestar import Response, Router, get, post
 from litestar.types import Guard
 
+from router.auth import require_admin
 from router.gateway import Gateway
 from router.model_status import ModelStatusList
 from router.openai.errors import RouteNotFoundError
@@ -20,9 +21,9 @@ from router.routes import json_response
 from switchboard import keys
 from switchboard.wire import DesiredState, encode
 
-# Admin-key authentication (a later issue) goes here: a guard that checks the caller's admin key
-# runs before every handler below. Until then these endpoints are open; do not expose them.
-ADMIN_GUARDS: list[Guard] = []
+# An admin key while auth is on. With auth off the front door is loopback-only (or its operator
+# chose router.allow_open_access), and these endpoints are open like the rest.
+ADMIN_GUARDS: list[Guard] = [require_admin]
 
 
 @get("/models")

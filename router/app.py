@@ -15,11 +15,15 @@ from redis.exceptions import RedisError
 
 from router import routes
 from router.admin import admin_router
+from router.admission import REDIS_FULL_RETRY_S, is_redis_full
+from router.auth import authenticate, provide_caller
+from router.disconnect import cancel_on_disconnect
 from router.gateway import Gateway
 from router.openai.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     OpenAIError,
+    RedisFullError,
     RouteNotFoundError,
     ServiceUnavailableError,
 )
@@ -53,7 +57,13 @@ def create_app(settings: Settings) -> Litestar:
             admin_router(),
         ],
         lifespan=[gateway_lifespan],
-        dependencies={"gateway": Provide(_provide_gateway, sync_to_thread=False)},
+        # Every route needs a known API key while auth is on (router.auth), but the health checks.
+        guards=[authenticate],
+        middleware=[cancel_on_disconnect],
+        dependencies={
+            "gateway": Provide(_provide_gateway, sync_to_thread=False),
+            "caller": Provide(provide_caller),
+        },
         exception_handlers={
             OpenAIError: _openai_error,
             HTTPException: _http_error,
@@ -90,6 +100,8 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
 
 def _redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
     logger.warning("redis error", extra={"path": request.url.path, "error": str(exc)})
+    if is_redis_full(exc):
+        return _openai_error(request, RedisFullError(REDIS_FULL_RETRY_S))
     return _openai_error(request, ServiceUnavailableError(f"Redis is unavailable: {exc}. Retry shortly."))
 
 

@@ -1,48 +1,91 @@
-"""A non-streamed request whose client leaves is cancelled, as a streamed one is.
+"""A request whose client has gone away stops: its handler is cancelled, so its job ends at once.
 
-An ASGI server does not cancel a handler when its client disconnects; it reports the disconnect to
-whoever waits on `receive()`. Once the body has been read, nothing else waits there, so a watcher
-can: when the client goes, the work is cancelled, and the job's run leaves its cancel mark.
+ASGI servers do not stop a handler when its client disconnects; a non-streamed request would wait
+for its job to the deadline, holding its key's parallel slot and the deployment's in-flight slot,
+and the worker would generate for nobody. Once the handler has read the whole request body, this
+middleware listens for the disconnect itself and cancels the handler, whose cleanup (`JobRun.close`:
+a cancel mark, the slots released) then runs. Once a response has started, it is left alone: a
+streamed response hears the disconnect itself, stops and closes its job.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+import contextlib
+import logging
 
-from litestar import Request
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
-from router.openai.errors import OpenAIError
-
-T = TypeVar("T")
-
-
-class ClientDisconnectedError(OpenAIError):
-    """The client left before its answer was ready (nobody reads this response)."""
-
-    # nginx's "client closed request": the status proxies log for it.
-    status_code = 499
-    error_type = "invalid_request_error"
-    default_code = "client_disconnected"
+logger = logging.getLogger(__name__)
 
 
-async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
-    """The result of `work`, cancelled if the client disconnects first (its body already read)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, watcher):
-            pending.cancel()
-        # Let the work's own cleanup run before the caller's (the job's run leaves its cancel mark).
-        await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.cancelled():
-        raise ClientDisconnectedError("The client disconnected before its answer was ready.")
-    return task.result()
+def cancel_on_disconnect(app: ASGIApp) -> ASGIApp:
+    """Wrap `app` so that an HTTP request's handler is cancelled when its client disconnects."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await app(scope, receive, send)
+            return
+        await _Request(app, scope, receive, send).run()
+
+    return middleware
 
 
-async def _disconnect(request: Request[Any, Any, Any]) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class _Request:
+    """One HTTP request: the app runs in a task; a watcher cancels it when the client leaves."""
+
+    def __init__(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        self._app = app
+        self._scope = scope
+        self._receive = receive
+        self._send = send
+        self._body_read = asyncio.Event()
+        self._disconnected = asyncio.Event()
+        self._response_started = False
+
+    async def run(self) -> None:
+        handler = asyncio.create_task(self._handle())
+        watcher = asyncio.create_task(self._watch(handler))
+        try:
+            await handler
+        except asyncio.CancelledError:
+            if not self._disconnected.is_set():
+                raise  # cancelled from outside (the server stopping), not by the watcher
+            logger.debug("client disconnected; request cancelled", extra={"path": self._scope.get("path")})
+        finally:
+            handler.cancel()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _handle(self) -> None:
+        await self._app(self._scope, self._app_receive, self._app_send)
+
+    async def _app_receive(self) -> ReceiveMessage:
+        if self._body_read.is_set():
+            # The body is read: only a disconnect can come now, and the watcher receives it.
+            await self._disconnected.wait()
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self._disconnected.set()
+        elif message["type"] == "http.request" and not message.get("more_body", False):
+            self._body_read.set()
+        return message
+
+    async def _app_send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._response_started = True
+        await self._send(message)
+
+    async def _watch(self, handler: asyncio.Task[None]) -> None:
+        await self._body_read.wait()
+        message = await self._receive()
+        if message["type"] != "http.disconnect":
+            return
+        self._disconnected.set()
+        # Once a response has started, the response itself hears the disconnect: a stream stops
+        # and runs its cleanup. (Servers also answer `http.disconnect` once a response is complete.)
+        if not self._response_started:
+            handler.cancel()

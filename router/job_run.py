@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
 
+from router.admission import Ticket
 from router.enqueue import JobQueue
 from router.model_status import ModelStatusReader
 from router.openai.errors import GatewayTimeoutError, ModelLoadingError, OpenAIError
@@ -38,6 +39,7 @@ class JobRun:
         queue: JobQueue,
         status: ModelStatusReader,
         timeout_s: float,
+        ticket: Ticket,
     ) -> None:
         self.job = job
         self._subscription = subscription
@@ -45,6 +47,9 @@ class JobRun:
         self._queue = queue
         self._status = status
         self._timeout_s = timeout_s
+        self._ticket = ticket
+        # Tokens the job used, from its last chunk: what its key's tpm is settled with.
+        self._used_tokens: int | None = None
         # The job's deadline on the event loop's clock, which timeouts use.
         loop = asyncio.get_running_loop()
         self._deadline = loop.time() + (job.deadline - time.time())
@@ -66,13 +71,14 @@ class JobRun:
         yield chunk
 
     async def close(self) -> None:
-        """Stop reading the job's results; an unfinished job gets a cancel mark. Idempotent."""
+        """Stop reading the job's results; an unfinished job gets a cancel mark; its admission ticket
+        is released. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._reader.unsubscribe(self._subscription)
-        if not self._subscription.finished:
-            await self._cancel_quietly()
+        # Shielded: a client that left cancels this task, and the mark and the release must still happen.
+        await asyncio.shield(self._finish(cancel=not self._subscription.finished))
 
     async def _next(self, limit: float, *, before_deadline: bool) -> Chunk | None:
         try:
@@ -82,6 +88,8 @@ class JobRun:
                 return None
             raise await self._deadline_error() from None
         self.started = True
+        if chunk.usage is not None:
+            self._used_tokens = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
         return chunk
 
     async def _deadline_error(self) -> OpenAIError:
@@ -112,9 +120,14 @@ class JobRun:
             retry_after_s=UNKNOWN_LOAD_RETRY_S if remaining_s is None else remaining_s,
         )
 
-    async def _cancel_quietly(self) -> None:
-        # Shielded: a client that left cancels this task, and the mark must still be written.
+    async def _finish(self, *, cancel: bool) -> None:
+        if cancel:
+            try:
+                await self._queue.cancel(self.job.id)
+            except RedisError:
+                logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})
         try:
-            await asyncio.shield(self._queue.cancel(self.job.id))
+            await self._ticket.release(self._used_tokens)
         except RedisError:
-            logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})
+            # Its slots expire on their own past the job's deadline.
+            logger.warning("could not release the job's admission slots", extra={"job_id": self.job.id})

@@ -10,10 +10,10 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 from redis.exceptions import RedisError
 
+from router.auth import Caller
 from router.bodies import decode_body
 from router.chat_relay import ChatRelay
 from router.completion_relay import CompletionRelay
-from router.disconnect import unless_disconnected
 from router.gateway import Gateway
 from router.jobs import chat_job, completion_job
 from router.model_limits import check_job_fits
@@ -43,12 +43,13 @@ def json_response(
 
 @post("/v1/chat/completions", status_code=200)
 async def create_chat_completion(
-    request: Request[Any, Any, Any], gateway: Gateway
+    request: Request[Any, Any, Any], gateway: Gateway, caller: Caller
 ) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
     chat = await decode_body(request, _chat_request)
     check_chat(chat)
     model = gateway.require_model(chat.model)
+    caller.require_model(chat.model)
     tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
     job = chat_job(
         chat,
@@ -65,15 +66,18 @@ async def create_chat_completion(
         logprobs=chat.logprobs,
         tools=tools,
     )
-    return await _answer(request, gateway, job, relay, stream=chat.stream)
+    return await _answer(gateway, caller, job, relay, stream=chat.stream)
 
 
 @post("/v1/completions", status_code=200)
-async def create_completion(request: Request[Any, Any, Any], gateway: Gateway) -> Response[bytes] | Stream:
+async def create_completion(
+    request: Request[Any, Any, Any], gateway: Gateway, caller: Caller
+) -> Response[bytes] | Stream:
     """OpenAI (legacy) Completions, streamed (server-sent events) or not."""
     completion = await decode_body(request, _completion_request)
     prompts = check_completion(completion)
     gateway.require_model(completion.model)
+    caller.require_model(completion.model)
     job = completion_job(completion, timeout_s=gateway.settings.router.request_timeout_s)
     relay = CompletionRelay(
         job_id=job.id,
@@ -83,38 +87,43 @@ async def create_completion(request: Request[Any, Any, Any], gateway: Gateway) -
         include_usage=bool(completion.stream_options and completion.stream_options.include_usage),
         logprobs=completion.logprobs is not None,
     )
-    return await _answer(request, gateway, job, relay, stream=completion.stream)
+    return await _answer(gateway, caller, job, relay, stream=completion.stream)
 
 
 async def _answer(
-    request: Request[Any, Any, Any],
     gateway: Gateway,
+    caller: Caller,
     job: Job,
     relay: ChatRelay | CompletionRelay,
     *,
     stream: bool,
 ) -> Response[bytes] | Stream:
-    """Queue the job and answer with its result: streamed, or whole once the job has finished."""
+    """Admit and queue the job, and answer with its result: streamed, or whole once it has finished.
+
+    A client that leaves cancels the job either way (`router.disconnect`).
+    """
     await check_job_fits(gateway.limits, job)
     if stream:
-        run = await gateway.start_job(job)
+        run = await gateway.start_job(job, caller)
         return await stream_response(run, relay, gateway.settings.router, gateway.status)
-    async with gateway.run_job(job) as run:
-        return json_response(await unless_disconnected(request, relay.assemble(run.chunks())))
+    async with gateway.run_job(job, caller) as run:
+        return json_response(await relay.assemble(run.chunks()))
 
 
 @get("/v1/models")
-async def list_models(gateway: Gateway) -> Response[bytes]:
-    """The models this front door routes."""
-    return json_response(ModelList(data=[_card(gateway, name) for name in gateway.model_names()]))
+async def list_models(gateway: Gateway, caller: Caller) -> Response[bytes]:
+    """The models this front door routes that the caller's key may use."""
+    names = [name for name in gateway.model_names() if caller.may_use(name)]
+    return json_response(ModelList(data=[_card(gateway, name) for name in names]))
 
 
 # Model names may hold slashes (`Qwen/Qwen2.5-0.5B`), so the id is the rest of the path.
 @get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, gateway: Gateway) -> Response[bytes]:
-    """One model this front door routes, or a 404."""
+async def retrieve_model(model_id: str, gateway: Gateway, caller: Caller) -> Response[bytes]:
+    """One model this front door routes, or a 404; a 403 for a model the caller's key may not use."""
     name = model_id.strip("/")
     gateway.require_model(name)
+    caller.require_model(name)
     return json_response(_card(gateway, name))
 
 

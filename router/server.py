@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import redis
 import uvicorn
+from redis.exceptions import RedisError
 
 from router.app import create_app
+from router.auth import check_exposure
+from switchboard import keys
 from switchboard.config import Settings
 
 
 def serve(settings: Settings) -> None:
-    """Entry point of `switchboard router`; returns when the server stops."""
+    """Entry point of `switchboard router`; returns when the server stops.
+
+    Raises ConfigError before listening when the front door would serve other machines without
+    any API key (the app checks again as it starts; this says so without a traceback).
+    """
+    stored_keys = _stored_key_count(settings)
+    # With open access allowed there is nothing to refuse; the app logs its warning as it starts.
+    if stored_keys is not None and not settings.router.allow_open_access:
+        check_exposure(settings, stored_keys)
     uvicorn.run(
         create_app(settings),
         host=settings.router.host,
@@ -18,3 +30,15 @@ def serve(settings: Settings) -> None:
         log_level="warning",
         timeout_keep_alive=30,
     )
+
+
+def _stored_key_count(settings: Settings) -> int | None:
+    """How many API keys Redis holds; None when Redis cannot say."""
+    if not settings.redis.url:
+        return None
+    keys.set_prefix(settings.redis.key_prefix)
+    try:
+        with redis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=5) as client:
+            return int(client.hlen(keys.api_keys()))  # type: ignore[arg-type]
+    except RedisError:
+        return None

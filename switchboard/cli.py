@@ -1,4 +1,4 @@
-"""`switchboard up | router | worker | models | make-demo-model`."""
+"""`switchboard up | router | worker | models | keys | make-demo-model`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import os
 import sys
 from pathlib import Path
 
+from switchboard import key_commands
 from switchboard.config import ConfigError, Settings, load_settings
 from switchboard.logs import LOG_LABEL_ENV, configure_logging
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LOG_DIR = "~/.cache/switchboard/logs"
+# The admin key `switchboard models` sends when --key is not given.
+ADMIN_KEY_ENV = "SWITCHBOARD_ADMIN_KEY"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
         help="all-in-one local stack: Redis (unless REDIS_URL), the front door, workers",
     )
     up.add_argument("--port", type=int, help="front door port (default 8000)")
+    up.add_argument(
+        "--host",
+        help="front door address (default 127.0.0.1; beyond loopback it needs an API key, see `keys`)",
+    )
     up.add_argument("--workers", type=_positive_int, default=1, help="worker processes to start (default 1)")
     up.add_argument(
         "--log-dir",
@@ -47,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
 
     log_file_help = "write all output here (Triton's, vLLM's, child processes'); the terminal shows a summary"
     router = commands.add_parser("router", parents=[verbose], help="run the front door")
-    router.add_argument("--host", help="address to listen on (default 0.0.0.0)")
+    router.add_argument(
+        "--host", help="address to listen on (default 127.0.0.1; beyond loopback it needs an API key)"
+    )
     router.add_argument("--port", type=int, help="port to listen on (default 8000)")
     router.add_argument("--log-file", type=Path, help=log_file_help)
 
@@ -57,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="show each model's state (loaded where, queued jobs)")
     models.add_argument("--url", help="the front door (default http://127.0.0.1:<router.port>)")
+    models.add_argument("--key", help=f"an admin API key, needed once keys exist (default: ${ADMIN_KEY_ENV})")
+
+    key_commands.add_parser(commands)
 
     demo = commands.add_parser("make-demo-model", help="build the tiny demo model into a folder")
     demo.add_argument("directory", type=Path)
@@ -95,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "models":
         from switchboard.models_table import show_models
 
-        return int(show_models(args.url or f"http://127.0.0.1:{settings.router.port}"))
+        url = args.url or f"http://127.0.0.1:{settings.router.port}"
+        return int(show_models(url, api_key=args.key or os.environ.get(ADMIN_KEY_ENV)))
+    if args.command == "keys":
+        return key_commands.run(args, settings)
     if args.command == "up":
         from switchboard.local.stack import run_stack
 
@@ -121,6 +136,9 @@ def _run_component(command: str, settings: Settings) -> int:
             from workers.main import run_worker
 
             run_worker(settings)
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return 2
     except Exception:
         logger.exception("the %s stopped on an error", command)
         return 1

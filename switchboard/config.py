@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from switchboard import keys
+
 ENV_PREFIX = "SWITCHBOARD_"
 DEMO_MODEL_NAME = "switchboard-demo"
 
@@ -53,16 +55,29 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Where the queue lives. No URL means `switchboard up` starts a private redis-server."""
+    """Where the queue lives. No URL means `switchboard up` starts a private redis-server.
+
+    A password goes in the URL (`redis://:PASSWORD@host:6379/0`, or `redis://USER:PASSWORD@...` with
+    ACL users); `rediss://` speaks TLS.
+    """
 
     url: str | None = None
+    # Every key Switchboard writes starts with this, so that several deployments can share a Redis.
+    key_prefix: Annotated[str, msgspec.Meta(max_length=64, pattern=keys.PREFIX_PATTERN)] = "sb"
+    # The private redis-server of `switchboard up` holds at most this much (Redis units: "512mb",
+    # "2gb"); past it, writes are refused (noeviction) and requests get a 503 instead of losing jobs.
+    private_maxmemory: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+([kmg]b?)?$")] = "1gb"
 
 
 class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The front door."""
 
-    host: str = "0.0.0.0"
+    # Loopback by default: serving other machines is a choice (see allow_open_access).
+    host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    # A front door on a non-loopback address with no API key refuses to start unless this is true
+    # (then it serves everyone, admin endpoints included, and says so in a warning).
+    allow_open_access: bool = False
     # How long a request may wait for its job to finish before the client gets a 504.
     request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
     # A streamed response holds its headers back this long for the first chunk, so that what is
@@ -70,6 +85,55 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     first_byte_budget_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     # Past that, while a model loads, an SSE comment reports the load's progress this often.
     load_progress_every_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+
+
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")]
+PositiveLimit = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ApiKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One API key, known by the SHA-256 of its secret (`switchboard keys add` makes both).
+
+    The same record lives in the config (`[[auth.keys]]`) or in Redis (`switchboard keys add`).
+    """
+
+    name: KeyName
+    sha256: Sha256Hex
+    # Models the key may use; empty: every model.
+    models: list[str] = msgspec.field(default_factory=list)
+    # Requests and tokens (prompt and completion) per minute, requests in flight at once; None: no limit.
+    rpm: PositiveLimit | None = None
+    tpm: PositiveLimit | None = None
+    max_parallel: PositiveLimit | None = None
+    # May call the /admin endpoints.
+    admin: bool = False
+    created: float | None = None
+
+
+class AuthConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Who may call the front door: `Authorization: Bearer <key>` once any key exists."""
+
+    # Ask for a key even while none exists (every request is then refused).
+    required: bool = False
+    # Keys kept in the config; `switchboard keys add` keeps them in Redis instead.
+    keys: list[ApiKey] = msgspec.field(default_factory=list)
+    # SHA-256 of an admin key given outside the config file (SWITCHBOARD_AUTH__ADMIN_KEY_SHA256).
+    admin_key_sha256: Sha256Hex | None = None
+    # How long a front door trusts its copy of the keys in Redis: a removed key works this much longer.
+    cache_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+
+
+class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Admission bounds: past them a request is refused at once (429 with Retry-After)."""
+
+    # Requests admitted and not finished, across every front door sharing the Redis.
+    max_in_flight: PositiveLimit = 2048
+    # Jobs waiting on one model's stream that no worker has taken yet.
+    max_queue_depth: PositiveLimit = 1024
+    # Completion tokens counted against a key's tpm for a request without max_tokens, until the
+    # job ends and its real usage replaces the estimate.
+    estimated_completion_tokens: PositiveLimit = 256
 
 
 class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -129,6 +193,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
+    auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
 
     def model(self, name: str) -> ModelConfig | None:
@@ -227,3 +293,20 @@ def _check_consistency(settings: Settings) -> None:
             f"worker.models names unknown models: {', '.join(unknown)}; "
             f"configured models are: {', '.join(names)}"
         )
+    _check_api_keys(settings.auth.keys, names)
+
+
+def _check_api_keys(api_keys: list[ApiKey], model_names: list[str]) -> None:
+    key_names = [k.name for k in api_keys]
+    repeated = sorted({n for n in key_names if key_names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"auth.keys: key names must be unique; repeated: {', '.join(repeated)}")
+    if len({k.sha256 for k in api_keys}) < len(api_keys):
+        raise ConfigError("auth.keys: two keys have the same sha256")
+    for key in api_keys:
+        unknown = sorted(set(key.models) - set(model_names))
+        if unknown:
+            raise ConfigError(
+                f"auth.keys: key {key.name!r} names unknown models: {', '.join(unknown)}; "
+                f"configured models are: {', '.join(model_names)}"
+            )

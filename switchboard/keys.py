@@ -7,7 +7,11 @@ share a Redis server.
 
 from __future__ import annotations
 
+import re
+
+# Set once at process start from `redis.key_prefix` (see `set_prefix`); every key below reads it.
 PREFIX = "sb"
+PREFIX_PATTERN = r"^[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)*$"
 
 # Consumer group that every worker joins on each model's job stream.
 JOB_GROUP = "workers"
@@ -47,6 +51,21 @@ MODEL_LIMITS_TTL_S = 30 * 24 * 3600
 # The demand stream only carries pokes; a few hundred recent entries are plenty.
 DEMAND_MAXLEN = 256
 DEMAND_TTL_S = 3600
+
+
+# A request holds its in-flight slot at most this long past its deadline: a front door that dies
+# without releasing its slots loses them then.
+SLOT_GRACE_S = 30
+
+
+def set_prefix(prefix: str) -> None:
+    """Put every key of this process under `prefix` (call once, before any key is made)."""
+    global PREFIX
+    if not re.fullmatch(PREFIX_PATTERN, prefix):
+        raise ValueError(
+            f"invalid key prefix {prefix!r}: letters, digits, '.', '_', '-', parts joined by ':'"
+        )
+    PREFIX = prefix
 
 
 def job_stream(model: str) -> str:
@@ -112,6 +131,29 @@ def model_limits(model: str) -> str:
 def demand_stream() -> str:
     """Poked at enqueue and by admin requests, so that model controllers react at once."""
     return f"{PREFIX}:demand"
+
+
+def api_keys() -> str:
+    """Hash of the API keys `switchboard keys add` made: SHA-256 of the secret → the key's record (JSON).
+
+    Operator data: it has no expiry, and only `switchboard keys` writes it.
+    """
+    return f"{PREFIX}:api-keys"
+
+
+def key_rate(name: str) -> str:
+    """The request and token buckets of the API key `name`; expires once both would be full again."""
+    return f"{PREFIX}:api-key:{name}:rate"
+
+
+def key_in_flight(name: str) -> str:
+    """Sorted set of the requests the API key `name` has in flight, scored by when each slot expires."""
+    return f"{PREFIX}:api-key:{name}:in-flight"
+
+
+def in_flight() -> str:
+    """Sorted set of every request in flight across the front doors, scored by when each slot expires."""
+    return f"{PREFIX}:in-flight"
 
 
 def all_key_patterns() -> list[str]:

@@ -16,14 +16,21 @@ COLUMNS = ("MODEL", "STATE", "WHERE", "QUEUE", "IN-FLIGHT", "LAST LOAD", "TYPICA
 TIMEOUT_S = 10.0
 
 
-def show_models(base_url: str) -> int:
-    """Print the models table of the front door at `base_url`; the process's exit code."""
+def show_models(base_url: str, api_key: str | None = None) -> int:
+    """Print the models table of the front door at `base_url`; the process's exit code.
+
+    `api_key` (an admin key) is needed once the front door has API keys.
+    """
     url = f"{base_url.rstrip('/')}/admin/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S
+        ) as response:
             payload = json.load(response)
     except urllib.error.HTTPError as exc:
-        print(f"switchboard: {url} answered {exc.code}: {_error_message(exc)}", file=sys.stderr)
+        hint = " Pass an admin key with --key (or SWITCHBOARD_ADMIN_KEY)." if exc.code in (401, 403) else ""
+        print(f"switchboard: {url} answered {exc.code}: {_error_message(exc)}{hint}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -40,6 +40,9 @@ def use_own_libpython() -> None:
     os.environ["LD_LIBRARY_PATH"] = ":".join([libdir, *paths])
 
 
+# Triton's HTTP, gRPC and metrics endpoints listen here (PyTriton's default is every address).
+LISTEN_ADDRESS = "127.0.0.1"
+
 # How long Triton may take to finish unloading a model (its in-flight requests have ended).
 UNLOAD_TIMEOUT_S = 30.0
 
@@ -69,8 +72,12 @@ class TritonHost:
         """Launch the Triton server process (a few seconds)."""
         use_own_libpython()
         config = TritonConfig(
+            # Only this worker talks to its Triton: nothing else on the network may reach it.
+            http_address=LISTEN_ADDRESS,
             http_port=self.http_port,
+            grpc_address=LISTEN_ADDRESS,
             grpc_port=self.grpc_port,
+            metrics_address=LISTEN_ADDRESS,
             metrics_port=self.metrics_port,
             log_verbose=0,
             # Ready means the server is up: models come and go, and each is asked about itself.

@@ -186,3 +186,64 @@ class UnsupportedMediaTypeError(InvalidRequestError):
 
     status_code = 415
     default_code = "unsupported_media_type"
+
+
+class AuthenticationError(OpenAIError):
+    """No API key, or one that is not known here (401)."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class ModelNotAllowedError(OpenAIError):
+    """The caller's key may not use that model (403)."""
+
+    status_code = 403
+    error_type = "invalid_request_error"
+    default_code = "model_not_allowed"
+
+    def __init__(self, model: str, key_name: str) -> None:
+        super().__init__(f"The API key `{key_name}` may not use the model `{model}`.", param="model")
+
+
+class AdminKeyRequiredError(OpenAIError):
+    """An admin endpoint called with a key that is not an admin key (403)."""
+
+    status_code = 403
+    error_type = "invalid_request_error"
+    default_code = "admin_key_required"
+
+
+class TooManyRequestsError(OpenAIError):
+    """Refused at admission: a key's limit, the model's queue or the front doors are full (429).
+
+    `code` says which: rate_limit_exceeded (the key's rpm, tpm or parallel requests), queue_full
+    (the model's queue), server_busy (requests in flight across the front doors).
+    """
+
+    status_code = 429
+    error_type = "requests"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(
+        self, message: str, *, retry_after_s: float, code: str | None = None, tokens: bool = False
+    ) -> None:
+        headers = retry_after_header(retry_after_s)
+        super().__init__(f"{message} Retry in {headers['Retry-After']} s.", code=code, headers=headers)
+        if tokens:
+            self.error_type = "tokens"
+
+
+class RedisFullError(ServiceUnavailableError):
+    """Redis refused a write because it is out of memory (503 with Retry-After): nothing was queued."""
+
+    default_code = "queue_full"
+
+    def __init__(self, retry_after_s: float) -> None:
+        headers = retry_after_header(retry_after_s)
+        super().__init__(
+            f"The job queue is full (Redis is out of memory); nothing was queued. "
+            f"Retry in {headers['Retry-After']} s.",
+            headers=headers,
+        )

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from switchboard.local.processes import spawn_group, stop_groups
 from switchboard.logs import LOG_LABEL_ENV
+from switchboard.ports import local_url_host
 from switchboard.readiness import WAITING_FOR
 
 SWITCHBOARD_ARGV = (sys.executable, "-m", "switchboard")
@@ -108,12 +109,14 @@ class Component:
 class Launcher:
     """Workers and the front door of one stack, started, watched and stopped together.
 
-    `port` is the front door's port; `redis_url`, when given, reaches every component as REDIS_URL.
+    `port` is the front door's port and `host` its address (None: the configured one);
+    `redis_url`, when given, reaches every component as REDIS_URL.
     With `verbose` the components keep everything on the terminal and write no log file.
     """
 
     port: int
     log_dir: Path
+    host: str | None = None
     workers: int = 1
     config_path: Path | None = None
     env: Mapping[str, str] | None = None
@@ -134,7 +137,7 @@ class Launcher:
     @property
     def base_url(self) -> str:
         """Where the front door answers, without the `/v1`."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{local_url_host(self.host or '127.0.0.1')}:{self.port}"
 
     @property
     def worker_components(self) -> list[Component]:
@@ -188,6 +191,8 @@ class Launcher:
             argv += ["--log-file", str(log_path)]
         env = {**(os.environ if self.env is None else self.env), **extra_env}
         env["SWITCHBOARD_ROUTER__PORT"] = str(self.port)
+        if self.host is not None:
+            env["SWITCHBOARD_ROUTER__HOST"] = self.host
         env[LOG_LABEL_ENV] = name
         if self.redis_url is not None:
             env["REDIS_URL"] = self.redis_url

@@ -20,11 +20,17 @@ class RedisServerError(RuntimeError):
     """The private Redis server could not be started."""
 
 
-class PrivateRedis:
-    """A redis-server child process that keeps nothing on disk and stops with its owner."""
+# Past this much data, writes are refused (noeviction): a full Redis answers errors that the
+# front door turns into 503s, instead of evicting queued jobs or being killed for memory.
+DEFAULT_MAXMEMORY = "1gb"
 
-    def __init__(self, port: int | None = None) -> None:
+
+class PrivateRedis:
+    """A redis-server child process on 127.0.0.1 that keeps nothing on disk and stops with its owner."""
+
+    def __init__(self, port: int | None = None, maxmemory: str = DEFAULT_MAXMEMORY) -> None:
         self.port = port or free_port()
+        self.maxmemory = maxmemory
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -44,8 +50,13 @@ class PrivateRedis:
                 binary,
                 "--port",
                 str(self.port),
+                # Loopback only, so that nothing else on the network reaches this password-less server.
                 "--bind",
                 "127.0.0.1",
+                "--maxmemory",
+                self.maxmemory,
+                "--maxmemory-policy",
+                "noeviction",
                 "--save",
                 "",
                 "--appendonly",

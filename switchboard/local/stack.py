@@ -15,6 +15,7 @@ from pathlib import Path
 from switchboard.config import DEMO_MODEL_NAME, Settings
 from switchboard.local.launcher import Launcher, LauncherError
 from switchboard.local.redis_server import PrivateRedis, RedisServerError
+from switchboard.ports import is_loopback_host, local_url_host
 
 DEFAULT_LOG_DIR = Path("~/.cache/switchboard/logs")
 DEFAULT_PORT = 8000
@@ -43,10 +44,11 @@ def run_stack(
     try:
         _build_demo_model_if_needed(settings)
         if not settings.redis.url:
-            redis = PrivateRedis().start()
+            redis = PrivateRedis(maxmemory=settings.redis.private_maxmemory).start()
             _say(f"Redis: private redis-server at {redis.url} (stops with this command)")
         launcher = Launcher(
             port=settings.router.port,
+            host=settings.router.host,
             log_dir=Path(log_dir).expanduser(),
             workers=workers,
             config_path=config_path,
@@ -117,7 +119,14 @@ def _still_starting(elapsed_s: float, waiting_for: str) -> None:
 
 
 def _print_examples(settings: Settings) -> None:
-    base = f"http://localhost:{settings.router.port}/v1"
+    host = settings.router.host
+    shown_host = "localhost" if is_loopback_host(host) or host in ("0.0.0.0", "::") else local_url_host(host)
+    base = f"http://{shown_host}:{settings.router.port}/v1"
+    # With keys in play the examples send one; with none, the front door ignores what is sent.
+    keyed = bool(settings.auth.keys or settings.auth.admin_key_sha256 or settings.auth.required)
+    exposed = not is_loopback_host(host) and not settings.router.allow_open_access
+    api_key = "YOUR_KEY" if keyed or exposed else "unused"
+    curl_auth = f" -H 'Authorization: Bearer {api_key}'" if api_key != "unused" else ""
     model = settings.models[0].name
     names = ", ".join(m.name for m in settings.models)
     preloaded = [m.name for m in settings.models if m.preload]
@@ -135,12 +144,12 @@ def _print_examples(settings: Settings) -> None:
 Switchboard is serving {names} at {base}
 
 Try it with curl:
-  curl {base}/chat/completions -H 'Content-Type: application/json' \\
+  curl {base}/chat/completions -H 'Content-Type: application/json'{curl_auth} \\
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
 
 Or with the openai Python client:
   from openai import OpenAI
-  client = OpenAI(base_url="{base}", api_key="unused")
+  client = OpenAI(base_url="{base}", api_key="{api_key}")
   for chunk in client.chat.completions.create(
       model="{model}", messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32, stream=True):
       print(chunk.choices[0].delta.content or "", end="", flush=True)

@@ -69,7 +69,9 @@ async def answering_every_job(redis: aioredis.Redis) -> AsyncIterator[None]:
                 for entry_id, fields in entries:
                     job = job_decoder.decode(fields[b"job"])
                     await write_chunks(redis, job.id, *answer(job))
+                    # As a worker does: acknowledged and deleted, so the queue's depth stays true.
                     await redis.xack(stream, keys.JOB_GROUP, entry_id)
+                    await redis.xdel(stream, entry_id)
 
     task = asyncio.create_task(loop())
     try:

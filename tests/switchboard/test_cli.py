@@ -83,15 +83,22 @@ def test_verbose_keeps_everything_on_the_terminal(calls: dict[str, Any]) -> None
 def test_models_asks_the_configured_front_door(
     calls: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    asked: list[str] = []
+    asked: list[tuple[str, str | None]] = []
     table = types.ModuleType("switchboard.models_table")
-    table.show_models = lambda base_url: asked.append(base_url) or 3  # type: ignore[attr-defined]
+    table.show_models = lambda base_url, api_key: asked.append((base_url, api_key)) or 3  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, "switchboard.models_table", table)
+    monkeypatch.delenv(cli.ADMIN_KEY_ENV, raising=False)
     config = tmp_path / "switchboard.toml"
     config.write_text("[router]\nport = 8123\n")
     assert cli.main(["--config", str(config), "models"]) == 3
-    assert cli.main(["models", "--url", "http://elsewhere:1"]) == 3
-    assert asked == ["http://127.0.0.1:8123", "http://elsewhere:1"]
+    assert cli.main(["models", "--url", "http://elsewhere:1", "--key", "sb-admin"]) == 3
+    monkeypatch.setenv(cli.ADMIN_KEY_ENV, "sb-from-env")
+    assert cli.main(["models"]) == 3
+    assert asked == [
+        ("http://127.0.0.1:8123", None),
+        ("http://elsewhere:1", "sb-admin"),
+        ("http://127.0.0.1:8000", "sb-from-env"),
+    ]
 
 
 def test_up_hands_its_flags_to_the_stack(
@@ -102,11 +109,12 @@ def test_up_hands_its_flags_to_the_stack(
     seen: dict[str, Any] = {}
 
     def run_stack(settings: Any, **options: Any) -> int:
-        seen.update(options, port=settings.router.port)
+        seen.update(options, port=settings.router.port, host=settings.router.host)
         return 0
 
     monkeypatch.setattr(stack, "run_stack", run_stack)
-    assert cli.main(["up", "--workers", "2", "--log-dir", str(tmp_path), "--port", "8111", "-v"]) == 0
+    argv = ["up", "--workers", "2", "--log-dir", str(tmp_path), "--port", "8111", "--host", "0.0.0.0", "-v"]
+    assert cli.main(argv) == 0
     assert seen == {
         "config_path": None,
         "log_level": "INFO",
@@ -114,6 +122,7 @@ def test_up_hands_its_flags_to_the_stack(
         "log_dir": tmp_path,
         "verbose": True,
         "port": 8111,
+        "host": "0.0.0.0",
     }
     assert calls["logging"]["log_file"] is None  # `up` itself never redirects
 

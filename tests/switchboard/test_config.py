@@ -303,3 +303,80 @@ footprint_gib = 40
     )
     assert "min_replicas (3) is above max_replicas (2)" in message
     assert "keep_alive_s" in load_error(tmp_path, '[[models]]\nname = "x"\npath = "/x"\nkeep_alive_s = -5\n')
+
+
+def test_safe_defaults_for_keys_limits_and_exposure() -> None:
+    settings = load_settings(None, environ={})
+    assert settings.router.host == "127.0.0.1"
+    assert settings.router.allow_open_access is False
+    assert (settings.redis.key_prefix, settings.redis.private_maxmemory) == ("sb", "1gb")
+    assert (settings.auth.required, settings.auth.keys, settings.auth.admin_key_sha256) == (False, [], None)
+    assert settings.auth.cache_s == 2.0
+    limits = settings.limits
+    assert (limits.max_in_flight, limits.max_queue_depth) == (2048, 1024)
+    assert limits.estimated_completion_tokens == 256
+
+
+KEYED = f"""
+[redis]
+key_prefix = "prod:sb"
+
+[auth]
+required = true
+
+[[auth.keys]]
+name = "alice"
+sha256 = "{"a" * 64}"
+models = ["small"]
+rpm = 60
+tpm = 100000
+max_parallel = 4
+
+[[auth.keys]]
+name = "ops"
+sha256 = "{"b" * 64}"
+admin = true
+
+[limits]
+max_queue_depth = 10
+
+[[models]]
+name = "small"
+path = "/models/small"
+"""
+
+
+def test_keys_and_limits_from_the_file_and_the_admin_key_from_the_environment(tmp_path: Path) -> None:
+    environ = {"SWITCHBOARD_AUTH__ADMIN_KEY_SHA256": "c" * 64, "SWITCHBOARD_LIMITS__MAX_IN_FLIGHT": "50"}
+    settings = load_settings(write(tmp_path, KEYED), environ=environ)
+    alice, ops = settings.auth.keys
+    assert (alice.name, alice.models, alice.rpm, alice.tpm, alice.max_parallel, alice.admin) == (
+        "alice",
+        ["small"],
+        60,
+        100000,
+        4,
+        False,
+    )
+    assert (ops.models, ops.rpm, ops.admin) == ([], None, True)
+    assert settings.auth.admin_key_sha256 == "c" * 64
+    assert settings.auth.required is True
+    assert (settings.limits.max_queue_depth, settings.limits.max_in_flight) == (10, 50)
+    assert settings.redis.key_prefix == "prod:sb"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('sha256 = "' + "a" * 64 + '"', 'sha256 = "not-a-hash"'), "sha256"),
+        (('name = "ops"', 'name = "alice"'), "repeated: alice"),
+        (('sha256 = "' + "b" * 64 + '"', 'sha256 = "' + "a" * 64 + '"'), "same sha256"),
+        (('models = ["small"]', 'models = ["large"]'), "unknown models: large"),
+        (("rpm = 60", "rpm = 0"), "rpm"),
+        (('key_prefix = "prod:sb"', 'key_prefix = "has space"'), "key_prefix"),
+        (('key_prefix = "prod:sb"', 'key_prefix = "trailing:"'), "key_prefix"),
+    ],
+)
+def test_bad_keys_and_prefixes_are_refused(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(write(tmp_path, KEYED.replace(*change, 1)), environ={})

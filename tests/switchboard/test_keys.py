@@ -52,3 +52,22 @@ def test_ttls_are_positive() -> None:
 
 def test_job_group_is_a_name() -> None:
     assert isinstance(keys.JOB_GROUP, str) and keys.JOB_GROUP
+
+
+def test_the_prefix_is_set_once_for_every_family() -> None:
+    try:
+        keys.set_prefix("prod:sb")
+        generated = [fn("x") for fn in [*PER_ID, keys.key_rate, keys.key_in_flight]]
+        generated += [keys.workers_index(), keys.api_keys(), keys.in_flight(), keys.demand_stream()]
+        assert all(key.startswith("prod:sb:") for key in generated)
+        assert keys.all_key_patterns() == ["prod:sb:*"]
+    finally:
+        keys.set_prefix("sb")
+    assert keys.job_stream("x") == "sb:model:x:jobs"
+
+
+@pytest.mark.parametrize("prefix", ["", "a b", "sb:", ":sb", "a::b", "x*"])
+def test_a_prefix_that_would_blur_key_families_is_refused(prefix: str) -> None:
+    with pytest.raises(ValueError, match="invalid key prefix"):
+        keys.set_prefix(prefix)
+    assert keys.PREFIX == "sb"

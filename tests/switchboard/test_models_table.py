@@ -14,8 +14,9 @@ import redis.asyncio as aioredis
 import uvicorn
 
 from router.app import create_app
+from switchboard import api_keys as key_secrets
 from switchboard import keys
-from switchboard.config import ModelConfig, Settings
+from switchboard.config import ApiKey, ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.models_table import COLUMNS, human_seconds, render_table, show_models
 from switchboard.ports import free_port
@@ -23,10 +24,13 @@ from switchboard.wire import LoadFailure, SlotStatus, WorkerRecord, encode
 
 
 @contextlib.asynccontextmanager
-async def front_door(redis_url: str, models: list[ModelConfig]) -> AsyncIterator[str]:
-    """A real front door on a free port; yields its base URL."""
+async def front_door(
+    redis_url: str, models: list[ModelConfig], api_keys: tuple[ApiKey, ...] = ()
+) -> AsyncIterator[str]:
+    """A real front door on a free port (with `api_keys`, if any); yields its base URL."""
     settings = Settings(models=models)
     settings.redis.url = redis_url
+    settings.auth.keys = list(api_keys)
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
     )
@@ -185,3 +189,15 @@ def _get_json(url: str) -> dict[str, object]:
     with urllib.request.urlopen(url, timeout=10) as response:
         payload: dict[str, object] = json.load(response)
         return payload
+
+
+async def test_show_models_sends_the_admin_key(
+    redis: aioredis.Redis, redis_server: PrivateRedis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = key_secrets.new_secret()
+    admin = ApiKey(name="ops", sha256=key_secrets.digest(secret), admin=True)
+    async with front_door(redis_server.url, MODELS, (admin,)) as url:
+        assert await asyncio.to_thread(show_models, url) == 1
+        assert "--key" in capsys.readouterr().err
+        assert await asyncio.to_thread(show_models, url, secret) == 0
+    assert capsys.readouterr().out.startswith("MODEL")

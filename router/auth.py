@@ -1,0 +1,217 @@
+"""Who is calling: the API key of `Authorization: Bearer`, resolved to a Caller and its limits.
+
+Auth is on when any key exists (in the config, in Redis, or the admin key) or `auth.required` is
+set, and always on a front door that listens beyond loopback, unless `router.allow_open_access`:
+removing the last key never opens such a door. With auth off (a loopback-only front door with no
+keys, for local use) every request is the anonymous caller, which may do everything.
+
+A key is found by comparing the SHA-256 of the secret presented with every known one in constant
+time. The table of one front door holds the config's keys and a copy of Redis's, re-read every
+`auth.cache_s`, so that a request costs no Redis round trip for its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+from redis.exceptions import RedisError
+
+from router.openai.errors import AdminKeyRequiredError, AuthenticationError, ModelNotAllowedError
+from switchboard import api_keys, keys
+from switchboard.config import ApiKey, ConfigError, Settings
+from switchboard.ports import is_loopback_host
+
+logger = logging.getLogger(__name__)
+
+# Open whatever auth says: probes of load balancers and orchestrators carry no key.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+ADMIN_KEY_NAME = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The key a request came with, and what that key may do; `name` is None while auth is off."""
+
+    name: str | None
+    # Models the key may use; empty: every model.
+    models: frozenset[str] = frozenset()
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+    admin: bool = False
+
+    def may_use(self, model: str) -> bool:
+        """Whether the key may send requests to `model`."""
+        return not self.models or model in self.models
+
+    def require_model(self, model: str) -> None:
+        """A 403 unless the key may use `model`."""
+        if not self.may_use(model):
+            raise ModelNotAllowedError(model, self.name or "")
+
+
+ANONYMOUS = Caller(name=None, admin=True)
+
+
+def caller_for(key: ApiKey) -> Caller:
+    """What a request with `key` may do."""
+    return Caller(
+        name=key.name,
+        models=frozenset(key.models),
+        rpm=key.rpm,
+        tpm=key.tpm,
+        max_parallel=key.max_parallel,
+        admin=key.admin,
+    )
+
+
+def auth_always_on(settings: Settings) -> bool:
+    """Whether this front door asks for a key even while none exists."""
+    exposed = not is_loopback_host(settings.router.host) and not settings.router.allow_open_access
+    return settings.auth.required or exposed
+
+
+def check_exposure(settings: Settings, stored_keys: int) -> None:
+    """Refuse to serve beyond loopback with no key at all, unless the operator allowed open access."""
+    router, auth = settings.router, settings.auth
+    if is_loopback_host(router.host) or auth.required:
+        return
+    if stored_keys or auth.keys or auth.admin_key_sha256:
+        return
+    if router.allow_open_access:
+        logger.warning(
+            "serving without API keys on a non-loopback address: anyone who reaches it may use "
+            "every model and the /admin endpoints (router.allow_open_access = true)",
+            extra={"host": router.host, "port": router.port},
+        )
+        return
+    raise ConfigError(
+        f"router.host = {router.host!r} is reachable from other machines and no API key exists. "
+        "Create one with `switchboard keys add NAME` (or list keys in the config as [[auth.keys]]), "
+        "listen on 127.0.0.1, or set router.allow_open_access = true "
+        "(SWITCHBOARD_ROUTER__ALLOW_OPEN_ACCESS=true) to serve everyone without keys."
+    )
+
+
+class KeyTable:
+    """The keys one front door accepts, by SHA-256: the config's, and a copy of Redis's."""
+
+    def __init__(self, redis: aioredis.Redis, settings: Settings) -> None:
+        self._redis = redis
+        self._cache_s = settings.auth.cache_s
+        self._always_on = auth_always_on(settings)
+        self._configured = {bytes.fromhex(k.sha256): caller_for(k) for k in settings.auth.keys}
+        if settings.auth.admin_key_sha256:
+            admin = Caller(name=ADMIN_KEY_NAME, admin=True)
+            self._configured[bytes.fromhex(settings.auth.admin_key_sha256)] = admin
+        # SHA-256 (raw bytes) → caller.
+        self._callers: dict[bytes, Caller] = dict(self._configured)
+        self._stored_count = 0
+        self._loaded_at: float | None = None
+        self._loading: asyncio.Task[None] | None = None
+
+    @property
+    def stored_count(self) -> int:
+        """How many keys Redis held at the last read."""
+        return self._stored_count
+
+    async def load(self) -> None:
+        """Read the stored keys now."""
+        stored = cast(dict[bytes, bytes], await self._redis.hgetall(keys.api_keys()))
+        records = api_keys.decode_stored(stored)
+        stored_callers = {bytes.fromhex(k.sha256): caller_for(k) for k in records}
+        self._callers = {**stored_callers, **self._configured}
+        self._stored_count = len(records)
+        self._loaded_at = time.monotonic()
+
+    async def resolve(self, authorization: str | None) -> Caller:
+        """The caller presenting `authorization` (the header's value); 401 for a missing or unknown key."""
+        await self._fresh()
+        if not (self._always_on or self._callers):
+            return ANONYMOUS
+        secret = bearer_token(authorization)
+        if secret is None:
+            raise AuthenticationError(
+                "You didn't provide an API key. Send it in an Authorization header as "
+                "`Authorization: Bearer YOUR_KEY` (the openai client's api_key).",
+                code="missing_api_key",
+            )
+        presented = bytes.fromhex(api_keys.digest(secret))
+        # Every entry is compared, in constant time, with no early exit: how long this takes says
+        # nothing about which key, or how much of one, matched.
+        caller = None
+        for stored, candidate in self._callers.items():
+            if hmac.compare_digest(stored, presented):
+                caller = candidate
+        if caller is None:
+            raise AuthenticationError(
+                f"Incorrect API key provided: {api_keys.mask(secret)}. "
+                "Ask the operator of this Switchboard for a key (`switchboard keys add`)."
+            )
+        return caller
+
+    async def _fresh(self) -> None:
+        """Re-read the stored keys if the copy is older than `auth.cache_s`; one read at a time."""
+        if self._loaded_at is not None and time.monotonic() - self._loaded_at < self._cache_s:
+            return
+        if self._loading is None:
+            self._loading = asyncio.create_task(self._reload())
+        loading = self._loading
+        await asyncio.shield(loading)
+
+    async def _reload(self) -> None:
+        try:
+            await self.load()
+        except RedisError as exc:
+            if self._loaded_at is None:
+                raise
+            # Keys cannot be read: keep serving the last copy rather than refuse everyone.
+            logger.warning("could not re-read the API keys; using the last copy", extra={"error": str(exc)})
+            self._loaded_at = time.monotonic()
+        finally:
+            self._loading = None
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of `Bearer <token>`, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+async def caller_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
+    """The request's caller, resolved once per request and kept on its state."""
+    caller: Caller | None = connection.state.get("caller")
+    if caller is None:
+        table: KeyTable = connection.app.state.gateway.key_table
+        caller = await table.resolve(connection.headers.get("authorization"))
+        connection.state.caller = caller
+    return caller
+
+
+async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """App-wide guard: every route but the health checks needs a known key while auth is on."""
+    if connection.scope["path"] not in PUBLIC_PATHS:
+        await caller_of(connection)
+
+
+async def require_admin(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard of the /admin endpoints: an admin key while auth is on."""
+    if not (await caller_of(connection)).admin:
+        raise AdminKeyRequiredError("This endpoint needs an admin key (`switchboard keys add NAME --admin`).")
+
+
+async def provide_caller(request: Request[Any, Any, Any]) -> Caller:
+    """The `caller` dependency of the request handlers."""
+    return await caller_of(request)

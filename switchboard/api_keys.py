@@ -1,0 +1,142 @@
+"""API keys: a secret shown once, kept only as its SHA-256, with the key's limits next to it.
+
+Secrets are long random tokens (`secrets.token_urlsafe(32)`, 256 bits), so a plain SHA-256 is
+enough to store them: there is no password to guess. `switchboard keys` keeps them in one Redis
+hash (`keys.api_keys()`: SHA-256 → the `ApiKey` record as JSON, readable with redis-cli); the
+config can list more as `[[auth.keys]]`. Both sides of the product read them through this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+import time
+from collections.abc import Mapping
+
+import msgspec
+import redis
+
+from switchboard import keys
+from switchboard.config import ApiKey
+
+logger = logging.getLogger(__name__)
+
+# Recognisable in logs and secret scanners, like OpenAI's `sk-`.
+SECRET_PREFIX = "sb-"
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(ApiKey)
+
+
+class KeyExistsError(ValueError):
+    """A key of that name exists already."""
+
+
+def new_secret() -> str:
+    """A new API key secret."""
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(secret: str) -> str:
+    """The SHA-256 (hex) under which a secret is stored and looked up."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def mask(secret: str) -> str:
+    """Enough of a secret for its owner to recognise it, not enough to use it: `sb-Ab***xyz9`."""
+    if len(secret) < 12:
+        return "***"
+    return f"{secret[:5]}***{secret[-4:]}"
+
+
+def encode_record(key: ApiKey) -> bytes:
+    """The JSON stored in Redis for `key`."""
+    return _encoder.encode(key)
+
+
+def decode_stored(stored: Mapping[bytes, bytes]) -> list[ApiKey]:
+    """The records of the Redis hash of keys; one that does not decode is left out with a warning."""
+    records = []
+    for field, value in stored.items():
+        try:
+            record = _decoder.decode(value)
+        except msgspec.ValidationError as exc:
+            logger.warning("an API key record in Redis is invalid; ignored", extra={"error": str(exc)})
+            continue
+        # The field is what lookups use: a record edited by hand cannot claim another hash.
+        sha256 = field.decode(errors="replace")
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            logger.warning(
+                "an API key in Redis is not stored under a SHA-256; ignored", extra={"key": record.name}
+            )
+            continue
+        records.append(msgspec.structs.replace(record, sha256=sha256))
+    return records
+
+
+class KeyStore:
+    """The API keys kept in Redis, as `switchboard keys` manages them (blocking client)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
+
+    def all(self) -> list[ApiKey]:
+        """Every stored key, by name."""
+        stored: dict[bytes, bytes] = self._redis.hgetall(keys.api_keys())  # type: ignore[assignment]
+        return sorted(decode_stored(stored), key=lambda k: k.name)
+
+    def add(
+        self,
+        name: str,
+        *,
+        models: list[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_parallel: int | None = None,
+        admin: bool = False,
+        taken_names: set[str] | None = None,
+    ) -> tuple[str, ApiKey]:
+        """Make and store a new key; returns its secret (shown once, never stored) and its record."""
+        if name in {k.name for k in self.all()} | (taken_names or set()):
+            raise KeyExistsError(f"a key named {name!r} exists already; remove it first")
+        secret, record = make_key(
+            name, models=models, rpm=rpm, tpm=tpm, max_parallel=max_parallel, admin=admin
+        )
+        self._redis.hset(keys.api_keys(), record.sha256, encode_record(record))
+        return secret, record
+
+    def remove(self, name: str) -> bool:
+        """Remove the key called `name`; False if there is none."""
+        hashes = [k.sha256 for k in self.all() if k.name == name]
+        if hashes:
+            self._redis.hdel(keys.api_keys(), *hashes)
+        return bool(hashes)
+
+
+def make_key(
+    name: str,
+    *,
+    models: list[str] | None = None,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    max_parallel: int | None = None,
+    admin: bool = False,
+) -> tuple[str, ApiKey]:
+    """A new secret and its validated record (nothing stored)."""
+    secret = new_secret()
+    raw = {
+        "name": name,
+        "sha256": digest(secret),
+        "models": models or [],
+        "rpm": rpm,
+        "tpm": tpm,
+        "max_parallel": max_parallel,
+        "admin": admin,
+        "created": time.time(),
+    }
+    try:
+        return secret, msgspec.convert(raw, ApiKey)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid key: {exc}") from exc

@@ -1,0 +1,29 @@
+"""The worker's Triton listens on loopback only: nothing else on the network reaches its ports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.network import accepts, connection_refused, non_loopback_ipv4
+from workers.triton_host import TritonHost
+from workers.triton_model import CoalescingPolicy
+
+
+@pytest.fixture(scope="module")
+def triton() -> Iterator[TritonHost]:
+    host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100))
+    host.start()
+    try:
+        yield host
+    finally:
+        host.stop()
+
+
+def test_http_grpc_and_metrics_ports_refuse_connections_on_other_addresses(triton: TritonHost) -> None:
+    address = non_loopback_ipv4()
+    ports = {"http": triton.http_port, "grpc": triton.grpc_port, "metrics": triton.metrics_port}
+    for name, port in ports.items():
+        assert accepts("127.0.0.1", port), f"Triton's {name} port {port} does not answer on loopback"
+        assert connection_refused(address, port), f"Triton's {name} port {port} is reachable on {address}"
