@@ -47,6 +47,7 @@ def create_app(settings: Settings) -> Litestar:
         # Logging belongs to the process (`switchboard.logs`): Litestar's default would add its own
         # queue handler and format to the root logger, once per app.
         logging_config=None,
+        request_max_body_size=settings.router.max_body_bytes,
         route_handlers=[
             routes.create_chat_completion,
             routes.create_completion,

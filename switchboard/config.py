@@ -85,6 +85,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     first_byte_budget_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     # Past that, while a model loads, an SSE comment reports the load's progress this often.
     load_progress_every_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    # Request bodies larger than this are refused (413) before they are read.
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]

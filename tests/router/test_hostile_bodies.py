@@ -34,11 +34,12 @@ from live_front_door import (
     to_json,
 )
 
+from switchboard.config import RouterConfig
 from switchboard.local.redis_server import PrivateRedis
 
 ENDPOINTS = [CHAT, COMPLETIONS]
-# Litestar's default request body limit, which the front door keeps.
-BODY_LIMIT = 10_000_000
+# The front door's default request body limit (router.max_body_bytes).
+BODY_LIMIT = RouterConfig().max_body_bytes
 
 # Valid requests setting (nearly) every field, each of which the mutation property spoils in turn.
 CHAT_BASE: dict[str, Any] = {
