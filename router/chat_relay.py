@@ -96,7 +96,9 @@ class ChatRelay:
         if self.tools.mode == "required":
             delta, finish = self._held_calls(chunk)
         elif self.tools.mode == "named":
-            delta = ChatDelta(tool_calls=[self._named_call_delta(chunk.index, chunk.text, first)])
+            # A finishing chunk without text adds nothing to the call's arguments.
+            call = self._named_call_delta(chunk.index, chunk.text, first) if chunk.text or first else None
+            delta = ChatDelta(tool_calls=[call] if call is not None else None)
         elif chunk.tool_calls:
             delta = ChatDelta(content=chunk.text or None, tool_calls=parsed_call_deltas(chunk.tool_calls))
             finish = "tool_calls"

@@ -66,7 +66,8 @@ def prompt_count(prompt: str | list[Any]) -> int:
         return 1
     if not prompt:
         raise invalid("prompt", "`prompt` is an empty list; give at least one prompt.")
-    if all(_is_token_id(item) for item in prompt):
+    if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+        _check_token_ids(prompt, "prompt")
         return 1
     if len(prompt) > MAX_PROMPTS:
         raise invalid("prompt", f"At most {MAX_PROMPTS} prompts per request; this one has {len(prompt)}.")
@@ -110,16 +111,27 @@ def _check_common(request: SamplingRequest) -> None:
     logit_bias_tokens(request.logit_bias)
     constraints = request.structured_outputs
     if constraints is not None:
+        # An empty schema (`{}`: any JSON) is a constraint too; `json_object: false` is none.
         kinds = [
             name
             for name in ("json", "json_object", "regex", "choice", "grammar")
-            if getattr(constraints, name)
+            if (constraints.json_object if name == "json_object" else getattr(constraints, name) is not None)
         ]
         if len(kinds) != 1:
             raise invalid(
                 "structured_outputs",
                 "`structured_outputs` takes exactly one of `json`, `json_object`, `regex`, `choice` "
                 f"and `grammar`; got {', '.join(kinds) or 'none'}.",
+            )
+
+
+def _check_token_ids(ids: list[Any], param: str) -> None:
+    """Refuse, naming it, the first item of a token-id prompt that is no token id."""
+    for position, token in enumerate(ids):
+        if not _is_token_id(token):
+            raise invalid(
+                f"{param}[{position}]",
+                f"Token ids are integers from 0 to {INT32_MAX}; `{param}[{position}]` is {token}.",
             )
 
 

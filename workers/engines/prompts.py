@@ -79,6 +79,7 @@ class PromptBuilder:
                 f"The prompt holds token ids outside the vocabulary of {self._model_name} "
                 f"(0 to {vocab - 1}): {outside[:5]}.",
                 param="prompt",
+                code="invalid_value",
             )
         return BuiltPrompt(ids, self._tokenizer.decode(ids))
 

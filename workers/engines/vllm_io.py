@@ -95,6 +95,7 @@ def _check_logit_bias(logit_bias: dict[int, float] | None, vocab_size: int) -> N
             f"logit_bias names token ids outside the model's vocabulary (0 to {vocab_size - 1}): "
             f"{outside[:5]}.",
             param="logit_bias",
+            code="invalid_value",
         )
 
 

@@ -1,0 +1,282 @@
+"""workers.engines.prompts: chat template, tokenization and length checks, with the demo model's tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from switchboard.local.demo_model import VOCAB_SIZE, build_demo_model
+from switchboard.wire import ChatMessage, SamplingParams, ToolCall
+from workers.engines.base import EngineRequest, InvalidEngineRequest
+from workers.engines.prompts import PromptBuilder, longest_token_chars
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+# The demo tokenizer's longest entry ("▁requests") is 9 characters.
+LONGEST_TOKEN = 9
+SMALL_CONTEXT = 16
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(build_demo_model(tmp_path_factory.mktemp("prompts") / "demo-model"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: Path) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture
+def own_tokenizer(model_dir: Path) -> Any:
+    """A tokenizer of this test's own, whose chat template it may change."""
+    return transformers.AutoTokenizer.from_pretrained(model_dir)
+
+
+class Counting:
+    """The tokenizer, counting the calls that cost time on a long prompt."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.encodes = 0
+        self.templates = 0
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        self.encodes += 1
+        return self.inner.encode(*args, **kwargs)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        self.templates += 1
+        return self.inner.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def builder(tokenizer: Any, max_model_len: int = 256) -> PromptBuilder:
+    return PromptBuilder(tokenizer, model_name="demo", max_model_len=max_model_len, vocab_size=VOCAB_SIZE)
+
+
+def text_request(prompt: str | tuple[int, ...]) -> EngineRequest:
+    return EngineRequest(request_id="r", sampling=SamplingParams(), prompt=prompt)
+
+
+def chat_request(*messages: ChatMessage, tools: str | None = None) -> EngineRequest:
+    return EngineRequest(request_id="r", sampling=SamplingParams(), messages=messages, tools=tools)
+
+
+def refusal(prompts: PromptBuilder, request: EngineRequest) -> InvalidEngineRequest:
+    with pytest.raises(InvalidEngineRequest) as caught:
+        prompts.build(request)
+    return caught.value
+
+
+# --- limits ---------------------------------------------------------------------------------------
+
+
+def test_limits(tokenizer: Any) -> None:
+    assert len(tokenizer) == VOCAB_SIZE == 400
+    limits = builder(tokenizer, 64).limits
+    assert (limits.max_model_len, limits.vocab_size, limits.max_token_chars) == (64, 400, LONGEST_TOKEN)
+
+
+def test_no_token_stands_for_more_characters_than_the_bound(tokenizer: Any) -> None:
+    bound = longest_token_chars(tokenizer)
+    assert bound == max(len(entry) for entry in tokenizer.get_vocab())
+    assert all(len(tokenizer.decode([token])) <= bound for token in range(len(tokenizer)))
+
+
+class Vocabulary:
+    def __init__(self, entries: list[str]) -> None:
+        self.entries = entries
+
+    def get_vocab(self) -> dict[str, int]:
+        return {entry: token for token, entry in enumerate(self.entries)}
+
+
+@pytest.mark.parametrize(("entries", "longest"), [(["a", "abcd", "ab"], 4), ([], 1), ([""], 1)])
+def test_longest_token_chars(entries: list[str], longest: int) -> None:
+    assert longest_token_chars(Vocabulary(entries)) == longest
+
+
+# --- plain prompts --------------------------------------------------------------------------------
+
+
+def test_text_prompt(tokenizer: Any) -> None:
+    built = builder(tokenizer).build(text_request("Hello world"))
+    assert built.token_ids == tokenizer.encode("Hello world", add_special_tokens=True)
+    assert built.token_ids[0] == tokenizer.bos_token_id
+    assert built.text == "Hello world"
+
+
+def test_text_longer_than_possible_is_refused_without_tokenizing(tokenizer: Any) -> None:
+    counting = Counting(tokenizer)
+    limit = SMALL_CONTEXT * LONGEST_TOKEN
+    error = refusal(builder(counting, SMALL_CONTEXT), text_request("a" * (limit + 1)))
+    assert counting.encodes == 0
+    assert (error.param, error.code) == ("prompt", "context_length_exceeded")
+    assert f"{SMALL_CONTEXT} tokens" in str(error)
+    assert f"{limit + 1} characters long" in str(error)
+    assert f"({limit} characters)" in str(error)
+
+
+def test_text_at_the_limit_is_tokenized(tokenizer: Any) -> None:
+    counting = Counting(tokenizer)
+    # As long as it may be without tokenizing; tokenized, it takes more than the context.
+    error = refusal(builder(counting, SMALL_CONTEXT), text_request("a" * (SMALL_CONTEXT * LONGEST_TOKEN)))
+    assert counting.encodes == 1
+    assert (error.param, error.code) == ("prompt", "context_length_exceeded")
+    assert "alone takes" in str(error)
+
+
+def test_a_prompt_must_leave_room_for_a_completion(tokenizer: Any) -> None:
+    text = "Hello world"
+    tokens = len(tokenizer.encode(text))
+    assert builder(tokenizer, tokens + 1).build(text_request(text)).token_ids
+    error = refusal(builder(tokenizer, tokens), text_request(text))
+    assert (error.param, error.code) == ("prompt", "context_length_exceeded")
+    assert f"alone takes {tokens} tokens" in str(error)
+
+
+def test_token_prompt(tokenizer: Any) -> None:
+    ids = tuple(tokenizer.encode("Hello world", add_special_tokens=False))
+    counting = Counting(tokenizer)
+    built = builder(counting).build(text_request(ids))
+    assert built.token_ids == list(ids)
+    assert built.text == "Hello world"
+    assert counting.encodes == 0
+
+
+@pytest.mark.parametrize("outside", [400, 10**6, -1])
+def test_token_prompt_outside_the_vocabulary(tokenizer: Any, outside: int) -> None:
+    error = refusal(builder(tokenizer), text_request((5, outside, 7)))
+    assert error.param == "prompt"
+    assert "0 to 399" in str(error)
+    assert str(outside) in str(error)
+
+
+def test_token_prompt_outside_the_vocabulary_has_the_front_doors_code(tokenizer: Any) -> None:
+    assert refusal(builder(tokenizer), text_request((5, 400))).code == "invalid_value"
+
+
+def test_token_prompt_too_long(tokenizer: Any) -> None:
+    error = refusal(builder(tokenizer, SMALL_CONTEXT), text_request(tuple(range(5, 5 + SMALL_CONTEXT))))
+    assert (error.param, error.code) == ("prompt", "context_length_exceeded")
+
+
+# --- chat prompts ---------------------------------------------------------------------------------
+
+
+def test_chat_prompt(tokenizer: Any) -> None:
+    request = chat_request(
+        ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi there")
+    )
+    built = builder(tokenizer).build(request)
+    assert built.text == "<s><|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
+    # The template writes the BOS token; tokenizing must not add another.
+    assert built.token_ids == tokenizer.encode(built.text, add_special_tokens=False)
+    assert built.token_ids.count(tokenizer.bos_token_id) == 1
+
+
+def test_messages_longer_than_possible_are_refused_without_templating(tokenizer: Any) -> None:
+    counting = Counting(tokenizer)
+    half = SMALL_CONTEXT * LONGEST_TOKEN // 2
+    request = chat_request(
+        ChatMessage(role="user", content="a" * half), ChatMessage(role="user", content="b" * (half + 1))
+    )
+    error = refusal(builder(counting, SMALL_CONTEXT), request)
+    assert (counting.encodes, counting.templates) == (0, 0)
+    assert (error.param, error.code) == ("messages", "context_length_exceeded")
+
+
+def test_messages_too_long_once_templated(tokenizer: Any) -> None:
+    counting = Counting(tokenizer)
+    request = chat_request(*(ChatMessage(role="user", content="Hi") for _ in range(8)))
+    error = refusal(builder(counting, SMALL_CONTEXT), request)
+    assert (counting.encodes, counting.templates) == (1, 1)
+    assert (error.param, error.code) == ("messages", "context_length_exceeded")
+
+
+def test_a_template_that_raises_is_the_clients_mistake(own_tokenizer: Any) -> None:
+    own_tokenizer.chat_template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System messages are not supported.') }}"
+        "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    prompts = builder(own_tokenizer)
+    assert prompts.build(chat_request(ChatMessage(role="user", content="Hi"))).text == "Hi"
+    error = refusal(prompts, chat_request(ChatMessage(role="system", content="Be brief.")))
+    assert error.param == "messages"
+    assert "demo" in str(error)
+    assert "System messages are not supported." in str(error)
+    assert error.__cause__ is not None
+
+
+def test_no_template_is_the_clients_mistake_too(own_tokenizer: Any) -> None:
+    own_tokenizer.chat_template = None
+    error = refusal(builder(own_tokenizer), chat_request(ChatMessage(role="user", content="Hi")))
+    assert error.param == "messages"
+
+
+TOOL_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}"
+    "{% if m['name'] is defined %}[{{ m['name'] }}]{% endif %}"
+    "{% if m['tool_call_id'] is defined %}<{{ m['tool_call_id'] }}>{% endif %}:"
+    "{% if m['tool_calls'] is defined %}{% for c in m['tool_calls'] %}"
+    "{{ c['id'] }}/{{ c['type'] }}/{{ c['function']['name'] }}"
+    "{% if c['function']['arguments'] is mapping %}(city={{ c['function']['arguments']['city'] }})"
+    "{% else %}(text={{ c['function']['arguments'] }}){% endif %}"
+    "{% endfor %}{% else %}{{ m['content'] }}{% endif %};"
+    "{% endfor %}"
+    "{% if tools %}tools={{ tools | map(attribute='function') | map(attribute='name') | join(',') }}{% endif %}"
+)
+
+
+def test_tool_calls_reach_the_template_with_arguments_as_mappings(own_tokenizer: Any) -> None:
+    own_tokenizer.chat_template = TOOL_TEMPLATE
+    tools = json.dumps(
+        [
+            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "get_time"}},
+        ]
+    )
+    request = chat_request(
+        ChatMessage(role="user", content="Weather?", name="ann"),
+        ChatMessage(
+            role="assistant",
+            tool_calls=(
+                ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}'),
+                ToolCall(id="call_2", name="get_time", arguments="not json"),
+            ),
+        ),
+        ChatMessage(role="tool", content="cold", tool_call_id="call_1"),
+        tools=tools,
+    )
+    built = builder(own_tokenizer).build(request)
+    assert built.text == (
+        "user[ann]:Weather?;"
+        "assistant:call_1/function/get_weather(city=Oslo)call_2/function/get_time(text=not json);"
+        "tool<call_1>:cold;"
+        "tools=get_weather,get_time"
+    )
+
+
+# --- max_tokens after the prompt ------------------------------------------------------------------
+
+
+def test_a_completion_that_fits(tokenizer: Any) -> None:
+    builder(tokenizer, SMALL_CONTEXT).refuse_completion_too_long(10, SMALL_CONTEXT - 10, "prompt")
+
+
+@pytest.mark.parametrize("prompt_param", ["prompt", "messages"])
+def test_a_completion_that_does_not_fit(tokenizer: Any, prompt_param: str) -> None:
+    with pytest.raises(InvalidEngineRequest) as caught:
+        builder(tokenizer, SMALL_CONTEXT).refuse_completion_too_long(10, 7, prompt_param)
+    error = caught.value
+    assert (error.param, error.code) == ("max_tokens", "context_length_exceeded")
+    assert f"maximum context length is {SMALL_CONTEXT} tokens" in str(error)
+    assert f"you requested 17 tokens (10 in the {prompt_param}, 7 in the completion)" in str(error)
+    assert f"Reduce the length of the {prompt_param}" in str(error)
