@@ -2,7 +2,9 @@
 
 A worker starts Triton and the engine's own processes. Each component is started in a process
 group of its own, so that stopping it, even by force after it ignored SIGTERM, also ends the
-processes it started instead of leaving them running without a parent.
+processes it started instead of leaving them running without a parent. And each gets SIGTERM when
+the process that started it dies (`with_parent`), so that a parent killed without a chance to stop
+its children leaves none behind.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from switchboard.local import with_parent
+
 
 def spawn_group(
     argv: Sequence[str], env: dict[str, str], *, stdout: IO[Any] | None = None, cwd: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` as the leader of a new process group; its output goes to `stdout` (or ours)."""
+    """Start `argv` as the leader of a new process group, ending with this process; its output goes
+    to `stdout` (or ours)."""
     return subprocess.Popen(
-        list(argv),
+        with_parent.wrap(list(argv)),
         env=env,
         cwd=cwd,
         stdout=stdout,

@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 import time
 
+from switchboard.local import with_parent
 from switchboard.ports import free_port
 
 INSTALL_HINT = (
@@ -45,27 +46,30 @@ class PrivateRedis:
         if binary is None:
             raise RedisServerError(INSTALL_HINT)
         self._workdir = tempfile.TemporaryDirectory(prefix="switchboard-redis-")
+        # Ends with the process that started it, even one killed without a chance to stop it.
         self._process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                # Loopback only, so that nothing else on the network reaches this password-less server.
-                "--bind",
-                "127.0.0.1",
-                "--maxmemory",
-                self.maxmemory,
-                "--maxmemory-policy",
-                "noeviction",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self._workdir.name,
-                "--loglevel",
-                "warning",
-            ],
+            with_parent.wrap(
+                [
+                    binary,
+                    "--port",
+                    str(self.port),
+                    # Loopback only, so that nothing else on the network reaches this password-less server.
+                    "--bind",
+                    "127.0.0.1",
+                    "--maxmemory",
+                    self.maxmemory,
+                    "--maxmemory-policy",
+                    "noeviction",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    self._workdir.name,
+                    "--loglevel",
+                    "warning",
+                ]
+            ),
             stdout=subprocess.DEVNULL,
         )
         self._wait_ready(timeout_s)

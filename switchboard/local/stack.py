@@ -36,9 +36,11 @@ def run_stack(
     verbose: bool = False,
 ) -> int:
     """Start everything, print how to call it, and run until Ctrl-C or a component dies."""
-    # Ctrl-C and SIGTERM both end the wait or the supervision the same way, then everything stops.
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all end the wait or the supervision the same
+    # way, then everything stops. (Killed outright, the children end by themselves: `with_parent`.)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
     redis = None
     launcher = None
     try:
@@ -74,8 +76,8 @@ def run_stack(
         return 0
     finally:
         # A second Ctrl-C must not leave engines running: stopping runs to its end (it kills past a timeout).
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in handlers:
+            signal.signal(sig, signal.SIG_IGN)
         if launcher is not None:
             _say("Stopping ...")
             forced = launcher.stop()

@@ -61,3 +61,53 @@ def test_up_says_where_logs_are_when_it_serves_and_how_to_call_it(
     assert "exited with code 5" in err
     assert (tmp_path / "logs" / "router.log").is_file()
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers  # left as it found them
+
+
+DRIVER = """
+import functools, sys
+from pathlib import Path
+from switchboard.config import load_settings
+from switchboard.local import stack
+from switchboard.local.launcher import Launcher
+
+fake, config, port, logs = sys.argv[1:5]
+stack.Launcher = functools.partial(Launcher, argv_prefix=(sys.executable, fake))
+settings = load_settings(Path(config), environ={})
+settings.router.port = int(port)
+sys.exit(stack.run_stack(settings, config_path=Path(config), log_level="INFO", workers=2, log_dir=Path(logs)))
+"""
+
+
+def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) -> None:
+    import subprocess
+    import time
+
+    import psutil
+
+    config = tmp_path / "switchboard.toml"
+    config.write_text(CONFIG.replace('url = "redis://127.0.0.1:1/0"', ""))  # a private redis-server
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "FAKE_EVENTS": str(tmp_path / "events")}
+    up = subprocess.Popen(
+        [sys.executable, str(driver), FAKE[1], str(config), str(free_port()), str(tmp_path / "logs")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert up.stdout is not None
+        deadline = time.monotonic() + 60
+        while "Serving after" not in up.stdout.readline():
+            assert time.monotonic() < deadline and up.poll() is None, "the stack did not serve"
+        children = psutil.Process(up.pid).children(recursive=True)
+        names = sorted(" ".join(child.cmdline()[:3]) for child in children)
+        assert len(children) == 4, names  # redis-server, two workers, the front door
+        assert any("redis-server" in name for name in names)
+        up.kill()  # SIGKILL: `up` cannot stop anything itself
+        up.wait()
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, [" ".join(process.cmdline()) for process in alive]
+    finally:
+        if up.poll() is None:
+            up.kill()
