@@ -24,6 +24,7 @@ from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import WorkerRecord
+from workers import descendants_guard
 from workers.consumer import JobConsumer
 from workers.controller.coordination import Coordination
 from workers.controller.loop import Backoff, ModelController
@@ -320,5 +321,9 @@ def coalescing_policy(settings: Settings) -> CoalescingPolicy:
 
 
 def run_worker(settings: Settings) -> None:
-    """Entry point of `switchboard worker`."""
-    asyncio.run(Worker(settings).run())
+    """Entry point of `switchboard worker`; Triton and the engines end with this process, however it ends."""
+    guard = descendants_guard.start()
+    try:
+        asyncio.run(Worker(settings).run())
+    finally:
+        guard.terminate()

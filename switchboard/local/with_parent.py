@@ -24,17 +24,18 @@ def wrap(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", __name__, str(os.getpid()), *argv]
 
 
-def _ask_for_sigterm_when_parent_dies() -> None:
+def ask_for_signal_when_parent_dies(sig: signal.Signals) -> None:
+    """Linux sends this process `sig` when its parent dies (nothing elsewhere)."""
     if not sys.platform.startswith("linux"):
         return  # elsewhere the parent's own stop is all there is
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def main(args: list[str]) -> None:
     parent, program = int(args[0]), args[1:]
-    _ask_for_sigterm_when_parent_dies()
+    ask_for_signal_when_parent_dies(signal.SIGTERM)
     if os.getppid() != parent:
         sys.exit(f"switchboard: not starting {program[0]}: the process that started it has already ended")
     os.execvp(program[0], program)
