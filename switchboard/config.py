@@ -183,7 +183,14 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # 0.6 GiB held by the helper); vLLM versions or platforms it is not proven on (GPUs) fall back
     # to "spawn" with a warning. "spawn": vLLM's own way, a new interpreter per engine.
     engine_process: Literal["fork", "spawn"] = "fork"
-    # Seconds a worker waits for running jobs to finish when told to stop.
+    # A job whose worker died is put back in line for another worker, which continues its answer
+    # where the client's stream stopped; a job taken this many times (every worker died under it)
+    # is given up: its client gets an error and the job goes to the dead-letter stream.
+    max_deliveries: Annotated[int, msgspec.Meta(ge=1)] = 3
+    # How often a worker looks for jobs left by dead workers on the streams of its models.
+    takeover_check_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    # Seconds a worker waits for running jobs to finish when told to stop; what is still running
+    # then is put back in line for another worker.
     drain_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     # Where the demo model is built when no model is configured.
     demo_model_dir: str = "~/.cache/switchboard/demo-model"

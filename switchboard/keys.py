@@ -27,8 +27,14 @@ RESULT_TTL_S = 600
 # A cancel mark outlives any job that could still be running for it.
 CANCEL_TTL_S = 600
 
-# A worker that misses heartbeats for this long is no longer counted as alive.
+# A worker that misses heartbeats for this long is no longer counted as alive, and the jobs it
+# took become another worker's.
 WORKER_TTL_S = 15
+
+# Jobs given up on (an entry that cannot be decoded, a job whose workers all died under it), kept
+# for an operator to look at: the newest few thousand, for a week after the last one.
+DEAD_LETTER_MAXLEN = 10_000
+DEAD_LETTER_TTL_S = 7 * 24 * 3600
 
 # The front door's wake stream only needs to exist while that front door runs.
 WAKE_TTL_S = 60
@@ -81,6 +87,11 @@ def result_stream(job_id: str) -> str:
 def cancel_mark(job_id: str) -> str:
     """Set when the client has gone away; the worker stops generating for that job."""
     return f"{PREFIX}:job:{job_id}:cancel"
+
+
+def dead_letter_stream() -> str:
+    """Jobs no worker could run, with the reason (fields: job, stream, entry, reason, worker)."""
+    return f"{PREFIX}:dead-letter"
 
 
 def worker_record(worker_id: str) -> str:

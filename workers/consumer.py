@@ -4,7 +4,10 @@ One XREADGROUP over the job streams of the models that are warm on this worker r
 for no more jobs than there are free slots; the set is rebuilt on every pass, and with no model
 warm the consumer waits for one. Jobs for a model nobody holds stay in its stream (the waiting
 room) until some worker loads it. A job is acknowledged in the same round trip as its last chunk,
-so a worker that dies mid-job leaves it pending for another worker to take over.
+so a worker that dies mid-job leaves it pending, and another worker's sweep puts it back in line
+(`workers.takeover`); the worker that takes it then goes on where the client's stream stopped
+(`workers.resume`). An entry that cannot be decoded goes to the dead-letter stream, and nothing
+that goes wrong in one pass stops the loop.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -23,6 +29,9 @@ from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_decoder
 from workers.controller.residency import Lease, ModelSlot, SlotNotServing
 from workers.result_writer import ResultWriter
+from workers.resume import plan
+from workers.takeover import Takeover, acknowledge, dead_letter, requeue, taken_before
+from workers.triton_model import EngineJob
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +41,27 @@ BLOCK_MS = 250
 RETRY_DELAY_S = 0.5
 # Waiting jobs answered per round trip when a model cannot be loaded.
 REFUSE_BATCH = 256
+
+
+class ChunkNotWritten(RuntimeError):
+    """Redis refused a chunk of the job even after retries; the job is left for a takeover."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One job as read from its model's stream."""
+
+    stream: str
+    entry_id: bytes
+    payload: bytes
+    job: Job
+    # How many workers took the job before this one (they died running it).
+    taken_before: int
+
+    @property
+    def ack(self) -> tuple[str, bytes]:
+        """What the job's last chunk acknowledges."""
+        return (self.stream, self.entry_id)
 
 
 class JobConsumer:
@@ -45,22 +75,35 @@ class JobConsumer:
         worker_id: str,
         slots: Mapping[str, ModelSlot],
         max_concurrent_jobs: int,
+        max_deliveries: int = 3,
+        takeover_check_s: float = 2.0,
     ) -> None:
         self._redis = redis
         self._writer = writer
         self._worker_id = worker_id
         self._slots = {keys.job_stream(name): slot for name, slot in slots.items()}
         self._max_jobs = max_concurrent_jobs
+        self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
+        self._takeover_check_s = takeover_check_s
         self._jobs: set[asyncio.Task[None]] = set()
+        # The entries of the running jobs, to put back in line if they outlast a drain.
+        self._entries: dict[asyncio.Task[None], Entry] = {}
         self._slot_freed = asyncio.Event()
         self._models_changed = asyncio.Event()
         self._read_done: asyncio.Event | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @property
     def running(self) -> int:
         """Jobs in progress."""
         return len(self._jobs)
+
+    @property
+    def reading(self) -> bool:
+        """Whether the loop that takes jobs is running (the heartbeat beats only while it is)."""
+        return self._reader is not None and not self._reader.done()
 
     def models_changed(self) -> None:
         """A model became warm or stopped being warm: rebuild the read."""
@@ -77,21 +120,31 @@ class JobConsumer:
         Groups are created at id 0 for every model this worker may hold, so jobs enqueued before
         any worker joined are not lost.
         """
+        self._stopping = False
         await self._ensure_groups(list(self._slots))
         self._reader = asyncio.create_task(self._read_loop(), name="job-consumer")
+        self._reader.add_done_callback(self._reader_ended)
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="job-takeover")
 
     async def stop(self, drain_timeout_s: float) -> None:
-        """Take no new jobs; let running ones finish for `drain_timeout_s`, then cancel them.
+        """Take no new jobs; let running ones finish for `drain_timeout_s`, then hand them back.
 
-        A cancelled job stays pending in its stream, unacknowledged, for another worker to take.
+        A job still running then is cancelled and put back in line for another worker, which
+        continues it where its client's stream stopped.
         """
+        self._stopping = True
         await cancel_and_wait(self._reader)
-        self._reader = None
-        if self._jobs:
-            _, still_running = await asyncio.wait(self._jobs, timeout=drain_timeout_s)
-            for task in still_running:
-                task.cancel()
-            await asyncio.gather(*still_running, return_exceptions=True)
+        await cancel_and_wait(self._sweeper)
+        self._reader = self._sweeper = None
+        if not self._jobs:
+            return
+        _, still_running = await asyncio.wait(self._jobs, timeout=drain_timeout_s)
+        unfinished = [self._entries[task] for task in still_running if task in self._entries]
+        for task in still_running:
+            task.cancel()
+        await asyncio.gather(*still_running, return_exceptions=True)
+        for entry in unfinished:
+            await self._hand_back(entry)
 
     async def refuse_waiting(self, model: str, error: JobError) -> int:
         """Answer every job waiting for `model` with `error` (its load failed); returns how many."""
@@ -105,9 +158,10 @@ class JobConsumer:
             if not entries:
                 return refused
             for entry_id, fields in entries:
-                job = job_decoder.decode(fields[b"job"])
-                await self._fail(job, (stream, entry_id), error)
-                refused += 1
+                entry = await self._decoded(stream, entry_id, fields)
+                if entry is not None:
+                    await self._fail(entry, error, create=True)
+                    refused += 1
 
     async def _ensure_groups(self, streams: list[str]) -> None:
         for stream in streams:
@@ -117,24 +171,54 @@ class JobConsumer:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
+    # --- the loops ------------------------------------------------------------------------------
+
     async def _read_loop(self) -> None:
         while True:
-            free = self._max_jobs - len(self._jobs)
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            self._models_changed.clear()
-            streams = [stream for stream, slot in self._slots.items() if slot.wants_jobs]
-            if not streams:
-                await self._models_changed.wait()
-                continue
-            self._read_done = asyncio.Event()
             try:
-                await self._read_once(streams, free)
-            finally:
-                self._read_done.set()
-                self._read_done = None
+                await self._read_pass()
+            except Exception:
+                # One bad pass must not end the loop: the worker would hold its models and serve nothing.
+                logger.exception("taking jobs failed; going on", extra={"worker_id": self._worker_id})
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _read_pass(self) -> None:
+        free = self._max_jobs - len(self._jobs)
+        if free <= 0:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+            return
+        self._models_changed.clear()
+        streams = [stream for stream, slot in self._slots.items() if slot.wants_jobs]
+        if not streams:
+            await self._models_changed.wait()
+            return
+        self._read_done = asyncio.Event()
+        try:
+            await self._read_once(streams, free)
+        finally:
+            self._read_done.set()
+            self._read_done = None
+
+    def _reader_ended(self, task: asyncio.Task[None]) -> None:
+        if self._stopping:
+            return
+        error = None if task.cancelled() else task.exception()
+        logger.critical(
+            "the loop that takes jobs has ended; this worker stops advertising itself",
+            exc_info=error,
+            extra={"worker_id": self._worker_id},
+        )
+
+    async def _sweep_loop(self) -> None:
+        """Every `takeover_check_s`, put the jobs of dead workers back in line."""
+        while True:
+            await asyncio.sleep(self._takeover_check_s)
+            try:
+                running = {entry.entry_id for entry in self._entries.values()}
+                await self._takeover.sweep(list(self._slots), running)
+            except Exception:
+                logger.exception("looking for jobs of dead workers failed; going on")
 
     async def _read_once(self, streams: list[str], free: int) -> None:
         try:
@@ -156,75 +240,158 @@ class JobConsumer:
             return
         for stream, entries in stream_entries(response):
             for entry_id, fields in entries:
-                self._spawn(stream.decode(), entry_id, fields[b"job"])
+                self._take(stream.decode(), entry_id, fields)
 
-    def _spawn(self, stream: str, entry_id: bytes, payload: bytes) -> None:
+    # --- one job --------------------------------------------------------------------------------
+
+    def _take(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        """Start a task for one entry read; its lease is taken here, before the task starts."""
+        try:
+            entry = _decode(stream, entry_id, fields)
+        except (KeyError, msgspec.DecodeError) as exc:
+            reason = f"the entry cannot be decoded as a job: {exc!r}"
+            self._start(self._bury(stream, entry_id, fields, reason))
+            return
         try:
             lease = self._slots[stream].lease()
         except SlotNotServing:
             # Cannot happen after the read barrier; if it ever does, the job goes back in line.
-            task = asyncio.create_task(self._requeue(stream, entry_id, payload))
+            self._start(requeue(self._redis, stream, entry_id, entry.payload, entry.taken_before))
         else:
-            task = asyncio.create_task(self._run_job(stream, entry_id, payload, lease))
+            self._start(self._run_job(entry, lease), entry)
+
+    def _start(self, work: Coroutine[Any, Any, None], entry: Entry | None = None) -> None:
+        task = asyncio.create_task(work)
         self._jobs.add(task)
+        if entry is not None:
+            self._entries[task] = entry
         task.add_done_callback(self._job_done)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
+        self._entries.pop(task, None)
         self._slot_freed.set()
 
-    async def _requeue(self, stream: str, entry_id: bytes, payload: bytes) -> None:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.xadd(stream, {"job": payload})
-        pipe.xack(stream, keys.JOB_GROUP, entry_id)
-        pipe.xdel(stream, entry_id)
-        await pipe.execute()
-
-    async def _run_job(self, stream: str, entry_id: bytes, payload: bytes, lease: Lease) -> None:
+    async def _decoded(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
         try:
-            await self._run_leased_job(stream, entry_id, payload, lease)
+            return _decode(stream, entry_id, fields)
+        except (KeyError, msgspec.DecodeError) as exc:
+            await self._bury(stream, entry_id, fields, f"the entry cannot be decoded as a job: {exc!r}")
+            return None
+
+    async def _bury(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
+        try:
+            await dead_letter(self._redis, stream, entry_id, fields, reason=reason, worker_id=self._worker_id)
+        except Exception:
+            logger.exception("could not move an entry to the dead-letter stream", extra={"stream": stream})
+
+    async def _hand_back(self, entry: Entry) -> None:
+        """Put a job this worker could not finish back in line; it does not count as a failure."""
+        try:
+            await requeue(self._redis, entry.stream, entry.entry_id, entry.payload, entry.taken_before)
+            logger.warning("job handed back unfinished", extra={"job_id": entry.job.id})
+        except Exception:
+            # Left pending, it is taken over once this worker's record has expired.
+            logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
+
+    async def _run_job(self, entry: Entry, lease: Lease) -> None:
+        try:
+            await self._run_leased_job(entry, lease)
         finally:
             lease.release()
 
-    async def _run_leased_job(self, stream: str, entry_id: bytes, payload: bytes, lease: Lease) -> None:
-        job = job_decoder.decode(payload)
-        ack = (stream, entry_id)
+    async def _run_leased_job(self, entry: Entry, lease: Lease) -> None:
+        job = entry.job
+        where = await plan(self._redis, job, entry.taken_before)
+        if where.action == "skip":
+            # Its client has gone, or already has the whole answer: nothing is written.
+            await acknowledge(self._redis, entry.stream, entry.entry_id, job.id)
+            return
+        fresh = where.action == "run"
         if time.time() > job.deadline:
             # Its client has had its answer (a timeout) already: the job must never run late.
             await self._fail(
-                job, ack, JobError(code="timeout", message="the job expired before a worker took it")
+                entry,
+                JobError(code="timeout", message="the job expired before a worker took it"),
+                create=fresh,
             )
             return
-        slot = self._slots[stream]
+        if where.error is not None:
+            await self._fail(entry, where.error, create=False)
+            return
+        payload = entry.payload
+        if where.action == "continue_":
+            payload = encode(EngineJob(**msgspec.structs.asdict(job), continuation=where.continuation))
+            logger.info("continuing a job taken over", extra={"job_id": job.id, "taken": entry.taken_before})
+        slot = self._slots[entry.stream]
         try:
-            finished = await self._stream_job(job, payload, slot, lease, ack)
+            finished = await self._stream_job(entry, payload, slot, lease, fresh=fresh)
+        except ChunkNotWritten:
+            # Writing its error would fail as well: the job stays pending, and a sweep puts it
+            # back in line once it has been idle for the heartbeat TTL; then it is continued.
+            logger.exception(
+                "a chunk could not be written; the job is left for a takeover", extra={"job_id": job.id}
+            )
+            return
         except Exception:
             logger.exception("job failed", extra={"job_id": job.id, "model": job.model})
             message = f"The worker failed while running job {job.id}; its log has the reason."
-            await self._fail(job, ack, JobError(code="engine_error", message=message))
+            await self._fail(entry, JobError(code="engine_error", message=message), create=False)
             return
         if not finished:
             await self._fail(
-                job, ack, JobError(code="engine_error", message="the engine ended without a result")
+                entry,
+                JobError(code="engine_error", message="the engine ended without a result"),
+                create=False,
             )
 
     async def _stream_job(
-        self, job: Job, payload: bytes, slot: ModelSlot, lease: Lease, ack: tuple[str, bytes]
+        self, entry: Entry, payload: bytes, slot: ModelSlot, lease: Lease, *, fresh: bool
     ) -> bool:
+        job_id = entry.job.id
         aborted = False
-        async for raw in lease.served.client.stream(payload):
-            is_last = chunk_decoder.decode(raw).is_last
-            cancelled = await self._writer.append(job.id, raw, ack=ack if is_last else None)
-            if is_last:
-                return True
-            if cancelled and not aborted:
-                aborted = True
-                await slot.abort(job.id)
+        create = fresh
+        chunks: AsyncGenerator[bytes, None] = lease.served.client.stream(payload)
+        try:
+            async for raw in chunks:
+                is_last = chunk_decoder.decode(raw).is_last
+                try:
+                    gone = await self._writer.append(
+                        job_id, raw, ack=entry.ack if is_last else None, create=create
+                    )
+                except Exception as exc:
+                    # Redis refused the chunk even after retries: the engine must not run on to
+                    # max_tokens for nobody.
+                    await _abort(slot, job_id)
+                    raise ChunkNotWritten(str(exc)) from exc
+                create = False
+                if is_last:
+                    return True
+                if gone and not aborted:
+                    aborted = True
+                    await slot.abort(job_id)
+        finally:
+            await chunks.aclose()
         return False
 
-    async def _fail(self, job: Job, ack: tuple[str, bytes], error: JobError) -> None:
+    async def _fail(self, entry: Entry, error: JobError, *, create: bool) -> None:
         try:
-            await self._writer.append(job.id, encode(Chunk(error=error)), ack=ack)
+            await self._writer.append(entry.job.id, encode(Chunk(error=error)), ack=entry.ack, create=create)
         except Exception:
             # Unacknowledged, the job stays pending in its stream rather than being lost.
-            logger.exception("could not record a failed job", extra={"job_id": job.id, "code": error.code})
+            logger.exception(
+                "could not record a failed job", extra={"job_id": entry.job.id, "code": error.code}
+            )
+
+
+def _decode(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
+    payload = fields[b"job"]
+    job = job_decoder.decode(payload)
+    return Entry(stream, entry_id, payload, job, taken_before(fields))
+
+
+async def _abort(slot: ModelSlot, job_id: str) -> None:
+    try:
+        await slot.abort(job_id)
+    except Exception:
+        logger.exception("could not abort a job in the engine", extra={"job_id": job_id})

@@ -19,12 +19,24 @@ logger = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """Keeps `sb:worker:{id}` and the workers index fresh while the worker runs."""
+    """Keeps `sb:worker:{id}` and the workers index fresh while the worker runs.
 
-    def __init__(self, redis: aioredis.Redis, record: Callable[[], WorkerRecord], interval_s: float) -> None:
+    It beats only while `healthy()` says so (the loop that takes jobs is running): a worker that
+    no longer takes jobs withdraws its record, so that it stops counting as alive (the front
+    door's readiness, the controllers' view) and its pending jobs are taken over.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        record: Callable[[], WorkerRecord],
+        interval_s: float,
+        healthy: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._redis = redis
         self._record = record
         self._interval_s = interval_s
+        self._healthy = healthy
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -38,6 +50,9 @@ class Heartbeat:
             return
         await cancel_and_wait(self._task)
         self._task = None
+        await self._withdraw()
+
+    async def _withdraw(self) -> None:
         worker_id = self._record().id
         with contextlib.suppress(RedisError):
             pipe = self._redis.pipeline(transaction=False)
@@ -46,7 +61,13 @@ class Heartbeat:
             await pipe.execute()
 
     async def beat(self) -> None:
-        """Refresh the record and its score; drop workers that stopped beating long ago."""
+        """Refresh the record and its score; drop workers that stopped beating long ago.
+
+        While the worker is not healthy, withdraw the record instead.
+        """
+        if not self._healthy():
+            await self._withdraw()
+            return
         record = self._record()
         now = time.time()
         pipe = self._redis.pipeline(transaction=False)
@@ -60,6 +81,10 @@ class Heartbeat:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
+            if not self._healthy():
+                logger.error("the worker no longer takes jobs: its heartbeat stops")
+                await self._withdraw()
+                return
             try:
                 await self.beat()
             except RedisError:

@@ -70,7 +70,6 @@ class Worker:
         self._host = TritonHost(coalescing=coalescing_policy(settings))
         self._host_started = asyncio.Event()
         self._writer = ResultWriter(self._redis)
-        self._heartbeat = Heartbeat(self._redis, self.record, settings.worker.heartbeat_s)
         self._slots = {model.name: self._slot(model) for model in self._models}
         self._consumer = JobConsumer(
             self._redis,
@@ -78,6 +77,11 @@ class Worker:
             worker_id=self.id,
             slots=self._slots,
             max_concurrent_jobs=settings.worker.max_concurrent_jobs,
+            max_deliveries=settings.worker.max_deliveries,
+            takeover_check_s=settings.worker.takeover_check_s,
+        )
+        self._heartbeat = Heartbeat(
+            self._redis, self.record, settings.worker.heartbeat_s, healthy=lambda: self._consumer.reading
         )
         self._controller = self._model_controller()
         self._cores = compute_cores(available_cores(), settings.worker.reserved_cores)

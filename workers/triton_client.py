@@ -8,7 +8,7 @@ client knows the model's one input and one output and sends the request alone.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ class TritonJobClient:
         self._client = triton_grpc.InferenceServerClient(grpc_address)
         self._request_ids = itertools.count()
 
-    async def stream(self, job_payload: bytes) -> AsyncIterator[bytes]:
+    async def stream(self, job_payload: bytes) -> AsyncGenerator[bytes, None]:
         """Send an encoded job; yield each encoded chunk the model returns, in order."""
         job_input = triton_grpc.InferInput(JOB_INPUT, [1], "BYTES")
         job_input.set_data_from_numpy(np.array([job_payload], dtype=np.object_))

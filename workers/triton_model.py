@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from switchboard.wire import Chunk, Job, JobError, Usage, encode, job_decoder
+from switchboard.wire import Chunk, Job, JobError, Usage, encode
 from workers.coalesce import coalesce
 from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
 from workers.fan_in import fan_in
@@ -47,7 +47,20 @@ def chunk_for(delta: Delta) -> Chunk:
     )
 
 
-def engine_requests(job: Job) -> list[EngineRequest]:
+class EngineJob(Job, frozen=True, kw_only=True, omit_defaults=True):
+    """A job as the consumer hands it to its Triton model: a Job, or a taken-over Job to continue.
+
+    Never crosses Redis: the consumer adds `continuation` (the text the client already has, from
+    the result stream) to a job whose worker died, for its one choice to go on from there.
+    """
+
+    continuation: str | None = None
+
+
+engine_job_decoder = msgspec.msgpack.Decoder(EngineJob)
+
+
+def engine_requests(job: EngineJob) -> list[EngineRequest]:
     """What the engine runs for a job: the conversation, or one request per prompt."""
     if job.prompts is None:
         chat = EngineRequest(
@@ -56,10 +69,15 @@ def engine_requests(job: Job) -> list[EngineRequest]:
             messages=job.messages,
             tools=job.tools,
             parse_tool_calls=job.parse_tool_calls,
+            continuation=job.continuation,
         )
         return [chat]
     if len(job.prompts) == 1:
-        return [EngineRequest(request_id=job.id, sampling=job.sampling, prompt=job.prompts[0])]
+        return [
+            EngineRequest(
+                request_id=job.id, sampling=job.sampling, prompt=job.prompts[0], continuation=job.continuation
+            )
+        ]
     return [
         EngineRequest(request_id=f"{job.id}/{i}", sampling=job.sampling, prompt=prompt)
         for i, prompt in enumerate(job.prompts)
@@ -101,7 +119,7 @@ class EngineCallable:
     async def __call__(self, requests: list[object]) -> AsyncIterator[Responses]:
         """Decoupled inference: yields one response per coalesced chunk, the last one final."""
         (request,) = requests  # batching is off for decoupled models: one request per call
-        job = job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
+        job = engine_job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         requests_ = engine_requests(job)
         self._running[job.id] = [r.request_id for r in requests_]

@@ -13,12 +13,16 @@ from workers.engines.base import Delta, Engine, EngineRequest, Footprint, Invali
 
 
 class ScriptedEngine(Engine):
-    """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `invalid`, `crash`."""
+    """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `invalid`, `crash`.
+
+    Token `i` is the text `t{i}\x00 `; a continued request goes on after the tokens of its continuation.
+    """
 
     def __init__(self, *, start_s: float = 0.0, fail_start: str | None = None) -> None:
         super().__init__(ModelConfig(name="scripted", path="unused"))
         self.aborted: list[str] = []
         self.requests: list[str] = []
+        self.continuations: dict[str, str] = {}
         self.starts = 0
         self.stops = 0
         self._start_s = start_s
@@ -41,7 +45,11 @@ class ScriptedEngine(Engine):
             raise RuntimeError("out of memory")
         count = int(words[1]) if len(words) > 1 else 1_000_000
         pause = float(words[2]) if len(words) > 2 else (0.0 if words[0] == "fast" else 0.01)
-        for index in range(count):
+        done = 0
+        if request.continuation is not None:
+            self.continuations[request.request_id] = request.continuation
+            done = request.continuation.count("\x00")
+        for index in range(done, count):
             if abort.is_set():
                 yield Delta(
                     text="", prompt_tokens=3, completion_tokens=index, finish_reason="abort", last=True

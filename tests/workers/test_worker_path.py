@@ -8,77 +8,14 @@ acknowledgements are all exercised for real and fast. The real engine is covered
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
-import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.config import ModelConfig
-from switchboard.local.redis_server import PrivateRedis
-from switchboard.wire import Job
-from tests.workers.jobs import make_job, result, submit
-from tests.workers.scripted_engine import ScriptedEngine
-from workers.consumer import JobConsumer
-from workers.controller.residency import ModelSlot
-from workers.result_writer import ResultWriter
-from workers.triton_host import TritonHost
-from workers.triton_model import CoalescingPolicy
+from tests.workers.jobs import result, submit
+from tests.workers.one_worker import MODEL, Worker, job
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-MODEL = "scripted/model:v1"  # characters Triton refuses, on purpose
-WINDOW_S = 0.05
-
-
-class Worker:
-    """The pieces of a worker process, wired as workers.main does."""
-
-    def __init__(self, redis: aioredis.Redis, engine: ScriptedEngine, consumer: JobConsumer) -> None:
-        self.redis = redis
-        self.engine = engine
-        self.consumer = consumer
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def worker() -> AsyncIterator[Worker]:
-    with PrivateRedis() as server:
-        redis = aioredis.Redis.from_url(server.url)
-        host = TritonHost(
-            coalescing=CoalescingPolicy(min_window_s=WINDOW_S, max_window_s=WINDOW_S, max_chunks_per_s=1000)
-        )
-        host_started = asyncio.Event()
-        await asyncio.to_thread(host.start)
-        host_started.set()
-        engine = ScriptedEngine()
-        writer = ResultWriter(redis)
-        writer.start()
-        consumers: list[JobConsumer] = []
-        slot = ModelSlot(
-            ModelConfig(name=MODEL, path="unused"),
-            host=host,
-            host_started=host_started,
-            create_engine=lambda _: engine,
-            read_barrier=lambda: consumers[0].read_barrier(),
-            on_change=lambda: consumers[0].models_changed() if consumers else None,
-        )
-        consumer = JobConsumer(redis, writer, worker_id="w1", slots={MODEL: slot}, max_concurrent_jobs=4)
-        consumers.append(consumer)
-        await consumer.start()
-        await slot.ensure_warm()
-        try:
-            yield Worker(redis, engine, consumer)
-        finally:
-            await consumer.stop(drain_timeout_s=5)
-            await writer.stop()
-            await slot.unload()
-            await asyncio.to_thread(host.stop)
-            await redis.aclose()
-
-
-def job(prompt: str, deadline_s: float = 60.0) -> Job:
-    return make_job(MODEL, prompt, deadline_s)
 
 
 async def test_a_job_streams_through_triton_and_is_acknowledged(worker: Worker) -> None:

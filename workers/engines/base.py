@@ -37,6 +37,9 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: str | None = None
     parse_tool_calls: bool = False
     prompt: Prompt | None = None
+    # Text already generated for this request by a worker that died (one choice only): generation
+    # goes on after it, and its tokens count as completion tokens (and against max_tokens).
+    continuation: str | None = None
 
 
 class Delta(msgspec.Struct, kw_only=True):

@@ -17,11 +17,21 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
 class BuiltPrompt:
-    """A request's prompt as the engine takes it, and as text (what `echo` repeats)."""
+    """A request's prompt as the engine takes it, and as text (what `echo` repeats).
 
-    def __init__(self, token_ids: list[int], text: str) -> None:
+    A continued request's `token_ids` end with the `continuation_tokens` of its continuation,
+    which are completion tokens, not prompt tokens.
+    """
+
+    def __init__(self, token_ids: list[int], text: str, continuation_tokens: int = 0) -> None:
         self.token_ids = token_ids
         self.text = text
+        self.continuation_tokens = continuation_tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The tokens of the prompt alone."""
+        return len(self.token_ids) - self.continuation_tokens
 
 
 class PromptBuilder:
@@ -37,12 +47,22 @@ class PromptBuilder:
         )
 
     def build(self, request: EngineRequest) -> BuiltPrompt:
-        """The prompt of `request`, refused (InvalidEngineRequest) if it cannot fit the context."""
+        """The prompt of `request`, refused (InvalidEngineRequest) if it cannot fit the context.
+
+        A continued request's prompt is followed by its continuation's tokens (no special tokens).
+        """
         if request.messages is not None:
-            return self._chat_prompt(request.messages, request.tools)
-        if isinstance(request.prompt, tuple):
-            return self._token_prompt(list(request.prompt))
-        return self._text_prompt(request.prompt or "")
+            prompt = self._chat_prompt(request.messages, request.tools)
+        elif isinstance(request.prompt, tuple):
+            prompt = self._token_prompt(list(request.prompt))
+        else:
+            prompt = self._text_prompt(request.prompt or "")
+        if not request.continuation:
+            return prompt
+        param = "messages" if request.messages is not None else "prompt"
+        continued = self._encode(request.continuation, add_special_tokens=False)
+        self._refuse_too_long(len(prompt.token_ids) + len(continued), param)
+        return BuiltPrompt(prompt.token_ids + continued, prompt.text, continuation_tokens=len(continued))
 
     def _chat_prompt(self, messages: tuple[ChatMessage, ...], tools: str | None) -> BuiltPrompt:
         self._refuse_longer_than_possible(sum(len(m.content or "") for m in messages), "messages")

@@ -46,8 +46,13 @@ def vllm_sampling_params(
     if sampling.max_tokens is None:
         max_tokens = builder.limits.max_model_len - prompt_tokens
     else:
-        builder.refuse_completion_too_long(prompt_tokens, sampling.max_tokens, prompt_param)
-        max_tokens = sampling.max_tokens
+        builder.refuse_completion_too_long(prompt.prompt_tokens, sampling.max_tokens, prompt_param)
+        # A continued request has generated part of its allowance already (at least one is left:
+        # the worker that died would have sent the last chunk otherwise).
+        max_tokens = max(1, sampling.max_tokens - prompt.continuation_tokens)
+    min_tokens = sampling.min_tokens
+    if min_tokens is not None:
+        min_tokens = max(0, min_tokens - prompt.continuation_tokens)
     _check_logit_bias(sampling.logit_bias, builder.limits.vocab_size)
     optional: dict[str, Any] = {
         "temperature": sampling.temperature,
@@ -58,7 +63,7 @@ def vllm_sampling_params(
         "presence_penalty": sampling.presence_penalty,
         "frequency_penalty": sampling.frequency_penalty,
         "repetition_penalty": sampling.repetition_penalty,
-        "min_tokens": sampling.min_tokens,
+        "min_tokens": min_tokens,
         "logit_bias": sampling.logit_bias,
         "logprobs": sampling.logprobs,
         # Echoed prompts report their own tokens' log probabilities too, as OpenAI's do.
@@ -106,7 +111,8 @@ class OutputReader:
         self._sampling = sampling
         self._prompt = prompt
         self._tokenizer = tokenizer
-        self._completion_tokens = 0
+        # A continued request's earlier tokens count as generated.
+        self._completion_tokens = prompt.continuation_tokens
         self._copies = greedy_copies(sampling)
         # Choices that still owe the echoed prompt (it goes before their first text).
         self._echo_due = set(range(sampling.n)) if sampling.echo else set()
@@ -126,7 +132,7 @@ class OutputReader:
                 deltas.append(
                     Delta(
                         text="",
-                        prompt_tokens=len(self._prompt.token_ids),
+                        prompt_tokens=self._prompt.prompt_tokens,
                         completion_tokens=self._completion_tokens,
                     )
                 )
@@ -143,7 +149,7 @@ class OutputReader:
             text=text,
             index=index,
             logprobs=logprobs,
-            prompt_tokens=len(self._prompt.token_ids),
+            prompt_tokens=self._prompt.prompt_tokens,
             completion_tokens=self._completion_tokens,
             finish_reason=finish_reason(completion.finish_reason),
         )

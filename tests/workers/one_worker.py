@@ -1,0 +1,83 @@
+"""One worker's pieces (real Redis, real PyTriton, the consumer, the writer) around a scripted engine.
+
+Shared by the tests of the worker's path and of takeovers; the fixture `worker` (tests/workers/conftest.py)
+starts them once per test module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+
+from switchboard.config import ModelConfig
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.wire import Job
+from tests.workers.jobs import make_job
+from tests.workers.scripted_engine import ScriptedEngine
+from workers.consumer import JobConsumer
+from workers.controller.residency import ModelSlot
+from workers.result_writer import ResultWriter
+from workers.triton_host import TritonHost
+from workers.triton_model import CoalescingPolicy
+
+MODEL = "scripted/model:v1"  # characters Triton refuses, on purpose
+WINDOW_S = 0.05
+
+
+class Worker:
+    """The pieces of a worker process, wired as workers.main does."""
+
+    def __init__(
+        self, redis: aioredis.Redis, engine: ScriptedEngine, consumer: JobConsumer, writer: ResultWriter
+    ) -> None:
+        self.redis = redis
+        self.engine = engine
+        self.consumer = consumer
+        self.writer = writer
+
+
+@asynccontextmanager
+async def running_worker() -> AsyncIterator[Worker]:
+    """Start the pieces of one worker with a warm scripted model; stop them all afterwards."""
+    with PrivateRedis() as server:
+        redis = aioredis.Redis.from_url(server.url)
+        host = TritonHost(
+            coalescing=CoalescingPolicy(min_window_s=WINDOW_S, max_window_s=WINDOW_S, max_chunks_per_s=1000)
+        )
+        host_started = asyncio.Event()
+        await asyncio.to_thread(host.start)
+        host_started.set()
+        engine = ScriptedEngine()
+        writer = ResultWriter(redis)
+        writer.start()
+        consumers: list[JobConsumer] = []
+        slot = ModelSlot(
+            ModelConfig(name=MODEL, path="unused"),
+            host=host,
+            host_started=host_started,
+            create_engine=lambda _: engine,
+            read_barrier=lambda: consumers[0].read_barrier(),
+            on_change=lambda: consumers[0].models_changed() if consumers else None,
+        )
+        consumer = JobConsumer(
+            redis, writer, worker_id="w1", slots={MODEL: slot}, max_concurrent_jobs=4, takeover_check_s=0.2
+        )
+        consumers.append(consumer)
+        await consumer.start()
+        await slot.ensure_warm()
+        try:
+            yield Worker(redis, engine, consumer, writer)
+        finally:
+            await consumer.stop(drain_timeout_s=5)
+            await writer.stop()
+            await slot.unload()
+            await asyncio.to_thread(host.stop)
+            await redis.aclose()
+
+
+def job(prompt: str, deadline_s: float = 60.0) -> Job:
+    """A job for the worker's model; the scripted engine reads its script from the prompt."""
+    return make_job(MODEL, prompt, deadline_s)
