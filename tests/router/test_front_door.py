@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -103,7 +104,11 @@ async def test_streamed_request_relays_every_chunk_as_sse(
         )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    events = [e for e in response.text.split("\n\n") if e]
+    blocks = [e for e in response.text.split("\n\n") if e]
+    # Each event names its job and its result stream entry (a client resumes from there).
+    ids = [block.split("\n", 1)[0] for block in blocks]
+    assert all(re.fullmatch(r"id: [0-9a-f]{32}:[0-9]+-[0-9]+", i) for i in ids), ids
+    events = [block.split("\n", 1)[1] for block in blocks]
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
     payloads = [json.loads(e[len("data: ") :]) for e in events[:-1]]
