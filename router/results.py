@@ -31,8 +31,10 @@ logger = logging.getLogger(__name__)
 # How long one XREAD may block. New subscriptions wake it early through the wake stream, so this
 # only bounds how often an idle front door polls.
 BLOCK_MS = 5_000
-# After a Redis error the loop backs off this long before trying again.
+# After a Redis error the loop backs off this long before trying again; after a lost connection,
+# only briefly (a connection from before a restart fails once, and the next one works).
 RETRY_DELAY_S = 0.5
+RECONNECT_DELAY_S = 0.1
 # While jobs are in flight, Redis's run id is compared this often (and after every failed read).
 RUN_ID_CHECK_S = 5.0
 
@@ -143,13 +145,16 @@ class ResultReader:
             except asyncio.CancelledError:
                 raise
             except RedisError as exc:
-                if is_connection_error(exc):
-                    self._health.mark_down(exc)
-                    # Whatever the server is once it answers again, compare its run id first.
-                    self._check_run_id_at = 0.0
-                else:
+                if not is_connection_error(exc):
                     logger.exception("result reader failed; retrying", extra={"in_flight": self.in_flight})
-                await asyncio.sleep(RETRY_DELAY_S)
+                    await asyncio.sleep(RETRY_DELAY_S)
+                    continue
+                # Redis may be down, or may have restarted: whatever answers next, its run id is
+                # compared first. Requests find out for themselves whether it is down.
+                if self._check_run_id_at:
+                    logger.warning("result reader lost its connection", extra={"error": str(exc)})
+                self._check_run_id_at = 0.0
+                await asyncio.sleep(RECONNECT_DELAY_S)
             except Exception:
                 logger.exception("result reader failed; retrying", extra={"in_flight": self.in_flight})
                 await asyncio.sleep(RETRY_DELAY_S)

@@ -114,6 +114,7 @@ async def _answer(
 
     A client that leaves cancels the job either way (`router.disconnect`).
     """
+    gateway.health.require_up()
     if resume is not None:
         run = await gateway.resume_job(job, caller, resume.entry_id)
         relay.resume()
