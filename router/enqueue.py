@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import redis.asyncio as aioredis
@@ -87,11 +86,9 @@ class JobQueue:
             logger.warning("could not leave a cancel mark", extra={"job_id": job_id})
 
     async def stop(self) -> None:
-        """Leave at once the cancel marks still waiting for a resumption: nobody will be here to."""
+        """Drop the cancel marks still waiting for a resumption. Their jobs run on to their end: a
+        front door stops mostly to be replaced, and its clients then resume through another one."""
         pending, self._pending_cancels = self._pending_cancels, {}
         for task in pending.values():
             task.cancel()
         await asyncio.gather(*pending.values(), return_exceptions=True)
-        for job_id in pending:
-            with contextlib.suppress(RedisError):
-                await self.cancel(job_id)

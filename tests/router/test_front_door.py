@@ -248,8 +248,11 @@ async def test_many_concurrent_requests_share_a_few_redis_connections(
 
 
 async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
-    front_door: httpx.AsyncClient, redis: aioredis.Redis
+    redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
+    # Past the grace a client has to resume the stream (`router.resume_grace_s`).
+    settings = settings_for(redis_server.url, resume_grace_s=0.2)
+
     async def endless(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
         while not await redis.exists(keys.cancel_mark(job.id)):
             await writer.append(job.id, encode(Chunk(text="more ")))
@@ -260,7 +263,7 @@ async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
             ack=ack,
         )
 
-    async with asyncio.timeout(60), scripted_worker(redis, endless) as jobs:
+    async with asyncio.timeout(60), serving(settings) as front_door, scripted_worker(redis, endless) as jobs:
         async with front_door.stream(
             "POST", "/v1/chat/completions", json={**BODY, "stream": True}
         ) as response:
