@@ -101,6 +101,9 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
 
 def _redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
     logger.warning("redis error", extra={"path": request.url.path, "error": str(exc)})
+    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
+    if gateway is not None:
+        return _openai_error(request, gateway.unavailable(exc))
     if is_redis_full(exc):
         return _openai_error(request, RedisFullError(REDIS_FULL_RETRY_S))
     return _openai_error(request, ServiceUnavailableError(f"Redis is unavailable: {exc}. Retry shortly."))

@@ -70,6 +70,10 @@ class ChatRelay:
                 yield sse_event(self._event([], usage=True, last=chunk))
         yield SSE_DONE
 
+    def resume(self) -> None:
+        """The client has had this answer's first events (a stream resumed with `Last-Event-ID`)."""
+        self._started.update(range(self.n))
+
     def error_event(self, error: OpenAIError) -> bytes:
         """The closing event of a stream that fails after its headers were sent."""
         return sse_error(error)

@@ -52,6 +52,9 @@ class CompletionRelay:
                 yield sse_event(usage)
         yield SSE_DONE
 
+    def resume(self) -> None:
+        """The client has had this answer's first events (`Last-Event-ID`); nothing to skip here."""
+
     def error_event(self, error: OpenAIError) -> bytes:
         """The closing event of a stream that fails after its headers were sent."""
         return sse_error(error)

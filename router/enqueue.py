@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from switchboard import keys
 from switchboard.wire import Job, LoadFailure, encode, load_failure_decoder
+
+logger = logging.getLogger(__name__)
 
 # One round trip for everything an enqueue does. A model whose last load failed takes no job: the
 # failure's payload comes back instead, and the request is answered at once. Otherwise the job goes
@@ -37,6 +43,8 @@ class JobQueue:
         self._redis = redis
         # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
         self._enqueue = redis.register_script(_ENQUEUE_LUA)
+        # Cancel marks waiting for a client that may resume its stream, by job id.
+        self._pending_cancels: dict[str, asyncio.Task[None]] = {}
 
     async def submit(self, job: Job, *, wake_stream: str | None = None) -> LoadFailure | None:
         """Append the job to its model's stream, unless the model's last load failed: then its failure.
@@ -60,3 +68,27 @@ class JobQueue:
     async def cancel(self, job_id: str) -> None:
         """Leave a cancel mark: the worker running the job stops generating for it."""
         await self._redis.set(keys.cancel_mark(job_id), b"1", ex=keys.CANCEL_TTL_S)
+
+    def cancel_later(self, job_id: str, *, resumes_seen: int, after_s: float) -> None:
+        """Leave the cancel mark after `after_s`, unless a client resumed the job's stream meanwhile
+        (the job's resume count is no longer `resumes_seen`)."""
+        task = asyncio.get_running_loop().create_task(self._cancel_later(job_id, resumes_seen, after_s))
+        self._pending_cancels[job_id] = task
+        task.add_done_callback(lambda _: self._pending_cancels.pop(job_id, None))
+
+    async def _cancel_later(self, job_id: str, resumes_seen: int, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        try:
+            resumed = int(await self._redis.get(keys.resumes(job_id)) or 0)
+            if resumed == resumes_seen:
+                await self.cancel(job_id)
+        except RedisError:
+            logger.warning("could not leave a cancel mark", extra={"job_id": job_id})
+
+    async def stop(self) -> None:
+        """Drop the cancel marks still waiting for a resumption. Their jobs run on to their end: a
+        front door stops mostly to be replaced, and its clients then resume through another one."""
+        pending, self._pending_cancels = self._pending_cancels, {}
+        for task in pending.values():
+            task.cancel()
+        await asyncio.gather(*pending.values(), return_exceptions=True)

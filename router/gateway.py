@@ -18,23 +18,31 @@ from router.auth import Caller, KeyTable, check_exposure
 from router.enqueue import JobQueue
 from router.job_run import JobRun
 from router.model_limits import ModelLimitsCache
-from router.model_status import ModelStatusReader
+from router.model_status import ModelStatusReader, may_serve
 from router.openai.errors import (
     ModelLoadFailedError,
     ModelNotFoundError,
+    NoWorkerForModelError,
     RedisFullError,
+    RedisUnavailableError,
     ServiceUnavailableError,
+    StreamNotFoundError,
 )
-from router.results import BLOCK_MS, ResultReader
+from router.redis_health import RETRY_AFTER_S, RedisHealth
+from router.results import BLOCK_MS, ResultReader, Subscription
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
-from switchboard.redis_conn import blocking_client, pooled_client
+from switchboard.redis_conn import blocking_client, is_connection_error, pooled_client
 from switchboard.wire import Job
 
 logger = logging.getLogger(__name__)
 
 # Connections for enqueues and cancel marks; the result reader has one of its own.
 POOL_CONNECTIONS = 16
+# Requests share one read of the live workers' records this recent (no round trip per request).
+WORKERS_MAX_AGE_S = 1.0
+# Retry-After for a model that no live worker may hold: about when a new worker's heartbeat shows.
+NO_WORKER_RETRY_S = 5.0
 
 
 class Gateway:
@@ -46,7 +54,8 @@ class Gateway:
         self.router_id = uuid.uuid4().hex[:12]
         self.started = time.time()
         self.queue = JobQueue(redis)
-        self.reader = ResultReader(reader_redis, self.router_id)
+        self.health = RedisHealth(redis)
+        self.reader = ResultReader(reader_redis, self.router_id, self.health)
         self._reader_redis = reader_redis
         self._models = {m.name: m for m in settings.models}
         self.status = ModelStatusReader(redis, settings.models)
@@ -86,6 +95,8 @@ class Gateway:
     async def close(self) -> None:
         """Stop the reader and close the connections."""
         await self.reader.stop()
+        await self.health.stop()
+        await self.queue.stop()
         await self._reader_redis.aclose()
         await self.redis.aclose()
 
@@ -105,12 +116,15 @@ class Gateway:
         `close()` what it gets.
 
         A model the caller's key may not use is a 403; a limit met at admission, a 429. A model
-        whose last load failed takes no job: its failure is a 503 with Retry-After at once.
+        whose last load failed takes no job: its failure is a 503 with Retry-After at once; so is a
+        model that no live worker may hold, and every job while Redis cannot be reached.
         """
         caller.require_model(job.model)
         job = msgspec.structs.replace(job, tenant=caller.name)
+        self.health.require_up()
+        await self._require_worker_for(job.model)
         ticket = await self._admit(job, caller)
-        subscription = self.reader.subscribe(job.id)
+        subscription = self.reader.subscribe(job.id, job.model)
         wake = self.reader.wake_key if self.reader.blocked else None
         try:
             failure = await self.queue.submit(job, wake_stream=wake)
@@ -123,8 +137,42 @@ class Gateway:
             left = isinstance(exc, asyncio.CancelledError)
             await asyncio.shield(self._abandon(job.id, ticket, cancel=left))
             if isinstance(exc, RedisError):
-                raise _unavailable(exc) from exc
+                raise self.unavailable(exc) from exc
             raise
+        return self._run(job, subscription, ticket)
+
+    async def resume_job(self, job: Job, caller: Caller, after: str) -> JobRun:
+        """The rest of `job`'s results, from after entry `after` (a stream resumed with
+        `Last-Event-ID`); a 404 if its result stream is gone. No new job is queued."""
+        caller.require_model(job.model)
+        self.health.require_up()
+        subscription = self.reader.subscribe(job.id, job.model, after)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(keys.result_stream(job.id))
+        pipe.incr(keys.resumes(job.id))
+        pipe.expire(keys.resumes(job.id), keys.RESULT_TTL_S)
+        if self.reader.blocked:
+            pipe.xadd(self.reader.wake_key, {"w": ""}, maxlen=1)
+            pipe.expire(self.reader.wake_key, keys.WAKE_TTL_S)
+        try:
+            found, resumes, *_ = await pipe.execute()
+        except BaseException as exc:
+            self.reader.unsubscribe(subscription, keep=True)
+            if isinstance(exc, RedisError):
+                raise self.unavailable(exc) from exc
+            raise
+        if not found:
+            self.reader.unsubscribe(subscription, keep=True)
+            raise StreamNotFoundError(
+                f"No results of job {job.id} are kept: it is unknown, was read to its end, or its "
+                f"results expired ({keys.RESULT_TTL_S} s after their last chunk). Send the request "
+                "again without Last-Event-ID."
+            )
+        return self._run(job, subscription, None, resumes_seen=int(resumes))
+
+    def _run(
+        self, job: Job, subscription: Subscription, ticket: Ticket | None, resumes_seen: int = 0
+    ) -> JobRun:
         return JobRun(
             job,
             subscription,
@@ -133,7 +181,29 @@ class Gateway:
             status=self.status,
             timeout_s=self.settings.router.request_timeout_s,
             ticket=ticket,
+            resume_grace_s=self.settings.router.resume_grace_s,
+            resumes_seen=resumes_seen,
         )
+
+    async def _require_worker_for(self, model: str) -> None:
+        """A 503 at once for a model that no live worker may hold (while any worker is alive: with
+        none, the job waits in the queue for the first one to start)."""
+        try:
+            records = await self.status.live_workers(WORKERS_MAX_AGE_S)
+        except RedisError as exc:
+            raise self.unavailable(exc) from exc
+        if records and not may_serve(records, model):
+            raise NoWorkerForModelError(model, NO_WORKER_RETRY_S)
+
+    def unavailable(self, exc: RedisError) -> ServiceUnavailableError:
+        """The 503 for a Redis that failed while a job was being queued; a lost connection marks
+        Redis down, so that the next requests are answered at once."""
+        if is_redis_full(exc):
+            return RedisFullError(REDIS_FULL_RETRY_S)
+        if is_connection_error(exc):
+            self.health.mark_down(exc)
+            return RedisUnavailableError(str(exc), RETRY_AFTER_S)
+        return ServiceUnavailableError(f"The job queue is unavailable: {exc}. Retry shortly.")
 
     async def _admit(self, job: Job, caller: Caller) -> Ticket:
         admitting = asyncio.ensure_future(self.admission.admit(job, caller))
@@ -145,7 +215,7 @@ class Gateway:
                 await self._abandon(job.id, await admitting, cancel=False)
             raise
         except RedisError as exc:
-            raise _unavailable(exc) from exc
+            raise self.unavailable(exc) from exc
 
     async def _abandon(self, job_id: str, ticket: Ticket, *, cancel: bool) -> None:
         """Give back the ticket of a job that nobody waits for (nothing was generated for it)."""
@@ -164,15 +234,3 @@ class Gateway:
             yield run
         finally:
             await run.close()
-
-    async def live_workers(self) -> int:
-        """How many workers sent a heartbeat recently."""
-        since = time.time() - keys.WORKER_TTL_S
-        return int(await self.redis.zcount(keys.workers_index(), since, "+inf"))
-
-
-def _unavailable(exc: RedisError) -> ServiceUnavailableError:
-    """The 503 for a Redis that failed while a job was being queued."""
-    if is_redis_full(exc):
-        return RedisFullError(REDIS_FULL_RETRY_S)
-    return ServiceUnavailableError(f"The job queue is unavailable: {exc}. Retry shortly.")

@@ -17,18 +17,25 @@ from redis.exceptions import RedisError
 from router.admission import Ticket
 from router.enqueue import JobQueue
 from router.model_status import ModelStatusReader
-from router.openai.errors import GatewayTimeoutError, ModelLoadingError, OpenAIError
-from router.results import ResultReader, Subscription
+from router.openai.errors import GatewayTimeoutError, ModelLoadingError, OpenAIError, ResultsLostError
+from router.results import START, ResultReader, ResultsLost, Subscription
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)
 
 # Retry-After for a request dropped while its model loads, when no load time is known at all.
 UNKNOWN_LOAD_RETRY_S = 30.0
+# Retry-After for a request whose job a Redis restart lost.
+LOST_RETRY_S = 1.0
 
 
 class JobRun:
-    """The chunks of one enqueued job; `close()` ends it, leaving a cancel mark if it is unfinished."""
+    """The chunks of one enqueued job; `close()` ends it, leaving a cancel mark if it is unfinished.
+
+    A streamed run (`resumable`) that ends mid-stream keeps its result stream, and its cancel mark
+    waits `resume_grace_s` for a client that resumes the stream (`Last-Event-ID`), maybe through
+    another front door; `resumes_seen` is how many resumptions of the job this run knows of.
+    """
 
     def __init__(
         self,
@@ -39,7 +46,9 @@ class JobRun:
         queue: JobQueue,
         status: ModelStatusReader,
         timeout_s: float,
-        ticket: Ticket,
+        ticket: Ticket | None,
+        resume_grace_s: float = 0.0,
+        resumes_seen: int = 0,
     ) -> None:
         self.job = job
         self._subscription = subscription
@@ -48,6 +57,9 @@ class JobRun:
         self._status = status
         self._timeout_s = timeout_s
         self._ticket = ticket
+        self._resume_grace_s = resume_grace_s
+        self._resumes_seen = resumes_seen
+        self.resumable = False
         # Tokens the job used, from its last chunk: what its key's tpm is settled with.
         self._used_tokens: int | None = None
         # The job's deadline on the event loop's clock, which timeouts use.
@@ -55,6 +67,11 @@ class JobRun:
         self._deadline = loop.time() + (job.deadline - time.time())
         self.started = False  # a chunk has arrived
         self._closed = False
+
+    @property
+    def last_entry_id(self) -> str:
+        """The result stream entry id of the last chunk handed out: where a resumed stream goes on."""
+        return self._subscription.taken_id
 
     async def wait_chunk(self, within_s: float) -> Chunk | None:
         """The next chunk, or None if `within_s` passes first; the deadline's error if that passes first."""
@@ -76,13 +93,23 @@ class JobRun:
         if self._closed:
             return
         self._closed = True
-        self._reader.unsubscribe(self._subscription)
+        unfinished = not self._subscription.finished
+        # A client that saw part of a stream may come back for the rest: keep it until it expires.
+        resumable = unfinished and self.resumable and self._subscription.taken_id != START
+        self._reader.unsubscribe(self._subscription, keep=resumable)
+        if resumable and self._resume_grace_s > 0:
+            self._queue.cancel_later(
+                self.job.id, resumes_seen=self._resumes_seen, after_s=self._resume_grace_s
+            )
+            unfinished = False
         # Shielded: a client that left cancels this task, and the mark and the release must still happen.
-        await asyncio.shield(self._finish(cancel=not self._subscription.finished))
+        await asyncio.shield(self._finish(cancel=unfinished))
 
     async def _next(self, limit: float, *, before_deadline: bool) -> Chunk | None:
         try:
-            chunk = await self._subscription.get(limit)
+            _, chunk = await self._subscription.get(limit)
+        except ResultsLost:
+            raise ResultsLostError(self.job.id, LOST_RETRY_S) from None
         except TimeoutError:
             if before_deadline:
                 return None
@@ -126,6 +153,8 @@ class JobRun:
                 await self._queue.cancel(self.job.id)
             except RedisError:
                 logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})
+        if self._ticket is None:  # a resumed stream: its job's ticket went with its first reader
+            return
         try:
             await self._ticket.release(self._used_tokens)
         except RedisError:

@@ -17,9 +17,19 @@ from switchboard.wire import ChatMessage, Job, Prompt, SamplingParams, Structure
 _json = msgspec.json.Encoder()
 
 
-def new_job_id() -> str:
-    """A unique id, also used as the OpenAI response id's suffix."""
-    return uuid.uuid4().hex
+# A job id is 32 hex digits: its creation time in milliseconds (12), then 80 random bits (20).
+# The time is in it so that a resumed stream (`router.resume`) repeats the answer's `created`.
+JOB_ID_PATTERN = r"[0-9a-f]{32}"
+
+
+def new_job_id(created: float) -> str:
+    """A unique id made at `created` (unix seconds), also used as the OpenAI response id's suffix."""
+    return f"{int(created * 1000) & 0xFFFFFFFFFFFF:012x}{uuid.uuid4().hex[:20]}"
+
+
+def created_of(job_id: str) -> float:
+    """When the job with this id was made (unix seconds, to the millisecond)."""
+    return int(job_id[:12], 16) / 1000
 
 
 def chat_job(
@@ -112,7 +122,7 @@ def sampling_params(
 def _job(model: str, sampling: SamplingParams, *, timeout_s: float, tenant: str | None, **inputs: Any) -> Job:
     now = time.time()
     return Job(
-        id=new_job_id(),
+        id=new_job_id(now),
         model=model,
         sampling=sampling,
         created=now,

@@ -13,7 +13,7 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import redis.asyncio as aioredis
@@ -129,6 +129,8 @@ class ModelStatusReader:
         self._models = {m.name: m for m in models}
         # Progress comments of many requests waiting on one model share one read.
         self._recent: dict[str, tuple[float, asyncio.Task[ModelStatus]]] = {}
+        # Every request checks that some live worker may hold its model: they share one read a second.
+        self._workers: tuple[float, asyncio.Task[list[WorkerRecord]]] | None = None
 
     async def read(self, names: Sequence[str], *, with_costs: bool = True) -> list[ModelStatus]:
         """The status of each of `names` (configured models), in that order."""
@@ -175,6 +177,19 @@ class ModelStatusReader:
         # Shielded: a caller that goes away must not cancel the read the others wait on.
         return await asyncio.shield(recent[1])
 
+    async def live_workers(self, max_age_s: float) -> list[WorkerRecord]:
+        """The live workers' records, read at most once per `max_age_s` for every caller."""
+        loop = asyncio.get_running_loop()
+        if self._workers is None or loop.time() - self._workers[0] > max_age_s:
+            self._workers = (loop.time(), loop.create_task(self._read_live_workers()))
+        # Shielded: a caller that goes away must not cancel the read the others wait on.
+        return await asyncio.shield(self._workers[1])
+
+    async def _read_live_workers(self) -> list[WorkerRecord]:
+        since = time.time() - keys.WORKER_TTL_S
+        worker_ids = await self._redis.zrangebyscore(keys.workers_index(), since, "+inf")
+        return await self._records(cast(list[bytes], worker_ids))
+
     async def _records(self, worker_ids: list[bytes]) -> list[WorkerRecord]:
         if not worker_ids:
             return []
@@ -205,6 +220,11 @@ class ModelStatusReader:
             if samples:
                 costs.setdefault(name, {})[kind] = [float(s) for s in samples]
         return costs
+
+
+def may_serve(records: Sequence[WorkerRecord], model: str) -> bool:
+    """Whether one of `records` may hold `model` (a worker that lists no models may hold any)."""
+    return any(not record.allowed or model in record.allowed for record in records)
 
 
 def summarize(

@@ -2,8 +2,14 @@
 
 A blocking read per request would tie up a Redis connection each; instead one task issues a single
 ``XREAD BLOCK`` over every in-flight job's result stream (plus this process's wake stream) and hands
-each chunk to the request waiting for it. Streams are read from their start, so a chunk written
-before the request subscribed is not lost.
+each chunk, with its entry id, to the request waiting for it. Streams are read from their start (or,
+for a resumed stream, from after the entry its client saw last), so a chunk written before the
+request subscribed is not lost.
+
+The loop also notices a Redis that restarted (its run id changed): a job whose result stream, or
+whose place in the queue, did not survive the restart can never finish, and its request is failed
+at once instead of waiting for its deadline. With append-only persistence both survive, and reading
+simply goes on.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ import asyncio
 import logging
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
+from router.redis_health import RedisHealth
 from switchboard import keys
-from switchboard.redis_conn import stream_entries
+from switchboard.redis_conn import is_connection_error, server_run_id, stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, chunk_decoder
 
@@ -23,47 +31,74 @@ logger = logging.getLogger(__name__)
 # How long one XREAD may block. New subscriptions wake it early through the wake stream, so this
 # only bounds how often an idle front door polls.
 BLOCK_MS = 5_000
-# After a Redis error the loop backs off this long before trying again.
+# After a Redis error the loop backs off this long before trying again; after a lost connection,
+# only briefly (a connection from before a restart fails once, and the next one works).
 RETRY_DELAY_S = 0.5
+RECONNECT_DELAY_S = 0.1
+# While jobs are in flight, Redis's run id is compared this often (and after every failed read).
+RUN_ID_CHECK_S = 5.0
+
+START = "0-0"
+
+
+class ResultsLost(Exception):
+    """Redis restarted and kept neither the job's results nor the job itself."""
 
 
 class Subscription:
-    """The chunks of one job, in order, as the reader loop delivers them."""
+    """The chunks of one job, each with its result stream entry id, in order."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, model: str, after: str = START) -> None:
         self.job_id = job_id
+        self.model = model
         self.stream_key = keys.result_stream(job_id).encode()
-        self.last_id = b"0-0"
+        self.last_id = after.encode()
+        # Set once the job's last chunk was handed out: its result stream is no longer needed.
         self.finished = False
-        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        # Entry id of the last chunk handed out (`after` for a stream resumed there).
+        self.taken_id = after
+        self.released = False
+        self._queue: asyncio.Queue[tuple[str, Chunk] | ResultsLost] = asyncio.Queue()
 
-    def deliver(self, chunk: Chunk) -> None:
+    def deliver(self, entry_id: str, chunk: Chunk) -> None:
         """Called by the reader loop for every chunk read from the job's result stream."""
-        self._queue.put_nowait(chunk)
+        self._queue.put_nowait((entry_id, chunk))
 
-    async def get(self, deadline: float) -> Chunk:
-        """The next chunk; TimeoutError past `deadline` (loop time)."""
+    def fail(self, error: ResultsLost) -> None:
+        """Called by the reader loop when the job's results are gone for good."""
+        self._queue.put_nowait(error)
+
+    async def get(self, deadline: float) -> tuple[str, Chunk]:
+        """The next chunk and its entry id; TimeoutError past `deadline` (loop time); ResultsLost."""
         if self._queue.empty():
             async with asyncio.timeout_at(deadline):
-                chunk = await self._queue.get()
+                item = await self._queue.get()
         else:
-            chunk = self._queue.get_nowait()
+            item = self._queue.get_nowait()
+        if isinstance(item, ResultsLost):
+            raise item
+        entry_id, chunk = item
         # Marked before the caller sees it: a caller that stops at the last chunk has not left early.
         self.finished = chunk.is_last
-        return chunk
+        self.taken_id = entry_id
+        return item
 
 
 class ResultReader:
     """Reads every in-flight result stream of this process through one Redis connection."""
 
-    def __init__(self, redis: aioredis.Redis, router_id: str) -> None:
+    def __init__(self, redis: aioredis.Redis, router_id: str, health: RedisHealth) -> None:
         self._redis = redis
+        self._health = health
         self._wake_key = keys.wake_stream(router_id).encode()
         self._wake_last_id = b"0-0"
         self._subscriptions: dict[bytes, Subscription] = {}
-        self._finished_keys: list[bytes] = []
+        # Result streams of subscriptions that ended: deleted (False) or kept until their expiry (True).
+        self._ended: list[tuple[bytes, bool]] = []
         self._has_work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._run_id: str | None = None
+        self._check_run_id_at = 0.0
         # True while an XREAD is in flight: only then must a new subscription wake the reader.
         self.blocked = False
 
@@ -72,18 +107,22 @@ class ResultReader:
         """The stream to poke so that a blocked read returns and picks up new subscriptions."""
         return self._wake_key.decode()
 
-    def subscribe(self, job_id: str) -> Subscription:
-        """Start delivering the chunks of `job_id`."""
-        subscription = Subscription(job_id)
+    def subscribe(self, job_id: str, model: str, after: str = START) -> Subscription:
+        """Start delivering the chunks of `job_id` (a job of `model`) that follow entry `after`."""
+        subscription = Subscription(job_id, model, after)
         self._subscriptions[subscription.stream_key] = subscription
         self._has_work.set()
         return subscription
 
-    def unsubscribe(self, subscription: Subscription) -> None:
-        """Stop delivering; the result stream is deleted on the reader's next pass."""
-        if self._subscriptions.pop(subscription.stream_key, None) is not None:
-            self._finished_keys.append(subscription.stream_key)
-            self._has_work.set()
+    def unsubscribe(self, subscription: Subscription, *, keep: bool = False) -> None:
+        """Stop delivering. The result stream is deleted on the reader's next pass, unless `keep`:
+        then it stays until it expires, for a client that resumes it (`Last-Event-ID`). Idempotent."""
+        if subscription.released:
+            return
+        subscription.released = True
+        self._subscriptions.pop(subscription.stream_key, None)
+        self._ended.append((subscription.stream_key, keep))
+        self._has_work.set()
 
     @property
     def in_flight(self) -> int:
@@ -105,18 +144,32 @@ class ResultReader:
                 await self._read_once()
             except asyncio.CancelledError:
                 raise
+            except RedisError as exc:
+                if not is_connection_error(exc):
+                    logger.exception("result reader failed; retrying", extra={"in_flight": self.in_flight})
+                    await asyncio.sleep(RETRY_DELAY_S)
+                    continue
+                # Redis may be down, or may have restarted: whatever answers next, its run id is
+                # compared first. Requests find out for themselves whether it is down.
+                if self._check_run_id_at:
+                    logger.warning("result reader lost its connection", extra={"error": str(exc)})
+                self._check_run_id_at = 0.0
+                await asyncio.sleep(RECONNECT_DELAY_S)
             except Exception:
                 logger.exception("result reader failed; retrying", extra={"in_flight": self.in_flight})
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def _read_once(self) -> None:
-        if self._finished_keys:
-            finished, self._finished_keys = self._finished_keys, []
-            await self._redis.unlink(*finished)
+        if self._ended:
+            await self._clean_up_ended()
         if not self._subscriptions:
             self._has_work.clear()
             await self._has_work.wait()
             return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._check_run_id_at:
+            await self._check_restart()
+            self._check_run_id_at = loop.time() + RUN_ID_CHECK_S
         streams = {self._wake_key: self._wake_last_id}
         streams.update((key, sub.last_id) for key, sub in self._subscriptions.items())
         self.blocked = True
@@ -126,6 +179,49 @@ class ResultReader:
             self.blocked = False
         for stream_key, entries in stream_entries(response):
             self._dispatch(stream_key, entries)
+
+    async def _clean_up_ended(self) -> None:
+        ended, self._ended = self._ended, []
+        pipe = self._redis.pipeline(transaction=False)
+        for key, keep in ended:
+            if keep:
+                # Its writer sets an expiry too; this bounds it even if the writer never wrote again.
+                pipe.expire(key, keys.RESULT_TTL_S)
+            else:
+                pipe.unlink(key)
+        try:
+            await pipe.execute()
+        except BaseException:
+            self._ended.extend(ended)
+            raise
+
+    async def _check_restart(self) -> None:
+        """Fail the subscriptions whose job a Redis restart lost; remember the server's run id."""
+        run_id = await server_run_id(self._redis)
+        self._health.mark_up()
+        previous, self._run_id = self._run_id, run_id
+        if previous is None or previous == run_id:
+            return
+        subscriptions = list(self._subscriptions.values())
+        pipe = self._redis.pipeline(transaction=False)
+        for subscription in subscriptions:
+            pipe.exists(subscription.stream_key)
+            pipe.exists(keys.job_stream(subscription.model))
+        found = await pipe.execute()
+        lost = 0
+        for index, subscription in enumerate(subscriptions):
+            has_results, has_job_stream = found[2 * index], found[2 * index + 1]
+            # Before its first chunk a job is only in its model's queue; after it, only its results
+            # tell where it is (the queue entry may be acknowledged and trimmed by then).
+            started = subscription.last_id != START.encode()
+            if has_results or (has_job_stream and not started):
+                continue
+            lost += 1
+            self._subscriptions.pop(subscription.stream_key, None)
+            subscription.fail(ResultsLost(subscription.job_id))
+        logger.warning(
+            "redis restarted", extra={"run_id": run_id, "in_flight": len(subscriptions), "lost": lost}
+        )
 
     def _dispatch(self, stream_key: bytes, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
         if stream_key == self._wake_key:
@@ -137,8 +233,9 @@ class ResultReader:
         for entry_id, fields in entries:
             subscription.last_id = entry_id
             chunk = chunk_decoder.decode(fields[b"c"])
-            subscription.deliver(chunk)
+            subscription.deliver(entry_id.decode(), chunk)
             if chunk.is_last:
-                # Nothing follows: stop reading the stream and delete it on the next pass.
+                # Nothing follows: stop reading the stream and delete it on the next pass (its
+                # chunks are in this process now; a stream read to its end cannot be resumed).
                 self.unsubscribe(subscription)
                 return

@@ -17,19 +17,23 @@ from router.completion_relay import CompletionRelay
 from router.gateway import Gateway
 from router.jobs import chat_job, completion_job
 from router.model_limits import check_job_fits
+from router.model_status import may_serve
 from router.openai.chat import ChatCompletionRequest
 from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
 from router.openai.errors import ServiceUnavailableError
 from router.openai.models import ModelCard, ModelList
+from router.resume import ResumePoint, resume_point
 from router.streaming import stream_response
 from router.tool_calls import plan_tools
-from switchboard.readiness import NO_LIVE_WORKER, REDIS_UNREACHABLE
+from switchboard.readiness import NO_LIVE_WORKER, NO_WORKER_FOR_MODEL, REDIS_UNREACHABLE
 from switchboard.wire import Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_request = msgspec.json.Decoder(CompletionRequest)
 _json = msgspec.json.Encoder()
+# A probe reads the worker records afresh (a worker that just started is seen at once).
+READYZ_MAX_AGE_S = 0.0
 
 
 def json_response(
@@ -57,6 +61,9 @@ async def create_chat_completion(
         structured=structured,
         parse_tool_calls=tools.mode == "auto",
     )
+    resume = resume_point(request.headers.get("last-event-id"), stream=chat.stream)
+    if resume is not None:
+        job = resume.applied_to(job)
     relay = ChatRelay(
         job_id=job.id,
         model=chat.model,
@@ -66,7 +73,7 @@ async def create_chat_completion(
         logprobs=chat.logprobs,
         tools=tools,
     )
-    return await _answer(gateway, caller, job, relay, stream=chat.stream)
+    return await _answer(gateway, caller, job, relay, stream=chat.stream, resume=resume)
 
 
 @post("/v1/completions", status_code=200)
@@ -79,6 +86,9 @@ async def create_completion(
     gateway.require_model(completion.model)
     caller.require_model(completion.model)
     job = completion_job(completion, timeout_s=gateway.settings.router.request_timeout_s)
+    resume = resume_point(request.headers.get("last-event-id"), stream=completion.stream)
+    if resume is not None:
+        job = resume.applied_to(job)
     relay = CompletionRelay(
         job_id=job.id,
         model=completion.model,
@@ -87,7 +97,7 @@ async def create_completion(
         include_usage=bool(completion.stream_options and completion.stream_options.include_usage),
         logprobs=completion.logprobs is not None,
     )
-    return await _answer(gateway, caller, job, relay, stream=completion.stream)
+    return await _answer(gateway, caller, job, relay, stream=completion.stream, resume=resume)
 
 
 async def _answer(
@@ -97,11 +107,18 @@ async def _answer(
     relay: ChatRelay | CompletionRelay,
     *,
     stream: bool,
+    resume: ResumePoint | None = None,
 ) -> Response[bytes] | Stream:
     """Admit and queue the job, and answer with its result: streamed, or whole once it has finished.
+    A resumed stream queues nothing: it relays the rest of the job it names.
 
     A client that leaves cancels the job either way (`router.disconnect`).
     """
+    gateway.health.require_up()
+    if resume is not None:
+        run = await gateway.resume_job(job, caller, resume.entry_id)
+        relay.resume()
+        return await stream_response(run, relay, gateway.settings.router, gateway.status)
     await check_job_fits(gateway.limits, job)
     if stream:
         run = await gateway.start_job(job, caller)
@@ -136,6 +153,8 @@ class Health(msgspec.Struct, kw_only=True):
 
     status: str
     workers: int | None = None
+    # Per configured model: whether some live worker may hold it.
+    models: dict[str, bool] | None = None
     time: float = msgspec.field(default_factory=time.time)
 
 
@@ -146,14 +165,27 @@ async def healthz() -> Response[bytes]:
 
 
 @get("/readyz")
-async def readyz(gateway: Gateway) -> Response[bytes]:
-    """Ready when Redis answers and at least one worker is alive."""
+async def readyz(gateway: Gateway, model: str | None = None) -> Response[bytes]:
+    """Ready when Redis answers and at least one worker is alive; with `?model=NAME`, when some
+    live worker may hold that model. The body tells, per model, whether a live worker may hold it."""
+    if not gateway.health.up:
+        raise ServiceUnavailableError(
+            "Redis is unreachable; the front door retries it.", code=REDIS_UNREACHABLE
+        )
     try:
-        workers = await gateway.live_workers()
+        records = await gateway.status.live_workers(READYZ_MAX_AGE_S)
     except RedisError as exc:
+        gateway.unavailable(exc)
         raise ServiceUnavailableError(f"Redis is unreachable: {exc}", code=REDIS_UNREACHABLE) from exc
-    if workers == 0:
+    if not records:
         raise ServiceUnavailableError(
             "No worker is alive yet; start one with `switchboard worker`.", code=NO_LIVE_WORKER
         )
-    return json_response(Health(status="ready", workers=workers))
+    if model is not None:
+        gateway.require_model(model)
+        if not may_serve(records, model):
+            raise ServiceUnavailableError(
+                f"No live worker may hold the model `{model}`.", code=NO_WORKER_FOR_MODEL
+            )
+    models = {name: may_serve(records, name) for name in gateway.model_names()}
+    return json_response(Health(status="ready", workers=len(records), models=models))

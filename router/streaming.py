@@ -7,6 +7,10 @@ milliseconds, and nothing is read from Redis meanwhile. Past the budget (a model
 queue) the headers go out, and until the first chunk an SSE comment reports, every
 `router.load_progress_every_s`, where the model stands. Clients skip comments; people and proxies
 see that the request is alive.
+
+Every event carries an SSE `id:` line, `<job id>:<result stream entry id>` of the chunk it came
+from, so that a client that lost its connection can re-send the request with `Last-Event-ID` and
+get the rest of the same answer (`router.resume`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ async def stream_response(
 
     Raises (as a real HTTP status) an error known before the first chunk, or within the budget.
     """
+    run.resumable = True
     try:
         first = await run.wait_chunk(settings.first_byte_budget_s)
         if first is not None and first.error is not None:
@@ -64,13 +69,19 @@ async def _events(
         while first is None:
             yield await _progress_comment(run.job.model, status)
             first = await run.wait_chunk(every_s)
+        # The relay takes a chunk, then yields its events: they come from the chunk taken last.
         async for event in relay.events(run.chunks(first)):
-            yield event
+            yield event_id(run) + event
     except OpenAIError as exc:
         # Headers are gone by now: the error travels as an event, as OpenAI's streams do.
-        yield relay.error_event(exc)
+        yield event_id(run) + relay.error_event(exc)
     finally:
         await run.close()
+
+
+def event_id(run: JobRun) -> bytes:
+    """The SSE `id:` line of an event relayed from the chunk that `run` handed out last."""
+    return f"id: {run.job.id}:{run.last_entry_id}\n".encode()
 
 
 async def _progress_comment(model: str, status: ModelStatusReader) -> bytes:

@@ -87,6 +87,9 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     load_progress_every_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     # Request bodies larger than this are refused (413) before they are read.
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
+    # A streamed client that leaves mid-stream may resume it (`Last-Event-ID`), through any front
+    # door, for this long before its job gets the cancel mark (0: cancelled at once).
+    resume_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]

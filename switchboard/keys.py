@@ -167,6 +167,14 @@ def in_flight() -> str:
     return f"{PREFIX}:in-flight"
 
 
+def resumes(job_id: str) -> str:
+    """How many times a client resumed the job's result stream (`Last-Event-ID`); lives RESULT_TTL_S.
+
+    A front door whose client left mid-stream leaves the cancel mark only if nobody resumed since.
+    """
+    return f"{PREFIX}:job:{job_id}:resumes"
+
+
 def all_key_patterns() -> list[str]:
     """Glob patterns covering every key family above, for audits and cleanup."""
     return [f"{PREFIX}:*"]

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 REDIS_UNREACHABLE = "redis_unreachable"
 NO_LIVE_WORKER = "no_live_worker"
+NO_WORKER_FOR_MODEL = "no_worker_for_model"
 
 # What a person waiting for the stack to start is told, by code.
 WAITING_FOR = {
     NO_LIVE_WORKER: "the worker is starting",
     REDIS_UNREACHABLE: "the front door cannot reach Redis yet",
+    NO_WORKER_FOR_MODEL: "no live worker may hold the model",
 }

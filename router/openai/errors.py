@@ -247,3 +247,53 @@ class RedisFullError(ServiceUnavailableError):
             f"Retry in {headers['Retry-After']} s.",
             headers=headers,
         )
+
+
+class RedisUnavailableError(ServiceUnavailableError):
+    """Redis cannot be reached: nothing was queued (503 with Retry-After)."""
+
+    default_code = "redis_unavailable"
+
+    def __init__(self, reason: str, retry_after_s: float) -> None:
+        headers = retry_after_header(retry_after_s)
+        super().__init__(
+            f"Redis is unavailable (the job queue cannot be reached: {reason.rstrip('.')}). "
+            f"Nothing was queued; retry in {headers['Retry-After']} s.",
+            headers=headers,
+        )
+
+
+class ResultsLostError(ServiceUnavailableError):
+    """Redis restarted and lost the job (or its results) while the client waited (503)."""
+
+    default_code = "redis_restarted"
+
+    def __init__(self, job_id: str, retry_after_s: float) -> None:
+        headers = retry_after_header(retry_after_s)
+        super().__init__(
+            f"The job queue (Redis) restarted and lost job {job_id} and its results; "
+            f"send the request again (in {headers['Retry-After']} s).",
+            headers=headers,
+        )
+
+
+class NoWorkerForModelError(ServiceUnavailableError):
+    """No live worker may hold the model: a queued job would wait for nobody (503 with Retry-After)."""
+
+    default_code = "no_worker_for_model"
+
+    def __init__(self, model: str, retry_after_s: float) -> None:
+        headers = retry_after_header(retry_after_s)
+        super().__init__(
+            f"No live worker serves the model `{model}` (every live worker is limited to other models). "
+            f"Start a worker that may hold it, or retry in {headers['Retry-After']} s.",
+            headers=headers,
+        )
+
+
+class StreamNotFoundError(OpenAIError):
+    """A `Last-Event-ID` names a job whose results are unknown here or have expired (404)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "stream_not_found"

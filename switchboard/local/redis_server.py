@@ -27,11 +27,18 @@ DEFAULT_MAXMEMORY = "1gb"
 
 
 class PrivateRedis:
-    """A redis-server child process on 127.0.0.1 that keeps nothing on disk and stops with its owner."""
+    """A redis-server child process on 127.0.0.1 that stops with its owner.
 
-    def __init__(self, port: int | None = None, maxmemory: str = DEFAULT_MAXMEMORY) -> None:
+    It keeps nothing on disk, unless `persist_dir` is given: then it keeps an append-only file
+    there, which a server started again on that directory reads back (the directory is left alone).
+    """
+
+    def __init__(
+        self, port: int | None = None, maxmemory: str = DEFAULT_MAXMEMORY, *, persist_dir: str | None = None
+    ) -> None:
         self.port = port or free_port()
         self.maxmemory = maxmemory
+        self.persist_dir = persist_dir
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -45,7 +52,10 @@ class PrivateRedis:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisServerError(INSTALL_HINT)
-        self._workdir = tempfile.TemporaryDirectory(prefix="switchboard-redis-")
+        directory = self.persist_dir
+        if directory is None:
+            self._workdir = tempfile.TemporaryDirectory(prefix="switchboard-redis-")
+            directory = self._workdir.name
         # Ends with the process that started it, even one killed without a chance to stop it.
         self._process = subprocess.Popen(
             with_parent.wrap(
@@ -63,9 +73,9 @@ class PrivateRedis:
                     "--save",
                     "",
                     "--appendonly",
-                    "no",
+                    "no" if self.persist_dir is None else "yes",
                     "--dir",
-                    self._workdir.name,
+                    directory,
                     "--loglevel",
                     "warning",
                 ]

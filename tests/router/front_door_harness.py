@@ -31,12 +31,15 @@ def settings_for(
     first_byte_budget_s: float = 2.0,
     load_progress_every_s: float = 5.0,
     models: list[ModelConfig] | None = None,
+    resume_grace_s: float | None = None,
 ) -> Settings:
     settings = Settings(models=models or [ModelConfig(name=MODEL, path="/nonexistent")])
     settings.redis.url = redis_url
     settings.router.request_timeout_s = timeout_s
     settings.router.first_byte_budget_s = first_byte_budget_s
     settings.router.load_progress_every_s = load_progress_every_s
+    if resume_grace_s is not None:
+        settings.router.resume_grace_s = resume_grace_s
     return settings
 
 

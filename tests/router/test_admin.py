@@ -150,5 +150,6 @@ async def test_redis_down_is_a_503(redis_server: PrivateRedis) -> None:
     async with serving(settings) as client:
         response = await client.get("/admin/models")
     assert response.status_code == 503
-    assert response.json()["error"]["code"] == "service_unavailable"
+    assert response.json()["error"]["code"] == "redis_unavailable"
+    assert response.headers["Retry-After"] == "1"
     assert "Redis is unavailable" in response.json()["error"]["message"]

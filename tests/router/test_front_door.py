@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -103,7 +104,11 @@ async def test_streamed_request_relays_every_chunk_as_sse(
         )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    events = [e for e in response.text.split("\n\n") if e]
+    blocks = [e for e in response.text.split("\n\n") if e]
+    # Each event names its job and its result stream entry (a client resumes from there).
+    ids = [block.split("\n", 1)[0] for block in blocks]
+    assert all(re.fullmatch(r"id: [0-9a-f]{32}:[0-9]+-[0-9]+", i) for i in ids), ids
+    events = [block.split("\n", 1)[1] for block in blocks]
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
     payloads = [json.loads(e[len("data: ") :]) for e in events[:-1]]
@@ -243,8 +248,11 @@ async def test_many_concurrent_requests_share_a_few_redis_connections(
 
 
 async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
-    front_door: httpx.AsyncClient, redis: aioredis.Redis
+    redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
+    # Past the grace a client has to resume the stream (`router.resume_grace_s`).
+    settings = settings_for(redis_server.url, resume_grace_s=0.2)
+
     async def endless(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
         while not await redis.exists(keys.cancel_mark(job.id)):
             await writer.append(job.id, encode(Chunk(text="more ")))
@@ -255,7 +263,7 @@ async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
             ack=ack,
         )
 
-    async with asyncio.timeout(60), scripted_worker(redis, endless) as jobs:
+    async with asyncio.timeout(60), serving(settings) as front_door, scripted_worker(redis, endless) as jobs:
         async with front_door.stream(
             "POST", "/v1/chat/completions", json={**BODY, "stream": True}
         ) as response:
