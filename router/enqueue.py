@@ -69,6 +69,18 @@ class JobQueue:
         """Leave a cancel mark: the worker running the job stops generating for it."""
         await self._redis.set(keys.cancel_mark(job_id), b"1", ex=keys.CANCEL_TTL_S)
 
+    async def leave(self, job_id: str, *, cancel: bool, keep_results: bool) -> None:
+        """A job whose reader left before its end: its cancel mark (if `cancel`), and its result
+        stream deleted, or kept until it expires for a client that resumes it (`keep_results`)."""
+        pipe = self._redis.pipeline(transaction=False)
+        if cancel:
+            pipe.set(keys.cancel_mark(job_id), b"1", ex=keys.CANCEL_TTL_S)
+        if keep_results:
+            pipe.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
+        else:
+            pipe.unlink(keys.result_stream(job_id))
+        await pipe.execute()
+
     def cancel_later(self, job_id: str, *, resumes_seen: int, after_s: float) -> None:
         """Leave the cancel mark after `after_s`, unless a client resumed the job's stream meanwhile
         (the job's resume count is no longer `resumes_seen`)."""

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 from router.admission import REDIS_FULL_RETRY_S, Admission, Ticket, is_redis_full
 from router.auth import Caller, KeyTable, check_exposure
 from router.enqueue import JobQueue
+from router.heartbeat import RouterHeartbeat
 from router.job_run import JobRun
 from router.model_limits import ModelLimitsCache
 from router.model_status import ModelStatusReader, may_serve
@@ -55,6 +56,7 @@ class Gateway:
         self.started = time.time()
         self.queue = JobQueue(redis)
         self.health = RedisHealth(redis)
+        self.heartbeat = RouterHeartbeat(redis, self.router_id)
         self.reader = ResultReader(reader_redis, self.router_id, self.health)
         self._reader_redis = reader_redis
         self._models = {m.name: m for m in settings.models}
@@ -90,10 +92,12 @@ class Gateway:
                 await redis.aclose()
                 raise
         gateway.reader.start()
+        gateway.heartbeat.start()
         return gateway
 
     async def close(self) -> None:
         """Stop the reader and close the connections."""
+        await self.heartbeat.stop()
         await self.reader.stop()
         await self.health.stop()
         await self.queue.stop()
@@ -120,7 +124,7 @@ class Gateway:
         model that no live worker may hold, and every job while Redis cannot be reached.
         """
         caller.require_model(job.model)
-        job = msgspec.structs.replace(job, tenant=caller.name)
+        job = msgspec.structs.replace(job, tenant=caller.name, router_id=self.router_id)
         self.health.require_up()
         await self._require_worker_for(job.model)
         ticket = await self._admit(job, caller)

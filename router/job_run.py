@@ -97,13 +97,14 @@ class JobRun:
         # A client that saw part of a stream may come back for the rest: keep it until it expires.
         resumable = unfinished and self.resumable and self._subscription.taken_id != START
         self._reader.unsubscribe(self._subscription, keep=resumable)
+        cancel = unfinished
         if resumable and self._resume_grace_s > 0:
             self._queue.cancel_later(
                 self.job.id, resumes_seen=self._resumes_seen, after_s=self._resume_grace_s
             )
-            unfinished = False
+            cancel = False
         # Shielded: a client that left cancels this task, and the mark and the release must still happen.
-        await asyncio.shield(self._finish(cancel=unfinished))
+        await asyncio.shield(self._finish(left=unfinished, cancel=cancel, keep_results=resumable))
 
     async def _next(self, limit: float, *, before_deadline: bool) -> Chunk | None:
         try:
@@ -147,10 +148,11 @@ class JobRun:
             retry_after_s=UNKNOWN_LOAD_RETRY_S if remaining_s is None else remaining_s,
         )
 
-    async def _finish(self, *, cancel: bool) -> None:
-        if cancel:
+    async def _finish(self, *, left: bool, cancel: bool, keep_results: bool) -> None:
+        if left:
+            # At once rather than on the reader's next pass, which a blocked read may hold back.
             try:
-                await self._queue.cancel(self.job.id)
+                await self._queue.leave(self.job.id, cancel=cancel, keep_results=keep_results)
             except RedisError:
                 logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})
         if self._ticket is None:  # a resumed stream: its job's ticket went with its first reader

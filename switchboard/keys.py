@@ -175,6 +175,16 @@ def resumes(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:resumes"
 
 
+# A front door refreshes its heartbeat key this often; a front door silent this long is gone.
+ROUTER_HEARTBEAT_S = 1.5
+ROUTER_TTL_S = 5
+
+
+def router_alive(router_id: str) -> str:
+    """Exists while the front door `router_id` runs (refreshed every ROUTER_HEARTBEAT_S)."""
+    return f"{PREFIX}:router:{router_id}:alive"
+
+
 def all_key_patterns() -> list[str]:
     """Glob patterns covering every key family above, for audits and cleanup."""
     return [f"{PREFIX}:*"]

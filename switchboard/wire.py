@@ -116,6 +116,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tenant: str | None = None
     # W3C trace context (traceparent, tracestate) of the front door's span.
     trace: dict[str, str] | None = None
+    # The front door waiting for the result; its heartbeat is `keys.router_alive(router_id)`.
+    router_id: str | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
