@@ -30,7 +30,7 @@ from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_de
 from workers.controller.residency import Lease, ModelSlot, SlotNotServing
 from workers.result_writer import ResultWriter
 from workers.resume import plan
-from workers.takeover import Takeover, acknowledge, dead_letter, requeue, taken_before
+from workers.takeover import TAKEN_FIELD, Takeover, acknowledge, dead_letter, requeue, taken_before
 from workers.triton_model import EngineJob
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class Entry:
     job: Job
     # How many workers took the job before this one (they died running it).
     taken_before: int
+    # Put back in line (by a takeover or a worker that stopped): part of it may have been sent.
+    requeued: bool
 
     @property
     def ack(self) -> tuple[str, bytes]:
@@ -302,7 +304,7 @@ class JobConsumer:
 
     async def _run_leased_job(self, entry: Entry, lease: Lease) -> None:
         job = entry.job
-        where = await plan(self._redis, job, entry.taken_before)
+        where = await plan(self._redis, job, requeued=entry.requeued)
         if where.action == "skip":
             # Its client has gone, or already has the whole answer: nothing is written.
             await acknowledge(self._redis, entry.stream, entry.entry_id, job.id)
@@ -387,7 +389,7 @@ class JobConsumer:
 def _decode(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
     payload = fields[b"job"]
     job = job_decoder.decode(payload)
-    return Entry(stream, entry_id, payload, job, taken_before(fields))
+    return Entry(stream, entry_id, payload, job, taken_before(fields), requeued=TAKEN_FIELD in fields)
 
 
 async def _abort(slot: ModelSlot, job_id: str) -> None:

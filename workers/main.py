@@ -153,7 +153,7 @@ class Worker:
             await _stop_step("flush result chunks", self._writer.stop())
             for slot in self._slots.values():
                 await _stop_step(f"unload {slot.name}", self._unload_on_stop(slot))
-            for task in self._background:
+            for task in list(self._background):  # each one leaves the set as it ends
                 await _stop_step("end a background start", cancel_and_wait(task))
             # Triton waits for its models to finish unloading: give it longer than other steps.
             await _stop_step("stop Triton", asyncio.to_thread(self._host.stop), STOP_STEP_TIMEOUT_S * 2)
