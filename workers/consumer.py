@@ -258,7 +258,7 @@ class JobConsumer:
             lease = self._slots[stream].lease()
         except SlotNotServing:
             # Cannot happen after the read barrier; if it ever does, the job goes back in line.
-            self._start(requeue(self._redis, stream, entry_id, entry.payload, entry.taken_before))
+            self._start(self._hand_back(entry))
         else:
             self._start(self._run_job(entry, lease), entry)
 
@@ -288,10 +288,10 @@ class JobConsumer:
             logger.exception("could not move an entry to the dead-letter stream", extra={"stream": stream})
 
     async def _hand_back(self, entry: Entry) -> None:
-        """Put a job this worker could not finish back in line; it does not count as a failure."""
+        """Put a job this worker could not run or finish back in line; it does not count as a failure."""
         try:
-            await requeue(self._redis, entry.stream, entry.entry_id, entry.payload, entry.taken_before)
-            logger.warning("job handed back unfinished", extra={"job_id": entry.job.id})
+            if await requeue(self._redis, entry.stream, entry.entry_id, entry.payload, entry.taken_before):
+                logger.warning("job handed back", extra={"job_id": entry.job.id})
         except Exception:
             # Left pending, it is taken over once this worker's record has expired.
             logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
