@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +79,9 @@ class JobConsumer:
         max_concurrent_jobs: int,
         max_deliveries: int = 3,
         takeover_check_s: float = 2.0,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping."""
         self._redis = redis
         self._writer = writer
         self._worker_id = worker_id
@@ -87,6 +89,7 @@ class JobConsumer:
         self._max_jobs = max_concurrent_jobs
         self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
         self._takeover_check_s = takeover_check_s
+        self._on_failure = on_failure
         self._jobs: set[asyncio.Task[None]] = set()
         # The entries of the running jobs, to put back in line if they outlast a drain.
         self._entries: dict[asyncio.Task[None], Entry] = {}
@@ -207,10 +210,11 @@ class JobConsumer:
             return
         error = None if task.cancelled() else task.exception()
         logger.critical(
-            "the loop that takes jobs has ended; this worker stops advertising itself",
+            "the loop that takes jobs has ended; this worker stops advertising itself and stops",
             exc_info=error,
             extra={"worker_id": self._worker_id},
         )
+        self._on_failure()
 
     async def _sweep_loop(self) -> None:
         """Every `takeover_check_s`, put the jobs of dead workers back in line."""

@@ -63,6 +63,7 @@ class Worker:
         self.memory_budget = memory_budget_bytes(self.kind, settings.worker.memory_budget_gib)
         self._models = settings.worker_models()
         self._engine_factory = engine_factory
+        self._stop_requested = asyncio.Event()
         # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
         self._redis = pooled_client(settings.redis.url)
         self._poke_redis = blocking_client(settings.redis.url, int(settings.worker.controller_tick_s * 1000))
@@ -78,6 +79,8 @@ class Worker:
             max_concurrent_jobs=settings.worker.max_concurrent_jobs,
             max_deliveries=settings.worker.max_deliveries,
             takeover_check_s=settings.worker.takeover_check_s,
+            # A worker that no longer takes jobs must not hold models (and replica leases) for nothing.
+            on_failure=self._stop_requested.set,
         )
         self._heartbeat = Heartbeat(
             self._redis, self.record, settings.worker.heartbeat_s, healthy=lambda: self._consumer.reading
@@ -89,7 +92,6 @@ class Worker:
         self._background: set[asyncio.Task[None]] = set()
         self._stop_lock = asyncio.Lock()
         self._stopped = False
-        self._stop_requested = asyncio.Event()
 
     def record(self) -> WorkerRecord:
         """How this worker advertises itself."""

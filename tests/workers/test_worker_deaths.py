@@ -97,7 +97,7 @@ async def test_a_drain_that_runs_out_hands_the_job_to_another_worker(
         assert one.id in engine_of(survivor).continuations
 
 
-async def test_a_worker_whose_job_loop_ended_stops_advertising_itself(
+async def test_a_worker_whose_job_loop_ended_stops_advertising_itself_and_stops(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
     worker = Worker(settings(redis_url, [ModelConfig(name="tiny", path="unused")]), Engines())
@@ -111,3 +111,4 @@ async def test_a_worker_whose_job_loop_ended_stops_advertising_itself(
             await asyncio.sleep(0.05)
         await worker._heartbeat.beat()  # the controller's beats do not bring it back either
         assert not await redis.exists(keys.worker_record(worker.id))
+        assert worker._stop_requested.is_set(), "and the worker stops"
