@@ -97,6 +97,23 @@ async def test_a_drain_that_runs_out_hands_the_job_to_another_worker(
         assert one.id in engine_of(survivor).continuations
 
 
+async def test_a_draining_workers_jobs_are_not_taken_over_and_it_advertises_no_model(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    workers = await warm_workers(redis_url, drain_timeout_s=10)
+    async with running(*workers):
+        await until(lambda: all(w.record().models == ("tiny",) for w in workers), 15, "both hold the model")
+        one = make_job("tiny", "slow 50 0.05")  # 2.5 s: more than the heartbeat TTL (1 s)
+        await submit(redis, one)
+        stopping, other = await the_one_running(workers, one.id)
+        stopping_task = asyncio.create_task(stopping.stop())
+        await until(lambda: stopping.record().models == (), 5, "the draining worker advertises no model")
+        chunks = await result(redis, one.id)
+        await stopping_task
+        assert "".join(c.text for c in chunks) == tokens(50)
+        assert one.id not in engine_of(other).requests, "nobody took over a job that was still running"
+
+
 async def test_a_worker_whose_job_loop_ended_stops_advertising_itself_and_stops(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
