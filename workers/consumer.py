@@ -16,7 +16,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -26,11 +25,11 @@ from redis.exceptions import ResponseError
 from switchboard import keys
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_decoder
+from switchboard.wire import Chunk, JobError, chunk_decoder, encode
 from workers.controller.residency import Lease, ModelSlot, SlotNotServing
 from workers.result_writer import ResultWriter
 from workers.resume import plan
-from workers.takeover import TAKEN_FIELD, Takeover, acknowledge, dead_letter, requeue, taken_before
+from workers.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry, requeue
 from workers.triton_model import EngineJob
 
 logger = logging.getLogger(__name__)
@@ -45,25 +44,6 @@ REFUSE_BATCH = 256
 
 class ChunkNotWritten(RuntimeError):
     """Redis refused a chunk of the job even after retries; the job is left for a takeover."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One job as read from its model's stream."""
-
-    stream: str
-    entry_id: bytes
-    payload: bytes
-    job: Job
-    # How many workers took the job before this one (they died running it).
-    taken_before: int
-    # Put back in line (by a takeover or a worker that stopped): part of it may have been sent.
-    requeued: bool
-
-    @property
-    def ack(self) -> tuple[str, bytes]:
-        """What the job's last chunk acknowledges."""
-        return (self.stream, self.entry_id)
 
 
 class JobConsumer:
@@ -253,7 +233,7 @@ class JobConsumer:
     def _take(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         """Start a task for one entry read; its lease is taken here, before the task starts."""
         try:
-            entry = _decode(stream, entry_id, fields)
+            entry = decode_entry(stream, entry_id, fields)
         except (KeyError, msgspec.DecodeError) as exc:
             reason = f"the entry cannot be decoded as a job: {exc!r}"
             self._start(self._bury(stream, entry_id, fields, reason))
@@ -280,7 +260,7 @@ class JobConsumer:
 
     async def _decoded(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
         try:
-            return _decode(stream, entry_id, fields)
+            return decode_entry(stream, entry_id, fields)
         except (KeyError, msgspec.DecodeError) as exc:
             await self._bury(stream, entry_id, fields, f"the entry cannot be decoded as a job: {exc!r}")
             return None
@@ -303,6 +283,9 @@ class JobConsumer:
     async def _run_job(self, entry: Entry, lease: Lease) -> None:
         try:
             await self._run_leased_job(entry, lease)
+        except Exception:
+            # Left pending and no longer running here, the job is put back in line by a sweep.
+            logger.exception("a job could not be run", extra={"job_id": entry.job.id})
         finally:
             lease.release()
 
@@ -388,12 +371,6 @@ class JobConsumer:
             logger.exception(
                 "could not record a failed job", extra={"job_id": entry.job.id, "code": error.code}
             )
-
-
-def _decode(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
-    payload = fields[b"job"]
-    job = job_decoder.decode(payload)
-    return Entry(stream, entry_id, payload, job, taken_before(fields), requeued=TAKEN_FIELD in fields)
 
 
 async def _abort(slot: ModelSlot, job_id: str) -> None:

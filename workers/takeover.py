@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Container
+from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
@@ -23,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from switchboard import keys
-from switchboard.wire import Chunk, JobError, encode, job_decoder
+from switchboard.wire import Chunk, Job, JobError, encode, job_decoder
 from workers.result_writer import ResultWriter
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,32 @@ logger = logging.getLogger(__name__)
 TAKEN_FIELD = b"taken"
 # Pending entries looked at per stream and sweep.
 PENDING_SCAN = 100
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One job as read from its model's stream."""
+
+    stream: str
+    entry_id: bytes
+    payload: bytes
+    job: Job
+    # How many workers took the job before this one (they died running it).
+    taken_before: int
+    # Put back in line (by a takeover or a worker that stopped): part of it may have been sent.
+    requeued: bool
+
+    @property
+    def ack(self) -> tuple[str, bytes]:
+        """What the job's last chunk acknowledges."""
+        return (self.stream, self.entry_id)
+
+
+def decode_entry(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
+    """The job of a stream entry; KeyError or msgspec.DecodeError if the entry holds none."""
+    payload = fields[b"job"]
+    job = job_decoder.decode(payload)
+    return Entry(stream, entry_id, payload, job, taken_before(fields), requeued=TAKEN_FIELD in fields)
 
 
 def taken_before(fields: dict[bytes, bytes]) -> int:
