@@ -41,11 +41,16 @@ def engine_of(worker: Worker) -> ScriptedEngine:
     return engine
 
 
+def runs(worker: Worker, job_id: str) -> bool:
+    engine = worker._slots[MODEL.name].engine
+    return isinstance(engine, ScriptedEngine) and job_id in engine.requests
+
+
 async def the_one_running(workers: tuple[Worker, Worker], job_id: str) -> tuple[Worker, Worker]:
     """(the worker running `job_id`, the other one), once it has started."""
-    await until(lambda: any(job_id in engine_of(w).requests for w in workers), 10, "the job starts")
+    await until(lambda: any(runs(w, job_id) for w in workers), 10, "the job starts")
     first, second = workers
-    return (first, second) if job_id in engine_of(first).requests else (second, first)
+    return (first, second) if runs(first, job_id) else (second, first)
 
 
 def crash(worker: Worker) -> None:
@@ -79,6 +84,24 @@ async def test_a_job_of_a_worker_that_dies_is_finished_by_another_in_one_stream(
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 40
         assert engine_of(survivor).continuations[one.id], "it went on after what was sent"
         assert (await redis.xpending(keys.job_stream("tiny"), keys.JOB_GROUP))["pending"] == 0
+
+
+async def test_a_job_of_the_only_worker_holding_its_model_makes_another_worker_load_it(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    engines = Engines(start_s=0.1)
+    config = settings(redis_url, [ModelConfig(name="tiny", path="unused")], takeover_check_s=0.2)
+    workers = (Worker(config, engines), Worker(config, engines))
+    async with running(*workers):
+        one = make_job("tiny", "slow 40 0.05")
+        await submit(redis, one)
+        dying, survivor = await the_one_running(workers, one.id)
+        assert survivor.record().models == (), "only one worker holds the model"
+        await asyncio.sleep(0.5)
+        crash(dying)
+        chunks = await result(redis, one.id)
+        assert "".join(c.text for c in chunks) == tokens(40)
+        assert one.id in engine_of(survivor).continuations
 
 
 async def test_a_drain_that_runs_out_hands_the_job_to_another_worker(
