@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from typing import Any
 
 import msgspec
@@ -26,11 +25,11 @@ from redis.exceptions import ResponseError
 from switchboard import keys
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, Job, JobError, chunk_decoder, encode, job_decoder
+from switchboard.wire import Chunk, JobError, chunk_decoder, encode
 from workers.controller.residency import Lease, ModelSlot, SlotNotServing
 from workers.result_writer import ResultWriter
 from workers.resume import plan
-from workers.takeover import Takeover, acknowledge, dead_letter, requeue, taken_before
+from workers.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry, requeue
 from workers.triton_model import EngineJob
 
 logger = logging.getLogger(__name__)
@@ -47,23 +46,6 @@ class ChunkNotWritten(RuntimeError):
     """Redis refused a chunk of the job even after retries; the job is left for a takeover."""
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One job as read from its model's stream."""
-
-    stream: str
-    entry_id: bytes
-    payload: bytes
-    job: Job
-    # How many workers took the job before this one (they died running it).
-    taken_before: int
-
-    @property
-    def ack(self) -> tuple[str, bytes]:
-        """What the job's last chunk acknowledges."""
-        return (self.stream, self.entry_id)
-
-
 class JobConsumer:
     """Runs jobs for the warm models of one worker, at most `max_concurrent_jobs` at once."""
 
@@ -77,7 +59,9 @@ class JobConsumer:
         max_concurrent_jobs: int,
         max_deliveries: int = 3,
         takeover_check_s: float = 2.0,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping."""
         self._redis = redis
         self._writer = writer
         self._worker_id = worker_id
@@ -85,6 +69,7 @@ class JobConsumer:
         self._max_jobs = max_concurrent_jobs
         self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
         self._takeover_check_s = takeover_check_s
+        self._on_failure = on_failure
         self._jobs: set[asyncio.Task[None]] = set()
         # The entries of the running jobs, to put back in line if they outlast a drain.
         self._entries: dict[asyncio.Task[None], Entry] = {}
@@ -205,10 +190,11 @@ class JobConsumer:
             return
         error = None if task.cancelled() else task.exception()
         logger.critical(
-            "the loop that takes jobs has ended; this worker stops advertising itself",
+            "the loop that takes jobs has ended; this worker stops advertising itself and stops",
             exc_info=error,
             extra={"worker_id": self._worker_id},
         )
+        self._on_failure()
 
     async def _sweep_loop(self) -> None:
         """Every `takeover_check_s`, put the jobs of dead workers back in line."""
@@ -247,7 +233,7 @@ class JobConsumer:
     def _take(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         """Start a task for one entry read; its lease is taken here, before the task starts."""
         try:
-            entry = _decode(stream, entry_id, fields)
+            entry = decode_entry(stream, entry_id, fields)
         except (KeyError, msgspec.DecodeError) as exc:
             reason = f"the entry cannot be decoded as a job: {exc!r}"
             self._start(self._bury(stream, entry_id, fields, reason))
@@ -256,7 +242,7 @@ class JobConsumer:
             lease = self._slots[stream].lease()
         except SlotNotServing:
             # Cannot happen after the read barrier; if it ever does, the job goes back in line.
-            self._start(requeue(self._redis, stream, entry_id, entry.payload, entry.taken_before))
+            self._start(self._hand_back(entry))
         else:
             self._start(self._run_job(entry, lease), entry)
 
@@ -274,7 +260,7 @@ class JobConsumer:
 
     async def _decoded(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
         try:
-            return _decode(stream, entry_id, fields)
+            return decode_entry(stream, entry_id, fields)
         except (KeyError, msgspec.DecodeError) as exc:
             await self._bury(stream, entry_id, fields, f"the entry cannot be decoded as a job: {exc!r}")
             return None
@@ -286,10 +272,10 @@ class JobConsumer:
             logger.exception("could not move an entry to the dead-letter stream", extra={"stream": stream})
 
     async def _hand_back(self, entry: Entry) -> None:
-        """Put a job this worker could not finish back in line; it does not count as a failure."""
+        """Put a job this worker could not run or finish back in line; it does not count as a failure."""
         try:
-            await requeue(self._redis, entry.stream, entry.entry_id, entry.payload, entry.taken_before)
-            logger.warning("job handed back unfinished", extra={"job_id": entry.job.id})
+            if await requeue(self._redis, entry.stream, entry.entry_id, entry.payload, entry.taken_before):
+                logger.warning("job handed back", extra={"job_id": entry.job.id})
         except Exception:
             # Left pending, it is taken over once this worker's record has expired.
             logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
@@ -297,12 +283,15 @@ class JobConsumer:
     async def _run_job(self, entry: Entry, lease: Lease) -> None:
         try:
             await self._run_leased_job(entry, lease)
+        except Exception:
+            # Left pending and no longer running here, the job is put back in line by a sweep.
+            logger.exception("a job could not be run", extra={"job_id": entry.job.id})
         finally:
             lease.release()
 
     async def _run_leased_job(self, entry: Entry, lease: Lease) -> None:
         job = entry.job
-        where = await plan(self._redis, job, entry.taken_before)
+        where = await plan(self._redis, job, requeued=entry.requeued)
         if where.action == "skip":
             # Its client has gone, or already has the whole answer: nothing is written.
             await acknowledge(self._redis, entry.stream, entry.entry_id, job.id)
@@ -382,12 +371,6 @@ class JobConsumer:
             logger.exception(
                 "could not record a failed job", extra={"job_id": entry.job.id, "code": error.code}
             )
-
-
-def _decode(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
-    payload = fields[b"job"]
-    job = job_decoder.decode(payload)
-    return Entry(stream, entry_id, payload, job, taken_before(fields))
 
 
 async def _abort(slot: ModelSlot, job_id: str) -> None:

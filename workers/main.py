@@ -64,6 +64,7 @@ class Worker:
         self.memory_budget = memory_budget_bytes(self.kind, settings.worker.memory_budget_gib)
         self._models = settings.worker_models()
         self._engine_factory = engine_factory
+        self._stop_requested = asyncio.Event()
         # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
         self._redis = pooled_client(settings.redis.url)
         self._poke_redis = blocking_client(settings.redis.url, int(settings.worker.controller_tick_s * 1000))
@@ -79,9 +80,11 @@ class Worker:
             max_concurrent_jobs=settings.worker.max_concurrent_jobs,
             max_deliveries=settings.worker.max_deliveries,
             takeover_check_s=settings.worker.takeover_check_s,
+            # A worker that no longer takes jobs must not hold models (and replica leases) for nothing.
+            on_failure=self._stop_requested.set,
         )
         self._heartbeat = Heartbeat(
-            self._redis, self.record, settings.worker.heartbeat_s, healthy=lambda: self._consumer.reading
+            self._redis, self.record, settings.worker.heartbeat_s, healthy=self._healthy
         )
         self._controller = self._model_controller()
         self._cores = compute_cores(available_cores(), settings.worker.reserved_cores)
@@ -90,11 +93,13 @@ class Worker:
         self._background: set[asyncio.Task[None]] = set()
         self._stop_lock = asyncio.Lock()
         self._stopped = False
-        self._stop_requested = asyncio.Event()
+        # Set while stopping: running jobs drain, and the record (still beating, so that no other
+        # worker takes those jobs over) advertises no model.
+        self._draining = False
 
     def record(self) -> WorkerRecord:
         """How this worker advertises itself."""
-        held = [slot for slot in self._slots.values() if slot.state != "cold"]
+        held = [slot for slot in self._slots.values() if slot.state != "cold" and not self._draining]
         return WorkerRecord(
             id=self.id,
             host=socket.gethostname(),
@@ -149,17 +154,23 @@ class Worker:
             logger.info("worker stopping", extra={"worker_id": self.id})
             drain_s = self.settings.worker.drain_timeout_s
             await _stop_step("stop the model controller", self._controller.stop(), STOP_STEP_TIMEOUT_S * 3)
-            await _stop_step("withdraw the advertisement", self._heartbeat.stop())
+            self._draining = True
+            await _stop_step("advertise that nothing is served here", self._heartbeat.beat())
             await _stop_step("drain running jobs", self._consumer.stop(drain_s), drain_s)
+            await _stop_step("withdraw the advertisement", self._heartbeat.stop())
             await _stop_step("flush result chunks", self._writer.stop())
             for slot in self._slots.values():
                 await _stop_step(f"unload {slot.name}", self._unload_on_stop(slot))
-            for task in self._background:
+            for task in list(self._background):  # each one leaves the set as it ends
                 await _stop_step("end a background start", cancel_and_wait(task))
             # Triton waits for its models to finish unloading: give it longer than other steps.
             await _stop_step("stop Triton", asyncio.to_thread(self._host.stop), STOP_STEP_TIMEOUT_S * 2)
             await _stop_step("close Redis connections", self._close_redis())
             logger.info("worker stopped", extra={"worker_id": self.id})
+
+    def _healthy(self) -> bool:
+        """Whether the heartbeat may go on: the worker takes jobs, or drains the ones it took."""
+        return self._consumer.reading or self._draining
 
     # --- construction -----------------------------------------------------------------------
 

@@ -84,12 +84,12 @@ class ResultWriter:
         self._task = None
 
     async def append(
-        self, job_id: str, payload: bytes, *, ack: tuple[str, bytes] | None = None, create: bool = False
+        self, job_id: str, payload: bytes, *, ack: tuple[str, bytes] | None = None, create: bool = True
     ) -> bool:
         """Append one encoded chunk; `ack` = (job stream, entry id) for the job's last chunk.
 
-        `create`: the job's result stream may be created (its first chunk); otherwise a stream
-        that is gone stays gone. Returns whether nobody reads the job's results any more (its
+        `create`: the job's result stream may be created (its first chunk); with False, a stream
+        that is gone (the front door deleted it) stays gone. Returns whether nobody reads the job's results any more (its
         client left a cancel mark, or the front door deleted the stream).
         """
         if self._task is None or self._task.done():

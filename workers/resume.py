@@ -1,7 +1,7 @@
 """Where a job stands when a worker takes it: not wanted any more, untouched, or half answered.
 
 The front door reads a job's result stream from its start, so that stream holds every chunk the
-client was sent. A job that another worker took before (and died running) is continued from
+client was sent. A job that another worker took before (and died or stopped running) is continued from
 there: its one choice goes on after the text already sent, appended to the same stream, so the
 client sees one seamless answer. Jobs whose output cannot be continued that way (several choices,
 echo, log probabilities, parsed tool calls, constrained output) end with a clear error instead.
@@ -30,9 +30,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     error: JobError | None = None
 
 
-async def plan(redis: aioredis.Redis, job: Job, taken_before: int) -> Plan:
-    """Read where `job` stands (one round trip) and say how to go on."""
-    if not taken_before:
+async def plan(redis: aioredis.Redis, job: Job, *, requeued: bool) -> Plan:
+    """Read where `job` stands (one round trip) and say how to go on.
+
+    `requeued`: the job was put back in line (a worker died or stopped running it), so part of
+    its answer may have been sent already.
+    """
+    if not requeued:
         cancelled = await redis.exists(keys.cancel_mark(job.id))
         return Plan(action="skip" if cancelled else "run")
     pipe = redis.pipeline(transaction=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Container
+from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
@@ -23,15 +24,42 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from switchboard import keys
-from switchboard.wire import Chunk, JobError, encode, job_decoder
+from switchboard.wire import Chunk, Job, JobError, encode, job_decoder
 from workers.result_writer import ResultWriter
 
 logger = logging.getLogger(__name__)
 
 # Entry field: how many workers took the job before it was put back in line (absent: none).
+# REQUEUE_SCRIPT spells it too.
 TAKEN_FIELD = b"taken"
 # Pending entries looked at per stream and sweep.
 PENDING_SCAN = 100
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One job as read from its model's stream."""
+
+    stream: str
+    entry_id: bytes
+    payload: bytes
+    job: Job
+    # How many workers took the job before this one (they died running it).
+    taken_before: int
+    # Put back in line (by a takeover or a worker that stopped): part of it may have been sent.
+    requeued: bool
+
+    @property
+    def ack(self) -> tuple[str, bytes]:
+        """What the job's last chunk acknowledges."""
+        return (self.stream, self.entry_id)
+
+
+def decode_entry(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
+    """The job of a stream entry; KeyError or msgspec.DecodeError if the entry holds none."""
+    payload = fields[b"job"]
+    job = job_decoder.decode(payload)
+    return Entry(stream, entry_id, payload, job, taken_before(fields), requeued=TAKEN_FIELD in fields)
 
 
 def taken_before(fields: dict[bytes, bytes]) -> int:
@@ -42,13 +70,27 @@ def taken_before(fields: dict[bytes, bytes]) -> int:
         return 0
 
 
-async def requeue(redis: aioredis.Redis, stream: str, entry_id: bytes, payload: bytes, taken: int) -> None:
-    """Put a job back at the end of its stream as a new entry, remembering `taken`; drop the old one."""
-    pipe = redis.pipeline(transaction=True)
-    pipe.xadd(stream, {b"job": payload, TAKEN_FIELD: str(taken).encode()})
-    pipe.xack(stream, keys.JOB_GROUP, entry_id)
-    pipe.xdel(stream, entry_id)
-    await pipe.execute()
+# KEYS: job stream. ARGV: entry id, job, times taken, consumer group. Only an entry still in its
+# stream is put back: one acknowledged meanwhile (its last chunk was written) is finished.
+REQUEUE_SCRIPT = """
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
+  redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
+  return 0
+end
+redis.call('XADD', KEYS[1], '*', 'job', ARGV[2], 'taken', ARGV[3])
+redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
+redis.call('XDEL', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+async def requeue(redis: aioredis.Redis, stream: str, entry_id: bytes, payload: bytes, taken: int) -> bool:
+    """Put a job back at the end of its stream as a new entry, remembering `taken`; drop the old one.
+
+    Returns False (and puts nothing back) when the entry was acknowledged meanwhile.
+    """
+    requeued = await redis.eval(REQUEUE_SCRIPT, 1, stream, entry_id, payload, taken, keys.JOB_GROUP)  # type: ignore[misc]
+    return bool(requeued)
 
 
 async def acknowledge(redis: aioredis.Redis, stream: str, entry_id: bytes, job_id: str) -> None:

@@ -45,6 +45,7 @@ def test_ttls_are_positive() -> None:
         keys.CANCEL_TTL_S,
         keys.WORKER_TTL_S,
         keys.WAKE_TTL_S,
+        keys.DEAD_LETTER_TTL_S,
     ):
         assert isinstance(ttl, int)
         assert ttl > 0
@@ -59,6 +60,7 @@ def test_the_prefix_is_set_once_for_every_family() -> None:
         keys.set_prefix("prod:sb")
         generated = [fn("x") for fn in [*PER_ID, keys.key_rate, keys.key_in_flight]]
         generated += [keys.workers_index(), keys.api_keys(), keys.in_flight(), keys.demand_stream()]
+        generated += [keys.dead_letter_stream()]
         assert all(key.startswith("prod:sb:") for key in generated)
         assert keys.all_key_patterns() == ["prod:sb:*"]
     finally:

@@ -19,7 +19,7 @@ from switchboard import keys
 from switchboard.wire import Chunk, Job, SamplingParams, Usage, encode
 from tests.workers.jobs import result
 from tests.workers.one_worker import MODEL, Worker, job
-from workers.takeover import TAKEN_FIELD
+from workers.takeover import TAKEN_FIELD, requeue
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -192,3 +192,18 @@ async def test_the_read_loop_goes_on_after_an_unexpected_error(
     one = job("fast 2")
     await worker.redis.xadd(STREAM, {"job": encode(one)})
     assert (await result(worker.redis, one.id))[-1].finish_reason == "length"
+
+
+async def test_only_a_job_still_in_its_stream_is_put_back_in_line(worker: Worker) -> None:
+    stream = keys.job_stream("elsewhere")
+    await worker.redis.xgroup_create(stream, keys.JOB_GROUP, id="0", mkstream=True)
+    finished = await worker.redis.xadd(stream, {"job": b"finished"})
+    unfinished = await worker.redis.xadd(stream, {"job": b"unfinished"})
+    await worker.redis.xreadgroup(keys.JOB_GROUP, DEAD, {stream: ">"})
+    await worker.redis.xdel(stream, finished)  # its last chunk acknowledged and deleted it
+    assert await requeue(worker.redis, stream, finished, b"finished", 1) is False
+    assert await requeue(worker.redis, stream, unfinished, b"unfinished", 1) is True
+    ((_, fields),) = await worker.redis.xrange(stream)
+    assert fields == {b"job": b"unfinished", TAKEN_FIELD: b"1"}
+    assert (await worker.redis.xpending(stream, keys.JOB_GROUP))["pending"] == 0
+    await worker.redis.delete(stream)

@@ -27,3 +27,38 @@ def test_http_grpc_and_metrics_ports_refuse_connections_on_other_addresses(trito
     for name, port in ports.items():
         assert accepts("127.0.0.1", port), f"Triton's {name} port {port} does not answer on loopback"
         assert connection_refused(address, port), f"Triton's {name} port {port} is reachable on {address}"
+
+
+def test_the_triton_server_dies_with_a_killed_worker() -> None:
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = (
+        "from workers.triton_host import TritonHost\n"
+        "from workers.triton_model import CoalescingPolicy\n"
+        "import time\n"
+        "TritonHost(coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100)).start()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        while line and line.strip() != "started":  # Triton may print its own lines first
+            line = worker.stdout.readline()
+        assert line.strip() == "started", "the worker started Triton"
+        (server,) = [
+            p for p in psutil.Process(worker.pid).children(recursive=True) if p.name() == "tritonserver"
+        ]
+        worker.kill()  # SIGKILL: the worker cleans nothing up
+        worker.wait()
+        deadline = time.monotonic() + 20
+        while server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "Triton outlived its worker"
+            time.sleep(0.2)
+    finally:
+        worker.kill()

@@ -24,7 +24,6 @@ What this relies on:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -37,12 +36,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from workers.cpu_placement import omp_environment, parse_cpu_list
+from workers.engines.parent_death import die_with_parent
 from workers.engines.vllm import engine_process_environment
 
 logger = logging.getLogger(__name__)
 
 PRELOAD_MODULE = "workers.engines.fork_server_preload"
-_PR_SET_PDEATHSIG = 1
 _fork_server_lock = threading.Lock()
 # The fork server last found safe to fork from (ensure_running starts a new one if it died).
 _checked_server_pid: int | None = None
@@ -268,10 +267,7 @@ def _check_fork_parent() -> None:
 
 def _die_with_parent() -> None:
     """The fork server ends with its worker; its engines end with it (SIGTERM: vLLM's clean stop)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        raise SystemExit(1)
+    die_with_parent(signal.SIGTERM)
 
 
 def _pin_compute_threads(cpu_threads: str | None) -> None:

@@ -83,6 +83,9 @@ def import_runtime() -> None:
 
         current_platform.is_cpu()  # resolves the platform (it probes for devices)
         _import_engine_start_modules()
+        from workers.engines.parent_death import spawned_engines_die_with_worker
+
+        spawned_engines_die_with_worker()
         _runtime_imported = True
         logger.info("engine runtime imported", extra={"seconds": round(time.monotonic() - started, 2)})
 

@@ -224,3 +224,51 @@ async def poll_until(condition: Callable[[], bool], timeout_s: float) -> None:
             return
         await asyncio.sleep(0.2)
     pytest.fail(f"not so after {timeout_s:g} s")
+
+
+# A worker in miniature: one engine started, its EngineCore's pid printed, then nothing until killed.
+KILLED_WORKER = """
+import asyncio, sys
+from switchboard.config import ModelConfig
+from workers.engines.vllm import VllmEngine
+args = {"max_model_len": 256, "dtype": "float32", "enforce_eager": True}
+model = ModelConfig(name="demo", path=sys.argv[1], engine_args=args)
+engine = VllmEngine(model, cpu_threads=sys.argv[3], cpu_kvcache_gib=1, engine_process=sys.argv[2])
+async def main():
+    await engine.start()
+    print("engine", *engine._engine_pids, flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("engine_process", ["spawn", "fork"])
+def test_an_engine_process_dies_with_a_killed_worker(model_dir: Path, engine_process: str) -> None:
+    import subprocess
+    import sys
+    import time
+
+    worker = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WORKER, str(model_dir), engine_process, engine_core_cores()],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        while line and not line.startswith("engine "):  # vLLM's own lines
+            line = worker.stdout.readline()
+        assert line.startswith("engine "), "the engine started"
+        engine_pids = [int(pid) for pid in line.split()[1:]]
+        assert engine_pids and all(psutil.pid_exists(pid) for pid in engine_pids)
+        worker.kill()  # SIGKILL: the worker cleans nothing up
+        worker.wait()
+        deadline = time.monotonic() + 30
+        while any(
+            psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            for pid in engine_pids
+        ):
+            assert time.monotonic() < deadline, "the EngineCore outlived its worker"
+            time.sleep(0.2)
+    finally:
+        worker.kill()
