@@ -67,6 +67,9 @@ class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The private redis-server of `switchboard up` holds at most this much (Redis units: "512mb",
     # "2gb"); past it, writes are refused (noeviction) and requests get a 503 instead of losing jobs.
     private_maxmemory: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+([kmg]b?)?$")] = "1gb"
+    # Where that private Redis keeps its append-only file, so that queued jobs, API keys and
+    # measured load times survive a restart of it; "" keeps nothing.
+    private_dir: str = "~/.cache/switchboard/redis"
 
 
 class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

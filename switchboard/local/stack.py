@@ -7,9 +7,12 @@ show here are warnings and the few records a person follows (a model loading, a 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from switchboard.config import DEMO_MODEL_NAME, Settings
@@ -43,11 +46,14 @@ def run_stack(
     signal.signal(signal.SIGHUP, signal.default_int_handler)
     redis = None
     launcher = None
+    stack = contextlib.ExitStack()
     try:
         _build_demo_model_if_needed(settings)
         if not settings.redis.url:
-            redis = PrivateRedis(maxmemory=settings.redis.private_maxmemory).start()
-            _say(f"Redis: private redis-server at {redis.url} (stops with this command)")
+            persist_dir = stack.enter_context(private_redis_dir(settings.redis.private_dir))
+            redis = PrivateRedis(maxmemory=settings.redis.private_maxmemory, persist_dir=persist_dir).start()
+            kept = f"; it keeps its data in {persist_dir}" if persist_dir else ""
+            _say(f"Redis: private redis-server at {redis.url} (stops with this command{kept})")
         launcher = Launcher(
             port=settings.router.port,
             host=settings.router.host,
@@ -88,8 +94,31 @@ def run_stack(
                 )
         if redis is not None:
             redis.stop()
+        stack.close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def private_redis_dir(configured: str) -> Iterator[str | None]:
+    """The folder for the private Redis's append-only file, held for this run alone (None: keep nothing).
+
+    Two Redis servers must never write one file: a second `switchboard up` on the same folder runs
+    its Redis without keeping anything, and says so.
+    """
+    if not configured:
+        yield None
+        return
+    folder = Path(configured).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "switchboard.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"Redis: {folder} is in use by another `switchboard up`; this one keeps nothing")
+            yield None
+            return
+        yield str(folder)
 
 
 def _build_demo_model_if_needed(settings: Settings) -> None:

@@ -85,7 +85,10 @@ def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) 
     import psutil
 
     config = tmp_path / "switchboard.toml"
-    config.write_text(CONFIG.replace('url = "redis://127.0.0.1:1/0"', ""))  # a private redis-server
+    # A private redis-server, keeping its file in the test's folder.
+    config.write_text(
+        CONFIG.replace('url = "redis://127.0.0.1:1/0"', f'private_dir = "{tmp_path / "redis"}"')
+    )
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     env = {**os.environ, "FAKE_EVENTS": str(tmp_path / "events")}
@@ -111,3 +114,15 @@ def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) 
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def test_the_private_redis_folder_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
+    folder = tmp_path / "redis"
+    with stack.private_redis_dir(str(folder)) as first:
+        assert first == str(folder) and folder.is_dir()
+        with stack.private_redis_dir(str(folder)) as second:
+            assert second is None  # a second run keeps nothing rather than share the file
+    with stack.private_redis_dir(str(folder)) as again:
+        assert again == str(folder)
+    with stack.private_redis_dir("") as nothing:
+        assert nothing is None
