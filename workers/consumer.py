@@ -27,6 +27,7 @@ from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, chunk_decoder, encode
 from workers.controller.residency import Lease, ModelSlot, SlotNotServing
+from workers.orphans import OrphanWatch
 from workers.result_writer import ResultWriter
 from workers.resume import plan
 from workers.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry, requeue
@@ -78,6 +79,8 @@ class JobConsumer:
         self._read_done: asyncio.Event | None = None
         self._reader: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._orphans = OrphanWatch(redis)
+        self._orphan_watch: asyncio.Task[None] | None = None
         self._stopping = False
 
     @property
@@ -110,6 +113,7 @@ class JobConsumer:
         self._reader = asyncio.create_task(self._read_loop(), name="job-consumer")
         self._reader.add_done_callback(self._reader_ended)
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="job-takeover")
+        self._orphan_watch = asyncio.create_task(self._orphans.run(), name="orphan-watch")
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Take no new jobs; let running ones finish for `drain_timeout_s`, then hand them back.
@@ -121,9 +125,17 @@ class JobConsumer:
         await cancel_and_wait(self._reader)
         await cancel_and_wait(self._sweeper)
         self._reader = self._sweeper = None
+        try:
+            await self._drain(drain_timeout_s)
+        finally:
+            # Watched to the end: a draining job whose front door dies is not generated for nobody.
+            await cancel_and_wait(self._orphan_watch)
+            self._orphan_watch = None
+
+    async def _drain(self, timeout_s: float) -> None:
         if not self._jobs:
             return
-        _, still_running = await asyncio.wait(self._jobs, timeout=drain_timeout_s)
+        _, still_running = await asyncio.wait(self._jobs, timeout=timeout_s)
         unfinished = [self._entries[task] for task in still_running if task in self._entries]
         for task in still_running:
             task.cancel()
@@ -313,6 +325,7 @@ class JobConsumer:
             payload = encode(EngineJob(**msgspec.structs.asdict(job), continuation=where.continuation))
             logger.info("continuing a job taken over", extra={"job_id": job.id, "taken": entry.taken_before})
         slot = self._slots[entry.stream]
+        self._orphans.track(job)
         try:
             finished = await self._stream_job(entry, payload, slot, lease, fresh=fresh)
         except ChunkNotWritten:
@@ -327,6 +340,8 @@ class JobConsumer:
             message = f"The worker failed while running job {job.id}; its log has the reason."
             await self._fail(entry, JobError(code="engine_error", message=message), create=False)
             return
+        finally:
+            self._orphans.untrack(job.id)
         if not finished:
             await self._fail(
                 entry,
