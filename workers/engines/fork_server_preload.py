@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import signal
 
+from workers.engines.parent_death import die_with_parent
 from workers.engines.vllm import set_process_defaults
 
+# The fork server ends with its worker, however the worker ends; its engines end with it. (The
+# standard library's own signal for that, end of file on a pipe, never comes while an engine it
+# forked holds a copy of the pipe.)
+die_with_parent(signal.SIGTERM)
 set_process_defaults()
 with contextlib.suppress(ImportError):
     import setproctitle

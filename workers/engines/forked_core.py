@@ -36,7 +36,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from workers.cpu_placement import omp_environment, parse_cpu_list
-from workers.engines.parent_death import die_with_parent
+from workers.engines.parent_death import die_with_parent, original_run_engine_core
 from workers.engines.vllm import engine_process_environment
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,8 @@ def unsupported_reason(platform: Any) -> str | None:
             "launch",
         ],
         EngineCoreProc.__init__: ["vllm_config", "local_client", "handshake_address", "executor_class"],
-        EngineCoreProc.run_engine_core: ["dp_rank", "local_dp_rank"],
+        # vLLM's own entry point, also where the worker wraps it (`parent_death`).
+        original_run_engine_core(): ["dp_rank", "local_dp_rank"],
         AsyncLLM.__init__: ["vllm_config", "executor_class", "log_stats", "client_addresses"],
         CoreEngineLaunch: ["engine_manager", "coordinator", "addresses", "tensor_queue"],
     }

@@ -27,12 +27,17 @@ def die_with_parent(sig: signal.Signals) -> None:
         raise SystemExit(1)
 
 
+def original_run_engine_core() -> Any:
+    """vLLM's own `EngineCoreProc.run_engine_core`, whether or not `spawned_engines_die_with_worker` ran."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    return getattr(EngineCoreProc, _ORIGINAL, EngineCoreProc.run_engine_core)
+
+
 def run_engine_core(*args: Any, **kwargs: Any) -> None:
     """vLLM's EngineCore process entry, in a process that dies (SIGKILL) with the worker."""
     die_with_parent(signal.SIGKILL)
-    from vllm.v1.engine.core import EngineCoreProc
-
-    getattr(EngineCoreProc, _ORIGINAL, EngineCoreProc.run_engine_core)(*args, **kwargs)
+    original_run_engine_core()(*args, **kwargs)
 
 
 def spawned_engines_die_with_worker() -> None:
