@@ -195,6 +195,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_deliveries: Annotated[int, msgspec.Meta(ge=1)] = 3
     # How often a worker looks for jobs left by dead workers on the streams of its models.
     takeover_check_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    # A job whose front door has been gone this long, and whose stream no client resumed through
+    # another front door, is cancelled: nobody would read the rest of its answer.
+    orphan_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     # Seconds a worker waits for running jobs to finish when told to stop; what is still running
     # then is put back in line for another worker.
     drain_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0

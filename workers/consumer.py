@@ -27,7 +27,7 @@ from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, chunk_decoder, encode
 from workers.controller.residency import Lease, ModelSlot, SlotNotServing
-from workers.orphans import OrphanWatch
+from workers.orphans import ORPHAN_GRACE_S, OrphanWatch
 from workers.result_writer import ResultWriter
 from workers.resume import plan
 from workers.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry, requeue
@@ -60,6 +60,7 @@ class JobConsumer:
         max_concurrent_jobs: int,
         max_deliveries: int = 3,
         takeover_check_s: float = 2.0,
+        orphan_grace_s: float = ORPHAN_GRACE_S,
         on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping."""
@@ -79,7 +80,7 @@ class JobConsumer:
         self._read_done: asyncio.Event | None = None
         self._reader: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._orphans = OrphanWatch(redis)
+        self._orphans = OrphanWatch(redis, grace_s=orphan_grace_s)
         self._orphan_watch: asyncio.Task[None] | None = None
         self._stopping = False
 

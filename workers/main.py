@@ -80,6 +80,7 @@ class Worker:
             max_concurrent_jobs=settings.worker.max_concurrent_jobs,
             max_deliveries=settings.worker.max_deliveries,
             takeover_check_s=settings.worker.takeover_check_s,
+            orphan_grace_s=settings.worker.orphan_grace_s,
             # A worker that no longer takes jobs must not hold models (and replica leases) for nothing.
             on_failure=self._stop_requested.set,
         )

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 # How often the front doors of running jobs are checked.
 CHECK_S = keys.ROUTER_HEARTBEAT_S
 # How long a front door stays gone before its jobs are cancelled: time for its clients to resume
-# their streams through another front door (`Last-Event-ID`).
+# their streams through another front door (`Last-Event-ID`). The default of `worker.orphan_grace_s`.
 ORPHAN_GRACE_S = 5.0
 
 
