@@ -85,13 +85,7 @@ def _add(store: api_keys.KeyStore, args: argparse.Namespace, settings: Settings)
     _warn_unknown_models(args.key_models, settings)
     try:
         secret, record = store.add(
-            args.name,
-            models=args.key_models,
-            rpm=args.rpm,
-            tpm=args.tpm,
-            max_parallel=args.parallel,
-            admin=args.admin,
-            taken_names={k.name for k in settings.auth.keys},
+            args.name, **_limits_of(args), taken_names={k.name for k in settings.auth.keys}
         )
     except ValueError as exc:
         _say(str(exc))
@@ -103,6 +97,17 @@ def _add(store: api_keys.KeyStore, args: argparse.Namespace, settings: Settings)
         "(the openai client's api_key)."
     )
     return 0
+
+
+def _limits_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What `keys add` was told about the new key: its models, limits and admin right."""
+    return {
+        "models": args.key_models,
+        "rpm": args.rpm,
+        "tpm": args.tpm,
+        "max_parallel": args.parallel,
+        "admin": args.admin,
+    }
 
 
 def _remove(store: api_keys.KeyStore, name: str, settings: Settings) -> int:
@@ -119,14 +124,7 @@ def _remove(store: api_keys.KeyStore, name: str, settings: Settings) -> int:
 def _print_toml(args: argparse.Namespace, settings: Settings) -> int:
     _warn_unknown_models(args.key_models, settings)
     try:
-        secret, record = api_keys.make_key(
-            args.name,
-            models=args.key_models,
-            rpm=args.rpm,
-            tpm=args.tpm,
-            max_parallel=args.parallel,
-            admin=args.admin,
-        )
+        secret, record = api_keys.make_key(args.name, **_limits_of(args))
     except ValueError as exc:
         _say(str(exc))
         return 1
