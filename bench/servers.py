@@ -84,14 +84,21 @@ def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Pa
 
 
 @contextlib.contextmanager
-def spawn_vllm(model_dir: Path, log_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """vLLM's own OpenAI server on the demo model, just spawned (not yet answering), and its base URL."""
+def spawn_vllm(
+    model_dir: Path, log_path: Path, stream_interval: int = 1
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """vLLM's own OpenAI server on the demo model, just spawned (not yet answering), and its base URL.
+
+    `stream_interval`: vLLM's `--stream-interval`, tokens per streamed chunk (its default is 1).
+    """
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": engine_cores()}
     # The same engine settings as the Switchboard worker gives the demo model.
     flags = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1"]
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", MODEL_NAME, "--port", str(port), *flags]
+    if stream_interval > 1:
+        argv += ["--stream-interval", str(stream_interval)]
     with log_path.open("w") as log:
         process = spawn(argv, env, log)
         try:
@@ -101,23 +108,27 @@ def spawn_vllm(model_dir: Path, log_path: Path) -> Iterator[tuple[subprocess.Pop
 
 
 @contextlib.contextmanager
-def run_vllm(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
-    """vLLM's own OpenAI server on the demo model, ready."""
-    log_path = log_dir / f"vllm-round{round_no}.log"
-    with spawn_vllm(model_dir, log_path) as (process, base_url):
+def run_vllm(model_dir: Path, log_dir: Path, round_no: int, stream_interval: int = 1) -> Iterator[Server]:
+    """vLLM's own OpenAI server on the demo model, ready (`stream_interval`: see `spawn_vllm`)."""
+    suffix = "" if stream_interval == 1 else f"-si{stream_interval}"
+    log_path = log_dir / f"vllm{suffix}-round{round_no}.log"
+    with spawn_vllm(model_dir, log_path, stream_interval) as (process, base_url):
         start_s = wait_ready(f"{base_url}/v1/models", [process], [log_path], "vllm")
         yield Server(base_url, start_s)
 
 
 @contextlib.contextmanager
-def run_switchboard(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
+def run_switchboard(
+    model_dir: Path, log_dir: Path, round_no: int, env: dict[str, str] | None = None
+) -> Iterator[Server]:
     """A private Redis, one Switchboard worker with the demo model preloaded, and the front door.
 
     Ready means the model answered a first request, as vLLM's server is ready once its model is loaded.
+    `env`: added to every component's environment (say, `SWITCHBOARD_TRACE_FILE` for a traced run).
     """
     round_dir = log_dir / f"switchboard-round{round_no}"  # worker.log, router.log, console.log
     config = {"models": [config_entry(model_dir, name=MODEL_NAME, preload=True)]}
-    with run_stack(config, round_dir) as (launcher, server):
+    with run_stack(config, round_dir, env) as (launcher, server):
         try:
             warm_s = launcher.wait_serving(MODEL_NAME, READY_TIMEOUT_S, _progress, PROGRESS_EVERY_S)
         except LauncherError as exc:
@@ -126,7 +137,9 @@ def run_switchboard(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[S
 
 
 @contextlib.contextmanager
-def run_stack(config: dict[str, Any], log_dir: Path) -> Iterator[tuple[Launcher, Server]]:
+def run_stack(
+    config: dict[str, Any], log_dir: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[Launcher, Server]]:
     """A private Redis, one worker and the front door serving `config`, once `/readyz` passes.
 
     Nothing need be loaded then: `Server.start_s` is the time from starting the stack to ready. The
@@ -143,6 +156,7 @@ def run_stack(config: dict[str, Any], log_dir: Path) -> Iterator[tuple[Launcher,
             redis_url=redis.url,
             console=log_dir / "console.log",
             cwd=REPO,
+            env={**os.environ, **(env or {})},
             stop_timeout_s=STOP_TIMEOUT_S,
         )
         try:

@@ -42,8 +42,12 @@ REDIS_FULL_RETRY_S = 5.0
 # KEYS: key's buckets, key's in-flight set, everyone's in-flight set, the model's job stream
 # ARGV: job id, slot ttl (ms), rpm, tpm, tokens to reserve, key's max parallel, max in flight,
 #       max queue depth, job group (limits of 0: none)
-# Returns nil when admitted, or {what, retry after (s), detail} when refused.
+# Returns nil when admitted, or {what, retry after (s), detail} when refused. A job admitted already
+# (redis-py retried the script after a broken connection lost its reply) is admitted again at no cost.
 _ADMIT_LUA = """
+if redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+    return nil
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rpm, tpm, tokens = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -19,6 +19,8 @@ from router.admission import REDIS_FULL_RETRY_S, is_redis_full
 from router.auth import authenticate, provide_caller
 from router.disconnect import cancel_on_disconnect
 from router.gateway import Gateway
+from router.metrics_endpoint import metrics
+from router.observe import observe_requests
 from router.openai.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
@@ -55,12 +57,15 @@ def create_app(settings: Settings) -> Litestar:
             routes.retrieve_model,
             routes.healthz,
             routes.readyz,
+            metrics,
             admin_router(),
         ],
         lifespan=[gateway_lifespan],
-        # Every route needs a known API key while auth is on (router.auth), but the health checks.
+        # Every route needs a known API key while auth is on (router.auth), but the health checks and
+        # the metrics.
         guards=[authenticate],
-        middleware=[cancel_on_disconnect],
+        # Outermost, so that the request's span and timings cover everything else.
+        middleware=[observe_requests, cancel_on_disconnect],
         dependencies={
             "gateway": Provide(_provide_gateway, sync_to_thread=False),
             "caller": Provide(provide_caller),

@@ -26,14 +26,14 @@ from litestar.handlers import BaseRouteHandler
 from redis.exceptions import RedisError
 
 from router.openai.errors import AdminKeyRequiredError, AuthenticationError, ModelNotAllowedError
-from switchboard import api_keys, keys
+from switchboard import api_keys, keys, tracing
 from switchboard.config import ApiKey, ConfigError, Settings
 from switchboard.ports import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
 # Open whatever auth says: probes of load balancers and orchestrators carry no key.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 ADMIN_KEY_NAME = "admin"
 
 
@@ -195,7 +195,8 @@ async def caller_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     caller: Caller | None = connection.state.get("caller")
     if caller is None:
         table: KeyTable = connection.app.state.gateway.key_table
-        caller = await table.resolve(connection.headers.get("authorization"))
+        with tracing.span("switchboard.authenticate"):
+            caller = await table.resolve(connection.headers.get("authorization"))
         connection.state.caller = caller
     return caller
 

@@ -70,9 +70,11 @@ class ChatRelay:
                 yield sse_event(self._event([], usage=True, last=chunk))
         yield SSE_DONE
 
-    def resume(self) -> None:
-        """The client has had this answer's first events (a stream resumed with `Last-Event-ID`)."""
-        self._started.update(range(self.n))
+    def replay(self, earlier: list[Chunk]) -> None:
+        """Take in the chunks whose events the client had before it resumed the stream
+        (`Last-Event-ID`), so that the next events go on from them (roles sent, held tool-call text)."""
+        for chunk in earlier:
+            self._stream_choice(chunk)
 
     def error_event(self, error: OpenAIError) -> bytes:
         """The closing event of a stream that fails after its headers were sent."""

@@ -52,8 +52,11 @@ class CompletionRelay:
                 yield sse_event(usage)
         yield SSE_DONE
 
-    def resume(self) -> None:
-        """The client has had this answer's first events (`Last-Event-ID`); nothing to skip here."""
+    def replay(self, earlier: list[Chunk]) -> None:
+        """Take in the chunks whose events the client had before it resumed the stream
+        (`Last-Event-ID`), so that the next log probabilities' text offsets go on from them."""
+        for chunk in earlier:
+            self._offsets[chunk.index] = self._offsets.get(chunk.index, 0) + len(chunk.text)
 
     def error_event(self, error: OpenAIError) -> bytes:
         """The closing event of a stream that fails after its headers were sent."""

@@ -17,9 +17,11 @@ from router.admission import REDIS_FULL_RETRY_S, Admission, Ticket, is_redis_ful
 from router.auth import Caller, KeyTable, check_exposure
 from router.enqueue import JobQueue
 from router.heartbeat import RouterHeartbeat
+from router.job_observer import JobObserver
 from router.job_run import JobRun
 from router.model_limits import ModelLimitsCache
 from router.model_status import ModelStatusReader, may_serve
+from router.observe import note_model
 from router.openai.errors import (
     ModelLoadFailedError,
     ModelNotFoundError,
@@ -34,7 +36,7 @@ from router.results import BLOCK_MS, ResultReader, Subscription
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, is_connection_error, pooled_client
-from switchboard.wire import Job
+from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ class Gateway:
         model = self._models.get(name)
         if model is None:
             raise ModelNotFoundError(name, self.model_names())
+        note_model(name)
         return model
 
     async def start_job(self, job: Job, caller: Caller) -> JobRun:
@@ -127,14 +130,18 @@ class Gateway:
         job = msgspec.structs.replace(job, tenant=caller.name, router_id=self.router_id)
         self.health.require_up()
         await self._require_worker_for(job.model)
-        ticket = await self._admit(job, caller)
+        observer = JobObserver(job)
+        with observer.phase("switchboard.admission"):
+            ticket = await self._admit(job, caller)
         subscription = self.reader.subscribe(job.id, job.model)
         wake = self.reader.wake_key if self.reader.blocked else None
         try:
-            failure = await self.queue.submit(job, wake_stream=wake)
+            with observer.phase("switchboard.enqueue"):
+                failure = await self.queue.submit(observer.traced(job), wake_stream=wake)
             if failure is not None:
                 raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())
         except BaseException as exc:
+            observer.closed(finished=False)
             self.reader.unsubscribe(subscription)
             # Shielded: a client that left cancels this task, and the slots must still be given back
             # (and a job that may have been queued for nobody, cancelled).
@@ -143,39 +150,36 @@ class Gateway:
             if isinstance(exc, RedisError):
                 raise self.unavailable(exc) from exc
             raise
-        return self._run(job, subscription, ticket)
+        return self._run(job, subscription, ticket, observer=observer)
 
-    async def resume_job(self, job: Job, caller: Caller, after: str) -> JobRun:
+    async def resume_job(self, job: Job, caller: Caller, after: str) -> tuple[JobRun, list[Chunk]]:
         """The rest of `job`'s results, from after entry `after` (a stream resumed with
-        `Last-Event-ID`); a 404 if its result stream is gone. No new job is queued."""
+        `Last-Event-ID`), and the chunks up to it, which the client had; a 404 if its result stream
+        is gone, or the job was sent with another key. No new job is queued."""
         caller.require_model(job.model)
         self.health.require_up()
-        subscription = self.reader.subscribe(job.id, job.model, after)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.exists(keys.result_stream(job.id))
-        pipe.incr(keys.resumes(job.id))
-        pipe.expire(keys.resumes(job.id), keys.RESULT_TTL_S)
-        if self.reader.blocked:
-            pipe.xadd(self.reader.wake_key, {"w": ""}, maxlen=1)
-            pipe.expire(self.reader.wake_key, keys.WAKE_TTL_S)
         try:
-            found, resumes, *_ = await pipe.execute()
-        except BaseException as exc:
-            self.reader.unsubscribe(subscription, keep=True)
-            if isinstance(exc, RedisError):
-                raise self.unavailable(exc) from exc
-            raise
-        if not found:
-            self.reader.unsubscribe(subscription, keep=True)
+            found = await self.queue.resume(job.id, after)
+        except RedisError as exc:
+            raise self.unavailable(exc) from exc
+        if found is None or found.tenant != (caller.name or ""):
+            # Another key's job reads as an unknown one: its existence is not revealed.
             raise StreamNotFoundError(
-                f"No results of job {job.id} are kept: it is unknown, was read to its end, or its "
-                f"results expired ({keys.RESULT_TTL_S} s after their last chunk). Send the request "
-                "again without Last-Event-ID."
+                f"No results of job {job.id} are kept for this key: it is unknown, its results "
+                f"expired ({keys.RESULT_TTL_S} s after their last chunk, {keys.FINISHED_RESULT_TTL_S} s "
+                "after a stream was read to its end), or it was sent with another API key. Send the "
+                "request again without Last-Event-ID."
             )
-        return self._run(job, subscription, None, resumes_seen=int(resumes))
+        subscription = self.reader.subscribe(job.id, job.model, after, streamed=True)
+        if self.reader.blocked:
+            # Without the poke, the reader's next pass (within BLOCK_MS) picks the subscription up.
+            with contextlib.suppress(RedisError):
+                await self.reader.wake()
+        observer = JobObserver(job, resumed=True)
+        return self._run(job, subscription, None, observer=observer), found.earlier
 
     def _run(
-        self, job: Job, subscription: Subscription, ticket: Ticket | None, resumes_seen: int = 0
+        self, job: Job, subscription: Subscription, ticket: Ticket | None, observer: JobObserver | None = None
     ) -> JobRun:
         return JobRun(
             job,
@@ -186,7 +190,7 @@ class Gateway:
             timeout_s=self.settings.router.request_timeout_s,
             ticket=ticket,
             resume_grace_s=self.settings.router.resume_grace_s,
-            resumes_seen=resumes_seen,
+            observer=observer,
         )
 
     async def _require_worker_for(self, model: str) -> None:

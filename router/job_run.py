@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from router.admission import Ticket
 from router.enqueue import JobQueue
+from router.job_observer import JobObserver
 from router.model_status import ModelStatusReader
 from router.openai.errors import GatewayTimeoutError, ModelLoadingError, OpenAIError, ResultsLostError
 from router.results import START, ResultReader, ResultsLost, Subscription
@@ -32,9 +33,9 @@ LOST_RETRY_S = 1.0
 class JobRun:
     """The chunks of one enqueued job; `close()` ends it, leaving a cancel mark if it is unfinished.
 
-    A streamed run (`resumable`) that ends mid-stream keeps its result stream, and its cancel mark
-    waits `resume_grace_s` for a client that resumes the stream (`Last-Event-ID`), maybe through
-    another front door; `resumes_seen` is how many resumptions of the job this run knows of.
+    A streamed run (`mark_resumable`) that ends mid-stream keeps its result stream, and its cancel
+    mark waits `resume_grace_s` for a client that resumes the stream (`Last-Event-ID`), maybe
+    through another front door; one read to its end keeps it `keys.FINISHED_RESULT_TTL_S`.
     """
 
     def __init__(
@@ -48,7 +49,7 @@ class JobRun:
         timeout_s: float,
         ticket: Ticket | None,
         resume_grace_s: float = 0.0,
-        resumes_seen: int = 0,
+        observer: JobObserver | None = None,
     ) -> None:
         self.job = job
         self._subscription = subscription
@@ -58,7 +59,7 @@ class JobRun:
         self._timeout_s = timeout_s
         self._ticket = ticket
         self._resume_grace_s = resume_grace_s
-        self._resumes_seen = resumes_seen
+        self._observer = observer
         self.resumable = False
         # Tokens the job used, from its last chunk: what its key's tpm is settled with.
         self._used_tokens: int | None = None
@@ -67,6 +68,11 @@ class JobRun:
         self._deadline = loop.time() + (job.deadline - time.time())
         self.started = False  # a chunk has arrived
         self._closed = False
+
+    def mark_resumable(self) -> None:
+        """The run's chunks go to a streamed response, which its client may resume."""
+        self.resumable = True
+        self._subscription.streamed = True
 
     @property
     def last_entry_id(self) -> str:
@@ -94,14 +100,14 @@ class JobRun:
             return
         self._closed = True
         unfinished = not self._subscription.finished
+        if self._observer is not None:
+            self._observer.closed(finished=not unfinished)
         # A client that saw part of a stream may come back for the rest: keep it until it expires.
         resumable = unfinished and self.resumable and self._subscription.taken_id != START
         self._reader.unsubscribe(self._subscription, keep=resumable)
         cancel = unfinished
         if resumable and self._resume_grace_s > 0:
-            self._queue.cancel_later(
-                self.job.id, resumes_seen=self._resumes_seen, after_s=self._resume_grace_s
-            )
+            self._queue.cancel_later(self.job.id, after_s=self._resume_grace_s)
             cancel = False
         # Shielded: a client that left cancels this task, and the mark and the release must still happen.
         await asyncio.shield(self._finish(left=unfinished, cancel=cancel, keep_results=resumable))
@@ -116,6 +122,8 @@ class JobRun:
                 return None
             raise await self._deadline_error() from None
         self.started = True
+        if self._observer is not None:
+            self._observer.chunk(chunk)
         if chunk.usage is not None:
             self._used_tokens = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
         return chunk

@@ -48,13 +48,17 @@ class ResultsLost(Exception):
 class Subscription:
     """The chunks of one job, each with its result stream entry id, in order."""
 
-    def __init__(self, job_id: str, model: str, after: str = START) -> None:
+    def __init__(self, job_id: str, model: str, after: str = START, *, streamed: bool = False) -> None:
         self.job_id = job_id
         self.model = model
+        # A streamed answer is kept a while after it was read to its end, for a client that resumes it.
+        self.streamed = streamed
         self.stream_key = keys.result_stream(job_id).encode()
         self.last_id = after.encode()
         # Set once the job's last chunk was handed out: its result stream is no longer needed.
         self.finished = False
+        # Set once the reader has read the job's last chunk (the caller may not have taken it yet).
+        self.read_to_end = False
         # Entry id of the last chunk handed out (`after` for a stream resumed there).
         self.taken_id = after
         self.released = False
@@ -93,8 +97,9 @@ class ResultReader:
         self._wake_key = keys.wake_stream(router_id).encode()
         self._wake_last_id = b"0-0"
         self._subscriptions: dict[bytes, Subscription] = {}
-        # Result streams of subscriptions that ended: deleted (False) or kept until their expiry (True).
-        self._ended: list[tuple[bytes, bool]] = []
+        # Jobs whose subscription ended, with how long their results (and record) are kept: deleted
+        # at once (None), or expiring after that many seconds.
+        self._ended: list[tuple[str, int | None]] = []
         self._has_work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._run_id: str | None = None
@@ -107,22 +112,38 @@ class ResultReader:
         """The stream to poke so that a blocked read returns and picks up new subscriptions."""
         return self._wake_key.decode()
 
-    def subscribe(self, job_id: str, model: str, after: str = START) -> Subscription:
-        """Start delivering the chunks of `job_id` (a job of `model`) that follow entry `after`."""
-        subscription = Subscription(job_id, model, after)
+    def subscribe(
+        self, job_id: str, model: str, after: str = START, *, streamed: bool = False
+    ) -> Subscription:
+        """Start delivering the chunks of `job_id` (a job of `model`) that follow entry `after`;
+        `streamed`: they go to a streamed response (see `Subscription.streamed`)."""
+        subscription = Subscription(job_id, model, after, streamed=streamed)
         self._subscriptions[subscription.stream_key] = subscription
         self._has_work.set()
         return subscription
 
     def unsubscribe(self, subscription: Subscription, *, keep: bool = False) -> None:
-        """Stop delivering. The result stream is deleted on the reader's next pass, unless `keep`:
-        then it stays until it expires, for a client that resumes it (`Last-Event-ID`). Idempotent."""
+        """Stop delivering. The job's result stream and record are deleted on the reader's next pass,
+        unless `keep`: then they stay until they expire, for a client that resumes the stream
+        (`Last-Event-ID`); so does a streamed answer read to its end, for a while. Idempotent."""
         if subscription.released:
             return
         subscription.released = True
         self._subscriptions.pop(subscription.stream_key, None)
-        self._ended.append((subscription.stream_key, keep))
+        keep_s: int | None = None
+        if keep:
+            keep_s = keys.RESULT_TTL_S
+        elif subscription.read_to_end and subscription.streamed:
+            keep_s = keys.FINISHED_RESULT_TTL_S
+        self._ended.append((subscription.job_id, keep_s))
         self._has_work.set()
+
+    async def wake(self) -> None:
+        """Make a blocked read return, so that it picks up a new subscription at once."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(self._wake_key, {"w": ""}, maxlen=1)
+        pipe.expire(self._wake_key, keys.WAKE_TTL_S)
+        await pipe.execute()
 
     @property
     def in_flight(self) -> int:
@@ -183,12 +204,14 @@ class ResultReader:
     async def _clean_up_ended(self) -> None:
         ended, self._ended = self._ended, []
         pipe = self._redis.pipeline(transaction=False)
-        for key, keep in ended:
-            if keep:
-                # Its writer sets an expiry too; this bounds it even if the writer never wrote again.
-                pipe.expire(key, keys.RESULT_TTL_S)
+        for job_id, keep_s in ended:
+            results, record = keys.result_stream(job_id), keys.job_record(job_id)
+            if keep_s is None:
+                pipe.unlink(results, record)
             else:
-                pipe.unlink(key)
+                # Its writer sets an expiry too; this bounds it even if the writer never wrote again.
+                pipe.expire(results, keep_s)
+                pipe.expire(record, keep_s)
         try:
             await pipe.execute()
         except BaseException:
@@ -235,7 +258,8 @@ class ResultReader:
             chunk = chunk_decoder.decode(fields[b"c"])
             subscription.deliver(entry_id.decode(), chunk)
             if chunk.is_last:
-                # Nothing follows: stop reading the stream and delete it on the next pass (its
-                # chunks are in this process now; a stream read to its end cannot be resumed).
+                # Nothing follows: stop reading the stream; it is deleted on the next pass (its
+                # chunks are in this process now), or kept a while for a streamed answer.
+                subscription.read_to_end = True
                 self.unsubscribe(subscription)
                 return

@@ -116,8 +116,8 @@ async def _answer(
     """
     gateway.health.require_up()
     if resume is not None:
-        run = await gateway.resume_job(job, caller, resume.entry_id)
-        relay.resume()
+        run, earlier = await gateway.resume_job(job, caller, resume.entry_id)
+        relay.replay(earlier)
         return await stream_response(run, relay, gateway.settings.router, gateway.status)
     await check_job_fits(gateway.limits, job)
     if stream:
@@ -166,8 +166,9 @@ async def healthz() -> Response[bytes]:
 
 @get("/readyz")
 async def readyz(gateway: Gateway, model: str | None = None) -> Response[bytes]:
-    """Ready when Redis answers and at least one worker is alive; with `?model=NAME`, when some
-    live worker may hold that model. The body tells, per model, whether a live worker may hold it."""
+    """Ready when Redis answers and at least one worker is alive (or without any, with
+    `router.ready_without_workers`); with `?model=NAME`, when some live worker may hold that model.
+    The body tells, per model, whether a live worker may hold it."""
     if not gateway.health.up:
         raise ServiceUnavailableError(
             "Redis is unreachable; the front door retries it.", code=REDIS_UNREACHABLE
@@ -177,7 +178,7 @@ async def readyz(gateway: Gateway, model: str | None = None) -> Response[bytes]:
     except RedisError as exc:
         gateway.unavailable(exc)
         raise ServiceUnavailableError(f"Redis is unreachable: {exc}", code=REDIS_UNREACHABLE) from exc
-    if not records:
+    if not records and not gateway.settings.router.ready_without_workers:
         raise ServiceUnavailableError(
             "No worker is alive yet; start one with `switchboard worker`.", code=NO_LIVE_WORKER
         )

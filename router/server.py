@@ -10,6 +10,7 @@ from router.app import create_app
 from router.auth import check_exposure
 from switchboard import keys
 from switchboard.config import Settings
+from switchboard.tracing import configure_tracing
 
 
 def serve(settings: Settings) -> None:
@@ -18,6 +19,7 @@ def serve(settings: Settings) -> None:
     Raises ConfigError before listening when the front door would serve other machines without
     any API key (the app checks again as it starts; this says so without a traceback).
     """
+    configure_tracing("switchboard-router")
     stored_keys = _stored_key_count(settings)
     # With open access allowed there is nothing to refuse; the app logs its warning as it starts.
     if stored_keys is not None and not settings.router.allow_open_access:

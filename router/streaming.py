@@ -43,7 +43,7 @@ async def stream_response(
 
     Raises (as a real HTTP status) an error known before the first chunk, or within the budget.
     """
-    run.resumable = True
+    run.mark_resumable()
     try:
         first = await run.wait_chunk(settings.first_byte_budget_s)
         if first is not None and first.error is not None:

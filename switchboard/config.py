@@ -93,6 +93,9 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # A streamed client that leaves mid-stream may resume it (`Last-Event-ID`), through any front
     # door, for this long before its job gets the cancel mark (0: cancelled at once).
     resume_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    # `/readyz` is ready once Redis answers, whether or not a worker is alive: for deployments that
+    # scale workers to zero, where the request that makes a worker start must reach a front door.
+    ready_without_workers: bool = False
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
@@ -201,6 +204,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Seconds a worker waits for running jobs to finish when told to stop; what is still running
     # then is put back in line for another worker.
     drain_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # The worker's Prometheus metrics (its own, then its Triton's) at http://HOST:PORT/metrics: the
+    # first free port from metrics_port on (64 are tried, so several workers on one machine each
+    # get one); 0 takes any free port. The port taken is logged and in the worker's record.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9180
     # Where the demo model is built when no model is configured.
     demo_model_dir: str = "~/.cache/switchboard/demo-model"
 

@@ -167,12 +167,21 @@ def in_flight() -> str:
     return f"{PREFIX}:in-flight"
 
 
-def resumes(job_id: str) -> str:
-    """How many times a client resumed the job's result stream (`Last-Event-ID`); lives RESULT_TTL_S.
+def job_record(job_id: str) -> str:
+    """Hash of what the front doors share about one job: `tenant` (the key that sent it, "" without
+    keys), `readers` (clients reading its results right now) and `resumes` (times a client resumed
+    its stream with `Last-Event-ID`).
 
-    A front door whose client left mid-stream leaves the cancel mark only if nobody resumed since.
+    Written when the job is queued, in the same script, which it also makes idempotent: a queueing
+    retried after a lost reply finds the record and queues nothing twice. It lives until the job's
+    deadline plus RESULT_TTL_S, and goes with the job's result stream when that is deleted or kept.
     """
-    return f"{PREFIX}:job:{job_id}:resumes"
+    return f"{PREFIX}:job:{job_id}"
+
+
+# A streamed answer read to its end stays this long, for a client whose connection broke just
+# before its last events arrived: it resumes with `Last-Event-ID` and gets them.
+FINISHED_RESULT_TTL_S = 30
 
 
 # A front door refreshes its heartbeat key this often; a front door silent this long is gone.

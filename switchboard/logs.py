@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
+from switchboard.tracing import trace_ids
+
 # Attributes every LogRecord has; anything else on a record came from `extra=`, or from a record
 # factory that a library installed (vLLM adds `vllm_process_name` to every record): see _fields.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
@@ -137,12 +139,14 @@ def configure_logging(
     if log_file is None:
         handler = logging.StreamHandler()
         handler.setFormatter(_file_formatter(component))
+        handler.addFilter(trace_ids)
         logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
         return None
     terminal = redirect_output(log_file)
     # After the redirect sys.stderr writes to the file, in order with what everything else writes there.
     to_file = logging.StreamHandler(sys.stderr)
     to_file.setFormatter(_file_formatter(component))
+    to_file.addFilter(trace_ids)
     to_terminal = logging.StreamHandler(terminal)
     to_terminal.setFormatter(TerminalFormatter(component, log_file))
     to_terminal.addFilter(TerminalFilter(terminal_info_loggers))

@@ -16,6 +16,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from switchboard.metrics import count_round_trips
+
 # What XREAD and XREADGROUP return (RESP2, bytes): [(stream, [(entry id, {field: value})])].
 StreamEntries = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 
@@ -47,7 +49,7 @@ def pooled_client(url: str, max_connections: int = 16) -> aioredis.Redis:
         retry=_retry(),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
-    return aioredis.Redis(connection_pool=pool)
+    return count_round_trips(aioredis.Redis(connection_pool=pool), "pooled")
 
 
 def blocking_client(url: str, block_ms: int) -> aioredis.Redis:
@@ -56,13 +58,14 @@ def blocking_client(url: str, block_ms: int) -> aioredis.Redis:
     It is not retried: the loop that owns it sees every failure, so that it can tell a Redis that
     restarted (and lost what it was reading) from one that only dropped a connection.
     """
-    return aioredis.Redis.from_url(
+    client = aioredis.Redis.from_url(
         url,
         single_connection_client=True,
         socket_timeout=block_ms / 1000 + COMMAND_TIMEOUT_S,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         health_check_interval=HEALTH_CHECK_S,
     )
+    return count_round_trips(client, "blocking")
 
 
 async def server_run_id(redis: aioredis.Redis) -> str:

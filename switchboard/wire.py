@@ -201,6 +201,8 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     triton_http_port: int
     triton_grpc_port: int
     triton_metrics_port: int
+    # The worker's own metrics port (`worker.metrics_port`; 0: none yet).
+    metrics_port: int = 0
     # The machine kind load times are measured per ("cpu", or the GPU's name).
     kind: str = "cpu"
     # Models this worker may hold; empty: every configured model.

@@ -25,10 +25,11 @@ from redis.exceptions import ResponseError
 from switchboard import keys
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, JobError, chunk_decoder, encode
+from switchboard.wire import Chunk, JobError, Usage, chunk_decoder, encode
 from workers.controller.residency import Lease, ModelSlot, SlotNotServing
+from workers.job_observer import JobObserver, current_job, note_outcome
 from workers.orphans import ORPHAN_GRACE_S, OrphanWatch
-from workers.result_writer import ResultWriter
+from workers.result_writer import ResultWriter, Superseded
 from workers.resume import plan
 from workers.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry, requeue
 from workers.triton_model import EngineJob
@@ -116,16 +117,20 @@ class JobConsumer:
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="job-takeover")
         self._orphan_watch = asyncio.create_task(self._orphans.run(), name="orphan-watch")
 
+    async def stop_taking(self) -> None:
+        """Take no new jobs (the first step of a stop: jobs still waiting go to other workers)."""
+        self._stopping = True
+        await cancel_and_wait(self._reader)
+        await cancel_and_wait(self._sweeper)
+        self._reader = self._sweeper = None
+
     async def stop(self, drain_timeout_s: float) -> None:
         """Take no new jobs; let running ones finish for `drain_timeout_s`, then hand them back.
 
         A job still running then is cancelled and put back in line for another worker, which
         continues it where its client's stream stopped.
         """
-        self._stopping = True
-        await cancel_and_wait(self._reader)
-        await cancel_and_wait(self._sweeper)
-        self._reader = self._sweeper = None
+        await self.stop_taking()
         try:
             await self._drain(drain_timeout_s)
         finally:
@@ -294,6 +299,7 @@ class JobConsumer:
             logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
 
     async def _run_job(self, entry: Entry, lease: Lease) -> None:
+        observer = JobObserver.taken(entry, self._worker_id, self._slots[entry.stream])
         try:
             await self._run_leased_job(entry, lease)
         except Exception:
@@ -301,17 +307,20 @@ class JobConsumer:
             logger.exception("a job could not be run", extra={"job_id": entry.job.id})
         finally:
             lease.release()
+            observer.ended()
 
     async def _run_leased_job(self, entry: Entry, lease: Lease) -> None:
         job = entry.job
         where = await plan(self._redis, job, requeued=entry.requeued)
         if where.action == "skip":
             # Its client has gone, or already has the whole answer: nothing is written.
+            note_outcome("skipped")
             await acknowledge(self._redis, entry.stream, entry.entry_id, job.id)
             return
         fresh = where.action == "run"
         if time.time() > job.deadline:
             # Its client has had its answer (a timeout) already: the job must never run late.
+            note_outcome("expired")
             await self._fail(
                 entry,
                 JobError(code="timeout", message="the job expired before a worker took it"),
@@ -328,7 +337,13 @@ class JobConsumer:
         slot = self._slots[entry.stream]
         self._orphans.track(job)
         try:
-            finished = await self._stream_job(entry, payload, slot, lease, fresh=fresh)
+            finished = await self._stream_job(entry, payload, slot, lease, sent=where.sent)
+        except Superseded:
+            # This worker stalled past its heartbeat and another took the job over: that one
+            # answers it, and acknowledges it at its end.
+            note_outcome("superseded")
+            logger.warning("job taken over by another worker; stopped here", extra={"job_id": job.id})
+            return
         except ChunkNotWritten:
             # Writing its error would fail as well: the job stays pending, and a sweep puts it
             # back in line once it has been idle for the heartbeat TTL; then it is continued.
@@ -351,30 +366,45 @@ class JobConsumer:
             )
 
     async def _stream_job(
-        self, entry: Entry, payload: bytes, slot: ModelSlot, lease: Lease, *, fresh: bool
+        self, entry: Entry, payload: bytes, slot: ModelSlot, lease: Lease, *, sent: int
     ) -> bool:
+        """Relay the engine's chunks of the job to its result stream, after the `sent` already there;
+        whether the last one was written."""
         job_id = entry.job.id
-        aborted = False
-        create = fresh
+        seq = sent
+        observer = current_job()
+        if observer is not None:
+            payload = observer.traced_payload(payload)
         chunks: AsyncGenerator[bytes, None] = lease.served.client.stream(payload)
         try:
             async for raw in chunks:
-                is_last = chunk_decoder.decode(raw).is_last
+                chunk = chunk_decoder.decode(raw)
+                is_last = chunk.is_last
+                if observer is not None:
+                    observer.received(chunk)
                 try:
                     gone = await self._writer.append(
-                        job_id, raw, ack=entry.ack if is_last else None, create=create
+                        job_id, raw, ack=entry.ack if is_last else None, seq=seq, first=seq == sent
                     )
+                except Superseded:
+                    await _abort(slot, job_id)
+                    raise
                 except Exception as exc:
                     # Redis refused the chunk even after retries: the engine must not run on to
                     # max_tokens for nobody.
                     await _abort(slot, job_id)
                     raise ChunkNotWritten(str(exc)) from exc
-                create = False
+                seq += 1
+                if observer is not None:
+                    observer.written(is_last=is_last, gone=gone)
                 if is_last:
                     return True
-                if gone and not aborted:
-                    aborted = True
-                    await slot.abort(job_id)
+                if gone:
+                    # Nobody reads on: stop the engine, and drop what it already made (a fast
+                    # engine can be far ahead of the writes) instead of writing it for nobody.
+                    await _abort(slot, job_id)
+                    await self._writer.append(job_id, ABANDONED, ack=entry.ack, seq=seq)
+                    return True
         finally:
             await chunks.aclose()
         return False
@@ -387,6 +417,10 @@ class JobConsumer:
             logger.exception(
                 "could not record a failed job", extra={"job_id": entry.job.id, "code": error.code}
             )
+
+
+# The closing chunk of a job whose client has gone: it acknowledges the job.
+ABANDONED = encode(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=0, completion_tokens=0)))
 
 
 async def _abort(slot: ModelSlot, job_id: str) -> None:

@@ -23,6 +23,7 @@ from switchboard import keys
 from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import cancel_and_wait
+from switchboard.tracing import configure_tracing
 from switchboard.wire import WorkerRecord
 from workers import descendants_guard
 from workers.consumer import JobConsumer
@@ -36,6 +37,8 @@ from workers.engines.base import Engine
 from workers.engines.registry import EngineOptions, create_engine, import_runtimes
 from workers.heartbeat import Heartbeat
 from workers.machine import machine_kind, memory_budget_bytes
+from workers.metrics import SLOTS
+from workers.metrics_server import MetricsServer
 from workers.result_writer import ResultWriter
 from workers.triton_host import TritonHost
 from workers.triton_model import CoalescingPolicy
@@ -70,7 +73,7 @@ class Worker:
         self._poke_redis = blocking_client(settings.redis.url, int(settings.worker.controller_tick_s * 1000))
         self._host = TritonHost(coalescing=coalescing_policy(settings))
         self._host_started = asyncio.Event()
-        self._writer = ResultWriter(self._redis)
+        self._writer = ResultWriter(self._redis, self.id)
         self._slots = {model.name: self._slot(model) for model in self._models}
         self._consumer = JobConsumer(
             self._redis,
@@ -88,6 +91,12 @@ class Worker:
             self._redis, self.record, settings.worker.heartbeat_s, healthy=self._healthy
         )
         self._controller = self._model_controller()
+        self._metrics = MetricsServer(
+            settings.worker.metrics_host,
+            settings.worker.metrics_port,
+            self._triton_metrics_url,
+            ready=lambda: self._consumer.reading and not self._draining,
+        )
         self._cores = compute_cores(available_cores(), settings.worker.reserved_cores)
         self._core_shares: dict[str, int] = {}
         self._footprints: dict[str, int] = {}
@@ -111,6 +120,7 @@ class Worker:
             triton_http_port=self._host.http_port,
             triton_grpc_port=self._host.grpc_port,
             triton_metrics_port=self._host.metrics_port,
+            metrics_port=self._metrics.port,
             kind=self.kind,
             allowed=tuple(self.settings.worker.models),
             max_loaded_models=self.settings.worker.max_loaded_models,
@@ -133,6 +143,11 @@ class Worker:
     async def start(self) -> None:
         """Advertise and take jobs at once; Triton and the engine runtime come up in the background."""
         await self._redis.ping()
+        SLOTS.add(self.id, self._slots)
+        try:
+            await self._metrics.start()
+        except OSError as exc:
+            logger.warning(f"serving no metrics: {exc}", extra={"worker_id": self.id})
         self._writer.start()
         await self._consumer.start()
         await self._heartbeat.start()
@@ -154,8 +169,11 @@ class Worker:
             self._stopped = True
             logger.info("worker stopping", extra={"worker_id": self.id})
             drain_s = self.settings.worker.drain_timeout_s
-            await _stop_step("stop the model controller", self._controller.stop(), STOP_STEP_TIMEOUT_S * 3)
+            # Jobs still waiting go to other workers from now on, even while a load in progress
+            # holds the controller's stop back.
             self._draining = True
+            await _stop_step("stop taking jobs", self._consumer.stop_taking())
+            await _stop_step("stop the model controller", self._controller.stop(), STOP_STEP_TIMEOUT_S * 3)
             await _stop_step("advertise that nothing is served here", self._heartbeat.beat())
             await _stop_step("drain running jobs", self._consumer.stop(drain_s), drain_s)
             await _stop_step("withdraw the advertisement", self._heartbeat.stop())
@@ -167,7 +185,15 @@ class Worker:
             # Triton waits for its models to finish unloading: give it longer than other steps.
             await _stop_step("stop Triton", asyncio.to_thread(self._host.stop), STOP_STEP_TIMEOUT_S * 2)
             await _stop_step("close Redis connections", self._close_redis())
+            await _stop_step("stop serving metrics", self._metrics.stop())
+            SLOTS.remove(self.id)
             logger.info("worker stopped", extra={"worker_id": self.id})
+
+    def _triton_metrics_url(self) -> str | None:
+        """Where this worker's Triton serves its metrics, once it runs."""
+        if not self._host_started.is_set():
+            return None
+        return f"http://127.0.0.1:{self._host.metrics_port}/metrics"
 
     def _healthy(self) -> bool:
         """Whether the heartbeat may go on: the worker takes jobs, or drains the ones it took."""
@@ -339,6 +365,7 @@ def coalescing_policy(settings: Settings) -> CoalescingPolicy:
 def run_worker(settings: Settings) -> None:
     """Entry point of `switchboard worker`; Triton and the engines end with this process, however it ends."""
     guard = descendants_guard.start()
+    configure_tracing("switchboard-worker")
     try:
         asyncio.run(Worker(settings).run())
     finally:

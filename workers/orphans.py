@@ -2,7 +2,7 @@
 
 Every front door refreshes `keys.router_alive(id)` while it runs, and every job names the front
 door waiting for it (`Job.router_id`). A job running here whose front door has been gone for
-ORPHAN_GRACE_S, and whose stream no client resumed elsewhere (`keys.resumes`), gets its cancel
+ORPHAN_GRACE_S, and whose stream no client resumed elsewhere (`resumes` in `keys.job_record`), gets its cancel
 mark, as its front door would have left one: the next chunk written for it aborts it in the engine.
 """
 
@@ -15,6 +15,7 @@ import time
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.cancel_marks import CancelMarks
 from switchboard.wire import Job
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class OrphanWatch:
 
     def __init__(self, redis: aioredis.Redis, *, grace_s: float = ORPHAN_GRACE_S) -> None:
         self._redis = redis
+        self._cancel_marks = CancelMarks(redis)
         self._grace_s = grace_s
         self._front_door_of: dict[str, str] = {}
         self._gone_since: dict[str, float] = {}
@@ -60,13 +62,13 @@ class OrphanWatch:
             return []
         pipe = self._redis.pipeline(transaction=False)
         for job_id in candidates:
-            pipe.exists(keys.resumes(job_id))
+            pipe.hexists(keys.job_record(job_id), "resumes")
         resumed = await pipe.execute()
         orphans = [job_id for job_id, again in zip(candidates, resumed, strict=True) if not again]
         if orphans:
             pipe = self._redis.pipeline(transaction=False)
             for job_id in orphans:
-                pipe.set(keys.cancel_mark(job_id), b"1", ex=keys.CANCEL_TTL_S)
+                await self._cancel_marks.leave(job_id, client=pipe)
             await pipe.execute()
             logger.info("cancelled jobs whose front door is gone", extra={"job_ids": orphans})
         return orphans

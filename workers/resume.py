@@ -27,6 +27,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
 
     action: Literal["skip", "run", "continue_", "refuse"]
     continuation: str = ""
+    # How many chunks its result stream holds already: the position of the next one.
+    sent: int = 0
     error: JobError | None = None
 
 
@@ -56,8 +58,9 @@ async def plan(redis: aioredis.Redis, job: Job, *, requeued: bool) -> Plan:
             f"The worker running job {job.id} stopped after part of the answer was sent, and another "
             f"worker cannot continue it: {why_not}. Retry the request."
         )
-        return Plan(action="refuse", error=JobError(code="engine_error", message=message))
-    return Plan(action="continue_", continuation="".join(chunk.text for chunk in chunks if chunk.index == 0))
+        return Plan(action="refuse", error=JobError(code="engine_error", message=message), sent=len(chunks))
+    continuation = "".join(chunk.text for chunk in chunks if chunk.index == 0)
+    return Plan(action="continue_", continuation=continuation, sent=len(chunks))
 
 
 def why_not_continuable(job: Job) -> str | None:

@@ -105,14 +105,20 @@ class TritonHost:
         callable_ = EngineCallable(engine, self._coalescing)
         name = triton_model_name(model)
         self._wait_until_unloaded(name)
-        triton.bind(
-            model_name=name,
-            infer_func=callable_,
-            inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
-            outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
-            config=ModelConfig(decoupled=True, batching=False),
-            strict=False,
-        )
+        try:
+            triton.bind(
+                model_name=name,
+                infer_func=callable_,
+                inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
+                outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
+                config=ModelConfig(decoupled=True, batching=False),
+                strict=False,
+            )
+        except BaseException:
+            # PyTriton registers the model before Triton loads it: a load that failed would
+            # make every later bind of the name fail ("same name twice") for the worker's life.
+            self._forget(name)
+            raise
         # PyTriton drives the callable from one event loop thread per bound model; the engine is
         # driven from that same loop, so it is handed over explicitly here.
         callable_.attach_loop(self._handler_loop(name))
@@ -133,6 +139,16 @@ class TritonHost:
         data_socket = Path(tensor_store.address) if tensor_store is not None else None
         self._unbinding[name] = (unbinding, data_socket)
         unbinding.start()
+
+    def _forget(self, name: str) -> None:
+        """Drop what a failed bind of `name` left registered, so that the next one starts afresh."""
+        bound = self._running()._model_manager._models.pop((name.lower(), 1), None)
+        if bound is None:
+            return
+        try:
+            self._unbind(name, bound)
+        except Exception:
+            logger.warning("could not clean up after a failed bind", extra={"model": name}, exc_info=True)
 
     def _unbind(self, name: str, bound: Any) -> None:
         """What PyTriton's own shutdown does, for one model (PyTriton 0.7 binds but cannot unbind)."""

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from switchboard.wire import Chunk, Job, JobError, Usage, encode
 from workers.coalesce import coalesce
+from workers.engine_observer import EngineObserver
 from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
 from workers.fan_in import fan_in
 
@@ -123,11 +124,14 @@ class EngineCallable:
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         requests_ = engine_requests(job)
         self._running[job.id] = [r.request_id for r in requests_]
-        pump = asyncio.create_task(self._pump(requests_, job.sampling.n, queue))
+        observer = EngineObserver(job)
+        with observer.current():
+            pump = asyncio.create_task(self._pump(requests_, job.sampling.n, queue, observer))
         self._streams += 1
         try:
             async for deltas in coalesce(queue, self._window_s):
                 for delta in deltas:
+                    observer.sent()
                     yield _response(chunk_for(delta))
         except InvalidEngineRequest as exc:
             error = JobError(code="invalid_request", message=str(exc), param=exc.param, client_code=exc.code)
@@ -142,6 +146,7 @@ class EngineCallable:
             self._running.pop(job.id, None)
             # Cancelling the pump closes the engine's streams, which aborts the requests in the engine.
             pump.cancel()
+            observer.ended()
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """The event loop that PyTriton calls this model on; the engine is driven from it alone."""
@@ -177,12 +182,17 @@ class EngineCallable:
         return self._policy.window_s(self._streams)
 
     async def _pump(
-        self, requests: list[EngineRequest], n: int, queue: asyncio.Queue[Delta | BaseException]
+        self,
+        requests: list[EngineRequest],
+        n: int,
+        queue: asyncio.Queue[Delta | BaseException],
+        observer: EngineObserver,
     ) -> None:
         """Move deltas into the queue the coalescer waits on (it may time out; the engine must not)."""
         try:
             if len(requests) == 1:
                 async for delta in self._engine.generate(requests[0]):
+                    observer.output(delta)
                     queue.put_nowait(delta)
             else:
                 await fan_in(self._engine, requests, n, queue)

@@ -15,6 +15,16 @@ Two ways in, both started by `switchboard.local.launcher.Launcher` like `switchb
   the test. When the block raises, or a test of the session has failed, the ends of the logs are
   printed.
 
+  With `persist_redis=True` the private Redis keeps an append-only file in `<root>/redis`, as
+  `switchboard up`'s does: `stack.stop_redis(signal)` stops it (SIGTERM, or SIGKILL for a crash)
+  and `stack.start_redis()` starts it again on the same port and directory.
+  Start processes (`start_redis`, `spawn_worker`, `spawn_front_door`) from a thread that lives as
+  long as they should: each is started through `switchboard.local.with_parent`, whose parent-death
+  signal (PR_SET_PDEATHSIG) is sent when the *thread* that started it ends, so one started from
+  `asyncio.to_thread` gets SIGTERM once that executor thread exits.
+  `stack.spawn_front_door()` starts one more front door (a `FrontDoor`: its `base_url` and
+  `component`) on another port, sharing the stack's Redis and config; it stops with the rest.
+
 A test on several workers (for example in tests/e2e/test_serverless.py)::
 
     pytestmark = pytest.mark.e2e
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 import tomllib
@@ -47,13 +58,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import redis as redis_client
 from openai import AsyncOpenAI, OpenAI
 
 from switchboard.config import DEMO_MODEL_NAME
 from switchboard.local.demo_model import build_demo_model, config_entry
-from switchboard.local.launcher import Component, Launcher, LauncherError
+from switchboard.local.launcher import SWITCHBOARD_ARGV, Component, Launcher, LauncherError, probe_readiness
+from switchboard.local.processes import spawn_group, stop_groups
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.local.toml_text import toml_text
+from switchboard.logs import LOG_LABEL_ENV
 from switchboard.ports import free_port
 
 MODEL = DEMO_MODEL_NAME
@@ -70,6 +84,19 @@ TEST_DEFAULTS: dict[str, dict[str, Any]] = {
 T = TypeVar("T")
 
 
+class FrontDoor:
+    """One more front-door process of a stack (`Stack.spawn_front_door`)."""
+
+    def __init__(self, component: Component, port: int) -> None:
+        self.component = component
+        self.port = port
+
+    @property
+    def base_url(self) -> str:
+        """Where it answers, without `/v1`."""
+        return f"http://127.0.0.1:{self.port}"
+
+
 class Stack:
     """A running stack: where it listens, its processes and their logs."""
 
@@ -77,6 +104,7 @@ class Stack:
         self.launcher = launcher
         self.redis = redis
         self.config_path = config_path
+        self.front_doors: list[FrontDoor] = []
 
     @property
     def base_url(self) -> str:
@@ -124,6 +152,48 @@ class Stack:
         """Start one more worker (its log is `worker-N.log`); it is stopped with the rest."""
         return self.launcher.spawn_worker(env)
 
+    def spawn_front_door(self, timeout_s: float = 60.0) -> FrontDoor:
+        """Start one more front door on a free port, on the same Redis and config; wait until it is ready.
+
+        Started as the Launcher starts its own (`switchboard router`, its own process group, log
+        `router-N.log`); stopped (SIGTERM) before the rest of the stack.
+        """
+        port = free_port()
+        name = f"router-{len(self.front_doors) + 2}"
+        log_path = self.log_dir / f"{name}.log"
+        log_path.write_bytes(b"")
+        argv = [*SWITCHBOARD_ARGV, "--log-level", "INFO", "--config", str(self.config_path), "router"]
+        env = {**(self.launcher.env or os.environ), "SWITCHBOARD_ROUTER__PORT": str(port)}
+        env.update({LOG_LABEL_ENV: name, "REDIS_URL": self.redis_url})
+        with self.console_log.open("ab") as console:
+            process = spawn_group([*argv, "--log-file", str(log_path)], env, stdout=console)
+        front_door = FrontDoor(Component(name=name, role="router", process=process, log_path=log_path), port)
+        self.front_doors.append(front_door)
+        self.wait_until(
+            lambda: front_door.component.alive() and probe_readiness(front_door.base_url) is None,
+            timeout_s=timeout_s,
+            what=f"{name} to be ready",
+        )
+        return front_door
+
+    def stop_front_doors(self) -> list[int]:
+        """Stop the front doors `spawn_front_door` started; the pids that ignored SIGTERM."""
+        return stop_groups([door.component.process for door in self.front_doors], STOP_TIMEOUT_S)
+
+    def stop_redis(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Stop the private Redis with `sig` (SIGKILL: a crash; SIGTERM: it writes its files and ends)."""
+        if sig == signal.SIGTERM:
+            self.redis.stop()
+            return
+        with redis_client.Redis.from_url(self.redis_url) as client:
+            pid = int(client.info("server")["process_id"])
+        os.kill(pid, sig)
+        self.redis.stop()  # reaps it (SIGTERM to a process already gone does nothing); keeps persist_dir
+
+    def start_redis(self) -> None:
+        """Start the private Redis again on the same port (and append-only directory, if it has one)."""
+        self.redis.start()
+
     def wait_serving(self, model: str, timeout_s: float = STACK_TIMEOUT_S) -> float:
         """Send one-token chat completions until `model` answers (loading it if needed); returns seconds."""
         return self.launcher.wait_serving(model, timeout_s)
@@ -163,18 +233,23 @@ def running_stack(
     worker_env: Sequence[Mapping[str, str]] = (),
     ready_timeout_s: float = STACK_TIMEOUT_S,
     session: pytest.Session | None = None,
+    persist_redis: bool = False,
 ) -> Iterator[Stack]:
     """A private Redis, `workers` workers and the front door on `config`, ready; logs and config in `root`.
 
     `env` reaches every component (on top of ours), `worker_env[i]` worker i only. Returns once
     `/readyz` says ready (Redis answers, a worker is alive): models are not loaded unless their
     config says `preload = true`; `Stack.wait_serving(model)` waits until one answers.
+    `persist_redis`: Redis keeps an append-only file in `root/redis`, so that it can be restarted.
     """
     root.mkdir(parents=True, exist_ok=True)
     config_path = root / "switchboard.toml"
     config_path.write_text(toml_text(_with_test_defaults(config)))
     failed = False
-    with PrivateRedis() as redis:
+    persist_dir = root / "redis" if persist_redis else None
+    if persist_dir is not None:
+        persist_dir.mkdir()
+    with PrivateRedis(persist_dir=None if persist_dir is None else str(persist_dir)) as redis:
         launcher = Launcher(
             port=free_port(),
             log_dir=root,
@@ -186,10 +261,11 @@ def running_stack(
             console=root / "console.log",
             stop_timeout_s=STOP_TIMEOUT_S,
         )
+        stack = Stack(launcher, redis, config_path)
         try:
             launcher.start()
             launcher.wait_ready(ready_timeout_s, progress=_report_progress, progress_every_s=15)
-            yield Stack(launcher, redis, config_path)
+            yield stack
         except LauncherError as exc:
             failed = True
             pytest.fail(str(exc))
@@ -197,7 +273,7 @@ def running_stack(
             failed = True
             raise
         finally:
-            forced = launcher.stop()
+            forced = stack.stop_front_doors() + launcher.stop()
             if failed or (session is not None and session.testsfailed):
                 _print_logs(root)
         # A component that ignores SIGTERM is a bug worth failing for, not only a slow teardown.

@@ -170,11 +170,12 @@ async def test_redis_holds_no_result_streams_after_requests_finish(client: OpenA
 
     from switchboard import keys
 
-    client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    job_id = answer.id.removeprefix("chatcmpl-")
     redis = aioredis.Redis.from_url(stack.redis.url)
     try:
-        for _ in range(50):  # the front door deletes finished streams on its reader's next pass
-            leftovers = [k async for k in redis.scan_iter(match=keys.result_stream("*"))]
+        for _ in range(50):  # the front door deletes a finished job's keys on its reader's next pass
+            leftovers = [k async for k in redis.scan_iter(match=f"{keys.job_record(job_id)}*")]
             if not leftovers:
                 break
             await asyncio.sleep(0.1)

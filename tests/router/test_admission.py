@@ -172,3 +172,13 @@ async def test_every_admission_key_has_an_expiry_and_the_prefix(redis: aioredis.
     for key in written:
         assert key.startswith(f"{keys.PREFIX}:")
         assert await redis.pttl(key) > 0
+
+
+async def test_an_admission_retried_after_a_lost_reply_takes_nothing_twice(redis: aioredis.Redis) -> None:
+    admission = Admission(redis, LimitsConfig())
+    caller = Caller(name="alice", rpm=2, max_parallel=1)
+    one = job()
+    await admission.admit(one, caller)
+    await admission.admit(one, caller)  # redis-py ran the script again on a fresh connection
+    assert await redis.zcard(keys.in_flight()) == 1
+    await admission.admit(job(), Caller(name="alice", rpm=2))  # the bucket still has the second request

@@ -229,6 +229,20 @@ async def test_readyz_needs_a_live_worker(front_door: httpx.AsyncClient, redis: 
     assert not await redis.exists(keys.worker_record("w1"))
 
 
+async def test_readyz_without_workers_is_ready_once_redis_answers(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """Workers scaled to zero: the front door must stay in its Service to take the request that wakes one."""
+    settings = settings_for(redis_server.url)
+    settings.router.ready_without_workers = True
+    async with serving(settings) as front_door:
+        ready = await front_door.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["workers"] == 0
+        # A model asked for by name still needs a worker that may hold it.
+        assert (await front_door.get(f"/readyz?model={MODEL}")).status_code == 503
+
+
 async def test_many_concurrent_requests_share_a_few_redis_connections(
     front_door: httpx.AsyncClient, redis: aioredis.Redis
 ) -> None:

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 from front_door_harness import BODY, MODEL, next_job, serving, settings_for, write_chunks
 
-from switchboard import keys
+from switchboard import api_keys, keys
+from switchboard.config import ApiKey
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Job, Usage
 
@@ -79,8 +80,9 @@ async def test_a_stream_resumes_through_another_front_door_with_the_rest_of_the_
         assert await worker == "stop"  # the worker was not cancelled: a client came back in time
         await asyncio.sleep(2.5)  # past the first front door's grace: still no cancel mark
         assert not await redis.exists(keys.cancel_mark(job.id))
-        # Read to its end, the result stream is gone.
-        assert not await redis.exists(keys.result_stream(job.id))
+        # Read to its end, the result stream and the job's record stay only briefly.
+        for key in (keys.result_stream(job.id), keys.job_record(job.id)):
+            assert 0 < await redis.ttl(key) <= keys.FINISHED_RESULT_TTL_S
 
     assert text_of(seen) + text_of(rest) == "".join(WORDS)
     assert rest[-1][1] == "[DONE]"
@@ -132,3 +134,96 @@ async def test_an_unknown_or_malformed_last_event_id_is_refused(
     assert malformed.status_code == 400
     assert malformed.json()["error"]["code"] == "invalid_last_event_id"
     assert not await redis.exists(keys.job_stream(MODEL))  # neither queued a job
+
+
+async def test_a_stream_read_to_its_end_can_still_be_resumed_for_its_last_events(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """A connection that broke just before the last events reached the client: they are still there."""
+    async with (
+        serving(settings_for(redis_server.url, first_byte_budget_s=0.1)) as client,
+        asyncio.timeout(30),
+    ):
+        async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+            job = await next_job(redis)
+            await slow_worker(redis, job, every_s=0)
+            everything = await events(response.aiter_lines())
+        # The client saw everything up to the fourth event only.
+        resumed = await client.post(
+            "/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": everything[3][0]}
+        )
+    assert resumed.status_code == 200
+    rest = await events(aiter_lines(resumed.text))
+    assert text_of(everything[:4]) + text_of(rest) == "".join(WORDS)
+    assert rest[-1][1] == "[DONE]"
+
+
+async def test_two_clients_reading_one_stream_both_get_the_end_and_one_leaving_cancels_nothing(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=0.5)
+    async with serving(settings) as first, serving(settings) as second, asyncio.timeout(30):
+        async with first.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+            job = await next_job(redis)
+            worker = asyncio.create_task(slow_worker(redis, job, every_s=0.3))
+            seen = await events(response.aiter_lines(), count=2)
+        # Two clients resume the same stream (say, two tabs); the second one leaves early.
+        staying = asyncio.create_task(
+            first.post("/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": seen[-1][0]})
+        )
+        await until_record(redis, job.id, "resumes", 1)
+        leaving = second.stream(
+            "POST", "/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": seen[-1][0]}
+        )
+        async with leaving as early:
+            await events(early.aiter_lines(), count=1)
+        await until_record(redis, job.id, "readers", 1)
+        assert await worker == "stop", "a reader was still there: nothing cancelled the job"
+        rest = await events(aiter_lines((await staying).text))
+    assert text_of(seen) + text_of(rest) == "".join(WORDS)
+    assert rest[-1][1] == "[DONE]"
+
+
+async def until_record(redis: aioredis.Redis, job_id: str, field: str, count: int) -> None:
+    """Until the job's record counts `count` in `field` (readers, resumes)."""
+
+    async def counted() -> bool:
+        return int(await redis.hget(keys.job_record(job_id), field) or 0) == count  # type: ignore[misc]
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while not await counted():
+        assert asyncio.get_running_loop().time() < deadline, f"the job's {field} never reached {count}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_stream_resumes_only_for_the_key_that_sent_its_request(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    alice, bob = api_keys.new_secret(), api_keys.new_secret()
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1)
+    settings.auth.keys = [
+        ApiKey(name="alice", sha256=api_keys.digest(alice)),
+        ApiKey(name="bob", sha256=api_keys.digest(bob)),
+    ]
+    async with serving(settings) as client, asyncio.timeout(30):
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=STREAM, headers={"Authorization": f"Bearer {alice}"}
+        ) as response:
+            job = await next_job(redis)
+            worker = asyncio.create_task(slow_worker(redis, job, every_s=0.1))
+            seen = await events(response.aiter_lines(), count=2)
+        as_bob = await client.post(
+            "/v1/chat/completions",
+            json=STREAM,
+            headers={"Authorization": f"Bearer {bob}", "Last-Event-ID": seen[-1][0]},
+        )
+        as_alice = await client.post(
+            "/v1/chat/completions",
+            json=STREAM,
+            headers={"Authorization": f"Bearer {alice}", "Last-Event-ID": seen[-1][0]},
+        )
+        await worker
+    assert as_bob.status_code == 404, "another key's answer is not revealed, nor that it exists"
+    assert as_bob.json()["error"]["code"] == "stream_not_found"
+    assert as_alice.status_code == 200
+    assert text_of(seen) + text_of(await events(aiter_lines(as_alice.text))) == "".join(WORDS)

@@ -275,6 +275,17 @@ async def test_required_choice_is_held_until_it_finishes() -> None:
     assert events[2]["usage"] == TOTALS
 
 
+async def test_a_resumed_required_choice_still_parses_the_text_held_before_the_break() -> None:
+    """The client's stream broke after the first chunk (held, so it saw only the role)."""
+    relay = chat_relay(tools=REQUIRED)
+    relay.replay([Chunk(text=TWO_CALLS[0])])
+    events = await streamed(relay, [Chunk(text=TWO_CALLS[1], finish_reason="stop", usage=USAGE)])
+    final = only_choice(events[0])
+    assert "role" not in final["delta"], "the client had the role already"
+    assert final["finish_reason"] == "tool_calls"
+    assert [call["function"]["name"] for call in final["delta"]["tool_calls"]] == ["get_weather", "get_time"]
+
+
 async def test_required_choice_cut_short_falls_back_to_text() -> None:
     chunks = [
         Chunk(text='[{"name": "get_wea'),
@@ -387,6 +398,13 @@ async def test_text_offsets_continue_per_choice() -> None:
     assert [choice.logprobs.text_offset for choice in assembled.choices if choice.logprobs] == [
         [0, 3, 5, 9, 15],
         [0, 3, 4],
+    ]
+    # A client that resumes after the second chunk gets the same offsets for the rest.
+    resumed = completion_relay(2, logprobs=True)
+    resumed.replay(chunks[:2])
+    events = await streamed(resumed, chunks[2:])
+    assert [(only_choice(e)["index"], only_choice(e)["logprobs"]["text_offset"]) for e in events] == offsets[
+        2:
     ]
 
 

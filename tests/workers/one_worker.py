@@ -51,7 +51,7 @@ async def running_worker() -> AsyncIterator[Worker]:
         await asyncio.to_thread(host.start)
         host_started.set()
         engine = ScriptedEngine()
-        writer = ResultWriter(redis)
+        writer = ResultWriter(redis, "w1")
         writer.start()
         consumers: list[JobConsumer] = []
         slot = ModelSlot(

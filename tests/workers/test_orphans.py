@@ -32,7 +32,7 @@ async def test_jobs_of_a_dead_front_door_are_cancelled_after_the_grace_unless_re
     watch = OrphanWatch(redis, grace_s=0.3)
     for one in (job("kept", "alive"), job("orphan", "dead"), job("resumed", "dead"), job("old", None)):
         watch.track(one)
-    await redis.set(keys.resumes("resumed"), 1)
+    await redis.hset(keys.job_record("resumed"), "resumes", 1)
 
     assert await watch.check() == []  # gone, but not yet for the grace: its clients may still resume
     await asyncio.sleep(0.35)

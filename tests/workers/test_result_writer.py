@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.wire import Chunk, chunk_decoder, encode
-from workers.result_writer import ResultWriter
+from workers.result_writer import ResultWriter, Superseded
 
 
 async def test_chunks_of_many_jobs_land_in_order_with_expiry_and_cancel_marks(redis: aioredis.Redis) -> None:
@@ -95,3 +95,47 @@ async def test_stop_flushes_every_write_handed_over_and_refuses_later_ones(redis
     assert await redis.xlen(keys.result_stream("j")) == 50
     with pytest.raises(RuntimeError):
         await writer.append("j", encode(Chunk(text="late")))
+
+
+async def test_a_flush_retried_after_its_reply_was_lost_writes_each_chunk_once(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = ResultWriter(redis, "w1")
+    flush = writer._flush
+    lost = 0
+
+    async def reply_lost(batch: list) -> list[int]:  # type: ignore[type-arg]
+        nonlocal lost
+        statuses = await flush(batch)  # Redis ran it ...
+        if lost < 2:
+            lost += 1
+            raise ConnectionError("connection reset")  # ... and the reply never came
+        return statuses
+
+    monkeypatch.setattr(writer, "_flush", reply_lost)
+    writer.start()
+    for seq, word in enumerate(["a", "b", "c"]):
+        assert await writer.append("j", encode(Chunk(text=word)), seq=seq, first=seq == 0) is False
+    await writer.stop()
+    entries = await redis.xrange(keys.result_stream("j"))
+    assert [chunk_decoder.decode(fields[b"c"]).text for _, fields in entries] == ["a", "b", "c"]
+    assert [entry_id for entry_id, _ in entries] == [b"0-1", b"0-2", b"0-3"]
+
+
+async def test_a_worker_whose_job_was_taken_over_is_fenced_off_its_results(redis: aioredis.Redis) -> None:
+    stalled, successor = ResultWriter(redis, "stalled"), ResultWriter(redis, "successor")
+    stalled.start()
+    successor.start()
+    for seq in range(2):
+        await stalled.append("j", encode(Chunk(text=f"s{seq}")), seq=seq, first=seq == 0)
+    # The stalled worker's heartbeat lapsed: another took the job over and continues after 2 chunks.
+    await successor.append("j", encode(Chunk(text="n2")), seq=2, first=True)
+    await successor.append("j", encode(Chunk(text="n3")), seq=3)
+    # The stalled worker wakes up and goes on where it was, or further: it is told to stop.
+    for seq in (2, 4):
+        with pytest.raises(Superseded):
+            await stalled.append("j", encode(Chunk(text=f"s{seq}")), seq=seq)
+    await stalled.stop()
+    await successor.stop()
+    entries = await redis.xrange(keys.result_stream("j"))
+    assert [chunk_decoder.decode(fields[b"c"]).text for _, fields in entries] == ["s0", "s1", "n2", "n3"]

@@ -47,8 +47,9 @@ async def taken_by_dead_worker(redis: aioredis.Redis, one: Job, *sent: Chunk, ta
     pipe.xadd(STREAM, fields)  # type: ignore[arg-type]
     pipe.xreadgroup(keys.JOB_GROUP, DEAD, {STREAM: ">"}, count=1)
     await pipe.execute()
-    for chunk in sent:
-        await redis.xadd(keys.result_stream(one.id), {"c": encode(chunk)})
+    for position, chunk in enumerate(sent, start=1):
+        # As the dead worker's result writer left them: entry 0-n for the n-th chunk, with its id.
+        await redis.xadd(keys.result_stream(one.id), {"c": encode(chunk), "w": DEAD}, id=f"0-{position}")
 
 
 async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:

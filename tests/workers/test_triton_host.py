@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.network import accepts, connection_refused, non_loopback_ipv4
+from tests.workers.scripted_engine import ScriptedEngine
 from workers.triton_host import TritonHost
 from workers.triton_model import CoalescingPolicy
 
@@ -62,3 +63,16 @@ def test_the_triton_server_dies_with_a_killed_worker() -> None:
             time.sleep(0.2)
     finally:
         worker.kill()
+
+
+def test_a_failed_bind_leaves_nothing_that_fails_the_next_one(triton: TritonHost) -> None:
+    """A name this long makes the model's data socket path too long for Unix, so every bind fails;
+    the second must fail for that same reason, not because the first left the name registered."""
+    name = "m" * 150
+    errors = []
+    for _ in range(2):
+        with pytest.raises(Exception) as caught:
+            triton.bind(name, ScriptedEngine())
+        errors.append(caught.value)
+    assert type(errors[1]) is type(errors[0])
+    assert "same name" not in str(errors[1])

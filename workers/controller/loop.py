@@ -22,6 +22,7 @@ from switchboard.config import ModelConfig
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import JobError
+from workers import metrics
 from workers.consumer import JobConsumer
 from workers.controller.actions import Action, Load, Sleep, Unload, Wake
 from workers.controller.coordination import Coordination
@@ -202,6 +203,8 @@ class ModelController:
             logger.info(f"putting {model} to sleep: {action.why}", extra=_fields(action))
             return self._start(model, self._sleep(slot))
         logger.info(f"unloading {model}: {action.why}", extra=_fields(action))
+        if action.for_model is not None:
+            metrics.MODEL_EVICTIONS.labels(model).inc()
         return self._start(model, self._unload(slot))
 
     def _start(self, model: str, transition: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
@@ -235,6 +238,7 @@ class ModelController:
         try:
             await slot.ensure_warm()
         except LoadFailed as exc:
+            metrics.MODEL_LOADS.labels(slot.name, "failed").inc()
             serving_elsewhere = any(
                 s.state == "warm" for s in await self._snapshot.holders_elsewhere(slot.name, self._worker_id)
             )
@@ -243,6 +247,8 @@ class ModelController:
         finally:
             progress.cancel()
         seconds = time.monotonic() - started
+        metrics.MODEL_LOADS.labels(slot.name, "ok").inc()
+        metrics.MODEL_LOAD_TIME.labels(slot.name).observe(seconds)
         logger.info(
             f"{slot.name} is warm after {seconds:.1f} s",
             extra={"model": slot.name, "seconds": round(seconds, 2), "replica": replica},
@@ -280,10 +286,13 @@ class ModelController:
         try:
             await slot.ensure_warm()
         except LoadFailed as exc:
+            metrics.MODEL_WAKES.labels(slot.name, "failed").inc()
             logger.error(f"{slot.name} failed to wake: {exc}; unloading it", extra={"model": slot.name})
             await self._unload(slot)
             return
         seconds = time.monotonic() - started
+        metrics.MODEL_WAKES.labels(slot.name, "ok").inc()
+        metrics.MODEL_WAKE_TIME.labels(slot.name).observe(seconds)
         logger.info(f"{slot.name} is awake after {seconds:.2f} s", extra={"model": slot.name})
         await self._coordination.record_cost(slot.name, "wake", seconds)
         if requested:
@@ -293,6 +302,7 @@ class ModelController:
         started = time.monotonic()
         await slot.sleep()
         seconds = time.monotonic() - started
+        metrics.MODEL_SLEEPS.labels(slot.name).inc()
         logger.info(f"{slot.name} is asleep after {seconds:.2f} s", extra={"model": slot.name})
         await self._coordination.record_cost(slot.name, "sleep", seconds)
 
@@ -303,6 +313,7 @@ class ModelController:
             await self._coordination.release_lease(slot.name, slot.replica)
             slot.replica = None
         seconds = time.monotonic() - started
+        metrics.MODEL_UNLOADS.labels(slot.name).inc()
         logger.info(f"{slot.name} unloaded in {seconds:.1f} s", extra={"model": slot.name})
         await self._coordination.record_cost(slot.name, "unload", seconds)
 

@@ -92,6 +92,8 @@ class ModelSlot:
         self.replica: int | None = None
         self.expected_load_s: float | None = None
         self.load_started: float | None = None
+        # Where the last load or wake started from ("cold" or "sleeping"): a cold start's tier.
+        self.warmed_from: SlotState | None = None
         self.warm_since: float | None = None
         self.idle_since: float | None = None
         self.in_flight = 0
@@ -209,6 +211,7 @@ class ModelSlot:
 
     async def _load(self) -> None:
         self.load_started = time.time()
+        self.warmed_from = "cold"
         self._set_state("loading")
         try:
             await self._host_started.wait()
@@ -225,6 +228,7 @@ class ModelSlot:
     async def _wake(self) -> None:
         assert self._engine is not None and self._served is not None
         self.load_started = time.time()
+        self.warmed_from = "sleeping"
         self._set_state("loading")
         try:
             await asyncio.wrap_future(self._served.triton_model.on_engine_loop(self._engine.wake))

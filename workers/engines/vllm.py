@@ -22,10 +22,12 @@ from typing import Any, Literal
 
 import psutil
 
+from switchboard import tracing
 from switchboard.config import ModelConfig
 from switchboard.wire import ModelLimits
 from workers.cpu_placement import omp_environment
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
+from workers.engines.phases import EnginePhases
 from workers.engines.prompts import PromptBuilder
 from workers.engines.vllm_io import OutputReader, vllm_sampling_params
 from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
@@ -350,7 +352,8 @@ class VllmEngine(Engine):
         if builder is None:
             raise RuntimeError(f"the engine of {self.model.name} is not started")
         # Tokenizing a long prompt takes a while: never on the loop that drives every other stream.
-        prompt = await asyncio.to_thread(builder.build, request)
+        with tracing.span("switchboard.prompt_build"):
+            prompt = await asyncio.to_thread(builder.build, request)
         prompt_param = "messages" if request.messages is not None else "prompt"
         tools = self._tool_call_extractor(request)
         params = vllm_sampling_params(
@@ -361,14 +364,21 @@ class VllmEngine(Engine):
             skip_special_tokens=tools.skip_special_tokens if tools is not None else True,
         )
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
+        phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
         stream = self._llm.generate(
             TokensPrompt(prompt_token_ids=prompt.token_ids), params, request.request_id
         )
-        async for output in stream:
-            for delta in reader.deltas(output):
-                held = tools.hold(delta) if tools is not None else delta
-                if held is not None:
-                    yield held
+        try:
+            async for output in stream:
+                if phases is not None:
+                    phases.output()
+                for delta in reader.deltas(output):
+                    held = tools.hold(delta) if tools is not None else delta
+                    if held is not None:
+                        yield held
+        finally:
+            if phases is not None:
+                phases.end()
 
     def _tool_call_extractor(self, request: EngineRequest) -> ToolCallExtractor | None:
         parser = self.model.tool_call_parser

@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# The front door (Litestar + msgspec): no engine, no GPU. Built from the repository root:
+#   docker build -f deploy/docker/router.Dockerfile -t switchboard/router .
+# Installed the way scripts/install.sh installs: uv, from pyproject.toml, bytecode compiled at
+# install (every start would compile the sources otherwise).
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+RUN python -m pip install --no-cache-dir uv==0.13.8
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY switchboard switchboard
+COPY router router
+COPY workers workers
+ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+RUN uv venv --python /usr/local/bin/python /opt/switchboard \
+    && uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode .
+
+FROM ${PYTHON_IMAGE}
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin switchboard
+COPY --from=build /opt/switchboard /opt/switchboard
+ENV PATH=/opt/switchboard/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    SWITCHBOARD_ROUTER__HOST=0.0.0.0
+USER 10001:10001
+WORKDIR /home/switchboard
+EXPOSE 8000
+# tini passes SIGTERM on and reaps; `switchboard router` drains its requests on it.
+ENTRYPOINT ["tini", "--"]
+CMD ["switchboard", "router"]

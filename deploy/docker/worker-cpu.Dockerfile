@@ -1,0 +1,38 @@
+# syntax=docker/dockerfile:1
+# A worker on a machine without a GPU: PyTriton with vLLM's CPU build on torch's CPU build.
+#   docker build -f deploy/docker/worker-cpu.Dockerfile -t switchboard/worker-cpu .
+# Installed the way scripts/install.sh installs the `cpu` extra: uv, pyproject.toml's overrides
+# (numpy<2 for PyTriton, no torchvision/torchaudio), torch's CPU wheel from PyTorch's CPU index,
+# bytecode compiled at install (an engine start imports vLLM three times over without it).
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+RUN python -m pip install --no-cache-dir uv==0.13.8
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY switchboard switchboard
+COPY router router
+COPY workers workers
+ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+RUN uv venv --python /usr/local/bin/python /opt/switchboard \
+    && uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode \
+        --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match \
+        ".[cpu]"
+
+FROM ${PYTHON_IMAGE}
+# libnuma: vLLM's CPU kernels place memory per NUMA node.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini libnuma1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin switchboard \
+    && install -d -o 10001 -g 10001 /home/switchboard/.cache /models
+COPY --from=build /opt/switchboard /opt/switchboard
+ENV PATH=/opt/switchboard/bin:$PATH \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /home/switchboard
+# Models under /models (mounted read-only); downloads and compile caches under ~/.cache (a volume).
+VOLUME ["/home/switchboard/.cache"]
+# tini passes SIGTERM on and reaps; the worker drains its jobs and ends Triton and its engines.
+ENTRYPOINT ["tini", "--"]
+CMD ["switchboard", "worker"]

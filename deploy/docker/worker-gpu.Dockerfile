@@ -1,0 +1,36 @@
+# syntax=docker/dockerfile:1
+# A worker on an NVIDIA GPU: PyTriton with vLLM's GPU build. The CUDA libraries come with the
+# wheels (torch, vLLM); the host gives the driver (NVIDIA Container Toolkit).
+#   docker build -f deploy/docker/worker-gpu.Dockerfile -t switchboard/worker-gpu .
+# Installed the way scripts/install.sh installs the `gpu` extra: uv, pyproject.toml, bytecode
+# compiled at install.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+RUN python -m pip install --no-cache-dir uv==0.13.8
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY switchboard switchboard
+COPY router router
+COPY workers workers
+ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+RUN uv venv --python /usr/local/bin/python /opt/switchboard \
+    && uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode ".[gpu]"
+
+FROM ${PYTHON_IMAGE}
+# gcc and the C headers: Triton (the kernel compiler vLLM uses) builds small launchers at run time.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini libnuma1 gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin switchboard \
+    && install -d -o 10001 -g 10001 /home/switchboard/.cache /models
+COPY --from=build /opt/switchboard /opt/switchboard
+ENV PATH=/opt/switchboard/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER 10001:10001
+WORKDIR /home/switchboard
+VOLUME ["/home/switchboard/.cache"]
+ENTRYPOINT ["tini", "--"]
+CMD ["switchboard", "worker"]

@@ -1,0 +1,252 @@
+"""compose.yaml: valid by the Compose specification, and naming only what the product has."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from switchboard.config import Settings
+from tests.deploy.compose_file import (
+    EXAMPLE_ENV,
+    REPO,
+    InterpolationError,
+    active_services,
+    duration_s,
+    environment,
+    load_compose,
+    raw_compose,
+    volume_mounts,
+)
+from tests.deploy.product import cli_command, router_paths, settings_from
+from tests.deploy.schemas import compose_validator, schema_errors
+
+SWITCHBOARD_SERVICES = ("router", "worker", "worker-cpu")
+WORKERS = ("worker", "worker-cpu")
+# Past the drain, a worker still unloads its models and stops Triton before it exits.
+STOP_AFTER_DRAIN_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load_compose()
+
+
+def _config_source(compose: dict[str, Any], service: dict[str, Any], container_path: str) -> Path:
+    """The host file compose mounts at `container_path` in the service (one of its `configs`)."""
+    for config in service.get("configs", []):
+        if config["target"] == container_path:
+            return REPO / compose["configs"][config["source"]]["file"]
+    pytest.fail(f"nothing is mounted at {container_path}")
+
+
+def _settings(compose: dict[str, Any], name: str) -> Settings:
+    """What the service's `switchboard` process runs with: its config file and its environment."""
+    service = compose["services"][name]
+    args = cli_command(service["command"])
+    assert args.config is not None, f"{name} runs without --config"
+    return settings_from(environment(service), _config_source(compose, service, str(args.config)))
+
+
+def _port_in(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    assert parts.hostname and parts.port, url
+    return parts.hostname, parts.port
+
+
+def _option(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_the_compose_file_validates_against_the_compose_specification(compose: dict[str, Any]) -> None:
+    assert schema_errors(compose_validator(), raw_compose()) == []
+    assert schema_errors(compose_validator(), compose) == []
+
+
+def test_the_schema_check_refuses_what_compose_refuses(compose: dict[str, Any]) -> None:
+    broken = yaml.safe_load(yaml.safe_dump(compose))
+    broken["services"]["router"]["stop_grace_period_s"] = 30
+    broken["services"]["redis"]["healthcheck"]["interval"] = 5  # a duration is a string
+    errors = schema_errors(compose_validator(), broken)
+    assert any("stop_grace_period_s" in error for error in errors), errors
+    assert any("interval" in error for error in errors), errors
+
+
+def test_secrets_must_come_from_the_environment_file() -> None:
+    for missing in ("REDIS_PASSWORD", "SWITCHBOARD_ADMIN_KEY_SHA256"):
+        env = {name: value for name, value in EXAMPLE_ENV.items() if name != missing}
+        with pytest.raises(InterpolationError, match=missing):
+            load_compose(env)
+    text = (REPO / "compose.yaml").read_text()
+    assert EXAMPLE_ENV["REDIS_PASSWORD"] not in text
+    for name in SWITCHBOARD_SERVICES:
+        env = environment(raw_compose()["services"][name])
+        assert env["REDIS_URL"].startswith("redis://:${REDIS_PASSWORD:?")
+        assert env["SWITCHBOARD_AUTH__ADMIN_KEY_SHA256"].startswith("${SWITCHBOARD_ADMIN_KEY_SHA256:?")
+
+
+@pytest.mark.parametrize("name", SWITCHBOARD_SERVICES)
+def test_each_service_runs_a_real_command_with_real_settings(compose: dict[str, Any], name: str) -> None:
+    service = compose["services"][name]
+    args = cli_command(service["command"])
+    assert args.command == ("router" if name == "router" else "worker")
+    settings = _settings(compose, name)  # every variable is a setting, and reaches it
+    assert settings.redis.url == f"redis://:{EXAMPLE_ENV['REDIS_PASSWORD']}@redis:6379/0"
+    assert settings.auth.admin_key_sha256 == EXAMPLE_ENV["SWITCHBOARD_ADMIN_KEY_SHA256"]
+    assert environment(service)["OTEL_SERVICE_NAME"] == f"switchboard-{args.command}"
+
+
+def test_the_router_listens_where_the_gateway_and_its_healthcheck_reach_it(compose: dict[str, Any]) -> None:
+    router = compose["services"]["router"]
+    settings = _settings(compose, "router")
+    assert settings.router.host == "0.0.0.0"
+    assert str(settings.router.port) in router["expose"]
+    assert "ports" not in router, "replicas of the router cannot share a host port"
+
+    check = router["healthcheck"]["test"]
+    url = re.search(r"http://[^'\"]+", " ".join(check))
+    assert url is not None and check[:2] == ["CMD", "python"]
+    host, port = _port_in(url.group())
+    assert (host, port) == ("127.0.0.1", settings.router.port)
+    assert urlsplit(url.group()).path in router_paths()
+
+    caddyfile = (REPO / compose["configs"]["caddyfile"]["file"]).read_text()
+    listen = re.search(r"^:(\d+) \{", caddyfile, re.MULTILINE)
+    upstream = re.search(r"dynamic a \{\s*name (\S+)\s*port (\d+)", caddyfile)
+    assert listen is not None and upstream is not None
+    assert (upstream[1], int(upstream[2])) == ("router", settings.router.port)
+    gateway = compose["services"]["gateway"]
+    assert [p.split(":")[-1] for p in gateway["ports"]] == [listen[1]]
+    ready = gateway["healthcheck"]["test"][-1]
+    assert _port_in(ready) == ("127.0.0.1", int(listen[1]))
+    assert urlsplit(ready).path == "/readyz" and "/readyz" in router_paths()
+
+
+def test_everyone_reaches_redis_where_it_listens(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    port = _option(redis["command"], "--port")
+    assert port in redis["expose"]
+    for name in SWITCHBOARD_SERVICES:
+        url = _settings(compose, name).redis.url
+        assert url is not None and _port_in(url) == ("redis", int(port))
+    assert _option(redis["command"], "--requirepass") == EXAMPLE_ENV["REDIS_PASSWORD"]
+    assert environment(redis) == {"REDISCLI_AUTH": EXAMPLE_ENV["REDIS_PASSWORD"]}  # redis-cli's own
+    assert f"redis-cli -p {port} ping" in redis["healthcheck"]["test"][1]
+
+
+def test_redis_keeps_queued_jobs_on_a_volume_within_a_memory_cap(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    argv = redis["command"]
+    assert _option(argv, "--appendonly") == "yes"
+    assert _option(argv, "--maxmemory-policy") == "noeviction"
+    data = _option(argv, "--dir")
+    assert ("redis-data", data, False) in volume_mounts(redis)
+    assert "redis-data" in compose["volumes"]
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    maxmemory = re.fullmatch(r"(\d+)([kmg])b?", _option(argv, "--maxmemory"))
+    limit = re.fullmatch(r"(\d+)([kmg])", redis["deploy"]["resources"]["limits"]["memory"])
+    assert maxmemory and limit
+    assert int(maxmemory[1]) * units[maxmemory[2]] < int(limit[1]) * units[limit[2]]
+
+
+def test_start_order_waits_for_health(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        depends_on = service.get("depends_on") or {}
+        if isinstance(depends_on, list):  # the short form: started, not healthy
+            continue
+        for dependency, condition in depends_on.items():
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{name} waits on {dependency}'s health"
+    for name in SWITCHBOARD_SERVICES:
+        assert services[name]["depends_on"]["redis"] == {"condition": "service_healthy"}
+    assert services["gateway"]["depends_on"]["router"] == {"condition": "service_healthy"}
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_workers_scale_and_drain_within_their_grace_period(compose: dict[str, Any], name: str) -> None:
+    worker = compose["services"][name]
+    assert "container_name" not in worker and "ports" not in worker
+    mounts = volume_mounts(worker)
+    assert ("model-cache", "/home/switchboard/.cache", False) in mounts
+    assert "model-cache" in compose["volumes"]
+    models = [(source, readonly) for source, target, readonly in mounts if target == "/models"]
+    assert models == [("./models", True)]
+    settings = _settings(compose, name)
+    assert all(model.path.startswith("/models/") for model in settings.models)
+    grace_s = duration_s(worker["stop_grace_period"])
+    assert grace_s >= settings.worker.drain_timeout_s + STOP_AFTER_DRAIN_S
+    assert worker["init"] is True  # SIGTERM reaches the worker, which ends Triton and its engines
+
+
+def test_the_gpu_worker_reserves_a_gpu_and_the_cpu_worker_none(compose: dict[str, Any]) -> None:
+    devices = compose["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert "deploy" not in compose["services"]["worker-cpu"]
+    for profiles, expected in (({"gpu"}, "worker"), ({"cpu"}, "worker-cpu")):
+        started = active_services(compose, profiles)
+        assert [name for name in started if name in WORKERS] == [expected]
+        assert {"redis", "router", "gateway"} <= set(started)
+
+
+def test_the_observability_profile_is_wired_end_to_end(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    observability = set(active_services(compose, {"observability"})) - set(active_services(compose, set()))
+    assert observability == {"otel-collector", "jaeger", "prometheus", "grafana"}
+
+    host, port = _port_in(environment(services["router"])["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert host == "otel-collector" and str(port) in services[host]["expose"]
+    collector = yaml.safe_load((REPO / compose["configs"]["otel-collector"]["file"]).read_text())
+    assert collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(f":{port}")
+    jaeger_host, jaeger_port = collector["exporters"]["otlp/jaeger"]["endpoint"].split(":")
+    assert str(jaeger_port) in services[jaeger_host]["expose"]
+
+    prometheus = yaml.safe_load((REPO / compose["configs"]["prometheus"]["file"]).read_text())
+    (router_job,) = [job for job in prometheus["scrape_configs"] if job["job_name"] == "switchboard-router"]
+    (target,) = router_job["dns_sd_configs"]
+    assert target["names"] == ["router"] and target["port"] == _settings(compose, "router").router.port
+    if router_job["metrics_path"] not in router_paths():
+        pytest.skip("the front door serves no /metrics yet: the scrape finds nothing until it does")
+
+
+def test_grafana_provisions_the_dashboards_folder(compose: dict[str, Any]) -> None:
+    grafana = compose["services"]["grafana"]
+    mounts = {target: Path(source) for source, target, _ in volume_mounts(grafana)}
+    provisioning = REPO / mounts["/etc/grafana/provisioning"]
+    provider = yaml.safe_load((provisioning / "dashboards" / "dashboards.yaml").read_text())
+    (dashboards,) = provider["providers"]
+    folder = dashboards["options"]["path"]
+    assert mounts[folder] == Path("./deploy/grafana/dashboards") and (REPO / mounts[folder]).is_dir()
+    home = environment(grafana)["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert Path(home).parent == Path(folder)
+    sources = yaml.safe_load((provisioning / "datasources" / "datasources.yaml").read_text())
+    for source in sources["datasources"]:
+        host, port = _port_in(source["url"])
+        published = [p.rsplit(":", 1)[-1] for p in compose["services"][host]["ports"]]
+        assert str(port) in published
+
+
+def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker client here")
+    plugin = subprocess.run([docker, "compose", "version"], capture_output=True, text=True)
+    if plugin.returncode != 0:
+        pytest.skip(f"docker has no compose plugin here: {plugin.stderr.strip() or plugin.stdout.strip()}")
+    env_file = tmp_path / "example.env"
+    env_file.write_text("".join(f"{name}={value}\n" for name, value in EXAMPLE_ENV.items()))
+    for profiles in (["gpu"], ["cpu", "observability"]):
+        flags = [arg for profile in profiles for arg in ("--profile", profile)]
+        result = subprocess.run(
+            [docker, "compose", "--env-file", str(env_file), *flags, "config", "--quiet"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr

@@ -1,0 +1,154 @@
+"""The Dockerfiles: multi-stage, non-root, pinned, installed as scripts/install.sh installs, real commands."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.compose_file import REPO, load_compose
+from tests.deploy.product import cli_command, settings_from
+
+DOCKER = REPO / "deploy" / "docker"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+# What an image needs of the repository; everything else stays out of the build context.
+SOURCES = {"pyproject.toml", "README.md", "switchboard", "router", "workers"}
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|KEY_SHA256|CREDENTIAL", re.IGNORECASE)
+
+
+@dataclass
+class Stage:
+    """One FROM ... of a Dockerfile and the instructions under it."""
+
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [argument for word, argument in self.instructions if word == keyword]
+
+
+def _stages(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """The build arguments declared before the first FROM (with defaults), and the stages."""
+    text = re.sub(r"\\\n", " ", path.read_text())  # continuation lines
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, argument = line.partition(" ")
+        word, argument = word.upper(), " ".join(argument.split())
+        if word == "FROM":
+            image, _, name = argument.partition(" AS ")
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], image)
+            stages.append(Stage(base=base, name=name or None))
+        elif stages:
+            stages[-1].instructions.append((word, argument))
+        elif word == "ARG":
+            name, _, default = argument.partition("=")
+            args[name] = default
+    return args, stages
+
+
+def _install_sh() -> str:
+    return (REPO / "scripts" / "install.sh").read_text()
+
+
+def _exec_form(argument: str) -> list[str]:
+    value = json.loads(argument)
+    assert isinstance(value, list), f"not the exec form: {argument}"
+    return [str(part) for part in value]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.stem)
+def test_images_are_multi_stage_non_root_and_pinned(dockerfile: Path) -> None:
+    _, stages = _stages(dockerfile)
+    assert len(stages) >= 2, "build in one stage, copy the environment into a clean one"
+    final = stages[-1]
+    assert final.name is None and stages[0].name is not None
+    # Only the built environment crosses from the build stage: no compilers or caches with it.
+    assert final.all("COPY") == [f"--from={stages[0].name} /opt/switchboard /opt/switchboard"]
+    for stage in stages:
+        image, _, tag = stage.base.rpartition(":")
+        assert image and re.search(r"\d+\.\d+", tag), f"{stage.base}: pin the base image's version"
+    (user,) = final.all("USER")
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and int(uid) >= 1000 and gid.isdigit(), "run as a numeric non-root user"
+    assert f"--uid {uid}" in " ".join(final.all("RUN"))
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.stem)
+def test_images_install_the_way_install_sh_does(dockerfile: Path) -> None:
+    _, stages = _stages(dockerfile)
+    build = stages[0]
+    copied = {part for argument in build.all("COPY") for part in argument.split()[:-1]}
+    assert copied <= SOURCES
+    (install,) = [run for run in build.all("RUN") if "uv pip install" in run]
+    assert "--compile-bytecode" in install and "--compile-bytecode" in _install_sh()
+    pin = re.search(r"uv==(\S+)", " ".join(build.all("RUN")))
+    assert pin, "pin uv's version"
+    (project,) = [word for word in shlex.split(install) if word == "." or word.startswith(".[")]
+    extras = set(project.removeprefix(".[").removesuffix("]").split(",")) - {"."}
+    optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras <= set(optional), f"extras that pyproject.toml does not have: {extras - set(optional)}"
+    assert "dev" not in extras, "test tools stay out of images"
+    if "cpu" in extras:
+        # torch's CPU build comes from PyTorch's CPU index, exactly as install.sh asks uv for it.
+        index = re.search(r"\(--extra-index-url (\S+) --index-strategy (\S+)\)", _install_sh())
+        assert index, "install.sh no longer names the CPU index this way: update the CPU image too"
+        assert f"--extra-index-url {index[1]} --index-strategy {index[2]}" in install
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.stem)
+def test_images_start_a_real_command_and_bake_in_no_secret(dockerfile: Path) -> None:
+    _, stages = _stages(dockerfile)
+    final = stages[-1]
+    (entrypoint,) = final.all("ENTRYPOINT")
+    assert _exec_form(entrypoint) == ["tini", "--"]  # SIGTERM passed on, children reaped
+    (cmd,) = final.all("CMD")
+    command = cli_command(_exec_form(cmd))
+    assert command.command == ("router" if dockerfile.stem == "router" else "worker")
+    names = [
+        word.split("=")[0]
+        for stage in stages
+        for keyword in ("ENV", "ARG")
+        for argument in stage.all(keyword)
+        for word in argument.split()
+        if "=" in word or keyword == "ARG"
+    ]
+    assert not [name for name in names if SECRET_NAME.search(name)]
+    env = dict(
+        word.split("=", 1) for argument in final.all("ENV") for word in argument.split() if "=" in word
+    )
+    switchboard_env = {name: value for name, value in env.items() if name.startswith("SWITCHBOARD_")}
+    settings_from(switchboard_env, None)  # every setting an image sets is a real one
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.stem)
+def test_only_the_sources_reach_the_build_context(dockerfile: Path) -> None:
+    ignore = Path(f"{dockerfile}.dockerignore").read_text().split("\n")
+    rules = [line.strip() for line in ignore if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")}
+    assert allowed == SOURCES
+
+
+def test_compose_builds_every_service_from_these_dockerfiles() -> None:
+    compose = load_compose()
+    built = {
+        name: REPO / service["build"]["dockerfile"]
+        for name, service in compose["services"].items()
+        if "build" in service
+    }
+    assert set(built) == {"router", "worker", "worker-cpu"}
+    for name, dockerfile in built.items():
+        assert dockerfile in DOCKERFILES
+        assert compose["services"][name]["build"]["context"] == "."
+        image = compose["services"][name]["image"].rsplit("/", 1)[-1].split(":")[0]
+        assert image == dockerfile.stem

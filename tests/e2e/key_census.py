@@ -1,0 +1,119 @@
+"""What Redis holds once traffic has stopped, family by family (`switchboard.keys`), and what is stray.
+
+Families that describe the deployment live on: worker records and their index, replica leases, model
+state (limits, measured costs, load failures, desired state), the demand stream, API keys and their
+rate buckets, a running front door's heartbeat and wake stream, and each model's job stream, which
+must hold no job and nothing pending. What belongs to one request must be gone once it ended:
+cancel marks ("removed when their job ends"), in-flight slots. Result streams and job records
+of a stream whose client left mid-way are kept for a resumption, with an expiry of at most
+`keys.RESULT_TTL_S` (600 s, too long to wait for here), so they are allowed only with that expiry;
+a key without any expiry in those families, or of a family `switchboard.keys` does not name, is stray.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from dataclasses import dataclass, field
+
+import redis
+
+from switchboard import keys
+
+# (family, glob); the first match names a key.
+FAMILIES = [
+    ("job stream", keys.job_stream("*")),
+    ("replica lease", keys.replica_lease_pattern("*")),
+    ("load failure", keys.load_failure("*")),
+    ("desired state", keys.desired_state("*")),
+    ("measured costs", keys.measured_costs("*", "*", "*")),
+    ("model limits", keys.model_limits("*")),
+    ("result stream", keys.result_stream("*")),
+    ("cancel mark", keys.cancel_mark("*")),
+    ("job record", keys.job_record("*")),  # after the job's other keys, which its glob also matches
+    ("worker record", keys.worker_record("*")),
+    ("workers index", keys.workers_index()),
+    ("front door alive", keys.router_alive("*")),
+    ("front door wake", keys.wake_stream("*")),
+    ("dead letters", keys.dead_letter_stream()),
+    ("demand stream", keys.demand_stream()),
+    ("api keys", keys.api_keys()),
+    ("key rate", keys.key_rate("*")),
+    ("key in flight", keys.key_in_flight("*")),
+    ("in flight", keys.in_flight()),
+]
+LONG_LIVED = {
+    "job stream",
+    "replica lease",
+    "load failure",
+    "desired state",
+    "measured costs",
+    "model limits",
+    "worker record",
+    "workers index",
+    "front door alive",
+    "front door wake",
+    "demand stream",
+    "api keys",
+    "key rate",
+}
+# Kept for a resumption, with an expiry of at most this long.
+KEPT_WITH_TTL = {"result stream": keys.RESULT_TTL_S, "job record": keys.RESULT_TTL_S}
+
+
+@dataclass
+class Census:
+    """Keys by family, and the ones that should not be there."""
+
+    families: Counter[str] = field(default_factory=Counter)
+    strays: list[str] = field(default_factory=list)
+    longest_ttl: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"  {'family':<18} {'keys':>4}  note"]
+        for family, count in sorted(self.families.items()):
+            note = "lives on" if family in LONG_LIVED else ""
+            if family in self.longest_ttl:
+                note = f"expires within {self.longest_ttl[family]} s"
+            lines.append(f"  {family:<18} {count:>4}  {note}")
+        lines.append(f"  strays: {self.strays or 'none'}")
+        return "\n".join(lines)
+
+
+def family_of(key: str) -> str | None:
+    for family, pattern in FAMILIES:
+        if fnmatch.fnmatchcase(key, pattern):
+            return family
+    return None
+
+
+def take_census(redis_url: str) -> Census:
+    """Every key under Switchboard's prefix, by family; strays described."""
+    census = Census()
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        for pattern in keys.all_key_patterns():
+            for key in client.scan_iter(match=pattern, count=1000):
+                family = family_of(key)
+                ttl = client.ttl(key)
+                if family is None:
+                    census.strays.append(f"{key} (unknown family, ttl {ttl})")
+                    continue
+                census.families[family] += 1
+                if family == "job stream":
+                    length = client.xlen(key)
+                    pending = client.xpending(key, keys.JOB_GROUP)["pending"] if length else 0
+                    if length or pending:
+                        census.strays.append(f"{key} holds {length} jobs, {pending} pending")
+                elif family in KEPT_WITH_TTL:
+                    if not 0 < ttl <= KEPT_WITH_TTL[family]:
+                        census.strays.append(f"{key} (ttl {ttl})")
+                    census.longest_ttl[family] = max(census.longest_ttl.get(family, 0), ttl)
+                elif family not in LONG_LIVED:
+                    census.strays.append(f"{key} (ttl {ttl})")
+    return census
+
+
+def clean(redis_url: str) -> Census | None:
+    """The census, if it found no stray key (for polling until the strays are gone)."""
+    census = take_census(redis_url)
+    return None if census.strays else census

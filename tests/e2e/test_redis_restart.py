@@ -1,0 +1,196 @@
+"""Redis restarted under load, with its append-only file: every accepted request gets its whole answer
+or a clear error, none hangs, none is cut short, and new requests succeed soon after Redis is back.
+
+Through every real part: a private redis-server with append-only persistence (appendfsync everysec,
+as `switchboard up` runs it), a worker with a vLLM CPU engine on the demo model, the front door.
+Eight requests (streamed and not, chat and completions) are generating, and more keep arriving,
+when Redis is stopped (SIGTERM: it writes its file and exits; SIGKILL: a crash) and started again on
+the same port and directory. Each test prints its figures: `pytest -s` shows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.local.demo_model import config_entry
+from switchboard.local.launcher import probe_readiness
+from tests.e2e.conftest import MODEL, STACK_TIMEOUT_S, Stack
+from tests.e2e.outcomes import Outcome, call, failures, table
+
+pytestmark = pytest.mark.e2e
+
+StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
+TOKENS = 400
+ARRIVAL_TOKENS = 32
+# No request may take longer than this, however the restart went; the deadline is further still,
+# so that a request left waiting for its deadline shows as hung rather than as a 504.
+BOUND_S = 150.0
+REQUEST_TIMEOUT_S = 300
+# New requests must succeed this soon after Redis is back.
+RECOVERY_BOUND_S = 20.0
+ARRIVAL_EVERY_S = 0.25
+ARRIVALS_AFTER_RECOVERY = 8
+FAST = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
+IN_FLIGHT = [(endpoint, stream) for endpoint in ("chat", "completions") for stream in (True, False)] * 2
+# Logged by the worker's result writer once its retries are spent (not its "; retrying" warning).
+GIVEN_UP = re.compile(r"writing result chunks failed(?!; retrying)")
+ARRIVING = [("chat", True), ("completions", False), ("completions", True), ("chat", False)]
+
+
+def body(endpoint: str, *, stream: bool, tokens: int = TOKENS) -> dict[str, Any]:
+    """A greedy request that generates exactly `tokens` tokens (the demo model would stop early)."""
+    request: dict[str, Any] = {"model": MODEL, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0}
+    if stream:
+        request |= {"stream": True, "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        return {**request, "messages": [{"role": "user", "content": "Tell me a long story about the sea."}]}
+    return {**request, "prompt": "Once upon a time"}
+
+
+async def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll `condition` until true; fail naming `what` past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:g} s for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def references(base_url: str) -> dict[tuple[str, int], str]:
+    """The greedy answer of each request used, asked alone before any fault."""
+    found = {}
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        for endpoint in ("chat", "completions"):
+            for tokens in (TOKENS, ARRIVAL_TOKENS):
+                outcome = await call(
+                    client, endpoint, body(endpoint, stream=False, tokens=tokens), bound_s=120
+                )
+                assert outcome.kind == "complete", outcome
+                found[(endpoint, tokens)] = outcome.text
+    return found
+
+
+def writes_given_up(stack: Stack) -> bool:
+    """Whether the worker gave up writing a chunk (its retries spent), leaving its job for a takeover."""
+    return any(GIVEN_UP.search(path.read_text(errors="replace")) for path in stack.log_paths.values())
+
+
+async def restart_under_load(stack: Stack, sig: signal.Signals, *, long_outage: bool) -> dict[str, Any]:
+    """Eight long requests generating and more arriving; Redis stopped with `sig` and started again.
+
+    Redis stays down until the front door has noticed; with `long_outage`, also until the worker
+    has given up writing a chunk (so the jobs it was running are taken over after the restart).
+    """
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=BOUND_S + 30) as client:
+        accepted = [Outcome(endpoint, stream) for endpoint, stream in IN_FLIGHT]
+        running = [
+            asyncio.create_task(
+                call(client, o.endpoint, body(o.endpoint, stream=o.stream), bound_s=BOUND_S, into=o)
+            )
+            for o in accepted
+        ]
+        # Every streamed one has text: all eight were admitted together and are generating.
+        await wait_for(lambda: all(o.text for o in accepted if o.stream), 120, "every stream's first text")
+        arrived: list[Outcome] = []
+        arriving: list[asyncio.Task[Outcome]] = []
+        keep_arriving = True
+
+        async def arrive() -> None:
+            while keep_arriving:
+                endpoint, stream = ARRIVING[len(arrived) % len(ARRIVING)]
+                request = body(endpoint, stream=stream, tokens=ARRIVAL_TOKENS)
+                arrived.append(Outcome(endpoint, stream))
+                arriving.append(
+                    asyncio.create_task(call(client, endpoint, request, bound_s=BOUND_S, into=arrived[-1]))
+                )
+                await asyncio.sleep(ARRIVAL_EVERY_S)
+
+        arrivals = asyncio.create_task(arrive())
+        stopped_at = time.monotonic()
+        await asyncio.to_thread(stack.stop_redis, sig)
+        # Down until the front door has noticed (it reports not ready), then back.
+        await wait_for(lambda: probe_readiness(stack.base_url) is not None, 30, "the front door to notice")
+        if long_outage:
+            await wait_for(lambda: writes_given_up(stack), 30, "the worker to give up a write")
+        down_s = time.monotonic() - stopped_at
+        # On this thread, which outlives it: a child started through `with_parent` gets SIGTERM when
+        # the thread that started it ends (an executor thread would end with this event loop).
+        stack.start_redis()
+        back_at = time.monotonic()
+        probe = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+        probes: list[Outcome] = []
+        while not probes or probes[-1].kind != "complete":
+            if time.monotonic() - back_at > RECOVERY_BOUND_S:
+                pytest.fail(
+                    f"no request succeeded within {RECOVERY_BOUND_S:g} s of Redis's return: {probes[-3:]}"
+                )
+            probes.append(await call(client, "chat", probe, bound_s=RECOVERY_BOUND_S))
+            await asyncio.sleep(0.05)
+        recovered_s = time.monotonic() - back_at
+        sent_before = len(arrived)
+        await wait_for(lambda: len(arrived) >= sent_before + ARRIVALS_AFTER_RECOVERY, 30, "more arrivals")
+        keep_arriving = False
+        await arrivals
+        await asyncio.gather(*running, *arriving)
+        ended_s = time.monotonic() - back_at
+    return {
+        "accepted": accepted,
+        "arrived": arrived,
+        "probes": probes,
+        "down_s": down_s,
+        "recovered_s": recovered_s,
+        "ended_s": ended_s,
+    }
+
+
+def audit(figures: dict[str, Any], expected: dict[tuple[str, int], str], what: str) -> None:
+    """Print the figures; fail on any request that hung, was cut short, or got a wrong answer."""
+    accepted: list[Outcome] = figures["accepted"]
+    arrived: list[Outcome] = figures["arrived"]
+    print(
+        f"\nRedis restarted ({what}, append-only) under load: {len(accepted)} requests generating, "
+        f"{len(arrived)} arriving every {ARRIVAL_EVERY_S:g} s; Redis down {figures['down_s']:.1f} s; "
+        f"first request served {figures['recovered_s']:.2f} s after its return "
+        f"({len(figures['probes'])} tries); every request ended {figures['ended_s']:.1f} s after it\n"
+        f"generating when Redis stopped:\n{table(accepted)}\narriving meanwhile:\n{table(arrived)}"
+    )
+    assert failures(accepted + arrived) == []
+    wrong = [
+        f"{o.label}: {o.completion_tokens} tokens, text {'equal' if o.text == expected[(o.endpoint, tokens)] else 'differs'}"
+        for group, tokens in ((accepted, TOKENS), (arrived, ARRIVAL_TOKENS))
+        for o in group
+        if o.kind == "complete"
+        and (o.completion_tokens != tokens or o.text != expected[(o.endpoint, tokens)])
+    ]
+    assert wrong == [], "complete answers must be whole and the same greedy text as when asked alone"
+
+
+@pytest.mark.parametrize(
+    ("sig", "long_outage"),
+    [(signal.SIGTERM, False), (signal.SIGKILL, False), (signal.SIGKILL, True)],
+    ids=["sigterm", "sigkill", "sigkill-long-outage"],
+)
+def test_redis_restarted_under_load_loses_no_request(
+    start_stack: StartStack, demo_model_dir: Path, sig: signal.Signals, long_outage: bool
+) -> None:
+    config = {
+        "router": {"request_timeout_s": REQUEST_TIMEOUT_S},
+        "models": [config_entry(demo_model_dir, preload=True)],
+    }
+    with start_stack(config, env=FAST, persist_redis=True) as stack:
+        stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
+        expected = asyncio.run(references(stack.base_url))
+        figures = asyncio.run(restart_under_load(stack, sig, long_outage=long_outage))
+        audit(
+            figures, expected, sig.name + (", down until the worker gave up a write" if long_outage else "")
+        )
