@@ -335,7 +335,7 @@ class JobConsumer:
             payload = encode(EngineJob(**msgspec.structs.asdict(job), continuation=where.continuation))
             logger.info("continuing a job taken over", extra={"job_id": job.id, "taken": entry.taken_before})
         slot = self._slots[entry.stream]
-        self._orphans.track(job)
+        self._orphans.track(job, abort=lambda: _abort(slot, job.id))
         try:
             finished = await self._stream_job(entry, payload, slot, lease, sent=where.sent)
         except Superseded:

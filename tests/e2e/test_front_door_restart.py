@@ -11,6 +11,7 @@ Then Redis holds nothing of these requests but what expires by design. Figures o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import re
 import time
@@ -101,7 +102,7 @@ def last_chunks(store: redis.Redis, job_ids: list[str]) -> list[Chunk] | None:
 
 async def start_streams(
     base_url: str, tokens: int, count: int, choices: int = 1
-) -> tuple[httpx.AsyncClient, list[Any]]:
+) -> tuple[httpx.AsyncClient, list[tuple[Any, Outcome]]]:
     """`count` streams through `base_url`, each read until it has had some text; left open."""
     client = httpx.AsyncClient(base_url=base_url, timeout=60)
     opened = []
@@ -112,9 +113,12 @@ async def start_streams(
         )
         assert response.status_code == 200
         opened.append((response, outcome))
-    for response, outcome in opened:
-        await read_events(response.aiter_lines(), outcome, count=EVENTS_BEFORE_KILL)
-    return client, [outcome for _, outcome in opened]
+    # Each line iterator is kept: one dropped half-read is closed when collected, and closing it
+    # closes its connection, which the front door would rightly take for a client that left.
+    streams = [(response.aiter_lines(), outcome) for response, outcome in opened]
+    for lines, outcome in streams:
+        await read_events(lines, outcome, count=EVENTS_BEFORE_KILL)
+    return client, streams
 
 
 async def resume(base_url: str, last_event_id: str) -> Outcome:
@@ -153,13 +157,22 @@ def test_a_killed_front_doors_clients_resume_elsewhere_and_its_other_jobs_end(
             for client in (resumer_client, abandoned_client):
                 with contextlib.suppress(httpx.HTTPError):
                     await client.aclose()
-            return resumers, abandoned
+            return [outcome for _, outcome in resumers], [outcome for _, outcome in abandoned]
 
         [before], abandoned = asyncio.run(through_a())
         killed_at = time.monotonic()
         last_id = before.event_ids[-1]
-        rest = asyncio.run(resume(second.base_url, last_id))
-        resumed_s = time.monotonic() - killed_at
+        # The returning client resumes while the abandoned jobs are watched ending, side by side.
+        resumed_s = 0.0
+
+        def resume_through_b() -> Outcome:
+            nonlocal resumed_s
+            outcome = asyncio.run(resume(second.base_url, last_id))
+            resumed_s = time.monotonic() - killed_at
+            return outcome
+
+        returning = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        resumed = returning.submit(resume_through_b)
 
         abandoned_ids = [outcome.event_ids[-1].split(":")[0] for outcome in abandoned]
         # When each ended (seconds after the kill), as first seen here.
@@ -172,6 +185,8 @@ def test_a_killed_front_doors_clients_resume_elsewhere_and_its_other_jobs_end(
             return last_chunks(store, abandoned_ids)
 
         ends = stack.wait_until(all_ended, timeout_s=90, what="the abandoned jobs to end", poll_s=0.05)
+        rest = resumed.result(timeout=120)
+        returning.shutdown()
         ended_after = [ended_at[job] for job in abandoned_ids]
         cancelled = orphans_cancelled(stack)
         queued = jobs_queued(store) - queued_before

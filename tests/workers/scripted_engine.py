@@ -13,7 +13,8 @@ from workers.engines.base import Delta, Engine, EngineRequest, Footprint, Invali
 
 
 class ScriptedEngine(Engine):
-    """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `invalid`, `crash`.
+    """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `queued` (no token
+    until aborted, as a request waiting in the engine's queue), `invalid`, `crash`.
 
     Token `i` is the text `t{i}\x00 `; a continued request goes on after the tokens of its continuation.
     """
@@ -43,6 +44,10 @@ class ScriptedEngine(Engine):
             raise InvalidEngineRequest("The prompt is too long.")
         if words[0] == "crash":
             raise RuntimeError("out of memory")
+        if words[0] == "queued":
+            await abort.wait()
+            yield Delta(text="", prompt_tokens=3, completion_tokens=0, finish_reason="abort", last=True)
+            return
         count = int(words[1]) if len(words) > 1 else 1_000_000
         pause = float(words[2]) if len(words) > 2 else (0.0 if words[0] == "fast" else 0.01)
         done = 0

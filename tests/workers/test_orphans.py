@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
@@ -57,3 +58,25 @@ async def test_a_front_door_that_comes_back_within_the_grace_keeps_its_jobs(redi
     await asyncio.sleep(0.35)
     assert await watch.check() == []  # finished jobs are not watched
     assert not await redis.exists(keys.cancel_mark("j"))
+
+
+async def test_marked_jobs_are_aborted_once_and_orphans_in_the_same_pass(redis: aioredis.Redis) -> None:
+    aborted: list[str] = []
+
+    def abort(job_id: str) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            aborted.append(job_id)
+
+        return run
+
+    watch = OrphanWatch(redis, grace_s=0.0)
+    await redis.set(keys.router_alive("alive"), b"1", ex=keys.ROUTER_TTL_S)
+    for one in (job("left", "alive"), job("reading", "alive"), job("orphan", "dead"), job("old", None)):
+        watch.track(one, abort=abort(one.id))
+    await redis.set(keys.cancel_mark("left"), b"1", ex=keys.CANCEL_TTL_S)
+    await redis.set(keys.cancel_mark("old"), b"1", ex=keys.CANCEL_TTL_S)
+
+    assert await watch.check() == ["orphan"]
+    assert sorted(aborted) == ["left", "old", "orphan"], "the orphan in the pass that marked it"
+    assert await watch.check() == [], "marked once"
+    assert sorted(aborted) == ["left", "old", "orphan"], "each once"

@@ -8,12 +8,14 @@ acknowledgements are all exercised for real and fast. The real engine is covered
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from switchboard import keys
 from tests.workers.jobs import result, submit
 from tests.workers.one_worker import MODEL, Worker, job
+from workers.orphans import CHECK_S
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -50,6 +52,18 @@ async def test_a_cancel_mark_aborts_the_engine_request(worker: Worker) -> None:
     assert chunks[-1].finish_reason == "abort"
     assert one.id in worker.engine.aborted
     assert (await worker.redis.xpending(keys.job_stream(MODEL), keys.JOB_GROUP))["pending"] == 0
+
+
+async def test_a_cancel_mark_aborts_a_request_still_waiting_in_the_engine(worker: Worker) -> None:
+    one = job("queued")  # it writes no chunk that would see its mark
+    await submit(worker.redis, one)
+    await asyncio.sleep(0.3)
+    await worker.redis.set(keys.cancel_mark(one.id), b"1", ex=60)
+    marked = time.monotonic()
+    chunks = await result(worker.redis, one.id)
+    assert chunks[-1].finish_reason == "abort"
+    assert one.id in worker.engine.aborted
+    assert time.monotonic() - marked < CHECK_S + 1.0
 
 
 async def test_engine_errors_become_error_chunks(worker: Worker) -> None:
