@@ -32,7 +32,12 @@ def spawn_group(
         cwd=cwd,
         stdout=stdout,
         stderr=subprocess.STDOUT if stdout is not None else None,
-        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        # Its own process group (to signal it whole), but not its own session: Linux shares CPU
+        # time fairly between sessions first (autogroups), and an engine that starts on a core
+        # where another session's engine is busy got almost none (a worker loading next to a
+        # serving one took minutes instead of seconds on a 2-core machine).
+        process_group=0,
     )
 
 
