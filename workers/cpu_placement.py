@@ -21,6 +21,17 @@ def compute_cores(cores: list[int], reserved_cores: int) -> list[int]:
     return cores[:keep]
 
 
+def keep_off_compute_cores(cores: list[int], reserved_cores: int) -> list[int]:
+    """Run this thread, and the threads and processes it starts from now on (Triton, its Python
+    backend, the engine client's output handling), on the reserved cores only, so that they leave
+    the compute cores to the engines (which vLLM pins there itself); the cores kept, none if every
+    core computes."""
+    rest = cores[len(compute_cores(cores, reserved_cores)) :]
+    if rest:
+        os.sched_setaffinity(0, rest)
+    return rest
+
+
 def engine_threads_bind(cores: list[int], slot: int, slots: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND value for engine `slot` of `slots` sharing `cores`.
 

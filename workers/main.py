@@ -32,7 +32,12 @@ from workers.controller.loop import Backoff, ModelController
 from workers.controller.residency import ModelSlot
 from workers.controller.snapshot import SnapshotReader
 from workers.controller.view import WorkerLimits
-from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
+from workers.cpu_placement import (
+    available_cores,
+    compute_cores,
+    engine_threads_bind,
+    keep_off_compute_cores,
+)
 from workers.engines.base import Engine
 from workers.engines.registry import EngineOptions, create_engine, import_runtimes
 from workers.heartbeat import Heartbeat
@@ -55,8 +60,15 @@ EngineFactory = Callable[[ModelConfig, EngineOptions], Engine]
 class Worker:
     """Owns the Triton host, the model slots, the consumer, the controller and the heartbeat."""
 
-    def __init__(self, settings: Settings, engine_factory: EngineFactory = create_engine) -> None:
-        """`engine_factory` makes an engine for a model; tests of the worker's own parts pass a scripted one."""
+    def __init__(
+        self,
+        settings: Settings,
+        engine_factory: EngineFactory = create_engine,
+        *,
+        owns_process: bool = False,
+    ) -> None:
+        """`engine_factory` makes an engine for a model; tests of the worker's own parts pass a scripted one.
+        `owns_process`: the worker is the whole process (`switchboard worker`), and may place it."""
         if not settings.redis.url:
             raise RuntimeError("the worker needs redis.url (or REDIS_URL) to be set")
         self.settings = settings
@@ -97,7 +109,11 @@ class Worker:
             self._triton_metrics_url,
             ready=lambda: self._consumer.reading and not self._draining,
         )
-        self._cores = compute_cores(available_cores(), settings.worker.reserved_cores)
+        cores = available_cores()
+        self._cores = compute_cores(cores, settings.worker.reserved_cores)
+        if owns_process and self.kind == "cpu":
+            # Before Triton and the engine runtime start: they inherit it.
+            keep_off_compute_cores(cores, settings.worker.reserved_cores)
         self._core_shares: dict[str, int] = {}
         self._footprints: dict[str, int] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -367,6 +383,6 @@ def run_worker(settings: Settings) -> None:
     guard = descendants_guard.start()
     configure_tracing("switchboard-worker")
     try:
-        asyncio.run(Worker(settings).run())
+        asyncio.run(Worker(settings, owns_process=True).run())
     finally:
         guard.terminate()

@@ -34,6 +34,9 @@ from workers.controller.view import View, WorkerLimits
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 5.0
+# The least time from one pass's start to the next one's (asyncio.sleep of a negative time returns
+# at once): a cold model's first request waits at most this much more for its load to start.
+MIN_PASS_INTERVAL_S = 0.1
 
 
 class Backoff:
@@ -122,6 +125,7 @@ class ModelController:
 
     async def _run(self) -> None:
         while True:
+            started = asyncio.get_running_loop().time()
             try:
                 await self.step()
             except asyncio.CancelledError:
@@ -129,6 +133,9 @@ class ModelController:
             except Exception:
                 logger.exception("a controller pass failed; going on")
             await self._wait_for_poke()
+            # Every enqueue pokes: under load, the pokes of a moment share one pass instead of
+            # costing every worker a snapshot per request.
+            await asyncio.sleep(started + MIN_PASS_INTERVAL_S - asyncio.get_running_loop().time())
 
     async def step(self) -> None:
         """One pass: renew leases, read the snapshot, decide, commit."""

@@ -43,6 +43,8 @@ DEFAULT_CACHE_ROOT = "~/.cache/switchboard/vllm"
 CPU_PROCESS_OVERHEAD_BYTES = int(0.7 * GIB)
 # How long stop() waits for the engine's processes to exit after vLLM's shutdown before killing them.
 REAP_TIMEOUT_S = 10.0
+# How long a reading of the engine processes' resident memory stands.
+RESIDENT_REFRESH_S = 5.0
 
 # Imports are serialised so that the background import at worker boot and a first load that
 # overtakes it never import the same modules from two threads at once.
@@ -153,6 +155,7 @@ class VllmEngine(Engine):
         self._cpu_kvcache_gib = cpu_kvcache_gib
         self._llm: Any = None
         self._engine_pids: list[int] = []
+        self._resident: tuple[float, int] = (0.0, 0)  # (monotonic time read, bytes)
         self._tokenizer: Any = None
         self._prompts: PromptBuilder | None = None
         self._sleep_enabled = False
@@ -333,10 +336,20 @@ class VllmEngine(Engine):
                 device=device, memory_bytes=int(utilization * platform.get_device_total_memory())
             )
         if self._engine_pids:
-            resident = _resident_bytes(self._engine_pids)
+            resident = self._resident_bytes()
             if resident:
                 return Footprint(device="cpu", memory_bytes=resident)
         return Footprint(device="cpu", memory_bytes=self._cpu_estimate_bytes())
+
+    def _resident_bytes(self) -> int:
+        """The engine processes' resident memory, read at most every RESIDENT_REFRESH_S: reading it
+        walks every process of the machine, and the controller asks on every pass."""
+        now = time.monotonic()
+        read_at, resident = self._resident
+        if now - read_at >= RESIDENT_REFRESH_S or not resident:
+            resident = _resident_bytes(self._engine_pids)
+            self._resident = (now, resident)
+        return resident
 
     def _cpu_estimate_bytes(self) -> int:
         kv_cache = self.model.engine_args.get("kv_cache_memory_bytes") or int(self._cpu_kvcache_gib * GIB)
