@@ -183,7 +183,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     coalesce_max_ms: Annotated[float, msgspec.Meta(ge=0)] = 200.0
     max_chunks_per_s: Annotated[float, msgspec.Meta(gt=0)] = 200.0
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
-    # Cores kept free of engine compute on CPU workers, for Triton, the consumer and the router.
+    # Cores kept free of engine compute on CPU workers, for Triton, the consumer and the router; a
+    # CPU worker runs its own threads and Triton on these (the last cores of its affinity).
     reserved_cores: Annotated[int, msgspec.Meta(ge=0)] = 1
     # KV cache per engine on CPU workers (GiB); vLLM's CPU build refuses to start without room.
     cpu_kvcache_gib: Annotated[float, msgspec.Meta(gt=0)] = 1.0
