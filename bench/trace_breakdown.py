@@ -44,9 +44,9 @@ def _event(span_name: str, event: str) -> Callable[[Trace], int | None]:
     return find
 
 
-def _first_write_end(trace: Trace) -> int | None:
+def _first_write_start(trace: Trace) -> int | None:
     writes = trace.get("switchboard.result_write", [])
-    return min((span["end_ns"] for span in writes), default=None)
+    return min((span["start_ns"] for span in writes), default=None)
 
 
 def is_request(trace: Trace) -> bool:
@@ -75,7 +75,9 @@ def _first_byte(trace: Trace) -> int | None:
 
 MOMENTS: list[Moment] = [
     ("request arrives", _http_start),
-    ("front door: parse, authenticate, admit, enqueue", _end("switchboard.enqueue")),
+    # The front door's own spans end only when Redis's replies are back, by when a worker may have
+    # taken the job and written its first chunk: each hop ends where the next one starts instead.
+    ("front door: parse, authenticate, admit, send the job", _start("switchboard.queue_wait")),
     ("queue: until a worker took the job", _end("switchboard.queue_wait")),
     ("worker: plan, into its Triton client", _start("switchboard.triton_stream")),
     ("Triton: request into the model's callable", _start("switchboard.engine.generate")),
@@ -85,8 +87,8 @@ MOMENTS: list[Moment] = [
         "coalescing window: first token to first chunk",
         _event("switchboard.engine.generate", "first_chunk_sent"),
     ),
-    ("Triton back, result write to Redis", _first_write_end),
-    ("front door: result reader hands it over", _end("switchboard.await_first_chunk")),
+    ("Triton back to the result writer", _first_write_start),
+    ("Redis: result write to the front door's reader", _end("switchboard.await_first_chunk")),
     ("front door: relay to the first SSE byte", _first_byte),
 ]
 
