@@ -7,6 +7,7 @@ starts them once per test module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,31 +32,51 @@ class Worker:
     """The pieces of a worker process, wired as workers.main does."""
 
     def __init__(
-        self, redis: aioredis.Redis, engine: ScriptedEngine, consumer: JobConsumer, writer: ResultWriter
+        self,
+        redis: aioredis.Redis,
+        engine: ScriptedEngine,
+        consumer: JobConsumer,
+        writer: ResultWriter,
+        *,
+        host: TritonHost,
+        slot: ModelSlot,
     ) -> None:
         self.redis = redis
         self.engine = engine
         self.consumer = consumer
         self.writer = writer
+        self.host = host
+        self.slot = slot
 
 
 @asynccontextmanager
-async def running_worker() -> AsyncIterator[Worker]:
-    """Start the pieces of one worker with a warm scripted model; stop them all afterwards."""
-    with PrivateRedis() as server:
-        redis = aioredis.Redis.from_url(server.url)
+async def running_worker(
+    *,
+    model: str = MODEL,
+    window_s: float = WINDOW_S,
+    engine: ScriptedEngine | None = None,
+    warm: bool = True,
+    worker_id: str = "w1",
+    redis_url: str | None = None,
+) -> AsyncIterator[Worker]:
+    """Start the pieces of one worker with a scripted model (warm unless `warm` is False; on a
+    private Redis unless `redis_url` is given); stop them all afterwards."""
+    with contextlib.ExitStack() as stack:
+        if redis_url is None:
+            redis_url = stack.enter_context(PrivateRedis()).url
+        redis = aioredis.Redis.from_url(redis_url)
         host = TritonHost(
-            coalescing=CoalescingPolicy(min_window_s=WINDOW_S, max_window_s=WINDOW_S, max_chunks_per_s=1000)
+            coalescing=CoalescingPolicy(min_window_s=window_s, max_window_s=window_s, max_chunks_per_s=1000)
         )
         host_started = asyncio.Event()
         await asyncio.to_thread(host.start)
         host_started.set()
-        engine = ScriptedEngine()
-        writer = ResultWriter(redis, "w1")
+        engine = engine if engine is not None else ScriptedEngine()
+        writer = ResultWriter(redis, worker_id)
         writer.start()
         consumers: list[JobConsumer] = []
         slot = ModelSlot(
-            ModelConfig(name=MODEL, path="unused"),
+            ModelConfig(name=model, path="unused"),
             host=host,
             host_started=host_started,
             create_engine=lambda _: engine,
@@ -63,13 +84,19 @@ async def running_worker() -> AsyncIterator[Worker]:
             on_change=lambda: consumers[0].models_changed() if consumers else None,
         )
         consumer = JobConsumer(
-            redis, writer, worker_id="w1", slots={MODEL: slot}, max_concurrent_jobs=4, takeover_check_s=0.2
+            redis,
+            writer,
+            worker_id=worker_id,
+            slots={model: slot},
+            max_concurrent_jobs=4,
+            takeover_check_s=0.2,
         )
         consumers.append(consumer)
         await consumer.start()
-        await slot.ensure_warm()
+        if warm:
+            await slot.ensure_warm()
         try:
-            yield Worker(redis, engine, consumer, writer)
+            yield Worker(redis, engine, consumer, writer, host=host, slot=slot)
         finally:
             await consumer.stop(drain_timeout_s=5)
             await writer.stop()

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -25,14 +24,11 @@ from switchboard import tracing
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
 from tests.router.front_door_harness import serving, settings_for
+from tests.workers.one_worker import running_worker
 from tests.workers.scripted_engine import ScriptedEngine
-from workers.consumer import JobConsumer
 from workers.controller.residency import ModelSlot
 from workers.metrics import SLOTS
 from workers.metrics_server import MetricsServer
-from workers.result_writer import ResultWriter
-from workers.triton_host import TritonHost
-from workers.triton_model import CoalescingPolicy
 
 MODEL = "observed"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -51,44 +47,25 @@ class Stack:
 async def observed_stack() -> AsyncIterator[Stack]:
     """A front door and a worker whose model is cold until the test warms it."""
     with PrivateRedis() as server:
-        redis = aioredis.Redis.from_url(server.url)
-        host = TritonHost(
-            coalescing=CoalescingPolicy(min_window_s=0.001, max_window_s=0.001, max_chunks_per_s=1000)
-        )
-        await asyncio.to_thread(host.start)
-        host_started = asyncio.Event()
-        host_started.set()
-        writer = ResultWriter(redis)
-        writer.start()
-        consumers: list[JobConsumer] = []
-        slot = ModelSlot(
-            ModelConfig(name=MODEL, path="unused"),
-            host=host,
-            host_started=host_started,
-            create_engine=lambda _: ScriptedEngine(start_s=0.2),
-            read_barrier=lambda: consumers[0].read_barrier(),
-            on_change=lambda: consumers[0].models_changed() if consumers else None,
-        )
-        consumer = JobConsumer(
-            redis, writer, worker_id="w-observed", slots={MODEL: slot}, max_concurrent_jobs=4
-        )
-        consumers.append(consumer)
-        await consumer.start()
-        SLOTS.add("w-observed", {MODEL: slot})
-        metrics = MetricsServer("127.0.0.1", 0, lambda: f"http://127.0.0.1:{host.metrics_port}/metrics")
-        port = await metrics.start()
-        settings = settings_for(server.url, 30.0, models=[ModelConfig(name=MODEL, path="unused")])
-        try:
-            async with serving(settings) as client:
-                yield Stack(client, slot, f"http://127.0.0.1:{port}/metrics")
-        finally:
-            await metrics.stop()
-            SLOTS.remove("w-observed")
-            await consumer.stop(drain_timeout_s=5)
-            await writer.stop()
-            await slot.unload()
-            await asyncio.to_thread(host.stop)
-            await redis.aclose()
+        async with running_worker(
+            model=MODEL,
+            window_s=0.001,
+            engine=ScriptedEngine(start_s=0.2),
+            warm=False,
+            worker_id="w-observed",
+            redis_url=server.url,
+        ) as worker:
+            SLOTS.add("w-observed", {MODEL: worker.slot})
+            host = worker.host
+            metrics = MetricsServer("127.0.0.1", 0, lambda: f"http://127.0.0.1:{host.metrics_port}/metrics")
+            port = await metrics.start()
+            settings = settings_for(server.url, 30.0, models=[ModelConfig(name=MODEL, path="unused")])
+            try:
+                async with serving(settings) as client:
+                    yield Stack(client, worker.slot, f"http://127.0.0.1:{port}/metrics")
+            finally:
+                await metrics.stop()
+                SLOTS.remove("w-observed")
 
 
 @pytest.fixture
