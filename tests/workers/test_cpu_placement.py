@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
 from workers.cpu_placement import (
     available_cores,
     compute_cores,
     engine_threads_bind,
+    keep_off_compute_cores,
     omp_environment,
     parse_cpu_list,
 )
@@ -133,3 +137,21 @@ def test_omp_environment_of_each_engine_share(n_cores: int, slots: int) -> None:
         env = omp_environment(bind)
         assert int(env["OMP_NUM_THREADS"]) == len(expand(bind))
         assert env["OMP_PLACES"] == ",".join(f"{{{core}}}" for core in expand(bind))
+
+
+def test_a_worker_keeps_its_own_threads_off_the_compute_cores() -> None:
+    cores = available_cores()
+    seen: dict[str, object] = {}
+
+    def in_a_thread() -> None:  # the setting is per thread: the test's own stays as it was
+        seen["kept"] = keep_off_compute_cores(cores, reserved_cores=1)
+        seen["affinity"] = sorted(os.sched_getaffinity(0))
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    rest = cores[len(compute_cores(cores, 1)) :]
+    assert seen["kept"] == rest
+    assert seen["affinity"] == (rest or cores)
+    assert not set(rest) & set(compute_cores(cores, 1)), "no core both computes and serves"
+    assert sorted(os.sched_getaffinity(0)) == cores
