@@ -30,7 +30,7 @@ from workers.controller.residency import Lease, ModelSlot, SlotNotServing
 from workers.job_observer import JobObserver, current_job, note_outcome
 from workers.orphans import ORPHAN_GRACE_S, OrphanWatch
 from workers.result_writer import ResultWriter, Superseded
-from workers.resume import plan
+from workers.resume import Plan, client_left, plan
 from workers.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry, requeue
 from workers.triton_model import EngineJob
 
@@ -311,7 +311,10 @@ class JobConsumer:
 
     async def _run_leased_job(self, entry: Entry, lease: Lease) -> None:
         job = entry.job
-        where = await plan(self._redis, job, requeued=entry.requeued)
+        # A fresh job goes to the engine at once; whether its client left while it waited is
+        # asked meanwhile (a round trip off the time to first token) and answered before its
+        # first chunk is written. Only a job put back in line needs its stream read first.
+        where = await plan(self._redis, job, requeued=True) if entry.requeued else RUN
         if where.action == "skip":
             # Its client has gone, or already has the whole answer: nothing is written.
             note_outcome("skipped")
@@ -336,8 +339,9 @@ class JobConsumer:
             logger.info("continuing a job taken over", extra={"job_id": job.id, "taken": entry.taken_before})
         slot = self._slots[entry.stream]
         self._orphans.track(job, abort=lambda: _abort(slot, job.id))
+        left = None if entry.requeued else asyncio.ensure_future(self._left_while_queued(job.id, slot))
         try:
-            finished = await self._stream_job(entry, payload, slot, lease, sent=where.sent)
+            finished = await self._stream_job(entry, payload, slot, lease, sent=where.sent, left=left)
         except Superseded:
             # This worker stalled past its heartbeat and another took the job over: that one
             # answers it, and acknowledges it at its end.
@@ -358,6 +362,8 @@ class JobConsumer:
             return
         finally:
             self._orphans.untrack(job.id)
+            if left is not None:
+                await cancel_and_wait(left)
         if not finished:
             await self._fail(
                 entry,
@@ -365,11 +371,32 @@ class JobConsumer:
                 create=False,
             )
 
+    async def _left_while_queued(self, job_id: str, slot: ModelSlot) -> bool:
+        """Whether the client of a job just sent to the engine left while the job waited in line;
+        if so, the job is aborted, there or on its way."""
+        try:
+            left = await client_left(self._redis, job_id)
+        except Exception:
+            # The first chunk's write meets the same Redis and says whether the client is there.
+            logger.warning("could not read whether a job's client is still there", extra={"job_id": job_id})
+            return False
+        if left:
+            await _abort(slot, job_id, arriving=True)
+        return left
+
     async def _stream_job(
-        self, entry: Entry, payload: bytes, slot: ModelSlot, lease: Lease, *, sent: int
+        self,
+        entry: Entry,
+        payload: bytes,
+        slot: ModelSlot,
+        lease: Lease,
+        *,
+        sent: int,
+        left: asyncio.Future[bool] | None = None,
     ) -> bool:
         """Relay the engine's chunks of the job to its result stream, after the `sent` already there;
-        whether the last one was written."""
+        whether the last one was written (or the job ended without one: its client left while it
+        waited in line, `left`)."""
         job_id = entry.job.id
         seq = sent
         observer = current_job()
@@ -378,6 +405,12 @@ class JobConsumer:
         chunks: AsyncGenerator[bytes, None] = lease.served.client.stream(payload)
         try:
             async for raw in chunks:
+                if left is not None:
+                    if await left:
+                        note_outcome("skipped")
+                        await acknowledge(self._redis, entry.stream, entry.entry_id, job_id)
+                        return True
+                    left = None
                 chunk = chunk_decoder.decode(raw)
                 is_last = chunk.is_last
                 if observer is not None:
@@ -419,12 +452,15 @@ class JobConsumer:
             )
 
 
+# A fresh job's plan: run it.
+RUN = Plan(action="run")
+
 # The closing chunk of a job whose client has gone: it acknowledges the job.
 ABANDONED = encode(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=0, completion_tokens=0)))
 
 
-async def _abort(slot: ModelSlot, job_id: str) -> None:
+async def _abort(slot: ModelSlot, job_id: str, *, arriving: bool = False) -> None:
     try:
-        await slot.abort(job_id)
+        await slot.abort(job_id, arriving=arriving)
     except Exception:
         logger.exception("could not abort a job in the engine", extra={"job_id": job_id})

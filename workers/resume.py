@@ -39,8 +39,7 @@ async def plan(redis: aioredis.Redis, job: Job, *, requeued: bool) -> Plan:
     its answer may have been sent already.
     """
     if not requeued:
-        cancelled = await redis.exists(keys.cancel_mark(job.id))
-        return Plan(action="skip" if cancelled else "run")
+        return Plan(action="skip" if await client_left(redis, job.id) else "run")
     pipe = redis.pipeline(transaction=False)
     pipe.exists(keys.cancel_mark(job.id))
     pipe.xrange(keys.result_stream(job.id))
@@ -61,6 +60,11 @@ async def plan(redis: aioredis.Redis, job: Job, *, requeued: bool) -> Plan:
         return Plan(action="refuse", error=JobError(code="engine_error", message=message), sent=len(chunks))
     continuation = "".join(chunk.text for chunk in chunks if chunk.index == 0)
     return Plan(action="continue_", continuation=continuation, sent=len(chunks))
+
+
+async def client_left(redis: aioredis.Redis, job_id: str) -> bool:
+    """Whether the job's client has left (its cancel mark is set)."""
+    return bool(await redis.exists(keys.cancel_mark(job_id)))
 
 
 def why_not_continuable(job: Job) -> str | None:

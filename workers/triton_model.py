@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -31,6 +32,9 @@ CHUNK_OUTPUT = "chunk"
 
 Responses = list[dict[str, npt.NDArray[np.object_]]]
 T = TypeVar("T")
+
+# Jobs aborted on their way to the engine are remembered until they arrive; the latest so many.
+EARLY_ABORTS_KEPT = 1024
 
 
 def chunk_for(delta: Delta) -> Chunk:
@@ -116,11 +120,18 @@ class EngineCallable:
         self._loop: asyncio.AbstractEventLoop | None = None
         # The engine's request ids of each running job (one per prompt), for abort.
         self._running: dict[str, list[str]] = {}
+        # Jobs aborted on their way here (the consumer sends a fresh job before it has heard whether
+        # its client is still there): they end as they arrive, without reaching the engine.
+        self._aborted_early: OrderedDict[str, None] = OrderedDict()
 
     async def __call__(self, requests: list[object]) -> AsyncIterator[Responses]:
         """Decoupled inference: yields one response per coalesced chunk, the last one final."""
         (request,) = requests  # batching is off for decoupled models: one request per call
         job = engine_job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
+        if job.id in self._aborted_early:
+            del self._aborted_early[job.id]
+            yield _response(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=0, completion_tokens=0)))
+            return
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         requests_ = engine_requests(job)
         self._running[job.id] = [r.request_id for r in requests_]
@@ -162,14 +173,29 @@ class EngineCallable:
             raise RuntimeError("the model is not bound into Triton")
         return asyncio.run_coroutine_threadsafe(work(), self._loop)
 
-    def abort(self, job_id: str) -> Future[None]:
-        """Abort a running job; its choices end with finish reason "abort"."""
+    def abort(self, job_id: str, *, arriving: bool = False) -> Future[None]:
+        """Abort a running job; its choices end with finish reason "abort".
+
+        `arriving`: the job may still be on its way here; if so, it ends as soon as it arrives.
+        (Only for a job whose client has left: a job aborted for another reason may come back to
+        this worker later, put back in line, and must run then.)
+        """
 
         async def abort_all() -> None:
-            for request_id in self._running.get(job_id, ()):
+            request_ids = self._running.get(job_id)
+            if request_ids is None:
+                if arriving:
+                    self._remember_early_abort(job_id)
+                return
+            for request_id in request_ids:
                 await self._engine.abort(request_id)
 
         return self.on_engine_loop(abort_all)
+
+    def _remember_early_abort(self, job_id: str) -> None:
+        self._aborted_early[job_id] = None
+        if len(self._aborted_early) > EARLY_ABORTS_KEPT:
+            self._aborted_early.popitem(last=False)
 
     async def stop_engine(self) -> None:
         """Stop the engine on the loop that drives it (or here, if it was never bound)."""

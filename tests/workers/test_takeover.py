@@ -131,12 +131,14 @@ async def test_entries_that_are_not_jobs_go_to_the_dead_letters_and_the_next_job
     await worker.redis.delete(keys.dead_letter_stream())
 
 
-async def test_a_job_cancelled_before_a_worker_took_it_never_starts(worker: Worker) -> None:
-    one = job("fast 3")
+async def test_a_job_cancelled_before_a_worker_took_it_is_ended_without_output(worker: Worker) -> None:
+    one = job("slow 1000 0.01")
     await worker.redis.set(keys.cancel_mark(one.id), b"1", ex=60)
     await worker.redis.xadd(STREAM, {"job": encode(one)})
     await until(lambda: nothing_pending(worker.redis))
-    assert one.id not in worker.engine.requests
+    # The worker sends a fresh job on while it asks whether its client left: the abort meets the
+    # job on its way (it never reaches the engine) or, rarely, just after it started there.
+    assert one.id not in worker.engine.requests or one.id in worker.engine.aborted
     assert not await worker.redis.exists(keys.result_stream(one.id))
     assert not await worker.redis.exists(keys.cancel_mark(one.id)), "its mark ends with it"
 

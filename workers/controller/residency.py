@@ -148,11 +148,12 @@ class ModelSlot:
         self.in_flight += 1
         return Lease(self, self._served)
 
-    def abort(self, job_id: str) -> Awaitable[None]:
-        """Abort a running job in the engine; its stream ends with finish reason "abort"."""
+    def abort(self, job_id: str, *, arriving: bool = False) -> Awaitable[None]:
+        """Abort a running job in the engine; its stream ends with finish reason "abort".
+        `arriving`: see `EngineCallable.abort`."""
         if self._served is None:
             raise SlotNotServing(f"{self.name} is not loaded here")
-        return asyncio.wrap_future(self._served.triton_model.abort(job_id))
+        return asyncio.wrap_future(self._served.triton_model.abort(job_id, arriving=arriving))
 
     # --- what others may read ---------------------------------------------------------------
 
