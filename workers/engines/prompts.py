@@ -1,8 +1,8 @@
 """From a request to the prompt's token ids: the chat template, tokenization, and the length checks.
 
 Engine-agnostic: it needs only the model's Hugging Face tokenizer. Building a prompt can take long
-for a long one (a template over many messages, a tokenizer over megabytes), so engines call
-`PromptBuilder.token_ids` off their event loop; it refuses what cannot fit before tokenizing it.
+for a long one (a template over many messages, a tokenizer over megabytes), so engines build all
+but short ones (`builds_quickly`) off their event loop; it refuses what cannot fit before tokenizing it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,20 @@ from switchboard.wire import ChatMessage, ModelLimits
 from workers.engines.base import EngineRequest, InvalidEngineRequest
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+# A prompt of up to this many characters is built in a few dozen microseconds, less than handing
+# it to a thread and back costs; longer ones are built off the event loop.
+QUICK_BUILD_MAX_CHARS = 4096
+
+
+def builds_quickly(request: EngineRequest) -> bool:
+    """Whether the request's prompt is short enough to build on the event loop that drives every stream."""
+    chars = len(request.tools or "") + len(request.continuation or "")
+    for message in request.messages or ():
+        chars += len(message.content or "") + sum(len(call.arguments) for call in message.tool_calls)
+    if request.prompt is not None:
+        chars += len(request.prompt)  # characters, or token ids (cheaper still)
+    return chars <= QUICK_BUILD_MAX_CHARS
 
 
 class BuiltPrompt:

@@ -28,7 +28,7 @@ from switchboard.wire import ModelLimits
 from workers.cpu_placement import omp_environment
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
 from workers.engines.phases import EnginePhases
-from workers.engines.prompts import PromptBuilder
+from workers.engines.prompts import PromptBuilder, builds_quickly
 from workers.engines.vllm_io import OutputReader, vllm_sampling_params
 from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
 
@@ -358,7 +358,7 @@ class VllmEngine(Engine):
     # --- generation -----------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
-        """Stream deltas; the prompt is built (template, tokenizer) off the event loop."""
+        """Stream deltas; a long prompt is built (template, tokenizer) off the event loop."""
         from vllm.inputs import TokensPrompt
 
         builder = self._prompts
@@ -366,7 +366,10 @@ class VllmEngine(Engine):
             raise RuntimeError(f"the engine of {self.model.name} is not started")
         # Tokenizing a long prompt takes a while: never on the loop that drives every other stream.
         with tracing.span("switchboard.prompt_build"):
-            prompt = await asyncio.to_thread(builder.build, request)
+            if builds_quickly(request):
+                prompt = builder.build(request)
+            else:
+                prompt = await asyncio.to_thread(builder.build, request)
         prompt_param = "messages" if request.messages is not None else "prompt"
         tools = self._tool_call_extractor(request)
         params = vllm_sampling_params(

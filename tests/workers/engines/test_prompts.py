@@ -11,7 +11,7 @@ import pytest
 from switchboard.local.demo_model import VOCAB_SIZE, build_demo_model
 from switchboard.wire import ChatMessage, SamplingParams, ToolCall
 from workers.engines.base import EngineRequest, InvalidEngineRequest
-from workers.engines.prompts import PromptBuilder, longest_token_chars
+from workers.engines.prompts import QUICK_BUILD_MAX_CHARS, PromptBuilder, builds_quickly, longest_token_chars
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -280,3 +280,26 @@ def test_a_completion_that_does_not_fit(tokenizer: Any, prompt_param: str) -> No
     assert f"maximum context length is {SMALL_CONTEXT} tokens" in str(error)
     assert f"you requested 17 tokens (10 in the {prompt_param}, 7 in the completion)" in str(error)
     assert f"Reduce the length of the {prompt_param}" in str(error)
+
+
+def test_only_short_prompts_are_built_on_the_event_loop() -> None:
+    def chat(*messages: ChatMessage, tools: str | None = None) -> EngineRequest:
+        return EngineRequest(request_id="r", sampling=SamplingParams(), messages=messages, tools=tools)
+
+    limit = QUICK_BUILD_MAX_CHARS
+    assert builds_quickly(chat(ChatMessage(role="user", content="Tell me a story.")))
+    assert builds_quickly(chat(ChatMessage(role="user", content="x" * limit)))
+    assert not builds_quickly(chat(ChatMessage(role="user", content="x" * (limit + 1))))
+    # Every part of the conversation counts: several messages, tools, earlier calls' arguments.
+    half = ChatMessage(role="user", content="x" * (limit // 2 + 1))
+    assert not builds_quickly(chat(half, half))
+    assert not builds_quickly(chat(ChatMessage(role="user", content="hi"), tools="t" * limit))
+    call = ToolCall(id="c", name="f", arguments="a" * (limit + 1))
+    assert not builds_quickly(chat(ChatMessage(role="assistant", tool_calls=(call,))))
+    # Plain prompts: text by its characters, token ids by their count.
+    assert builds_quickly(EngineRequest(request_id="r", sampling=SamplingParams(), prompt="p" * limit))
+    assert not builds_quickly(
+        EngineRequest(request_id="r", sampling=SamplingParams(), prompt=(1,) * (limit + 1))
+    )
+    continued = EngineRequest(request_id="r", sampling=SamplingParams(), prompt="p", continuation="c" * limit)
+    assert not builds_quickly(continued)
