@@ -46,39 +46,91 @@ def _join(group: list[Delta]) -> Delta:
     )
 
 
-async def coalesce(
-    queue: asyncio.Queue[Delta | BaseException], window_s: Callable[[], float]
-) -> AsyncIterator[list[Delta]]:
-    """Yield merged deltas (one per choice) from `queue` until the request's last; re-raise errors.
+class DeltaInbox:
+    """The deltas of one request on their way from the engine to the coalescer.
+
+    An asyncio.Queue would wake the coalescer for every token of every stream; this wakes it only
+    when it has something to do: for the first delta after a quiet spell, for the request's last
+    delta or an error (neither waits), and when its window ends. The engine's side costs an append.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[Delta | BaseException] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._urgent_only = False
+
+    def put_nowait(self, item: Delta | BaseException) -> None:
+        """Hand over a delta (or the error that ends the request)."""
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and (not self._urgent_only or _urgent(item)):
+            _wake(waiter)
+
+    async def take(self) -> list[Delta]:
+        """Everything that has arrived, once something has; raises an error that arrived."""
+        if not self._items:
+            await self._wait(urgent_only=False, deadline=None)
+        return self._take_all()
+
+    async def take_by(self, deadline: float) -> list[Delta]:
+        """Everything that has arrived by `deadline` (loop time), or as soon as the last delta or
+        an error arrives; raises an error that arrived."""
+        await self._wait(urgent_only=True, deadline=deadline)
+        return self._take_all()
+
+    async def _wait(self, *, urgent_only: bool, deadline: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._urgent_only = urgent_only
+        timer = loop.call_at(deadline, _wake, waiter) if deadline is not None else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def qsize(self) -> int:
+        """How many items wait to be taken."""
+        return len(self._items)
+
+    def _take_all(self) -> list[Delta]:
+        """Every delta that has arrived, up to the request's last (nothing after it is taken)."""
+        taken: list[Delta] = []
+        for position, item in enumerate(self._items):
+            if isinstance(item, BaseException):
+                del self._items[: position + 1]
+                raise item
+            taken.append(item)
+            if item.last:
+                break
+        del self._items[: len(taken)]
+        return taken
+
+
+def _urgent(item: Delta | BaseException) -> bool:
+    return isinstance(item, BaseException) or item.last
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def coalesce(inbox: DeltaInbox, window_s: Callable[[], float]) -> AsyncIterator[list[Delta]]:
+    """Yield merged deltas (one per choice) from `inbox` until the request's last; re-raise errors.
 
     `window_s` is asked again for every chunk, so the window can follow the load.
     """
     loop = asyncio.get_running_loop()
     last_sent = float("-inf")
     while True:
-        pending = [_unwrap(await queue.get())]
-        _drain(queue, pending)
+        pending = await inbox.take()
         send_at = last_sent + window_s()
-        while not pending[-1].last and loop.time() < send_at:
-            try:
-                async with asyncio.timeout_at(send_at):
-                    pending.append(_unwrap(await queue.get()))
-            except TimeoutError:
-                break
-            _drain(queue, pending)
+        if not pending[-1].last and loop.time() < send_at:
+            pending += await inbox.take_by(send_at)
         merged = merge(pending)
         last_sent = loop.time()
         yield merged
         if merged[-1].last:
             return
-
-
-def _drain(queue: asyncio.Queue[Delta | BaseException], pending: list[Delta]) -> None:
-    while not queue.empty() and not pending[-1].last:
-        pending.append(_unwrap(queue.get_nowait()))
-
-
-def _unwrap(item: Delta | BaseException) -> Delta:
-    if isinstance(item, BaseException):
-        raise item
-    return item

@@ -8,14 +8,19 @@ renumbered, and the counts are summed, so the coalescer and the relay see one re
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from workers.engines.base import Delta, Engine, EngineRequest
 
 
-async def fan_in(
-    engine: Engine, requests: list[EngineRequest], n: int, queue: asyncio.Queue[Delta | BaseException]
-) -> None:
-    """Run `requests` at once, putting their deltas on `queue` as those of one request.
+class DeltaSink(Protocol):
+    """Where deltas go (the coalescer's inbox; a queue in tests)."""
+
+    def put_nowait(self, item: Delta | BaseException, /) -> None: ...
+
+
+async def fan_in(engine: Engine, requests: list[EngineRequest], n: int, inbox: DeltaSink) -> None:
+    """Run `requests` at once, putting their deltas in `inbox` as those of one request.
 
     The last delta of the last request to end is the only one marked `last`. An error in any
     request cancels the others and propagates.
@@ -29,7 +34,7 @@ async def fan_in(
             totals[position] = (delta.prompt_tokens, delta.completion_tokens)
             if delta.last:
                 unfinished -= 1
-            queue.put_nowait(
+            inbox.put_nowait(
                 Delta(
                     text=delta.text,
                     index=position * n + delta.index,

@@ -1,7 +1,7 @@
 """The Triton model for one engine: a decoupled callable that takes a Job and streams Chunks.
 
 PyTriton runs this callable on its own event loop thread, and the engine is driven from there; a
-pump task moves the engine's deltas into a queue, and the coalescer groups those that arrive
+pump task moves the engine's deltas into an inbox, and the coalescer groups those that arrive
 together. The job and the chunks keep their wire encoding end to end, so
 the consumer appends Triton's output to Redis as it is.
 """
@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from switchboard.wire import Chunk, Job, JobError, Usage, encode
-from workers.coalesce import coalesce
+from workers.coalesce import DeltaInbox, coalesce
 from workers.engine_observer import EngineObserver
 from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
 from workers.fan_in import fan_in
@@ -132,15 +132,15 @@ class EngineCallable:
             del self._aborted_early[job.id]
             yield _response(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=0, completion_tokens=0)))
             return
-        queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+        inbox = DeltaInbox()
         requests_ = engine_requests(job)
         self._running[job.id] = [r.request_id for r in requests_]
         observer = EngineObserver(job)
         with observer.current():
-            pump = asyncio.create_task(self._pump(requests_, job.sampling.n, queue, observer))
+            pump = asyncio.create_task(self._pump(requests_, job.sampling.n, inbox, observer))
         self._streams += 1
         try:
-            async for deltas in coalesce(queue, self._window_s):
+            async for deltas in coalesce(inbox, self._window_s):
                 for delta in deltas:
                     observer.sent()
                     yield _response(chunk_for(delta))
@@ -211,19 +211,19 @@ class EngineCallable:
         self,
         requests: list[EngineRequest],
         n: int,
-        queue: asyncio.Queue[Delta | BaseException],
+        inbox: DeltaInbox,
         observer: EngineObserver,
     ) -> None:
-        """Move deltas into the queue the coalescer waits on (it may time out; the engine must not)."""
+        """Move deltas into the inbox the coalescer takes them from (it may wait; the engine must not)."""
         try:
             if len(requests) == 1:
                 async for delta in self._engine.generate(requests[0]):
                     observer.output(delta)
-                    queue.put_nowait(delta)
+                    inbox.put_nowait(delta)
             else:
-                await fan_in(self._engine, requests, n, queue)
+                await fan_in(self._engine, requests, n, inbox)
         except Exception as exc:
-            queue.put_nowait(exc)
+            inbox.put_nowait(exc)
 
 
 def _response(chunk: Chunk) -> Responses:

@@ -10,14 +10,14 @@ from typing import cast
 import pytest
 
 from switchboard.wire import FinishReason
-from workers.coalesce import coalesce, merge
+from workers.coalesce import DeltaInbox, coalesce, merge
 from workers.engines.base import Delta
 
 
 class OneChoiceStream:
     """The coalesced stream of a one-choice request: one merged delta per chunk."""
 
-    def __init__(self, queue: asyncio.Queue[Delta | BaseException], window_s: float) -> None:
+    def __init__(self, queue: DeltaInbox, window_s: float) -> None:
         self._chunks = cast(AsyncGenerator[list[Delta], None], coalesce(queue, lambda: window_s))
 
     def __aiter__(self) -> OneChoiceStream:
@@ -31,7 +31,7 @@ class OneChoiceStream:
         await self._chunks.aclose()
 
 
-def open_stream(queue: asyncio.Queue[Delta | BaseException], window_s: float) -> OneChoiceStream:
+def open_stream(queue: DeltaInbox, window_s: float) -> OneChoiceStream:
     return OneChoiceStream(queue, window_s)
 
 
@@ -94,7 +94,7 @@ def test_merge_orders_choices_by_their_last_delta() -> None:
 
 
 async def test_lone_delta_is_not_delayed() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     stream = open_stream(queue, 0.5)
     try:
         queue.put_nowait(d("hi"))
@@ -108,7 +108,7 @@ async def test_lone_delta_is_not_delayed() -> None:
 
 
 async def test_delta_after_quiet_spell_is_not_delayed() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     stream = open_stream(queue, 0.5)
     try:
         queue.put_nowait(d("a"))
@@ -124,7 +124,7 @@ async def test_delta_after_quiet_spell_is_not_delayed() -> None:
 
 
 async def test_deltas_queued_together_come_out_as_one() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     for i, text in enumerate(["a", "b", "c"], start=1):
         queue.put_nowait(d(text, i))
     stream = open_stream(queue, 0.5)
@@ -139,7 +139,7 @@ async def test_deltas_queued_together_come_out_as_one() -> None:
 
 
 async def test_fast_deltas_are_grouped_and_ordered() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     count = 60
     texts = [f"t{i} " for i in range(count)]
 
@@ -164,7 +164,7 @@ async def test_fast_deltas_are_grouped_and_ordered() -> None:
 
 
 async def test_slow_deltas_come_out_alone() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     texts = ["a", "b", "c"]
 
     async def produce() -> None:
@@ -181,7 +181,7 @@ async def test_slow_deltas_come_out_alone() -> None:
 
 
 async def test_finish_ends_stream_without_waiting_for_window() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     stream = open_stream(queue, 0.5)
     queue.put_nowait(d("a", 1))
     assert (await asyncio.wait_for(anext(stream), 5)).text == "a"
@@ -203,7 +203,7 @@ async def test_finish_ends_stream_without_waiting_for_window() -> None:
 
 
 async def test_finish_stops_draining() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     queue.put_nowait(d("a", 1, "stop"))
     queue.put_nowait(d("after", 2))
     chunks = [c async for c in open_stream(queue, 0.1)]
@@ -212,7 +212,7 @@ async def test_finish_stops_draining() -> None:
 
 
 async def test_first_delta_with_finish() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     queue.put_nowait(d("", 0, "abort"))
     chunks = [c async for c in open_stream(queue, 0.5)]
     assert len(chunks) == 1
@@ -220,7 +220,7 @@ async def test_first_delta_with_finish() -> None:
 
 
 async def test_queued_exception_is_raised() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     stream = open_stream(queue, 0.05)
     queue.put_nowait(d("a"))
     assert (await asyncio.wait_for(anext(stream), 5)).text == "a"
@@ -230,7 +230,7 @@ async def test_queued_exception_is_raised() -> None:
 
 
 async def test_exception_first_is_raised() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     queue.put_nowait(ValueError("bad request"))
     with pytest.raises(ValueError, match="bad request"):
         async for _ in open_stream(queue, 0.05):
@@ -238,7 +238,7 @@ async def test_exception_first_is_raised() -> None:
 
 
 async def test_exception_while_waiting_in_window_is_raised() -> None:
-    queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+    queue: DeltaInbox = DeltaInbox()
     stream = open_stream(queue, 0.5)
     queue.put_nowait(d("a"))
     await asyncio.wait_for(anext(stream), 5)
@@ -259,3 +259,31 @@ def test_the_window_widens_with_the_number_of_streams_within_its_bounds() -> Non
     assert policy.window_s(32) == pytest.approx(0.08)
     assert policy.window_s(1000) == 0.1  # never longer than the maximum
     assert policy.window_s(0) == 0.005
+
+
+async def test_within_a_window_only_the_last_delta_or_an_error_wakes_the_coalescer() -> None:
+    loop = asyncio.get_running_loop()
+    inbox = DeltaInbox()
+    waiting = asyncio.ensure_future(inbox.take_by(loop.time() + 10))
+    await asyncio.sleep(0)
+    for i in range(20):  # tokens within the window: appended, nobody woken
+        inbox.put_nowait(d(f"t{i} ", i + 1))
+        await asyncio.sleep(0.001)
+    assert not waiting.done()
+    inbox.put_nowait(d("end", 21, "stop"))
+    taken = await asyncio.wait_for(waiting, 1)
+    assert "".join(delta.text for delta in taken) == "".join(f"t{i} " for i in range(20)) + "end"
+
+    errored = asyncio.ensure_future(inbox.take_by(loop.time() + 10))
+    await asyncio.sleep(0)
+    inbox.put_nowait(RuntimeError("engine died"))
+    with pytest.raises(RuntimeError, match="engine died"):
+        await asyncio.wait_for(errored, 1)
+
+
+async def test_a_window_ends_on_time_without_any_delta() -> None:
+    loop = asyncio.get_running_loop()
+    inbox = DeltaInbox()
+    started = loop.time()
+    assert await inbox.take_by(started + 0.05) == []
+    assert 0.04 <= loop.time() - started < 0.5
