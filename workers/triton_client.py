@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 # Triton's BYTES tensors hold each element as a 4-byte little-endian length, then the bytes.
 _LENGTH = struct.Struct("<I")
 
+# gRPC refuses messages over 4 MiB unless told otherwise; a job (a long conversation) or a chunk
+# (many choices with log probabilities) can be larger. Triton's own clients allow this much.
+MAX_MESSAGE_BYTES = 2**31 - 1
+
 # The end of a job's responses, as the stream's reader hands it to the job.
 _END = None
 
@@ -40,7 +44,13 @@ class TritonJobClient:
 
     def __init__(self, grpc_address: str, model_name: str) -> None:
         self.model_name = model_name
-        self._channel = grpc.aio.insecure_channel(grpc_address)
+        self._channel = grpc.aio.insecure_channel(
+            grpc_address,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._request_ids = (str(n) for n in itertools.count())
         # Each waiting job's inbox: its chunks, then _END or the error that ended it.

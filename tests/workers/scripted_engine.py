@@ -14,7 +14,8 @@ from workers.engines.base import Delta, Engine, EngineRequest, Footprint, Invali
 
 class ScriptedEngine(Engine):
     """Streams deltas as the prompt says: `fast N`, `slow N SECONDS`, `hang`, `queued` (no token
-    until aborted, as a request waiting in the engine's queue), `invalid`, `crash`.
+    until aborted, as a request waiting in the engine's queue), `big CHARS` (one delta that long),
+    `invalid`, `crash`.
 
     Token `i` is the text `t{i}\x00 `; a continued request goes on after the tokens of its continuation.
     """
@@ -44,6 +45,15 @@ class ScriptedEngine(Engine):
             raise InvalidEngineRequest("The prompt is too long.")
         if words[0] == "crash":
             raise RuntimeError("out of memory")
+        if words[0] == "big":
+            yield Delta(
+                text="x" * int(words[1]),
+                prompt_tokens=3,
+                completion_tokens=1,
+                finish_reason="length",
+                last=True,
+            )
+            return
         if words[0] == "queued":
             await abort.wait()
             yield Delta(text="", prompt_tokens=3, completion_tokens=0, finish_reason="abort", last=True)

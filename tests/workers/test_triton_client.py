@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from switchboard.config import ModelConfig, triton_model_name
@@ -65,6 +66,19 @@ async def test_jobs_at_once_share_the_stream_and_each_gets_its_own_chunks(slot: 
     for count, answer in zip(counts, answers, strict=True):
         assert "".join(answer) == "".join(f"t{i}\x00 " for i in range(count))
         assert len(answer) == count, "one chunk per token, in order, none lost or repeated"
+
+
+async def test_jobs_and_chunks_larger_than_grpcs_default_message_limit_go_through(slot: ModelSlot) -> None:
+    over_4_mib = 6 * 1024 * 1024
+    big_job = msgspec.structs.replace(make_job("m", "fast 2"), tools="x" * over_4_mib)
+    lease = slot.lease()
+    try:
+        sent = [chunk_decoder.decode(raw).text async for raw in lease.served.client.stream(encode(big_job))]
+        received = await texts(lease.served.client, f"big {over_4_mib}")
+    finally:
+        lease.release()
+    assert "".join(sent) == "t0\x00 t1\x00 "
+    assert [len(text) for text in received] == [over_4_mib]
 
 
 async def test_a_job_refused_by_triton_fails_alone(host: TritonHost, slot: ModelSlot) -> None:
