@@ -314,7 +314,7 @@ class JobConsumer:
         # A fresh job goes to the engine at once; whether its client left while it waited is
         # asked meanwhile (a round trip off the time to first token) and answered before its
         # first chunk is written. Only a job put back in line needs its stream read first.
-        where = await plan(self._redis, job, requeued=True) if entry.requeued else RUN
+        where = await plan(self._redis, job) if entry.requeued else RUN
         if where.action == "skip":
             # Its client has gone, or already has the whole answer: nothing is written.
             note_outcome("skipped")

@@ -32,14 +32,11 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     error: JobError | None = None
 
 
-async def plan(redis: aioredis.Redis, job: Job, *, requeued: bool) -> Plan:
-    """Read where `job` stands (one round trip) and say how to go on.
-
-    `requeued`: the job was put back in line (a worker died or stopped running it), so part of
-    its answer may have been sent already.
+async def plan(redis: aioredis.Redis, job: Job) -> Plan:
+    """Read where a job put back in line stands (one round trip) and say how to go on: a worker
+    died or stopped running it, so part of its answer may have been sent already. (A fresh job
+    is run at once; whether its client left is asked meanwhile, `client_left`.)
     """
-    if not requeued:
-        return Plan(action="skip" if await client_left(redis, job.id) else "run")
     pipe = redis.pipeline(transaction=False)
     pipe.exists(keys.cancel_mark(job.id))
     pipe.xrange(keys.result_stream(job.id))
