@@ -349,8 +349,11 @@ def _leaves_at(slot: ModelSlot) -> float | None:
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:
-    """Run one step of stopping; a step that hangs or fails is logged and the next one still runs."""
-    logger.debug("stopping: " + name)
+    """Run one step of stopping; a step that hangs or fails is logged and the next one still runs.
+
+    Each step is logged as it begins: a worker killed while stopping shows where it hung.
+    """
+    logger.info("stopping: " + name)
     try:
         async with asyncio.timeout(STOP_STEP_TIMEOUT_S + extra_s):
             await step
