@@ -21,7 +21,7 @@ from switchboard.local.processes import spawn_group, stop_groups
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.local.toml_text import toml_text
 from switchboard.ports import free_port
-from workers.cpu_placement import available_cores, compute_cores, engine_threads_bind
+from workers.runtime.cpu_placement import available_cores, compute_cores, engine_threads_bind
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "switchboard-demo"

@@ -13,14 +13,13 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from redis.exceptions import RedisError
 
-from router import routes
-from router.admin import admin_router
-from router.admission import REDIS_FULL_RETRY_S, is_redis_full
-from router.auth import authenticate, provide_caller
-from router.disconnect import cancel_on_disconnect
+from router.admission.auth import authenticate, provide_caller
+from router.admission.limits import REDIS_FULL_RETRY_S, is_redis_full
+from router.endpoints import v1 as routes
+from router.endpoints.admin import admin_router
+from router.endpoints.metrics import metrics
 from router.gateway import Gateway
-from router.metrics_endpoint import metrics
-from router.observe import observe_requests
+from router.http.disconnect import cancel_on_disconnect
 from router.openai.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
@@ -29,6 +28,7 @@ from router.openai.errors import (
     RouteNotFoundError,
     ServiceUnavailableError,
 )
+from router.telemetry.requests import observe_requests
 from switchboard.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def create_app(settings: Settings) -> Litestar:
             admin_router(),
         ],
         lifespan=[gateway_lifespan],
-        # Every route needs a known API key while auth is on (router.auth), but the health checks and
+        # Every route needs a known API key while auth is on (router.admission.auth), but the health checks and
         # the metrics.
         guards=[authenticate],
         # Outermost, so that the request's span and timings cover everything else.

@@ -13,15 +13,9 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from router.admission import REDIS_FULL_RETRY_S, Admission, Ticket, is_redis_full
-from router.auth import Caller, KeyTable, check_exposure
-from router.enqueue import JobQueue
-from router.heartbeat import RouterHeartbeat
-from router.job_observer import JobObserver
-from router.job_run import JobRun
-from router.model_limits import ModelLimitsCache
-from router.model_status import ModelStatusReader, may_serve
-from router.observe import note_model
+from router.admission.auth import Caller, KeyTable, check_exposure
+from router.admission.fits import ModelLimitsCache
+from router.admission.limits import REDIS_FULL_RETRY_S, Admission, Ticket, is_redis_full
 from router.openai.errors import (
     ModelLoadFailedError,
     ModelNotFoundError,
@@ -31,8 +25,14 @@ from router.openai.errors import (
     ServiceUnavailableError,
     StreamNotFoundError,
 )
-from router.redis_health import RETRY_AFTER_S, RedisHealth
-from router.results import BLOCK_MS, ResultReader, Subscription
+from router.queue.enqueue import JobQueue
+from router.queue.results import BLOCK_MS, ResultReader, Subscription
+from router.queue.run import JobRun
+from router.status.heartbeat import RouterHeartbeat
+from router.status.models import ModelStatusReader, may_serve
+from router.status.redis_health import RETRY_AFTER_S, RedisHealth
+from router.telemetry.job_observer import JobObserver
+from router.telemetry.requests import note_model
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, is_connection_error, pooled_client
@@ -84,7 +84,7 @@ class Gateway:
             await gateway.key_table.load()
         except RedisError as exc:
             # Redis may come up after the front door: until it does every request is a 503, and
-            # a front door beyond loopback asks for a key whatever Redis holds (router.auth).
+            # a front door beyond loopback asks for a key whatever Redis holds (router.admission.auth).
             logger.warning("could not read the API keys at start", extra={"error": str(exc)})
         else:
             try:

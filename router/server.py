@@ -6,8 +6,8 @@ import redis
 import uvicorn
 from redis.exceptions import RedisError
 
+from router.admission.auth import check_exposure
 from router.app import create_app
-from router.auth import check_exposure
 from switchboard import keys
 from switchboard.config import Settings
 from switchboard.tracing import configure_tracing

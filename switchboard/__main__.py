@@ -2,7 +2,7 @@
 
 import sys
 
-from switchboard.cli import main
+from switchboard.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

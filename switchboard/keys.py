@@ -64,6 +64,26 @@ DEMAND_TTL_S = 3600
 SLOT_GRACE_S = 30
 
 
+# Field names inside the records and stream entries above. Lua scripts (switchboard/lua/) receive
+# them as they are spelled here; Python code uses these constants, never the bare strings.
+# A job stream entry: the msgpack Job, and on a job put back in line, how often it was taken before.
+JOB_FIELD = "job"
+TAKEN_FIELD = "taken"
+# A result stream entry: the msgpack Chunk, and the id of the worker that wrote it (the fence).
+CHUNK_FIELD = "c"
+WRITER_FIELD = "w"
+# A job record (`job_record`): the key that sent it, clients reading it now, times it was resumed,
+# and set once its last chunk was written.
+TENANT_FIELD = "tenant"
+READERS_FIELD = "readers"
+RESUMES_FIELD = "resumes"
+DONE_FIELD = "done"
+# A demand poke: the model it is about ("" for any).
+MODEL_FIELD = "m"
+# A wake poke of a front door's result reader carries nothing.
+WAKE_FIELD = "w"
+
+
 def set_prefix(prefix: str) -> None:
     """Put every key of this process under `prefix` (call once, before any key is made)."""
     global PREFIX

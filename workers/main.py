@@ -25,28 +25,28 @@ from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import cancel_and_wait
 from switchboard.tracing import configure_tracing
 from switchboard.wire import WorkerRecord
-from workers import descendants_guard
-from workers.consumer import JobConsumer
 from workers.controller.coordination import Coordination
 from workers.controller.loop import Backoff, ModelController
-from workers.controller.residency import ModelSlot
 from workers.controller.snapshot import SnapshotReader
 from workers.controller.view import WorkerLimits
-from workers.cpu_placement import (
+from workers.engines.base import Engine
+from workers.engines.registry import EngineOptions, create_engine, import_runtimes
+from workers.jobs.consume import JobConsumer
+from workers.jobs.writer import ResultWriter
+from workers.models.slot import ModelSlot
+from workers.runtime import descendants_guard
+from workers.runtime.cpu_placement import (
     available_cores,
     compute_cores,
     engine_threads_bind,
     keep_off_compute_cores,
 )
-from workers.engines.base import Engine
-from workers.engines.registry import EngineOptions, create_engine, import_runtimes
-from workers.heartbeat import Heartbeat
-from workers.machine import machine_kind, memory_budget_bytes
-from workers.metrics import SLOTS
-from workers.metrics_server import MetricsServer
-from workers.result_writer import ResultWriter
-from workers.triton_host import TritonHost
-from workers.triton_model import CoalescingPolicy
+from workers.runtime.heartbeat import Heartbeat
+from workers.runtime.machine import machine_kind, memory_budget_bytes
+from workers.runtime.metrics import SLOTS
+from workers.runtime.metrics_server import MetricsServer
+from workers.triton.host import TritonHost
+from workers.triton.model import CoalescingPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from switchboard.config import Settings
-from tests.deploy.compose_file import (
+from tests.support.deploy.compose_file import (
     EXAMPLE_ENV,
     REPO,
     InterpolationError,
@@ -24,8 +24,8 @@ from tests.deploy.compose_file import (
     raw_compose,
     volume_mounts,
 )
-from tests.deploy.product import cli_command, router_paths, settings_from
-from tests.deploy.schemas import compose_validator, schema_errors
+from tests.support.deploy.product import cli_command, router_paths, settings_from
+from tests.support.deploy.schemas import compose_validator, schema_errors
 
 SWITCHBOARD_SERVICES = ("router", "worker", "worker-cpu")
 WORKERS = ("worker", "worker-cpu")

@@ -32,9 +32,9 @@ from openai.types.chat import ChatCompletion
 from switchboard import keys
 from switchboard.local.toml_text import toml_text
 from switchboard.wire import load_failure_decoder, worker_decoder
-from tests.deploy.compose_file import REPO, load_compose
-from tests.deploy.compose_local import LocalCompose, Replica
-from workers.takeover import decode_entry
+from tests.support.deploy.compose_file import REPO, load_compose
+from tests.support.deploy.compose_local import LocalCompose, Replica
+from workers.jobs.takeover import decode_entry
 
 pytestmark = pytest.mark.e2e
 

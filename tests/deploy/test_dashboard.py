@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import router.metrics  # noqa: F401  (registers the front door's metrics)
-import workers.metrics  # noqa: F401  (registers the worker's metrics)
+import router.telemetry.metrics  # noqa: F401  (registers the front door's metrics)
+import workers.runtime.metrics  # noqa: F401  (registers the worker's metrics)
 from switchboard.metrics import REGISTRY, metric_names
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards" / "switchboard.json"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.compose_file import REPO, load_compose
-from tests.deploy.product import cli_command, settings_from
+from tests.support.deploy.compose_file import REPO, load_compose
+from tests.support.deploy.product import cli_command, settings_from
 
 DOCKER = REPO / "deploy" / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))

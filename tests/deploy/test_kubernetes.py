@@ -15,9 +15,9 @@ import yaml
 
 from switchboard import keys
 from switchboard.config import Settings
-from tests.deploy.compose_file import REPO
-from tests.deploy.product import cli_command, router_paths, settings_from
-from tests.deploy.schemas import SCHEMAS, kubernetes_schema_path, kubernetes_validator, schema_errors
+from tests.support.deploy.compose_file import REPO
+from tests.support.deploy.product import cli_command, router_paths, settings_from
+from tests.support.deploy.schemas import SCHEMAS, kubernetes_schema_path, kubernetes_validator, schema_errors
 
 K8S = REPO / "deploy" / "k8s"
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}

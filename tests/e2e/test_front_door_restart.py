@@ -27,8 +27,8 @@ from switchboard import keys
 from switchboard.local.demo_model import config_entry
 from switchboard.wire import Chunk, chunk_decoder
 from tests.e2e.conftest import MODEL, STACK_TIMEOUT_S, Stack
-from tests.e2e.key_census import clean
-from tests.e2e.outcomes import Outcome, call, read_events
+from tests.support.key_census import clean
+from tests.support.outcomes import Outcome, call, read_events
 
 pytestmark = pytest.mark.e2e
 

@@ -30,8 +30,8 @@ import pytest
 
 from switchboard.local.demo_model import config_entry
 from tests.e2e.conftest import MODEL, STACK_TIMEOUT_S, Component, Stack
-from tests.e2e.key_census import clean, take_census
-from tests.e2e.outcomes import GOOD, Outcome, call, failures, table
+from tests.support.key_census import clean, take_census
+from tests.support.outcomes import GOOD, Outcome, call, failures, table
 
 pytestmark = pytest.mark.e2e
 

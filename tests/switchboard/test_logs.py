@@ -29,15 +29,15 @@ CHILD = textwrap.dedent(
     )
     logging.getLogger("workers.controller").info("loading model", extra={"model": "demo"})
     logging.getLogger("switchboard.local.stack").info("whitelisted by prefix")
-    logging.getLogger("workers.consumer").info("routine info")
+    logging.getLogger("workers.jobs.consume").info("routine info")
     logging.getLogger("workersmain").info("similar name, other logger")
     logging.getLogger("vllm.engine").info("third-party info")
     logging.getLogger("vllm.engine").warning("third-party warning")
-    logging.getLogger("workers.consumer").warning("a warning", extra={"job": "j1"})
+    logging.getLogger("workers.jobs.consume").warning("a warning", extra={"job": "j1"})
     try:
         1 / 0
     except ZeroDivisionError:
-        logging.getLogger("switchboard.cli").exception("the worker stopped on an error")
+        logging.getLogger("switchboard.cli.main").exception("the worker stopped on an error")
     """
 )
 
@@ -75,9 +75,9 @@ def test_log_file_mode_sends_everything_to_the_file_and_a_summary_to_the_termina
     assert done.stdout == ""
     assert "[worker-2] loading model" in terminal
     assert "whitelisted by prefix" in terminal
-    assert "WARNING workers.consumer: a warning" in terminal
+    assert "WARNING workers.jobs.consume: a warning" in terminal
     assert "job=j1" not in terminal, "fields stay in the file"
-    assert "ERROR switchboard.cli: the worker stopped on an error" in terminal
+    assert "ERROR switchboard.cli.main: the worker stopped on an error" in terminal
     assert f"ZeroDivisionError: division by zero (traceback in {log_file})" in terminal
     hidden_lines = ["routine info", "similar name", "third-party", "raw write", "child", "Traceback"]
     for hidden in hidden_lines:
@@ -90,11 +90,11 @@ def test_without_a_log_file_everything_stays_on_stderr() -> None:
         import logging
         from switchboard.logs import configure_logging
         assert configure_logging("INFO", "router") is None
-        logging.getLogger("workers.consumer").info("routine info")
+        logging.getLogger("workers.jobs.consume").info("routine info")
         """
     )
     done = _run_child(code)
-    assert "[router] INFO workers.consumer: routine info" in done.stderr
+    assert "[router] INFO workers.jobs.consume: routine info" in done.stderr
 
 
 def test_appending_keeps_what_the_file_held(tmp_path: Path) -> None:
@@ -115,13 +115,13 @@ def test_terminal_filter_passes_warnings_and_the_named_loggers_info() -> None:
     assert "workers.controller" in TERMINAL_INFO_LOGGERS
     assert terminal.filter(_record("workers.controller", logging.INFO))
     assert terminal.filter(_record("workers.controller.loop", logging.INFO))
-    assert terminal.filter(_record("workers.consumer", logging.WARNING))
+    assert terminal.filter(_record("workers.jobs.consume", logging.WARNING))
     assert terminal.filter(_record("router", logging.WARNING))
     assert not terminal.filter(_record("vllm.triton_utils", logging.WARNING))
     assert terminal.filter(_record("vllm.engine", logging.ERROR))
     assert terminal.filter(_record("anything.else", logging.CRITICAL))
     assert not terminal.filter(_record("workers.controllers", logging.INFO))
-    assert not terminal.filter(_record("workers.consumer", logging.INFO))
+    assert not terminal.filter(_record("workers.jobs.consume", logging.INFO))
     assert not terminal.filter(_record("workers.controller", logging.DEBUG))
     assert TerminalFilter(["router"]).filter(_record("router.app", logging.INFO))
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from tests.workers.one_worker import Worker, running_worker
+from tests.support.one_worker import Worker, running_worker
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

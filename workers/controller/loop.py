@@ -22,14 +22,14 @@ from switchboard.config import ModelConfig
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import JobError
-from workers import metrics
-from workers.consumer import JobConsumer
 from workers.controller.actions import Action, Load, Sleep, Unload, Wake
 from workers.controller.coordination import Coordination
 from workers.controller.policy import decide
-from workers.controller.residency import LoadFailed, ModelSlot
 from workers.controller.snapshot import LocalFacts, SnapshotReader
 from workers.controller.view import View, WorkerLimits
+from workers.jobs.consume import JobConsumer
+from workers.models.slot import LoadFailed, ModelSlot
+from workers.runtime import metrics
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from switchboard.wire import (
     worker_decoder,
 )
 from workers.controller.coordination import typical
-from workers.controller.residency import ModelSlot
 from workers.controller.view import ModelView, View, WorkerLimits
+from workers.models.slot import ModelSlot
 
 # Replica numbers looked at when a model sets no max_replicas.
 REPLICAS_TRACKED = 16

@@ -25,12 +25,12 @@ import psutil
 from switchboard import tracing
 from switchboard.config import ModelConfig
 from switchboard.wire import ModelLimits
-from workers.cpu_placement import omp_environment
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
 from workers.engines.phases import EnginePhases
 from workers.engines.prompts import PromptBuilder, builds_quickly
 from workers.engines.vllm_io import OutputReader, vllm_sampling_params
 from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
+from workers.runtime.cpu_placement import omp_environment
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import redis
 from redis.exceptions import OutOfMemoryError
 
 from switchboard.local.redis_server import DEFAULT_MAXMEMORY, PrivateRedis
-from tests.network import accepts, connection_refused, non_loopback_ipv4
+from tests.support.network import accepts, connection_refused, non_loopback_ipv4
 
 
 def test_it_listens_on_loopback_only(redis_server: PrivateRedis) -> None:

@@ -18,9 +18,9 @@ import pytest
 
 from switchboard.config import ModelConfig
 from switchboard.wire import SamplingParams
-from workers.cpu_placement import available_cores
 from workers.engines.base import EngineRequest
 from workers.engines.vllm import GIB, VllmEngine, import_runtime
+from workers.runtime.cpu_placement import available_cores
 
 try:
     from switchboard.local.demo_model import build_demo_model

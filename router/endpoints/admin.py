@@ -1,0 +1,71 @@
+"""Operator endpoints: where every model stands, and requests to load or unload one.
+
+The front door never calls a worker: status is read from Redis (`router.status.models`), and a load
+or unload request is a desired state that the workers' model controllers read, poked through the
+demand stream so that they act at once rather than on their next tick.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from litestar import Response, Router, get, post
+from litestar.types import Guard
+
+from router.admission.auth import require_admin
+from router.endpoints.v1 import json_response
+from router.gateway import Gateway
+from router.openai.errors import RouteNotFoundError
+from router.status.models import ModelStatusList
+from switchboard import keys
+from switchboard.wire import DesiredState, encode
+
+# An admin key while auth is on. With auth off the front door is loopback-only (or its operator
+# chose router.allow_open_access), and these endpoints are open like the rest.
+ADMIN_GUARDS: list[Guard] = [require_admin]
+
+
+@get("/models")
+async def list_model_status(gateway: Gateway) -> Response[bytes]:
+    """Every configured model, also those no worker holds."""
+    statuses = await gateway.status.read(gateway.model_names())
+    return json_response(ModelStatusList(data=statuses, time=time.time()))
+
+
+# Model names may hold slashes (`Qwen/Qwen2.5-0.5B`), so the name is the rest of the path.
+@get("/models/{name:path}")
+async def model_status(name: str, gateway: Gateway) -> Response[bytes]:
+    """One configured model."""
+    name = name.strip("/")
+    gateway.require_model(name)
+    return json_response(await gateway.status.read_one(name))
+
+
+@post("/models/{target:path}", status_code=202)
+async def request_model_state(target: str, gateway: Gateway) -> Response[bytes]:
+    """`POST /admin/models/{name}/load` or `/unload`: ask the workers' controllers to act (202)."""
+    name, _, action = target.strip("/").rpartition("/")
+    if action not in ("load", "unload") or not name:
+        raise RouteNotFoundError(f"No endpoint POST /admin/models{target}; use .../{{name}}/load or /unload.")
+    return await _request(gateway, name, "load" if action == "load" else "unload")
+
+
+async def _request(gateway: Gateway, name: str, action: Literal["load", "unload"]) -> Response[bytes]:
+    gateway.require_model(name)
+    desired = DesiredState(action=action, at=time.time())
+    pipe = gateway.redis.pipeline(transaction=False)
+    pipe.set(keys.desired_state(name), encode(desired), ex=keys.DESIRED_TTL_S)
+    pipe.xadd(keys.demand_stream(), {"m": name}, maxlen=keys.DEMAND_MAXLEN, approximate=True)
+    pipe.expire(keys.demand_stream(), keys.DEMAND_TTL_S)
+    await pipe.execute()
+    return json_response(await gateway.status.read_one(name), status_code=202)
+
+
+def admin_router() -> Router:
+    """The `/admin` endpoints, behind ADMIN_GUARDS."""
+    return Router(
+        path="/admin",
+        route_handlers=[list_model_status, model_status, request_model_state],
+        guards=ADMIN_GUARDS,
+    )

@@ -1,0 +1,170 @@
+"""Validated OpenAI requests into Jobs: the product's own schema, which is all a worker sees."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonObjectFormat, JsonSchemaFormat
+from router.openai.checks import logit_bias_tokens
+from router.openai.common import SamplingRequest, stop_list
+from router.openai.completions import CompletionRequest
+from switchboard.wire import ChatMessage, Job, Prompt, SamplingParams, StructuredOutput, ToolCall
+
+_json = msgspec.json.Encoder()
+
+
+# A job id is 32 hex digits: its creation time in milliseconds (12), then 80 random bits (20).
+# The time is in it so that a resumed stream (`router.intake.resume`) repeats the answer's `created`.
+JOB_ID_PATTERN = r"[0-9a-f]{32}"
+
+
+def new_job_id(created: float) -> str:
+    """A unique id made at `created` (unix seconds), also used as the OpenAI response id's suffix."""
+    return f"{int(created * 1000) & 0xFFFFFFFFFFFF:012x}{uuid.uuid4().hex[:20]}"
+
+
+def created_of(job_id: str) -> float:
+    """When the job with this id was made (unix seconds, to the millisecond)."""
+    return int(job_id[:12], 16) / 1000
+
+
+def chat_job(
+    request: ChatCompletionRequest,
+    *,
+    timeout_s: float,
+    structured: StructuredOutput | None = None,
+    parse_tool_calls: bool = False,
+    tenant: str | None = None,
+) -> Job:
+    """The job for a chat completion; `structured` is what its tool choice needs, if anything, and
+    `parse_tool_calls` whether the model's own tool calls are to be parsed from its text."""
+    top_logprobs = request.top_logprobs or 0
+    sampling = sampling_params(
+        request,
+        max_tokens=request.max_completion_tokens or request.max_tokens,
+        logprobs=top_logprobs if request.logprobs else None,
+        structured=structured or _response_format(request) or _structured_outputs(request),
+    )
+    tools = _json.encode([tool for tool in request.tools]).decode() if request.tools else None
+    return _job(
+        request.model,
+        sampling,
+        timeout_s=timeout_s,
+        tenant=tenant,
+        messages=tuple(_message(m) for m in request.messages),
+        tools=tools,
+        parse_tool_calls=parse_tool_calls,
+    )
+
+
+def completion_job(request: CompletionRequest, *, timeout_s: float, tenant: str | None = None) -> Job:
+    """The job for a plain completion (its prompt already checked by `check_completion`)."""
+    sampling = sampling_params(
+        request,
+        max_tokens=request.max_tokens,
+        logprobs=request.logprobs,
+        echo=request.echo,
+        structured=_structured_outputs(request),
+    )
+    return _job(
+        request.model, sampling, timeout_s=timeout_s, tenant=tenant, prompts=prompts_of(request.prompt)
+    )
+
+
+def prompts_of(prompt: str | list[Any]) -> tuple[Prompt, ...]:
+    """The prompts of a completion request, in OpenAI's order."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if all(isinstance(item, int) for item in prompt):
+        return (tuple(prompt),)
+    return tuple(item if isinstance(item, str) else tuple(item) for item in prompt)
+
+
+def sampling_params(
+    request: SamplingRequest,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    echo: bool = False,
+    structured: StructuredOutput | None = None,
+) -> SamplingParams:
+    """What the engine samples with, from the fields every generation request shares."""
+    temperature = request.temperature
+    # top_p == 0 keeps only the most likely token: that is greedy sampling, which the engines
+    # express as temperature 0 (they refuse top_p == 0 itself).
+    top_p = request.top_p
+    if top_p == 0:
+        temperature, top_p = 0.0, None
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        seed=request.seed,
+        stop=stop_list(request.stop),
+        n=request.n,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        min_tokens=request.min_tokens,
+        logit_bias=logit_bias_tokens(request.logit_bias),
+        logprobs=logprobs,
+        echo=echo,
+        structured=structured,
+    )
+
+
+def _job(model: str, sampling: SamplingParams, *, timeout_s: float, tenant: str | None, **inputs: Any) -> Job:
+    now = time.time()
+    return Job(
+        id=new_job_id(now),
+        model=model,
+        sampling=sampling,
+        created=now,
+        deadline=now + timeout_s,
+        tenant=tenant,
+        **inputs,
+    )
+
+
+def _message(message: ChatMessageIn) -> ChatMessage:
+    calls = tuple(
+        ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+        for call in message.tool_calls or ()
+    )
+    return ChatMessage(
+        role=message.role,
+        content=None if message.content is None else message.text(),
+        name=message.name,
+        tool_calls=calls,
+        tool_call_id=message.tool_call_id,
+    )
+
+
+def _response_format(request: ChatCompletionRequest) -> StructuredOutput | None:
+    response_format = request.response_format
+    if isinstance(response_format, JsonObjectFormat):
+        return StructuredOutput(json_object=True)
+    if isinstance(response_format, JsonSchemaFormat):
+        schema = response_format.json_schema.schema or {"type": "object"}
+        return StructuredOutput(json_schema=_json.encode(schema).decode())
+    return None
+
+
+def _structured_outputs(request: SamplingRequest) -> StructuredOutput | None:
+    """vLLM's `structured_outputs` extension (its one constraint checked by `check_chat`/`check_completion`)."""
+    constraints = request.structured_outputs
+    if constraints is None:
+        return None
+    return StructuredOutput(
+        json_schema=_json.encode(constraints.json).decode() if constraints.json is not None else None,
+        json_object=bool(constraints.json_object),
+        regex=constraints.regex,
+        choice=tuple(constraints.choice) if constraints.choice is not None else None,
+        grammar=constraints.grammar,
+    )

@@ -1,0 +1,265 @@
+"""One reader loop per front-door process for the result streams of all in-flight jobs.
+
+A blocking read per request would tie up a Redis connection each; instead one task issues a single
+``XREAD BLOCK`` over every in-flight job's result stream (plus this process's wake stream) and hands
+each chunk, with its entry id, to the request waiting for it. Streams are read from their start (or,
+for a resumed stream, from after the entry its client saw last), so a chunk written before the
+request subscribed is not lost.
+
+The loop also notices a Redis that restarted (its run id changed): a job whose result stream, or
+whose place in the queue, did not survive the restart can never finish, and its request is failed
+at once instead of waiting for its deadline. With append-only persistence both survive, and reading
+simply goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from router.status.redis_health import RedisHealth
+from switchboard import keys
+from switchboard.redis_conn import is_connection_error, server_run_id, stream_entries
+from switchboard.tasks import cancel_and_wait
+from switchboard.wire import Chunk, chunk_decoder
+
+logger = logging.getLogger(__name__)
+
+# How long one XREAD may block. New subscriptions wake it early through the wake stream, so this
+# only bounds how often an idle front door polls.
+BLOCK_MS = 5_000
+# After a Redis error the loop backs off this long before trying again; after a lost connection,
+# only briefly (a connection from before a restart fails once, and the next one works).
+RETRY_DELAY_S = 0.5
+RECONNECT_DELAY_S = 0.1
+# While jobs are in flight, Redis's run id is compared this often (and after every failed read).
+RUN_ID_CHECK_S = 5.0
+
+START = "0-0"
+
+
+class ResultsLost(Exception):
+    """Redis restarted and kept neither the job's results nor the job itself."""
+
+
+class Subscription:
+    """The chunks of one job, each with its result stream entry id, in order."""
+
+    def __init__(self, job_id: str, model: str, after: str = START, *, streamed: bool = False) -> None:
+        self.job_id = job_id
+        self.model = model
+        # A streamed answer is kept a while after it was read to its end, for a client that resumes it.
+        self.streamed = streamed
+        self.stream_key = keys.result_stream(job_id).encode()
+        self.last_id = after.encode()
+        # Set once the job's last chunk was handed out: its result stream is no longer needed.
+        self.finished = False
+        # Set once the reader has read the job's last chunk (the caller may not have taken it yet).
+        self.read_to_end = False
+        # Entry id of the last chunk handed out (`after` for a stream resumed there).
+        self.taken_id = after
+        self.released = False
+        self._queue: asyncio.Queue[tuple[str, Chunk] | ResultsLost] = asyncio.Queue()
+
+    def deliver(self, entry_id: str, chunk: Chunk) -> None:
+        """Called by the reader loop for every chunk read from the job's result stream."""
+        self._queue.put_nowait((entry_id, chunk))
+
+    def fail(self, error: ResultsLost) -> None:
+        """Called by the reader loop when the job's results are gone for good."""
+        self._queue.put_nowait(error)
+
+    async def get(self, deadline: float) -> tuple[str, Chunk]:
+        """The next chunk and its entry id; TimeoutError past `deadline` (loop time); ResultsLost."""
+        if self._queue.empty():
+            async with asyncio.timeout_at(deadline):
+                item = await self._queue.get()
+        else:
+            item = self._queue.get_nowait()
+        if isinstance(item, ResultsLost):
+            raise item
+        entry_id, chunk = item
+        # Marked before the caller sees it: a caller that stops at the last chunk has not left early.
+        self.finished = chunk.is_last
+        self.taken_id = entry_id
+        return item
+
+
+class ResultReader:
+    """Reads every in-flight result stream of this process through one Redis connection."""
+
+    def __init__(self, redis: aioredis.Redis, router_id: str, health: RedisHealth) -> None:
+        self._redis = redis
+        self._health = health
+        self._wake_key = keys.wake_stream(router_id).encode()
+        self._wake_last_id = b"0-0"
+        self._subscriptions: dict[bytes, Subscription] = {}
+        # Jobs whose subscription ended, with how long their results (and record) are kept: deleted
+        # at once (None), or expiring after that many seconds.
+        self._ended: list[tuple[str, int | None]] = []
+        self._has_work = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._run_id: str | None = None
+        self._check_run_id_at = 0.0
+        # True while an XREAD is in flight: only then must a new subscription wake the reader.
+        self.blocked = False
+
+    @property
+    def wake_key(self) -> str:
+        """The stream to poke so that a blocked read returns and picks up new subscriptions."""
+        return self._wake_key.decode()
+
+    def subscribe(
+        self, job_id: str, model: str, after: str = START, *, streamed: bool = False
+    ) -> Subscription:
+        """Start delivering the chunks of `job_id` (a job of `model`) that follow entry `after`;
+        `streamed`: they go to a streamed response (see `Subscription.streamed`)."""
+        subscription = Subscription(job_id, model, after, streamed=streamed)
+        self._subscriptions[subscription.stream_key] = subscription
+        self._has_work.set()
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription, *, keep: bool = False) -> None:
+        """Stop delivering. The job's result stream and record are deleted on the reader's next pass,
+        unless `keep`: then they stay until they expire, for a client that resumes the stream
+        (`Last-Event-ID`); so does a streamed answer read to its end, for a while. Idempotent."""
+        if subscription.released:
+            return
+        subscription.released = True
+        self._subscriptions.pop(subscription.stream_key, None)
+        keep_s: int | None = None
+        if keep:
+            keep_s = keys.RESULT_TTL_S
+        elif subscription.read_to_end and subscription.streamed:
+            keep_s = keys.FINISHED_RESULT_TTL_S
+        self._ended.append((subscription.job_id, keep_s))
+        self._has_work.set()
+
+    async def wake(self) -> None:
+        """Make a blocked read return, so that it picks up a new subscription at once."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(self._wake_key, {"w": ""}, maxlen=1)
+        pipe.expire(self._wake_key, keys.WAKE_TTL_S)
+        await pipe.execute()
+
+    @property
+    def in_flight(self) -> int:
+        """How many jobs this process is waiting on."""
+        return len(self._subscriptions)
+
+    def start(self) -> None:
+        """Start the reader loop."""
+        self._task = asyncio.create_task(self._run(), name="result-reader")
+
+    async def stop(self) -> None:
+        """Stop the reader loop; idempotent."""
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._read_once()
+            except asyncio.CancelledError:
+                raise
+            except RedisError as exc:
+                if not is_connection_error(exc):
+                    logger.exception("result reader failed; retrying", extra={"in_flight": self.in_flight})
+                    await asyncio.sleep(RETRY_DELAY_S)
+                    continue
+                # Redis may be down, or may have restarted: whatever answers next, its run id is
+                # compared first. Requests find out for themselves whether it is down.
+                if self._check_run_id_at:
+                    logger.warning("result reader lost its connection", extra={"error": str(exc)})
+                self._check_run_id_at = 0.0
+                await asyncio.sleep(RECONNECT_DELAY_S)
+            except Exception:
+                logger.exception("result reader failed; retrying", extra={"in_flight": self.in_flight})
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _read_once(self) -> None:
+        if self._ended:
+            await self._clean_up_ended()
+        if not self._subscriptions:
+            self._has_work.clear()
+            await self._has_work.wait()
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._check_run_id_at:
+            await self._check_restart()
+            self._check_run_id_at = loop.time() + RUN_ID_CHECK_S
+        streams = {self._wake_key: self._wake_last_id}
+        streams.update((key, sub.last_id) for key, sub in self._subscriptions.items())
+        self.blocked = True
+        try:
+            response = await self._redis.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
+        finally:
+            self.blocked = False
+        for stream_key, entries in stream_entries(response):
+            self._dispatch(stream_key, entries)
+
+    async def _clean_up_ended(self) -> None:
+        ended, self._ended = self._ended, []
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id, keep_s in ended:
+            results, record = keys.result_stream(job_id), keys.job_record(job_id)
+            if keep_s is None:
+                pipe.unlink(results, record)
+            else:
+                # Its writer sets an expiry too; this bounds it even if the writer never wrote again.
+                pipe.expire(results, keep_s)
+                pipe.expire(record, keep_s)
+        try:
+            await pipe.execute()
+        except BaseException:
+            self._ended.extend(ended)
+            raise
+
+    async def _check_restart(self) -> None:
+        """Fail the subscriptions whose job a Redis restart lost; remember the server's run id."""
+        run_id = await server_run_id(self._redis)
+        self._health.mark_up()
+        previous, self._run_id = self._run_id, run_id
+        if previous is None or previous == run_id:
+            return
+        subscriptions = list(self._subscriptions.values())
+        pipe = self._redis.pipeline(transaction=False)
+        for subscription in subscriptions:
+            pipe.exists(subscription.stream_key)
+            pipe.exists(keys.job_stream(subscription.model))
+        found = await pipe.execute()
+        lost = 0
+        for index, subscription in enumerate(subscriptions):
+            has_results, has_job_stream = found[2 * index], found[2 * index + 1]
+            # Before its first chunk a job is only in its model's queue; after it, only its results
+            # tell where it is (the queue entry may be acknowledged and trimmed by then).
+            started = subscription.last_id != START.encode()
+            if has_results or (has_job_stream and not started):
+                continue
+            lost += 1
+            self._subscriptions.pop(subscription.stream_key, None)
+            subscription.fail(ResultsLost(subscription.job_id))
+        logger.warning(
+            "redis restarted", extra={"run_id": run_id, "in_flight": len(subscriptions), "lost": lost}
+        )
+
+    def _dispatch(self, stream_key: bytes, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        if stream_key == self._wake_key:
+            self._wake_last_id = entries[-1][0]
+            return
+        subscription = self._subscriptions.get(stream_key)
+        if subscription is None:  # unsubscribed while the read was in flight
+            return
+        for entry_id, fields in entries:
+            subscription.last_id = entry_id
+            chunk = chunk_decoder.decode(fields[b"c"])
+            subscription.deliver(entry_id.decode(), chunk)
+            if chunk.is_last:
+                # Nothing follows: stop reading the stream; it is deleted on the next pass (its
+                # chunks are in this process now), or kept a while for a streamed answer.
+                subscription.read_to_end = True
+                self.unsubscribe(subscription)
+                return

@@ -1,0 +1,172 @@
+"""One enqueued job as its request handler sees it: its chunks until its deadline, then its cleanup.
+
+The chunks come from the process's one result reader (`router.queue.results`); nothing here reads Redis
+while chunks arrive in time. Only a deadline that passes before the first chunk reads where the
+model stands, to tell a client whose model is still loading when to come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from redis.exceptions import RedisError
+
+from router.admission.limits import Ticket
+from router.openai.errors import GatewayTimeoutError, ModelLoadingError, OpenAIError, ResultsLostError
+from router.queue.enqueue import JobQueue
+from router.queue.results import START, ResultReader, ResultsLost, Subscription
+from router.status.models import ModelStatusReader
+from router.telemetry.job_observer import JobObserver
+from switchboard.wire import Chunk, Job
+
+logger = logging.getLogger(__name__)
+
+# Retry-After for a request dropped while its model loads, when no load time is known at all.
+UNKNOWN_LOAD_RETRY_S = 30.0
+# Retry-After for a request whose job a Redis restart lost.
+LOST_RETRY_S = 1.0
+
+
+class JobRun:
+    """The chunks of one enqueued job; `close()` ends it, leaving a cancel mark if it is unfinished.
+
+    A streamed run (`mark_resumable`) that ends mid-stream keeps its result stream, and its cancel
+    mark waits `resume_grace_s` for a client that resumes the stream (`Last-Event-ID`), maybe
+    through another front door; one read to its end keeps it `keys.FINISHED_RESULT_TTL_S`.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        subscription: Subscription,
+        *,
+        reader: ResultReader,
+        queue: JobQueue,
+        status: ModelStatusReader,
+        timeout_s: float,
+        ticket: Ticket | None,
+        resume_grace_s: float = 0.0,
+        observer: JobObserver | None = None,
+    ) -> None:
+        self.job = job
+        self._subscription = subscription
+        self._reader = reader
+        self._queue = queue
+        self._status = status
+        self._timeout_s = timeout_s
+        self._ticket = ticket
+        self._resume_grace_s = resume_grace_s
+        self._observer = observer
+        self.resumable = False
+        # Tokens the job used, from its last chunk: what its key's tpm is settled with.
+        self._used_tokens: int | None = None
+        # The job's deadline on the event loop's clock, which timeouts use.
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + (job.deadline - time.time())
+        self.started = False  # a chunk has arrived
+        self._closed = False
+
+    def mark_resumable(self) -> None:
+        """The run's chunks go to a streamed response, which its client may resume."""
+        self.resumable = True
+        self._subscription.streamed = True
+
+    @property
+    def last_entry_id(self) -> str:
+        """The result stream entry id of the last chunk handed out: where a resumed stream goes on."""
+        return self._subscription.taken_id
+
+    async def wait_chunk(self, within_s: float) -> Chunk | None:
+        """The next chunk, or None if `within_s` passes first; the deadline's error if that passes first."""
+        limit = min(asyncio.get_running_loop().time() + within_s, self._deadline)
+        return await self._next(limit, before_deadline=limit < self._deadline)
+
+    async def chunks(self, first: Chunk | None = None) -> AsyncIterator[Chunk]:
+        """Every chunk (starting with `first`, if already taken) until the last; the deadline's error."""
+        chunk = first
+        while chunk is None or not chunk.is_last:
+            if chunk is not None:
+                yield chunk
+            chunk = await self._next(self._deadline, before_deadline=False)
+        yield chunk
+
+    async def close(self) -> None:
+        """Stop reading the job's results; an unfinished job gets a cancel mark; its admission ticket
+        is released. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        unfinished = not self._subscription.finished
+        if self._observer is not None:
+            self._observer.closed(finished=not unfinished)
+        # A client that saw part of a stream may come back for the rest: keep it until it expires.
+        resumable = unfinished and self.resumable and self._subscription.taken_id != START
+        self._reader.unsubscribe(self._subscription, keep=resumable)
+        cancel = unfinished
+        if resumable and self._resume_grace_s > 0:
+            self._queue.cancel_later(self.job.id, after_s=self._resume_grace_s)
+            cancel = False
+        # Shielded: a client that left cancels this task, and the mark and the release must still happen.
+        await asyncio.shield(self._finish(left=unfinished, cancel=cancel, keep_results=resumable))
+
+    async def _next(self, limit: float, *, before_deadline: bool) -> Chunk | None:
+        try:
+            _, chunk = await self._subscription.get(limit)
+        except ResultsLost:
+            raise ResultsLostError(self.job.id, LOST_RETRY_S) from None
+        except TimeoutError:
+            if before_deadline:
+                return None
+            raise await self._deadline_error() from None
+        self.started = True
+        if self._observer is not None:
+            self._observer.chunk(chunk)
+        if chunk.usage is not None:
+            self._used_tokens = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+        return chunk
+
+    async def _deadline_error(self) -> OpenAIError:
+        """504 once the job has started, or while its model is warm; 503 while the model loads."""
+        timeout = GatewayTimeoutError(
+            f"The job did not finish within {self._timeout_s:g} s. "
+            "Retry later, or raise router.request_timeout_s."
+        )
+        if self.started:
+            return timeout
+        try:
+            status = await self._status.read_one(self.job.model)
+        except RedisError:
+            logger.warning("could not read the model's status", extra={"model": self.job.model})
+            return timeout
+        if status.state == "warm":
+            return timeout
+        remaining_s = status.load_remaining_s()
+        logger.info(
+            "request dropped while its model loads",
+            extra={"model": self.job.model, "job_id": self.job.id, "remaining_s": remaining_s},
+        )
+        return ModelLoadingError(
+            self.job.model,
+            # Asleep or on its way out, it is on its way back too: the controller sees the waiting job.
+            loading=status.state != "cold",
+            typical_load_s=status.typical_load_s(),
+            retry_after_s=UNKNOWN_LOAD_RETRY_S if remaining_s is None else remaining_s,
+        )
+
+    async def _finish(self, *, left: bool, cancel: bool, keep_results: bool) -> None:
+        if left:
+            # At once rather than on the reader's next pass, which a blocked read may hold back.
+            try:
+                await self._queue.leave(self.job.id, cancel=cancel, keep_results=keep_results)
+            except RedisError:
+                logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})
+        if self._ticket is None:  # a resumed stream: its job's ticket went with its first reader
+            return
+        try:
+            await self._ticket.release(self._used_tokens)
+        except RedisError:
+            # Its slots expire on their own past the job's deadline.
+            logger.warning("could not release the job's admission slots", extra={"job_id": self.job.id})

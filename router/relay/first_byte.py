@@ -1,0 +1,120 @@
+"""A streamed response's first byte: headers wait for the first chunk, then progress comments.
+
+Anything known before the first token (a failed load, a prompt too long, a deadline) should be a
+real HTTP status with OpenAI's error object, not an error event inside a 200. So the headers wait
+for the first chunk, up to `router.first_byte_budget_s`; a warm model's first chunk comes in
+milliseconds, and nothing is read from Redis meanwhile. Past the budget (a model loading, a long
+queue) the headers go out, and until the first chunk an SSE comment reports, every
+`router.load_progress_every_s`, where the model stands. Clients skip comments; people and proxies
+see that the request is alive.
+
+Every event carries an SSE `id:` line, `<job id>:<result stream entry id>` of the chunk it came
+from, so that a client that lost its connection can re-send the request with `Last-Event-ID` and
+get the rest of the same answer (`router.intake.resume`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+from redis.exceptions import RedisError
+
+from router.openai.errors import OpenAIError
+from router.queue.run import JobRun
+from router.relay.sse import Relay, error_for, sse_comment
+from router.status.models import ModelStatus, ModelStatusReader
+from switchboard.config import RouterConfig
+from switchboard.wire import Chunk
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Progress comments of the requests waiting on one model share a status read this recent.
+STATUS_MAX_AGE_S = 1.0
+
+
+async def stream_response(
+    run: JobRun, relay: Relay, settings: RouterConfig, status: ModelStatusReader
+) -> Stream:
+    """The streamed response of `run`, once its first chunk came or the first-byte budget passed.
+
+    Raises (as a real HTTP status) an error known before the first chunk, or within the budget.
+    """
+    run.mark_resumable()
+    try:
+        first = await run.wait_chunk(settings.first_byte_budget_s)
+        if first is not None and first.error is not None:
+            raise error_for(first.error, run.job.model)
+    except BaseException:
+        await run.close()
+        raise
+    events = _events(run, relay, first, settings.load_progress_every_s, status)
+    # The background close covers a client that left before the body began (the events' own
+    # `finally` never runs then); closing is idempotent.
+    return Stream(
+        events,
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+        background=BackgroundTask(run.close),
+    )
+
+
+async def _events(
+    run: JobRun, relay: Relay, first: Chunk | None, every_s: float, status: ModelStatusReader
+) -> AsyncIterator[bytes]:
+    try:
+        while first is None:
+            yield await _progress_comment(run.job.model, status)
+            first = await run.wait_chunk(every_s)
+        # The relay takes a chunk, then yields its events: they come from the chunk taken last.
+        async for event in relay.events(run.chunks(first)):
+            yield event_id(run) + event
+    except OpenAIError as exc:
+        # Headers are gone by now: the error travels as an event, as OpenAI's streams do.
+        yield event_id(run) + relay.error_event(exc)
+    finally:
+        await run.close()
+
+
+def event_id(run: JobRun) -> bytes:
+    """The SSE `id:` line of an event relayed from the chunk that `run` handed out last."""
+    return f"id: {run.job.id}:{run.last_entry_id}\n".encode()
+
+
+async def _progress_comment(model: str, status: ModelStatusReader) -> bytes:
+    try:
+        return sse_comment(describe_wait(await status.read_shared(model, STATUS_MAX_AGE_S)))
+    except RedisError:
+        logger.warning("could not read the model's status for a progress comment", extra={"model": model})
+        return sse_comment(f"waiting for {model}")
+
+
+def describe_wait(status: ModelStatus) -> str:
+    """What a request waiting for its first chunk of `status.name` is waiting for, in a few words."""
+    name = status.name
+    queued = _jobs(status.waiting, "queued")
+    if status.state == "warm":  # the queue is the story, even while another replica loads
+        return f"waiting for {name} ({queued}, {status.in_flight} running)"
+    loading = [r for r in status.replicas if r.state == "loading"]
+    if loading:
+        replica = max(loading, key=lambda r: r.loading_elapsed_s or 0.0)
+        elapsed = f"{replica.loading_elapsed_s or 0.0:.0f} s"
+        expected = "?" if replica.loading_expected_s is None else f"{replica.loading_expected_s:.0f} s"
+        return f"loading {name}, {elapsed} of about {expected}"
+    if status.state == "sleeping":
+        return f"waiting for {name} to wake ({queued})"
+    if status.state == "unloading":
+        return f"waiting for {name}, which is being unloaded ({queued})"
+    if status.failure is not None:
+        return (
+            f"{name} failed to load: {status.failure.reason}; "
+            f"retrying in {status.failure.retry_in_s:.0f} s ({queued})"
+        )
+    return f"waiting for a worker to load {name} ({queued})"
+
+
+def _jobs(count: int, what: str) -> str:
+    return f"{count} job{'' if count == 1 else 's'} {what}"

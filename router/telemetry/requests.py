@@ -1,0 +1,130 @@
+"""Every API request, seen from outside the app: its HTTP span, its status and its timings.
+
+An ASGI middleware around the whole app. It continues an incoming W3C `traceparent` (or starts a
+trace) with one server span that lasts to the response's last byte, and counts the request by model
+and status once it has ended. What happens inside (the job's spans, the first chunk) is recorded by
+`router.telemetry.job_observer` on the request's `RequestObservation`, found through a context variable that
+the handler's task inherits.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from router.telemetry.metrics import E2E_LATENCY, REQUESTS
+from switchboard import tracing
+
+# Requests under these paths are observed; /metrics and the health checks are not.
+OBSERVED_PREFIX = "/v1/"
+# The model lookup's path holds the model's name: its span is named after the route instead.
+MODELS_ROUTE = "/v1/models"
+
+
+@dataclass(slots=True)
+class RequestObservation:
+    """What is known about one API request while it runs."""
+
+    started: float = field(default_factory=time.perf_counter)
+    started_ns: int = 0
+    # Set once the request names a configured model.
+    model: str = ""
+    status: int = 0
+    # Whether the request carried a job whose answer took time (end-to-end latency is recorded).
+    generated: bool = False
+    span: Any = None
+
+
+_current: contextvars.ContextVar[RequestObservation | None] = contextvars.ContextVar(
+    "switchboard_request", default=None
+)
+
+
+def current_request() -> RequestObservation | None:
+    """The observation of the API request being handled, if any."""
+    return _current.get()
+
+
+def note_model(model: str) -> None:
+    """The request is for `model` (a configured one): its metrics are labelled with it."""
+    request = _current.get()
+    if request is not None:
+        request.model = model
+
+
+def observe_requests(app: ASGIApp) -> ASGIApp:
+    """Wrap `app`: one server span per API request, and its count by model and status."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP or not scope["path"].startswith(OBSERVED_PREFIX):
+            await app(scope, receive, send)
+            return
+        request = RequestObservation()
+        token = _current.set(request)
+        span: Any = _start_span(scope, request) if tracing.enabled() else None
+
+        first_byte = span is not None
+
+        async def observed_send(message: Message) -> None:
+            nonlocal first_byte
+            if message["type"] == "http.response.start":
+                request.status = message["status"]
+            elif first_byte and message.get("body"):
+                first_byte = False
+                request.span.add_event("first_byte")
+            await send(message)
+
+        try:
+            if span is None:
+                await app(scope, receive, observed_send)
+            else:
+                with tracing.current(span):
+                    await app(scope, receive, observed_send)
+        finally:
+            _current.reset(token)
+            _finished(request, span)
+
+    return middleware
+
+
+def _start_span(scope: Scope, request: RequestObservation) -> Any:
+    from opentelemetry.trace import SpanKind
+
+    method, path = str(scope.get("method", "GET")), scope["path"]
+    route = MODELS_ROUTE if path.startswith(MODELS_ROUTE) else path
+    headers = {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in scope.get("headers", ())
+        if name in (b"traceparent", b"tracestate")
+    }
+    request.started_ns = tracing.now_ns()
+    request.span = tracing.start_span(
+        f"{method} {route}",
+        parent=tracing.context_from(headers),
+        kind=SpanKind.SERVER,
+        start_ns=request.started_ns,
+        attributes={"http.request.method": method, "url.path": path, "http.route": route},
+    )
+    return request.span
+
+
+def _finished(request: RequestObservation, span: Any) -> None:
+    # No response started: the client left first (nginx's 499), or the server failed.
+    status = request.status or 499
+    REQUESTS.labels(request.model, str(status)).inc()
+    if request.generated:
+        E2E_LATENCY.labels(request.model).observe(time.perf_counter() - request.started)
+    if span is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("http.response.status_code", status)
+        if request.model:
+            span.set_attribute("gen_ai.request.model", request.model)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()

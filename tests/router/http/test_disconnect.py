@@ -1,0 +1,88 @@
+"""A client that leaves ends its job at once: a cancel mark, and its slots back for the next request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from switchboard import api_keys, keys
+from switchboard.config import ApiKey
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.wire import Chunk, Usage
+from tests.support.front_door_harness import BODY, next_job, serving, settings_for, write_chunks
+
+SECRET = api_keys.new_secret()
+HEADERS = {"Authorization": f"Bearer {SECRET}"}
+
+
+async def settled(redis: aioredis.Redis, job_id: str) -> bool:
+    """Whether the job got its cancel mark and every slot was given back, within a few seconds."""
+    for _ in range(100):
+        marked = await redis.exists(keys.cancel_mark(job_id))
+        if (
+            marked
+            and not await redis.zcard(keys.in_flight())
+            and not await redis.zcard(keys.key_in_flight("one"))
+        ):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_leaves_frees_its_parallel_slot_at_once(
+    redis: aioredis.Redis, redis_server: PrivateRedis, stream: bool
+) -> None:
+    # The deadline is far: only the disconnect can end the job in time.
+    settings = settings_for(redis_server.url, timeout_s=120, first_byte_budget_s=0.1)
+    settings.auth.keys = [ApiKey(name="one", sha256=api_keys.digest(SECRET), max_parallel=1)]
+    async with serving(settings) as client:
+
+        async def leave_early() -> None:
+            if not stream:
+                await client.post("/v1/chat/completions", json=BODY, headers=HEADERS)
+                return
+            request = {**BODY, "stream": True}
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=request, headers=HEADERS
+            ) as response:
+                async for _ in response.aiter_lines():
+                    await asyncio.sleep(3600)  # headers came (the budget passed): hang on
+
+        leaving = asyncio.create_task(leave_early())
+        job = await next_job(redis)
+        await asyncio.sleep(0.3)  # past the first-byte budget: a stream's headers are out
+        busy = await client.post("/v1/chat/completions", json=BODY, headers=HEADERS)
+        assert busy.status_code == 429
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        assert await settled(redis, job.id)
+        # The slot is free: the next request is admitted and answered.
+        await redis.delete(keys.job_stream(job.model))  # the cancelled job, which no worker took
+        again = asyncio.create_task(client.post("/v1/chat/completions", json=BODY, headers=HEADERS))
+        answered = await next_job(redis)
+        await write_chunks(
+            redis,
+            answered.id,
+            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
+        )
+        assert (await again).status_code == 200
+
+
+async def test_a_response_sent_in_full_is_not_disturbed(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    async with serving(settings_for(redis_server.url)) as client:
+        request = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+        job = await next_job(redis)
+        await write_chunks(
+            redis,
+            job.id,
+            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
+        )
+        response = await request
+    assert response.status_code == 200
+    assert not await redis.exists(keys.cancel_mark(job.id))
+    assert not await redis.zcard(keys.in_flight())

@@ -1,0 +1,72 @@
+"""The result reader leaves nothing behind: no subscription polled forever, no result stream kept
+past its expiry."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from router.admission.auth import ANONYMOUS
+from router.gateway import Gateway
+from router.intake.job import chat_job
+from router.openai.chat import ChatCompletionRequest
+from router.queue.enqueue import JobQueue
+from switchboard import keys
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.wire import Chunk, LoadFailure, encode
+from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for
+
+
+async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
+    redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enqueuing = asyncio.Event()
+    submit = JobQueue.submit
+
+    async def slow_submit(self: JobQueue, *args: object, **kwargs: object) -> LoadFailure | None:
+        enqueuing.set()
+        await asyncio.sleep(0.2)
+        return await submit(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(JobQueue, "submit", slow_submit)
+    gateway = await Gateway.open(settings_for(redis_server.url))
+    try:
+        request = msgspec.convert({**BODY, "stream": True}, ChatCompletionRequest)
+        job = chat_job(request, timeout_s=30)
+        starting = asyncio.create_task(gateway.start_job(job, ANONYMOUS))
+        async with asyncio.timeout(10):
+            while not enqueuing.is_set():
+                if starting.done():
+                    starting.result()  # it failed before queueing: show why
+                await asyncio.sleep(0.01)
+        starting.cancel()  # the client went away while its job was being queued
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        assert gateway.reader.in_flight == 0
+        assert not await redis.zcard(keys.in_flight())  # its admission slot is back
+        assert await redis.exists(keys.cancel_mark(job.id))  # a job queued for nobody is cancelled
+    finally:
+        await gateway.close()
+
+
+async def test_a_stream_kept_for_resumption_expires_even_if_its_writer_set_no_expiry(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=0.1)
+    async with serving(settings) as client, asyncio.timeout(30):
+        async with client.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:
+            job = await next_job(redis)
+            await redis.xadd(keys.result_stream(job.id), {"c": encode(Chunk(text="Hel"))})  # no EXPIRE
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    break
+        # The client left mid-stream: the stream stays for a resumption, but not for ever.
+        for _ in range(100):
+            if await redis.ttl(keys.result_stream(job.id)) > 0:
+                break
+            await asyncio.sleep(0.02)
+        assert 0 < await redis.ttl(keys.result_stream(job.id)) <= keys.RESULT_TTL_S
+        assert await redis.xlen(keys.job_stream(MODEL)) == 1

@@ -1,0 +1,108 @@
+"""`switchboard keys add | list | remove` against a real Redis, and `--toml` for the config file."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+
+from switchboard import api_keys, keys
+from switchboard.cli import main as cli
+from switchboard.config import load_settings
+from switchboard.local.redis_server import PrivateRedis
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(
+    redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Run]:
+    """`switchboard ARGS` with REDIS_URL set; returns (exit code, stdout, stderr)."""
+    monkeypatch.setattr(cli, "configure_logging", lambda *_, **__: None)
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    with sync_redis.Redis.from_url(redis_server.url) as client:
+        client.flushdb()
+
+        def invoke(*argv: str) -> tuple[int, str, str]:
+            code = cli.main(list(argv))
+            out, err = capsys.readouterr()
+            return code, out, err
+
+        yield invoke
+        client.flushdb()
+
+
+def test_add_prints_the_key_once_and_stores_only_its_hash(run: Run, redis_server: PrivateRedis) -> None:
+    code, out, err = run("keys", "add", "alice", "--models", "a, b", "--rpm", "60", "--parallel", "2")
+    assert code == 0
+    secret = out.strip()
+    assert secret.startswith(api_keys.SECRET_PREFIX) and len(secret) > 40
+    assert "only time it is shown" in err
+    with sync_redis.Redis.from_url(redis_server.url) as client:
+        stored = client.hgetall(keys.api_keys())
+    (record,) = api_keys.decode_stored(stored)
+    assert record.sha256 == api_keys.digest(secret)
+    assert (record.name, record.models, record.rpm, record.tpm, record.max_parallel) == (
+        "alice",
+        ["a", "b"],
+        60,
+        None,
+        2,
+    )
+    assert secret.encode() not in b"".join([*stored, *stored.values()])
+
+
+def test_names_are_unique(run: Run) -> None:
+    assert run("keys", "add", "alice")[0] == 0
+    code, out, err = run("keys", "add", "alice")
+    assert code == 1 and out == ""
+    assert "exists already" in err
+
+
+def test_list_shows_limits_never_secrets_or_hashes(run: Run) -> None:
+    secret = run("keys", "add", "alice", "--tpm", "1000", "--admin")[1].strip()
+    code, out, _ = run("keys", "list")
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "MODELS", "RPM", "TPM", "PARALLEL", "ADMIN", "CREATED", "KEPT", "IN"]
+    assert row.split()[:6] == ["alice", "all", "-", "1000", "-", "yes"]
+    assert secret not in out
+    assert api_keys.digest(secret)[:16] not in out
+
+
+def test_remove_takes_the_key_out_of_redis(run: Run, redis_server: PrivateRedis) -> None:
+    run("keys", "add", "alice")
+    run("keys", "add", "bob")
+    assert run("keys", "remove", "alice")[0] == 0
+    code, _, err = run("keys", "remove", "alice")
+    assert code == 1 and "no key named 'alice'" in err
+    assert [line.split()[0] for line in run("keys", "list")[1].splitlines()[1:]] == ["bob"]
+
+
+def test_toml_prints_a_config_entry_that_the_front_door_accepts(run: Run, tmp_path: Path) -> None:
+    code, out, _ = run("keys", "add", "ci", "--toml", "--tpm", "5000", "--admin")
+    assert code == 0
+    secret = out.splitlines()[0].rsplit(" ", 1)[1]
+    config = tmp_path / "switchboard.toml"
+    config.write_text(out)  # the key's line is a TOML comment
+    parsed = tomllib.loads(config.read_text())
+    assert parsed["auth"]["keys"][0]["sha256"] == api_keys.digest(secret)
+    (key,) = load_settings(config, environ={}).auth.keys
+    assert (key.name, key.tpm, key.admin, key.rpm) == ("ci", 5000, True, None)
+    assert run("keys", "list")[1].splitlines()[1:] == []  # nothing was stored in Redis
+
+
+def test_without_redis_the_command_says_where_keys_can_live(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "configure_logging", lambda *_, **__: None)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert cli.main(["keys", "add", "alice"]) == 2
+    assert "--toml" in capsys.readouterr().err
+    assert cli.main(["keys", "list"]) == 0  # the config's keys, and where the others would live
+    out, err = capsys.readouterr()
+    assert out.startswith("NAME") and "--toml" in err

@@ -1,0 +1,124 @@
+"""The job client against a real PyTriton host: many jobs on one gRPC stream, each gets its own chunks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from switchboard.config import ModelConfig, triton_model_name
+from switchboard.wire import chunk_decoder, encode
+from tests.support.jobs import make_job
+from tests.support.scripted_engine import ScriptedEngine
+from workers.models.slot import ModelSlot
+from workers.triton.client import TritonJobClient, TritonStreamError
+from workers.triton.host import TritonHost
+from workers.triton.model import CoalescingPolicy
+
+# No coalescing: every token is its own response, so that the jobs' responses interleave.
+NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6)
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[TritonHost]:
+    triton = TritonHost(coalescing=NO_WAIT)
+    await asyncio.to_thread(triton.start)
+    try:
+        yield triton
+    finally:
+        await asyncio.to_thread(triton.stop)
+
+
+@pytest.fixture
+async def slot(host: TritonHost) -> AsyncIterator[ModelSlot]:
+    started = asyncio.Event()
+    started.set()
+    engine = ScriptedEngine()
+    one = ModelSlot(
+        ModelConfig(name="m", path="unused"),
+        host=host,
+        host_started=started,
+        create_engine=lambda _: engine,
+        read_barrier=lambda: asyncio.sleep(0),
+        on_change=lambda: None,
+    )
+    await one.ensure_warm()
+    try:
+        yield one
+    finally:
+        await one.unload()
+
+
+async def texts(client: TritonJobClient, prompt: str) -> list[str]:
+    return [chunk_decoder.decode(raw).text async for raw in client.stream(encode(make_job("m", prompt)))]
+
+
+async def test_jobs_at_once_share_the_stream_and_each_gets_its_own_chunks(slot: ModelSlot) -> None:
+    lease = slot.lease()
+    try:
+        client = lease.served.client
+        counts = [3, 17, 1, 40, 8, 25]
+        answers = await asyncio.gather(*(texts(client, f"slow {n} 0.002") for n in counts))
+    finally:
+        lease.release()
+    for count, answer in zip(counts, answers, strict=True):
+        assert "".join(answer) == "".join(f"t{i}\x00 " for i in range(count))
+        assert len(answer) == count, "one chunk per token, in order, none lost or repeated"
+
+
+async def test_jobs_and_chunks_larger_than_grpcs_default_message_limit_go_through(slot: ModelSlot) -> None:
+    over_4_mib = 6 * 1024 * 1024
+    big_job = msgspec.structs.replace(make_job("m", "fast 2"), tools="x" * over_4_mib)
+    lease = slot.lease()
+    try:
+        sent = [chunk_decoder.decode(raw).text async for raw in lease.served.client.stream(encode(big_job))]
+        received = await texts(lease.served.client, f"big {over_4_mib}")
+    finally:
+        lease.release()
+    assert "".join(sent) == "t0\x00 t1\x00 "
+    assert [len(text) for text in received] == [over_4_mib]
+
+
+async def test_a_job_refused_by_triton_fails_alone(host: TritonHost, slot: ModelSlot) -> None:
+    lease = slot.lease()
+    try:
+        served = lease.served.client
+        # A client on the same server for a model it does not hold: Triton refuses its jobs.
+        unknown = TritonJobClient(host.grpc_address, triton_model_name("not-bound"))
+        with pytest.raises(TritonStreamError, match="unknown model"):
+            await texts(unknown, "fast 2")
+        # Its stream goes on serving the jobs after it.
+        with pytest.raises(TritonStreamError, match="unknown model"):
+            await texts(unknown, "fast 2")
+        await unknown.close()
+        assert len(await texts(served, "fast 2")) == 2
+    finally:
+        lease.release()
+
+
+async def test_a_job_left_midway_does_not_disturb_the_others(slot: ModelSlot) -> None:
+    lease = slot.lease()
+    try:
+        client = lease.served.client
+        left = client.stream(encode(make_job("m", "slow 50 0.002")))
+        assert await anext(left)
+        await left.aclose()  # the rest of its responses arrive for nobody and are dropped
+        answers = await asyncio.gather(*(texts(client, "slow 20 0.002") for _ in range(3)))
+        assert [len(a) for a in answers] == [20, 20, 20]
+    finally:
+        lease.release()
+
+
+async def test_a_closed_client_ends_the_jobs_still_waiting(host: TritonHost, slot: ModelSlot) -> None:
+    client = TritonJobClient(host.grpc_address, triton_model_name("m"))
+    hung = make_job("m", "queued")
+    waiting = asyncio.ensure_future(anext(client.stream(encode(hung))))
+    await asyncio.sleep(0.5)
+    await client.close()
+    with pytest.raises(TritonStreamError, match="closed"):
+        await waiting
+    with pytest.raises(TritonStreamError, match="closed"):
+        await texts(client, "fast 1")
+    await slot.abort(hung.id)  # still running in the engine, for nobody

@@ -1,0 +1,64 @@
+"""The Triton callable on its own: a job aborted on its way to the engine ends as it arrives."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import numpy as np
+
+from switchboard.wire import Chunk, chunk_decoder, encode
+from tests.support.jobs import make_job
+from tests.support.scripted_engine import ScriptedEngine
+from workers.triton.model import CHUNK_OUTPUT, EARLY_ABORTS_KEPT, JOB_INPUT, CoalescingPolicy, EngineCallable
+
+NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6)
+
+
+def on_this_loop(engine: ScriptedEngine) -> EngineCallable:
+    callable_ = EngineCallable(engine, NO_WAIT)
+    callable_.attach_loop(asyncio.get_running_loop())
+    return callable_
+
+
+async def run(callable_: EngineCallable, prompt: str, job_id: str | None = None) -> tuple[str, list[Chunk]]:
+    job = make_job("scripted", prompt)
+    if job_id is not None:
+        job = msgspec.structs.replace(job, id=job_id)
+    request = {JOB_INPUT: np.array([encode(job)], dtype=np.object_)}
+    chunks = [chunk_decoder.decode(bytes(r[0][CHUNK_OUTPUT][0])) async for r in callable_([request])]
+    return job.id, chunks
+
+
+async def test_a_job_aborted_before_it_arrives_ends_at_once_without_reaching_the_engine() -> None:
+    engine = ScriptedEngine()
+    callable_ = on_this_loop(engine)
+    await asyncio.wrap_future(callable_.abort("early", arriving=True))
+    job_id, chunks = await run(callable_, "fast 3", job_id="early")
+    assert [(c.finish_reason, c.is_last) for c in chunks] == [("abort", True)]
+    assert job_id not in engine.requests
+    # Remembered once: the same job arriving again (put back in line) runs.
+    _, again = await run(callable_, "fast 3", job_id="early")
+    assert "".join(c.text for c in again) == "t0\x00 t1\x00 t2\x00 "
+
+
+async def test_a_plain_abort_of_a_job_not_running_here_is_not_remembered() -> None:
+    # A job aborted for another reason (superseded, a failed write) may come back to this worker
+    # put back in line, and must run then.
+    engine = ScriptedEngine()
+    callable_ = on_this_loop(engine)
+    await asyncio.wrap_future(callable_.abort("elsewhere"))
+    _, chunks = await run(callable_, "fast 2", job_id="elsewhere")
+    assert [c.finish_reason for c in chunks] == [None, "length"]
+    assert engine.requests == ["elsewhere"]
+
+
+async def test_only_the_latest_early_aborts_are_kept() -> None:
+    engine = ScriptedEngine()
+    callable_ = on_this_loop(engine)
+    for n in range(EARLY_ABORTS_KEPT + 1):
+        await asyncio.wrap_future(callable_.abort(f"job-{n}", arriving=True))
+    _, oldest = await run(callable_, "fast 1", job_id="job-0")
+    _, newest = await run(callable_, "fast 1", job_id=f"job-{EARLY_ABORTS_KEPT}")
+    assert oldest[-1].finish_reason == "length", "the oldest was forgotten and runs"
+    assert [c.finish_reason for c in newest] == ["abort"]

@@ -1,0 +1,305 @@
+"""One configured model on one worker: its residency state, and every transition of it.
+
+`ModelSlot` is the only owner of a model's state on a worker: `cold → loading → warm → sleeping →
+unloading → cold`. Callers ask for an outcome (`ensure_warm`, `sleep`, `unload`) and never read the
+state to decide, because a read that gates a transition races the next transition. Load and unload
+are mirror images: create the engine → start it (while Triton binds it) → open the job client, and
+close the client → stop the engine → unbind it from Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from switchboard.config import ModelConfig, triton_model_name
+from switchboard.wire import SlotState, SlotStatus
+from workers.engines.base import Engine
+from workers.triton.client import TritonJobClient
+from workers.triton.host import TritonHost
+from workers.triton.model import EngineCallable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A warm model's handles: the client of its Triton model, and that model's callable."""
+
+    name: str
+    client: TritonJobClient
+    triton_model: EngineCallable
+
+
+class SlotNotServing(RuntimeError):
+    """The model stopped taking jobs here (it is going to sleep or leaving)."""
+
+
+class LoadFailed(RuntimeError):
+    """A load (or wake) of the model failed; the message says why."""
+
+
+class Lease:
+    """One job's hold on a warm model: the model is not put to sleep or unloaded under it."""
+
+    __slots__ = ("_released", "_slot", "served")
+
+    def __init__(self, slot: ModelSlot, served: ServedModel) -> None:
+        self._slot = slot
+        self._released = False
+        self.served = served
+
+    def release(self) -> None:
+        """The job is over (idempotent)."""
+        if not self._released:
+            self._released = True
+            self._slot._job_ended()
+
+
+class ModelSlot:
+    """One configured model on this worker. Its state changes only inside these methods."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        *,
+        host: TritonHost,
+        host_started: asyncio.Event,
+        create_engine: Callable[[ModelConfig], Engine],
+        read_barrier: Callable[[], Awaitable[None]],
+        on_change: Callable[[], None],
+    ) -> None:
+        self.model = model
+        self.name = model.name
+        self._host = host
+        self._host_started = host_started
+        self._create_engine = create_engine
+        self._read_barrier = read_barrier
+        self._on_change = on_change
+        self._lock = asyncio.Lock()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._state: SlotState = "cold"
+        self._served: ServedModel | None = None
+        self._engine: Engine | None = None
+        self._taking_jobs = False
+        self._attempts_done = 0
+        self._last_failure: BaseException | None = None
+        # Set by the controller: which replica lease it holds, and how long the load should take.
+        self.replica: int | None = None
+        self.expected_load_s: float | None = None
+        self.load_started: float | None = None
+        # Where the last load or wake started from ("cold" or "sleeping"): a cold start's tier.
+        self.warmed_from: SlotState | None = None
+        self.warm_since: float | None = None
+        self.idle_since: float | None = None
+        self.in_flight = 0
+        self._completed = 0
+        self._busy_s = 0.0
+        self._busy_since = 0.0
+
+    # --- the transitions --------------------------------------------------------------------
+
+    async def ensure_warm(self) -> ServedModel:
+        """Bring the model to WARM and return its handle.
+
+        warm -> at once; cold -> load; sleeping -> wake; loading -> join that load (and share its
+        failure); unloading -> wait for it, then load. Callers never read `state` to decide.
+        """
+        attempts_seen = self._attempts_done
+        async with self._lock:
+            if self._attempts_done != attempts_seen and self._last_failure is not None:
+                raise LoadFailed(str(self._last_failure)) from self._last_failure
+            if self._state == "sleeping":
+                await self._guarded(self._wake)
+            elif self._state == "cold":
+                await self._guarded(self._load)
+            assert self._served is not None
+            return self._served
+
+    async def sleep(self) -> None:
+        """Stop taking jobs, let running ones finish, then put the engine to sleep (warm only)."""
+        async with self._lock:
+            if self._state != "warm" or self._engine is None or not self._engine.supports_sleep:
+                return
+            await self._stop_taking_jobs("sleeping")
+            assert self._served is not None
+            await asyncio.wrap_future(self._served.triton_model.on_engine_loop(self._engine.sleep))
+
+    async def unload(self) -> None:
+        """Stop taking jobs, let running ones finish, then release the engine and its Triton model."""
+        async with self._lock:
+            if self._state == "cold":
+                return
+            await self._stop_taking_jobs("unloading")
+            await self._release()
+            self._set_state("cold")
+
+    def lease(self) -> Lease:
+        """Hold the warm model for one job; taken synchronously before the job's task starts."""
+        if not self._taking_jobs or self._served is None:
+            raise SlotNotServing(f"{self.name} is not taking jobs here")
+        if self.in_flight == 0:
+            self._busy_since = time.monotonic()
+            self._drained.clear()
+        self.in_flight += 1
+        return Lease(self, self._served)
+
+    def abort(self, job_id: str, *, arriving: bool = False) -> Awaitable[None]:
+        """Abort a running job in the engine; its stream ends with finish reason "abort".
+        `arriving`: see `EngineCallable.abort`."""
+        if self._served is None:
+            raise SlotNotServing(f"{self.name} is not loaded here")
+        return asyncio.wrap_future(self._served.triton_model.abort(job_id, arriving=arriving))
+
+    # --- what others may read ---------------------------------------------------------------
+
+    @property
+    def state(self) -> SlotState:
+        """For reports (heartbeat, logs, tests): never read it to decide a transition."""
+        return self._state
+
+    @property
+    def wants_jobs(self) -> bool:
+        """Whether the consumer should read this model's job stream (only while warm)."""
+        return self._state == "warm"
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine while the model is held here."""
+        return self._engine
+
+    def jobs_per_s(self) -> float:
+        """Jobs finished per second of time with work, since the model became warm."""
+        busy = self._busy_s + (time.monotonic() - self._busy_since if self.in_flight else 0.0)
+        return self._completed / busy if busy > 0 else 0.0
+
+    def memory_bytes(self) -> int:
+        """What the engine occupies while held here (0 when cold)."""
+        return self._engine.footprint().memory_bytes if self._engine is not None else 0
+
+    def status(self, leaves_at: float | None) -> SlotStatus:
+        """How the heartbeat advertises this slot."""
+        return SlotStatus(
+            model=self.name,
+            state=self._state,
+            replica=self.replica,
+            in_flight=self.in_flight,
+            load_started=self.load_started,
+            expected_load_s=self.expected_load_s,
+            warm_since=self.warm_since,
+            idle_since=self.idle_since,
+            leaves_at=leaves_at,
+            memory_bytes=self.memory_bytes(),
+            jobs_per_s=round(self.jobs_per_s(), 3),
+        )
+
+    # --- inside the transitions -------------------------------------------------------------
+
+    async def _guarded(self, transition: Callable[[], Awaitable[None]]) -> None:
+        """Run a load or wake, remembering its failure for the callers that joined it."""
+        self._last_failure = None
+        try:
+            await transition()
+        except Exception as exc:
+            self._last_failure = exc
+            raise LoadFailed(str(exc) or type(exc).__name__) from exc
+        finally:
+            self._attempts_done += 1
+
+    async def _load(self) -> None:
+        self.load_started = time.time()
+        self.warmed_from = "cold"
+        self._set_state("loading")
+        try:
+            await self._host_started.wait()
+            engine = self._create_engine(self.model)
+            triton_model = await _start_and_bind(engine, self._host, self.name)
+        except BaseException:
+            self._set_state("cold")
+            raise
+        self._engine = engine
+        client = TritonJobClient(self._host.grpc_address, triton_model_name(self.name))
+        self._served = ServedModel(name=self.name, client=client, triton_model=triton_model)
+        self._became_warm()
+
+    async def _wake(self) -> None:
+        assert self._engine is not None and self._served is not None
+        self.load_started = time.time()
+        self.warmed_from = "sleeping"
+        self._set_state("loading")
+        try:
+            await asyncio.wrap_future(self._served.triton_model.on_engine_loop(self._engine.wake))
+        except BaseException:
+            self._set_state("sleeping")
+            raise
+        self._became_warm()
+
+    async def _release(self) -> None:
+        served, engine = self._served, self._engine
+        self._served = None
+        self._engine = None
+        if served is not None:
+            await served.client.close()
+            await served.triton_model.stop_engine()
+            await asyncio.to_thread(self._host.unbind, self.name)
+        elif engine is not None:
+            await engine.stop()
+
+    async def _stop_taking_jobs(self, state: SlotState) -> None:
+        """Leave the consumer's reads, then wait for the jobs in flight to end."""
+        self._set_state(state)
+        # A read that began before the state changed may still hand this model jobs; they are
+        # leased and served like any other, so wait for that read before closing to new leases.
+        await self._read_barrier()
+        self._taking_jobs = False
+        await self._drained.wait()
+
+    def _became_warm(self) -> None:
+        now = time.time()
+        self.warm_since = self.idle_since = now
+        self._completed, self._busy_s = 0, 0.0
+        self._taking_jobs = True
+        self._set_state("warm")
+
+    def _job_ended(self) -> None:
+        self.in_flight -= 1
+        self._completed += 1
+        if self.in_flight == 0:
+            self._busy_s += time.monotonic() - self._busy_since
+            self.idle_since = time.time()
+            self._drained.set()
+
+    def _set_state(self, state: SlotState) -> None:
+        # Leaving warm, the consumer stops reading the model's stream on its next pass.
+        self._state = state
+        self._on_change()
+
+
+async def _start_and_bind(engine: Engine, host: TritonHost, name: str) -> EngineCallable:
+    """Start the engine while Triton binds it (about 2 s of Triton's own work, done in parallel).
+
+    Whatever fails, nothing is left behind: a bound model is unbound and the engine stopped. A
+    cancelled load (the worker is stopping) waits for both to finish before cleaning up, since
+    neither thread can be interrupted.
+    """
+    starting = asyncio.ensure_future(engine.start())
+    binding = asyncio.ensure_future(asyncio.to_thread(host.bind, name, engine))
+    both = asyncio.gather(starting, binding, return_exceptions=True)
+    try:
+        started, bound = await asyncio.shield(both)
+    except asyncio.CancelledError:
+        started, bound = await both
+        started = started if isinstance(started, BaseException) else asyncio.CancelledError()
+    if isinstance(started, BaseException) or isinstance(bound, BaseException):
+        if not isinstance(bound, BaseException):
+            await asyncio.to_thread(host.unbind, name)
+        await engine.stop()
+        error = started if isinstance(started, BaseException) else bound
+        assert isinstance(error, BaseException)
+        raise error
+    assert isinstance(bound, EngineCallable)
+    return bound

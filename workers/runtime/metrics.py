@@ -1,0 +1,140 @@
+"""A worker's Prometheus metrics: its jobs, its engines' first tokens, and its models' residency.
+
+Served on the worker's own loopback metrics port (`workers.runtime.metrics_server`), with Triton's metrics
+appended. Residency and running jobs are read from the model slots when scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from switchboard.metrics import LOAD_BUCKETS, QUEUE_BUCKETS, REGISTRY, TTFT_BUCKETS
+from switchboard.wire import SlotState
+
+STATES: tuple[SlotState, ...] = ("cold", "loading", "warm", "sleeping", "unloading")
+
+JOBS = Counter(
+    "switchboard:worker_jobs",
+    "Jobs a worker took, by model and outcome (finished, failed, aborted, expired, skipped, superseded).",
+    ["model", "outcome"],
+    registry=REGISTRY,
+)
+QUEUE_TIME = Histogram(
+    "switchboard:request_queue_time_seconds",
+    "How long a job waited in its model's queue before a worker took it (model loads included).",
+    ["model"],
+    buckets=QUEUE_BUCKETS,
+    registry=REGISTRY,
+)
+FIRST_CHUNK = Histogram(
+    "switchboard:worker_time_to_first_chunk_seconds",
+    "From a worker taking a job to its first result chunk written to Redis.",
+    ["model"],
+    buckets=TTFT_BUCKETS,
+    registry=REGISTRY,
+)
+ENGINE_FIRST_TOKEN = Histogram(
+    "switchboard:engine_time_to_first_token_seconds",
+    "From a request handed to the engine (prompt building included) to its first output.",
+    ["model"],
+    buckets=TTFT_BUCKETS,
+    registry=REGISTRY,
+)
+RESULT_CHUNKS = Counter(
+    "switchboard:result_chunks", "Result chunks written to Redis.", ["model"], registry=REGISTRY
+)
+MODEL_LOADS = Counter(
+    "switchboard:model_loads", "Model loads, by model and outcome (ok, failed).", ["model", "outcome"],
+    registry=REGISTRY,
+)  # fmt: skip
+MODEL_LOAD_TIME = Histogram(
+    "switchboard:model_load_seconds",
+    "How long a model took to load (cold start) on this worker.",
+    ["model"],
+    buckets=LOAD_BUCKETS,
+    registry=REGISTRY,
+)
+MODEL_WAKES = Counter(
+    "switchboard:model_wakes", "Models woken from sleep, by outcome.", ["model", "outcome"], registry=REGISTRY
+)
+MODEL_WAKE_TIME = Histogram(
+    "switchboard:model_wake_seconds",
+    "How long a model took to wake.",
+    ["model"],
+    buckets=LOAD_BUCKETS,
+    registry=REGISTRY,
+)
+MODEL_SLEEPS = Counter("switchboard:model_sleeps", "Models put to sleep.", ["model"], registry=REGISTRY)
+MODEL_UNLOADS = Counter(
+    "switchboard:model_unloads", "Models unloaded (evictions included).", ["model"], registry=REGISTRY
+)
+MODEL_EVICTIONS = Counter(
+    "switchboard:model_evictions",
+    "Models unloaded to make room for another model.",
+    ["model"],
+    registry=REGISTRY,
+)
+
+
+class SlotCollector(Collector):
+    """Residency, running jobs and memory of each model slot of the workers in this process, read
+    when scraped (a process holds one worker; tests hold several)."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, Mapping[str, Any]] = {}
+
+    def add(self, worker_id: str, slots: Mapping[str, Any]) -> None:
+        """Report the slots of a worker that started."""
+        self._workers[worker_id] = slots
+
+    def remove(self, worker_id: str) -> None:
+        """A worker stopped; idempotent."""
+        self._workers.pop(worker_id, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        resident = GaugeMetricFamily(
+            "switchboard:model_resident",
+            "1 for the state each model is in on this worker (cold, loading, warm, sleeping, unloading).",
+            labels=["model", "worker", "state"],
+        )
+        running = GaugeMetricFamily(
+            "switchboard:num_requests_running",
+            "Jobs running on this worker, by model.",
+            labels=["model", "worker"],
+        )
+        memory = GaugeMetricFamily(
+            "switchboard:model_memory_bytes",
+            "What each model held here occupies (0 when cold).",
+            labels=["model", "worker"],
+        )
+        for worker_id, slots in list(self._workers.items()):
+            for name, slot in slots.items():
+                for state in STATES:
+                    resident.add_metric([name, worker_id, state], 1.0 if slot.state == state else 0.0)
+                running.add_metric([name, worker_id], float(slot.in_flight))
+                memory.add_metric([name, worker_id], float(_memory(slot)))
+        yield resident
+        yield running
+        yield memory
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without samples, so that registering reads no slot."""
+        yield GaugeMetricFamily("switchboard:model_resident", "", labels=["model", "worker", "state"])
+        yield GaugeMetricFamily("switchboard:num_requests_running", "", labels=["model", "worker"])
+        yield GaugeMetricFamily("switchboard:model_memory_bytes", "", labels=["model", "worker"])
+
+
+SLOTS = SlotCollector()
+REGISTRY.register(SLOTS)
+
+
+def _memory(slot: Any) -> int:
+    try:
+        return int(slot.memory_bytes())
+    except Exception:  # an engine between states cannot always tell; the gauge is not worth failing
+        return 0

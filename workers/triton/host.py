@@ -1,0 +1,222 @@
+"""The worker's PyTriton host: one Triton server, one decoupled model per engine it holds, bound and
+unbound while the server runs as models are loaded and unloaded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pytriton.client.utils import create_client_from_url
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.proxy.data import TensorStore
+from pytriton.triton import Triton, TritonConfig
+
+from switchboard.config import triton_model_name
+from switchboard.ports import free_port
+from workers.engines.base import Engine
+from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
+
+logger = logging.getLogger(__name__)
+
+
+def use_own_libpython() -> None:
+    """Make Triton's Python backend stub load this interpreter's libpython.
+
+    The stub links `libpython3.X.so` and would otherwise find the system's copy, which differs
+    from the interpreter of pyenv, conda or a venv's base and kills the stub at model load.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if not libdir:
+        return
+    paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != libdir]
+    os.environ["LD_LIBRARY_PATH"] = ":".join([libdir, *paths])
+
+
+def send_tensors_inline() -> None:
+    """Make PyTriton carry tensors inside its messages between Triton's stub and this process.
+
+    By default every request and every response takes a block of shared memory from a manager
+    process and hands it back after: four blocking round trips to a third process for a job of a
+    few hundred bytes and chunks of a few dozen, which at 32 streams took a tenth of the worker's
+    samples and almost half of the stub's. Read by PyTriton here at bind and by the stub at its start.
+    """
+    os.environ["PYTRITON_NO_TENSORSTORE"] = "1"
+
+
+# Triton's HTTP, gRPC and metrics endpoints listen here (PyTriton's default is every address).
+LISTEN_ADDRESS = "127.0.0.1"
+
+# How long Triton may take to finish unloading a model (its in-flight requests have ended).
+UNLOAD_TIMEOUT_S = 30.0
+
+
+def _still_loaded(index: list[dict[str, str]], name: str) -> bool:
+    return any(entry.get("name") == name and entry.get("state") != "UNAVAILABLE" for entry in index)
+
+
+class TritonHost:
+    """Starts Triton on free ports and binds engines to it as streaming models."""
+
+    def __init__(self, *, coalescing: CoalescingPolicy) -> None:
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        self._coalescing = coalescing
+        self._triton: Triton | None = None
+        # Models being unbound in the background: the thread, and the old stub's data socket.
+        self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
+
+    @property
+    def grpc_address(self) -> str:
+        """Where the consumer reaches this Triton over gRPC."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> None:
+        """Launch the Triton server process (a few seconds)."""
+        use_own_libpython()
+        send_tensors_inline()
+        config = TritonConfig(
+            # Only this worker talks to its Triton: nothing else on the network may reach it.
+            http_address=LISTEN_ADDRESS,
+            http_port=self.http_port,
+            grpc_address=LISTEN_ADDRESS,
+            grpc_port=self.grpc_port,
+            metrics_address=LISTEN_ADDRESS,
+            metrics_port=self.metrics_port,
+            log_verbose=0,
+            # Ready means the server is up: models come and go, and each is asked about itself.
+            # (Strict readiness would read "not ready" while any model unloads, and PyTriton's
+            # bind waits for readiness in steps of a second.)
+            strict_readiness=False,
+        )
+        self._triton = Triton(config=config)
+        self._triton.run()
+        logger.info(
+            "triton started",
+            extra={
+                "http_port": self.http_port,
+                "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port,
+            },
+        )
+
+    def bind(self, model: str, engine: Engine) -> EngineCallable:
+        """Serve `engine` as the decoupled Triton model `triton_model_name(model)` (about 2 s).
+
+        The engine need not be started yet: Triton sends it nothing until the consumer does.
+        """
+        triton = self._running()
+        callable_ = EngineCallable(engine, self._coalescing)
+        name = triton_model_name(model)
+        self._wait_until_unloaded(name)
+        try:
+            triton.bind(
+                model_name=name,
+                infer_func=callable_,
+                inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
+                outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
+                config=ModelConfig(decoupled=True, batching=False),
+                strict=False,
+            )
+        except BaseException:
+            # PyTriton registers the model before Triton loads it: a load that failed would
+            # make every later bind of the name fail ("same name twice") for the worker's life.
+            self._forget(name)
+            raise
+        # PyTriton drives the callable from one event loop thread per bound model; the engine is
+        # driven from that same loop, so it is handed over explicitly here.
+        callable_.attach_loop(self._handler_loop(name))
+        return callable_
+
+    def unbind(self, model: str) -> None:
+        """Remove the model from Triton, finishing in the background; returns at once.
+
+        Its handler thread takes a second to end and Triton's Python stub a few more; nothing
+        waits for that but a later bind of the same name (and `stop`).
+        """
+        name = triton_model_name(model)
+        bound = self._running()._model_manager._models.pop((name.lower(), 1), None)  # (name, version)
+        if bound is None:
+            return
+        unbinding = threading.Thread(target=self._unbind, args=(name, bound), name=f"unbind-{name}")
+        tensor_store = getattr(bound._serializer_deserializer, "_tensor_store", None)
+        data_socket = Path(tensor_store.address) if tensor_store is not None else None
+        self._unbinding[name] = (unbinding, data_socket)
+        unbinding.start()
+
+    def _forget(self, name: str) -> None:
+        """Drop what a failed bind of `name` left registered, so that the next one starts afresh."""
+        bound = self._running()._model_manager._models.pop((name.lower(), 1), None)
+        if bound is None:
+            return
+        try:
+            self._unbind(name, bound)
+        except Exception:
+            logger.warning("could not clean up after a failed bind", extra={"model": name}, exc_info=True)
+
+    def _unbind(self, name: str, bound: Any) -> None:
+        """What PyTriton's own shutdown does, for one model (PyTriton 0.7 binds but cannot unbind)."""
+        triton = self._running()
+        tensor_store = getattr(bound._serializer_deserializer, "_tensor_store", None)
+        # Drop PyTriton's observers first, so that this model's stub ending does not read as the
+        # whole server terminating (PyTriton stops Triton on that event); then let Triton unload
+        # the stub while the model's own threads wind down (about a second) here.
+        with bound._observers_lock:
+            bound._model_events_observers.clear()
+        with contextlib.closing(create_client_from_url(triton._url)) as client:
+            client.unload_model(name, headers=self._control_headers())
+        bound.clean()
+        if tensor_store is not None:
+            # PyTriton caches one tensor store per socket path for the process's life, with the
+            # old stub's key; a later bind of the same name must make a new one.
+            TensorStore._instances.pop(tensor_store.address, None)
+
+    def _wait_until_unloaded(self, name: str) -> None:
+        """Wait for Triton to finish unloading `name`: a new stub of the same name would otherwise
+        meet the old one's handshake and data sockets (and fail to start)."""
+        unbinding, data_socket = self._unbinding.pop(name, (None, None))
+        if unbinding is None:
+            return
+        unbinding.join(UNLOAD_TIMEOUT_S)
+        triton = self._running()
+        deadline = time.monotonic() + UNLOAD_TIMEOUT_S
+        with contextlib.closing(create_client_from_url(triton._url)) as client:
+            while _still_loaded(client.get_model_repository_index(headers=self._control_headers()), name) or (
+                data_socket is not None and data_socket.exists()
+            ):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Triton did not unload {name} within {UNLOAD_TIMEOUT_S:g} s")
+                time.sleep(0.02)
+
+    def _control_headers(self) -> dict[str, str] | None:
+        # Model control is guarded by PyTriton's access token.
+        headers: dict[str, str] | None = self._running()._model_manager._headers
+        return headers
+
+    def _running(self) -> Triton:
+        if self._triton is None:
+            raise RuntimeError("start() the Triton host before binding models")
+        return self._triton
+
+    def _handler_loop(self, name: str) -> asyncio.AbstractEventLoop:
+        bound = self._running()._model_manager._models[(name.lower(), 1)]
+        (handler,) = bound._inference_handlers  # one instance per model: batching is off
+        loop: asyncio.AbstractEventLoop = handler._loop
+        return loop
+
+    def stop(self) -> None:
+        """Stop Triton and every model bound to it; idempotent."""
+        for unbinding, _ in list(self._unbinding.values()):
+            unbinding.join(UNLOAD_TIMEOUT_S)
+        self._unbinding.clear()
+        if self._triton is not None:
+            self._triton.stop()
+            self._triton = None

@@ -1,0 +1,230 @@
+"""The Triton model for one engine: a decoupled callable that takes a Job and streams Chunks.
+
+PyTriton runs this callable on its own event loop thread, and the engine is driven from there; a
+pump task moves the engine's deltas into an inbox, and the coalescer groups those that arrive
+together. The job and the chunks keep their wire encoding end to end, so
+the consumer appends Triton's output to Redis as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from switchboard.wire import Chunk, Job, JobError, Usage, encode
+from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
+from workers.triton.coalesce import DeltaInbox, coalesce
+from workers.triton.fan_in import fan_in
+from workers.triton.observer import EngineObserver
+
+logger = logging.getLogger(__name__)
+
+JOB_INPUT = "job"
+CHUNK_OUTPUT = "chunk"
+
+Responses = list[dict[str, npt.NDArray[np.object_]]]
+T = TypeVar("T")
+
+# Jobs aborted on their way to the engine are remembered until they arrive; the latest so many.
+EARLY_ABORTS_KEPT = 1024
+
+
+def chunk_for(delta: Delta) -> Chunk:
+    """The wire chunk for a (merged) delta; the request's last one carries usage."""
+    usage = None
+    if delta.last:
+        usage = Usage(prompt_tokens=delta.prompt_tokens, completion_tokens=delta.completion_tokens)
+    return Chunk(
+        text=delta.text,
+        index=delta.index,
+        logprobs=delta.logprobs,
+        tool_calls=delta.tool_calls,
+        finish_reason=delta.finish_reason,
+        usage=usage,
+    )
+
+
+class EngineJob(Job, frozen=True, kw_only=True, omit_defaults=True):
+    """A job as the consumer hands it to its Triton model: a Job, or a taken-over Job to continue.
+
+    Never crosses Redis: the consumer adds `continuation` (the text the client already has, from
+    the result stream) to a job whose worker died, for its one choice to go on from there.
+    """
+
+    continuation: str | None = None
+
+
+engine_job_decoder = msgspec.msgpack.Decoder(EngineJob)
+
+
+def engine_requests(job: EngineJob) -> list[EngineRequest]:
+    """What the engine runs for a job: the conversation, or one request per prompt."""
+    if job.prompts is None:
+        chat = EngineRequest(
+            request_id=job.id,
+            sampling=job.sampling,
+            messages=job.messages,
+            tools=job.tools,
+            parse_tool_calls=job.parse_tool_calls,
+            continuation=job.continuation,
+        )
+        return [chat]
+    if len(job.prompts) == 1:
+        return [
+            EngineRequest(
+                request_id=job.id, sampling=job.sampling, prompt=job.prompts[0], continuation=job.continuation
+            )
+        ]
+    return [
+        EngineRequest(request_id=f"{job.id}/{i}", sampling=job.sampling, prompt=prompt)
+        for i, prompt in enumerate(job.prompts)
+    ]
+
+
+class CoalescingPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How long a stream's chunk may wait for more tokens, given how many streams are running.
+
+    A chunk costs the same at every hop whatever it carries, so the model's total chunk rate is
+    what costs CPU. One stream keeps the shortest window; as streams are added the window widens so
+    that all of them together send at most `max_chunks_per_s`, up to `max_window_s`.
+    """
+
+    min_window_s: float
+    max_window_s: float
+    max_chunks_per_s: float
+
+    def window_s(self, streams: int) -> float:
+        """The window for each of `streams` concurrent streams."""
+        return min(self.max_window_s, max(self.min_window_s, streams / self.max_chunks_per_s))
+
+
+class EngineCallable:
+    """Triton infer function: one request in, a stream of coalesced chunks out.
+
+    The engine is driven from PyTriton's own event loop (the thread that calls this), so deltas
+    reach the coalescer without crossing threads; `abort` is the only way in from elsewhere.
+    """
+
+    def __init__(self, engine: Engine, policy: CoalescingPolicy) -> None:
+        self._engine = engine
+        self._policy = policy
+        self._streams = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The engine's request ids of each running job (one per prompt), for abort.
+        self._running: dict[str, list[str]] = {}
+        # Jobs aborted on their way here (the consumer sends a fresh job before it has heard whether
+        # its client is still there): they end as they arrive, without reaching the engine.
+        self._aborted_early: OrderedDict[str, None] = OrderedDict()
+
+    async def __call__(self, requests: list[object]) -> AsyncIterator[Responses]:
+        """Decoupled inference: yields one response per coalesced chunk, the last one final."""
+        (request,) = requests  # batching is off for decoupled models: one request per call
+        job = engine_job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
+        if job.id in self._aborted_early:
+            del self._aborted_early[job.id]
+            yield _response(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=0, completion_tokens=0)))
+            return
+        inbox = DeltaInbox()
+        requests_ = engine_requests(job)
+        self._running[job.id] = [r.request_id for r in requests_]
+        observer = EngineObserver(job)
+        with observer.current():
+            pump = asyncio.create_task(self._pump(requests_, job.sampling.n, inbox, observer))
+        self._streams += 1
+        try:
+            async for deltas in coalesce(inbox, self._window_s):
+                for delta in deltas:
+                    observer.sent()
+                    yield _response(chunk_for(delta))
+        except InvalidEngineRequest as exc:
+            error = JobError(code="invalid_request", message=str(exc), param=exc.param, client_code=exc.code)
+            yield _response(Chunk(error=error))
+        except Exception:
+            logger.exception("generation failed", extra={"job_id": job.id, "model": job.model})
+            # The reason goes to the log; the client gets the job's id to quote.
+            message = f"The engine failed while generating (job {job.id}); the worker's log has the reason."
+            yield _response(Chunk(error=JobError(code="engine_error", message=message)))
+        finally:
+            self._streams -= 1
+            self._running.pop(job.id, None)
+            # Cancelling the pump closes the engine's streams, which aborts the requests in the engine.
+            pump.cancel()
+            observer.ended()
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop that PyTriton calls this model on; the engine is driven from it alone."""
+        self._loop = loop
+
+    def on_engine_loop(self, work: Callable[[], Coroutine[Any, Any, T]]) -> Future[T]:
+        """Run `work()` on the engine's loop from any thread (abort, stop, sleep, wake).
+
+        vLLM's output task lives on the loop its first request ran on, so every call that touches
+        the engine after that runs there too.
+        """
+        if self._loop is None or self._loop.is_closed():
+            raise RuntimeError("the model is not bound into Triton")
+        return asyncio.run_coroutine_threadsafe(work(), self._loop)
+
+    def abort(self, job_id: str, *, arriving: bool = False) -> Future[None]:
+        """Abort a running job; its choices end with finish reason "abort".
+
+        `arriving`: the job may still be on its way here; if so, it ends as soon as it arrives.
+        (Only for a job whose client has left: a job aborted for another reason may come back to
+        this worker later, put back in line, and must run then.)
+        """
+
+        async def abort_all() -> None:
+            request_ids = self._running.get(job_id)
+            if request_ids is None:
+                if arriving:
+                    self._remember_early_abort(job_id)
+                return
+            for request_id in request_ids:
+                await self._engine.abort(request_id)
+
+        return self.on_engine_loop(abort_all)
+
+    def _remember_early_abort(self, job_id: str) -> None:
+        self._aborted_early[job_id] = None
+        if len(self._aborted_early) > EARLY_ABORTS_KEPT:
+            self._aborted_early.popitem(last=False)
+
+    async def stop_engine(self) -> None:
+        """Stop the engine on the loop that drives it (or here, if it was never bound)."""
+        if self._loop is None or self._loop.is_closed():
+            await self._engine.stop()
+            return
+        await asyncio.wrap_future(self.on_engine_loop(self._engine.stop))
+
+    def _window_s(self) -> float:
+        return self._policy.window_s(self._streams)
+
+    async def _pump(
+        self,
+        requests: list[EngineRequest],
+        n: int,
+        inbox: DeltaInbox,
+        observer: EngineObserver,
+    ) -> None:
+        """Move deltas into the inbox the coalescer takes them from (it may wait; the engine must not)."""
+        try:
+            if len(requests) == 1:
+                async for delta in self._engine.generate(requests[0]):
+                    observer.output(delta)
+                    inbox.put_nowait(delta)
+            else:
+                await fan_in(self._engine, requests, n, inbox)
+        except Exception as exc:
+            inbox.put_nowait(exc)
+
+
+def _response(chunk: Chunk) -> Responses:
+    return [{CHUNK_OUTPUT: np.array([encode(chunk)], dtype=np.object_)}]
