@@ -91,7 +91,4 @@ def stop_list(stop: StopSequences) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
-# A field that OpenAI defines and Switchboard does not support: absent is fine, anything else is a
-# 400 naming it (never silently ignored).
-Unsupported = Any
 UNSET: Any = msgspec.UNSET

@@ -105,21 +105,28 @@ def retry_after_header(seconds: float) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
-class ModelLoadFailedError(ServiceUnavailableError):
+class RetryLaterError(ServiceUnavailableError):
+    """A 503 that says when to come back: `Retry-After` in whole seconds, and the same number at the
+    end of its message (`then`, with `{}` where the seconds go)."""
+
+    def __init__(self, message: str, retry_after_s: float, *, then: str = "Retry in {} s.") -> None:
+        headers = retry_after_header(retry_after_s)
+        super().__init__(f"{message} {then.format(headers['Retry-After'])}", headers=headers)
+
+
+class ModelLoadFailedError(RetryLaterError):
     """The model's last load failed and is not retried yet (503 with Retry-After)."""
 
     default_code = "model_load_failed"
 
     def __init__(self, model: str, reason: str, retry_after_s: float) -> None:
-        headers = retry_after_header(retry_after_s)
         reason = reason.strip().rstrip(".") or "no reason given"
         super().__init__(
-            f"Model `{model}` failed to load: {reason}. Retrying in {headers['Retry-After']} s.",
-            headers=headers,
+            f"Model `{model}` failed to load: {reason}.", retry_after_s, then="Retrying in {} s."
         )
 
 
-class ModelLoadingError(ServiceUnavailableError):
+class ModelLoadingError(RetryLaterError):
     """The request's deadline passed while its model was still loading, or not loaded at all (503)."""
 
     default_code = "model_loading"
@@ -127,7 +134,6 @@ class ModelLoadingError(ServiceUnavailableError):
     def __init__(
         self, model: str, *, loading: bool, typical_load_s: float | None, retry_after_s: float
     ) -> None:
-        headers = retry_after_header(retry_after_s)
         state = "is still loading" if loading else "is not loaded yet and no worker has started loading it"
         usually = (
             f"a load usually takes about {typical_load_s:.0f} s"
@@ -135,9 +141,8 @@ class ModelLoadingError(ServiceUnavailableError):
             else "how long a load takes is not known yet"
         )
         super().__init__(
-            f"Model `{model}` {state} ({usually}); the request was dropped when its deadline passed. "
-            f"Retry in {headers['Retry-After']} s.",
-            headers=headers,
+            f"Model `{model}` {state} ({usually}); the request was dropped when its deadline passed.",
+            retry_after_s,
         )
 
 
@@ -235,59 +240,54 @@ class TooManyRequestsError(OpenAIError):
             self.error_type = "tokens"
 
 
-class RedisFullError(ServiceUnavailableError):
-    """Redis refused a write because it is out of memory (503 with Retry-After): nothing was queued."""
+class RedisFullError(RetryLaterError):
+    """Redis refused a write because it is out of memory (503 with Retry-After): nothing was queued.
 
-    default_code = "queue_full"
+    Its code is `redis_full`; `queue_full` is the 429 of a model's queue at `limits.max_queue_depth`.
+    """
+
+    default_code = "redis_full"
 
     def __init__(self, retry_after_s: float) -> None:
-        headers = retry_after_header(retry_after_s)
-        super().__init__(
-            f"The job queue is full (Redis is out of memory); nothing was queued. "
-            f"Retry in {headers['Retry-After']} s.",
-            headers=headers,
-        )
+        super().__init__("The job queue is full (Redis is out of memory); nothing was queued.", retry_after_s)
 
 
-class RedisUnavailableError(ServiceUnavailableError):
+class RedisUnavailableError(RetryLaterError):
     """Redis cannot be reached: nothing was queued (503 with Retry-After)."""
 
     default_code = "redis_unavailable"
 
     def __init__(self, reason: str, retry_after_s: float) -> None:
-        headers = retry_after_header(retry_after_s)
         super().__init__(
-            f"Redis is unavailable (the job queue cannot be reached: {reason.rstrip('.')}). "
-            f"Nothing was queued; retry in {headers['Retry-After']} s.",
-            headers=headers,
+            f"Redis is unavailable (the job queue cannot be reached: {reason.rstrip('.')}).",
+            retry_after_s,
+            then="Nothing was queued; retry in {} s.",
         )
 
 
-class ResultsLostError(ServiceUnavailableError):
+class ResultsLostError(RetryLaterError):
     """Redis restarted and lost the job (or its results) while the client waited (503)."""
 
     default_code = "redis_restarted"
 
     def __init__(self, job_id: str, retry_after_s: float) -> None:
-        headers = retry_after_header(retry_after_s)
         super().__init__(
-            f"The job queue (Redis) restarted and lost job {job_id} and its results; "
-            f"send the request again (in {headers['Retry-After']} s).",
-            headers=headers,
+            f"The job queue (Redis) restarted and lost job {job_id} and its results;",
+            retry_after_s,
+            then="send the request again (in {} s).",
         )
 
 
-class NoWorkerForModelError(ServiceUnavailableError):
+class NoWorkerForModelError(RetryLaterError):
     """No live worker may hold the model: a queued job would wait for nobody (503 with Retry-After)."""
 
     default_code = "no_worker_for_model"
 
     def __init__(self, model: str, retry_after_s: float) -> None:
-        headers = retry_after_header(retry_after_s)
         super().__init__(
-            f"No live worker serves the model `{model}` (every live worker is limited to other models). "
-            f"Start a worker that may hold it, or retry in {headers['Retry-After']} s.",
-            headers=headers,
+            f"No live worker serves the model `{model}` (every live worker is limited to other models).",
+            retry_after_s,
+            then="Start a worker that may hold it, or retry in {} s.",
         )
 
 

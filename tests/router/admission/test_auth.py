@@ -178,7 +178,7 @@ async def test_a_full_redis_is_a_503_with_retry_after() -> None:
         finally:
             await client.aclose()
     assert response.status_code == 503
-    assert response.json()["error"]["code"] == "queue_full"
+    assert response.json()["error"]["code"] == "redis_full"
     assert int(response.headers["Retry-After"]) >= 1
 
 
