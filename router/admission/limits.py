@@ -1,7 +1,8 @@
 """Admission: a request is queued only within its key's limits and the deployment's bounds.
 
-One Lua script decides and commits in one round trip, on Redis's clock (`TIME`), so that every
-front door sharing the Redis shares the limits and replicas with skewed clocks agree:
+One Lua script (`switchboard/lua/admit.lua`) decides and commits in one round trip, on Redis's
+clock (`TIME`), so that every front door sharing the Redis shares the limits and replicas with
+skewed clocks agree:
 
 - per key, requests and tokens per minute as token buckets (each holds a minute's worth and
   refills continuously). Tokens are reserved at admission from an estimate (prompt characters / 4,
@@ -28,7 +29,7 @@ from redis.exceptions import OutOfMemoryError, RedisError
 
 from router.admission.auth import Caller
 from router.openai.errors import TooManyRequestsError
-from switchboard import keys
+from switchboard import keys, lua
 from switchboard.config import LimitsConfig
 from switchboard.wire import Job
 
@@ -38,115 +39,6 @@ logger = logging.getLogger(__name__)
 BUSY_RETRY_S = 1.0
 # Retry-After for a Redis that refuses writes for want of memory.
 REDIS_FULL_RETRY_S = 5.0
-
-# KEYS: key's buckets, key's in-flight set, everyone's in-flight set, the model's job stream
-# ARGV: job id, slot ttl (ms), rpm, tpm, tokens to reserve, key's max parallel, max in flight,
-#       max queue depth, job group (limits of 0: none)
-# Returns nil when admitted, or {what, retry after (s), detail} when refused. A job admitted already
-# (redis-py retried the script after a broken connection lost its reply) is admitted again at no cost.
-_ADMIT_LUA = """
-if redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-    return nil
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local rpm, tpm, tokens = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local max_parallel = tonumber(ARGV[6])
-local requests_left, tokens_left
-if rpm > 0 or tpm > 0 then
-    local state = redis.call('HMGET', KEYS[1], 'req', 'tok', 'at')
-    local elapsed = math.max(0, now - (tonumber(state[3]) or now))
-    if rpm > 0 then
-        requests_left = math.min(rpm, (tonumber(state[1]) or rpm) + elapsed * rpm / 60)
-        if requests_left < 1 then
-            return {'rpm', tostring((1 - requests_left) * 60 / rpm), '0'}
-        end
-    end
-    if tpm > 0 then
-        tokens_left = math.min(tpm, (tonumber(state[2]) or tpm) + elapsed * tpm / 60)
-        -- A request larger than a whole minute's tokens waits for a full bucket, not forever.
-        local needed = math.min(tokens, tpm)
-        if tokens_left < needed then
-            return {'tpm', tostring((needed - tokens_left) * 60 / tpm), tostring(math.floor(tokens_left))}
-        end
-    end
-end
-if max_parallel > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-    if redis.call('ZCARD', KEYS[2]) >= max_parallel then
-        return {'parallel', '0', tostring(max_parallel)}
-    end
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-local in_flight = redis.call('ZCARD', KEYS[3])
-if in_flight >= tonumber(ARGV[7]) then
-    return {'in_flight', '0', tostring(in_flight)}
-end
-local waiting = redis.call('XLEN', KEYS[4])
-if waiting > 0 then
-    local ok, pending = pcall(redis.call, 'XPENDING', KEYS[4], ARGV[9])
-    if ok then
-        waiting = waiting - pending[1]
-    end
-end
-if waiting >= tonumber(ARGV[8]) then
-    return {'queue', '0', tostring(waiting)}
-end
-local ttl_ms = tonumber(ARGV[2])
-local expires = now + ttl_ms / 1000
-if rpm > 0 or tpm > 0 then
-    local full_in = 0
-    redis.call('HSET', KEYS[1], 'at', tostring(now))
-    if rpm > 0 then
-        redis.call('HSET', KEYS[1], 'req', tostring(requests_left - 1))
-        full_in = math.max(full_in, (rpm - requests_left + 1) * 60 / rpm)
-    end
-    if tpm > 0 then
-        redis.call('HSET', KEYS[1], 'tok', tostring(tokens_left - tokens))
-        full_in = math.max(full_in, (tpm - tokens_left + tokens) * 60 / tpm)
-    end
-    -- A bucket that would be full again is the same as no bucket.
-    redis.call('PEXPIRE', KEYS[1], math.ceil(full_in * 1000) + 1000)
-end
-if max_parallel > 0 then
-    redis.call('ZADD', KEYS[2], expires, ARGV[1])
-    if redis.call('PTTL', KEYS[2]) < ttl_ms then
-        redis.call('PEXPIRE', KEYS[2], ttl_ms)
-    end
-end
-redis.call('ZADD', KEYS[3], expires, ARGV[1])
-if redis.call('PTTL', KEYS[3]) < ttl_ms then
-    redis.call('PEXPIRE', KEYS[3], ttl_ms)
-end
-return false
-"""
-
-# KEYS: key's buckets, key's in-flight set, everyone's in-flight set
-# ARGV: job id, tokens to give back (negative: to take), tpm (0: none)
-# The slots go first: they are removals, which a Redis out of memory still accepts.
-_RELEASE_LUA = """
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-local refund, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
-if tpm == 0 or refund == 0 then
-    return false
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local tokens_left = tonumber(redis.call('HGET', KEYS[1], 'tok'))
-if not tokens_left then
-    -- The bucket expired, that is, it was full.
-    tokens_left = tpm
-    redis.call('HSET', KEYS[1], 'at', tostring(now))
-end
-tokens_left = math.min(tpm, tokens_left + refund)
-redis.call('HSET', KEYS[1], 'tok', tostring(tokens_left))
-local full_in_ms = math.ceil((tpm - tokens_left) * 60000 / tpm) + 1000
-if redis.call('PTTL', KEYS[1]) < full_in_ms then
-    redis.call('PEXPIRE', KEYS[1], full_in_ms)
-end
-return false
-"""
 
 
 def is_redis_full(exc: RedisError) -> bool:
@@ -189,8 +81,8 @@ class Admission:
     def __init__(self, redis: aioredis.Redis, limits: LimitsConfig) -> None:
         self._limits = limits
         # Registered once: later calls send only the scripts' hashes (EVALSHA).
-        self._admit = redis.register_script(_ADMIT_LUA)
-        self._release = redis.register_script(_RELEASE_LUA)
+        self._admit = lua.register(redis, "admit")
+        self._release = lua.register(redis, "release")
 
     async def admit(self, job: Job, caller: Caller) -> Ticket:
         """A ticket for `job`, or a 429 saying which limit it met and when to retry."""

@@ -1,4 +1,5 @@
-"""Put a job on its model's stream in one round trip."""
+"""Put a job on its model's stream in one round trip (`switchboard/lua/enqueue.lua`), and count the
+readers of its results (`resume.lua`, and a reader that leaves)."""
 
 from __future__ import annotations
 
@@ -10,56 +11,11 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from switchboard import keys
+from switchboard import keys, lua
 from switchboard.cancel_marks import CancelMarks
 from switchboard.wire import Chunk, Job, LoadFailure, chunk_decoder, encode, load_failure_decoder
 
 logger = logging.getLogger(__name__)
-
-# One round trip for everything an enqueue does. A model whose last load failed takes no job: the
-# failure's payload comes back instead, and the request is answered at once. Otherwise the job goes
-# on its stream with its record (`keys.job_record`) and the model controllers are poked; the front
-# door's own reader is poked only when asked (when it is blocked and must pick up the new result
-# stream). A job whose record exists is queued already: redis-py retries a command whose reply a
-# broken connection lost, and the retry must not queue the job twice.
-# KEYS: failure mark, job stream, demand stream, job record[, wake stream]
-# ARGV: job, job stream ttl, model, demand maxlen, demand ttl, wake ttl, tenant, record ttl
-_ENQUEUE_LUA = """
-local failure = redis.call('GET', KEYS[1])
-if failure then
-    return failure
-end
-if redis.call('EXISTS', KEYS[4]) == 1 then
-    return false
-end
-redis.call('HSET', KEYS[4], 'tenant', ARGV[7], 'readers', 1)
-redis.call('EXPIRE', KEYS[4], ARGV[8])
-redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'm', ARGV[3])
-redis.call('EXPIRE', KEYS[3], ARGV[5])
-if KEYS[5] then
-    redis.call('XADD', KEYS[5], 'MAXLEN', '1', '*', 'w', '')
-    redis.call('EXPIRE', KEYS[5], ARGV[6])
-end
-return false
-"""
-
-# Reads a job's record for a client resuming its stream, and counts the client in as a reader.
-# KEYS: job record, result stream. ARGV: record ttl, the last entry the client had.
-# Returns nil when the job's results are gone, else the tenant that sent the job and the chunks
-# up to that entry (the relay reads them again to pick up where the client's stream stopped).
-_RESUME_LUA = """
-if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('EXISTS', KEYS[1]) == 0 then
-    return false
-end
-redis.call('HINCRBY', KEYS[1], 'readers', 1)
-redis.call('HINCRBY', KEYS[1], 'resumes', 1)
-if redis.call('TTL', KEYS[1]) < tonumber(ARGV[1]) then
-    redis.call('EXPIRE', KEYS[1], ARGV[1])
-end
-return {redis.call('HGET', KEYS[1], 'tenant'), redis.call('XRANGE', KEYS[2], '-', ARGV[2])}
-"""
 
 
 class Resumption(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,8 +36,8 @@ class JobQueue:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
-        self._enqueue = redis.register_script(_ENQUEUE_LUA)
-        self._resume = redis.register_script(_RESUME_LUA)
+        self._enqueue = lua.register(redis, "enqueue")
+        self._resume = lua.register(redis, "resume")
         self._cancel_marks = CancelMarks(redis)
         # Cancel marks waiting for a client that may resume its stream, by job id.
         self._pending_cancels: dict[str, asyncio.Task[None]] = {}
@@ -123,7 +79,7 @@ class JobQueue:
         if found is None:
             return None
         tenant, entries = found
-        chunks = [chunk_decoder.decode(_field(fields, b"c")) for _, fields in entries]
+        chunks = [chunk_decoder.decode(_field(fields, keys.CHUNK_FIELD.encode())) for _, fields in entries]
         return Resumption(tenant=tenant.decode(), earlier=chunks)
 
     async def cancel(self, job_id: str) -> None:
@@ -138,7 +94,7 @@ class JobQueue:
         if cancel:
             await self._cancel_marks.leave(job_id, client=pipe)
         if keep_results:
-            pipe.hincrby(keys.job_record(job_id), "readers", -1)
+            pipe.hincrby(keys.job_record(job_id), keys.READERS_FIELD, -1)
             pipe.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
             pipe.expire(keys.job_record(job_id), keys.RESULT_TTL_S)
         else:
@@ -155,7 +111,7 @@ class JobQueue:
     async def _cancel_later(self, job_id: str, after_s: float) -> None:
         await asyncio.sleep(after_s)
         try:
-            readers = int(await self._redis.hget(keys.job_record(job_id), "readers") or 0)  # type: ignore[misc]
+            readers = int(await self._redis.hget(keys.job_record(job_id), keys.READERS_FIELD) or 0)  # type: ignore[misc]
             if readers <= 0:
                 await self.cancel(job_id)
         except RedisError:

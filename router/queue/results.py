@@ -39,6 +39,7 @@ RECONNECT_DELAY_S = 0.1
 RUN_ID_CHECK_S = 5.0
 
 START = "0-0"
+_CHUNK = keys.CHUNK_FIELD.encode()
 
 
 class ResultsLost(Exception):
@@ -141,7 +142,7 @@ class ResultReader:
     async def wake(self) -> None:
         """Make a blocked read return, so that it picks up a new subscription at once."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(self._wake_key, {"w": ""}, maxlen=1)
+        pipe.xadd(self._wake_key, {keys.WAKE_FIELD: ""}, maxlen=1)
         pipe.expire(self._wake_key, keys.WAKE_TTL_S)
         await pipe.execute()
 
@@ -255,7 +256,7 @@ class ResultReader:
             return
         for entry_id, fields in entries:
             subscription.last_id = entry_id
-            chunk = chunk_decoder.decode(fields[b"c"])
+            chunk = chunk_decoder.decode(fields[_CHUNK])
             subscription.deliver(entry_id.decode(), chunk)
             if chunk.is_last:
                 # Nothing follows: stop reading the stream; it is deleted on the next pass (its
