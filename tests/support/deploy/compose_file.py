@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMPOSE_PATH = REPO / "compose.yaml"
 
 # What a filled-in .env (deploy/compose/env.example) gives: a password and an admin key's hash.

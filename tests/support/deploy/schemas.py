@@ -11,7 +11,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-SCHEMAS = Path(__file__).parent / "schemas"
+SCHEMAS = Path(__file__).parents[2] / "deploy" / "schemas"
 COMPOSE_SCHEMA = SCHEMAS / "compose" / "compose-spec.json"
 KUBERNETES_SCHEMAS = SCHEMAS / "kubernetes-v1.32.0"
 

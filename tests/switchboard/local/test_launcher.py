@@ -14,7 +14,7 @@ from switchboard.local.launcher import ComponentExited, Launcher, LauncherError,
 from switchboard.ports import free_port
 from switchboard.readiness import NO_LIVE_WORKER, WAITING_FOR
 
-FAKE = (sys.executable, str(Path(__file__).with_name("fake_component.py")))
+FAKE = (sys.executable, str(Path(__file__).parents[2] / "support" / "fake_component.py"))
 
 
 def _launcher(tmp_path: Path, workers: int = 1, **env: str) -> Launcher:

@@ -15,7 +15,7 @@ from switchboard.local import stack
 from switchboard.local.launcher import Launcher
 from switchboard.ports import free_port
 
-FAKE = (sys.executable, str(Path(__file__).with_name("fake_component.py")))
+FAKE = (sys.executable, str(Path(__file__).parents[2] / "support" / "fake_component.py"))
 
 CONFIG = """
 [redis]
