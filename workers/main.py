@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from switchboard import keys
+from switchboard import keep_alive, keys
 from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import cancel_and_wait
@@ -285,7 +285,11 @@ class Worker:
 
     def _estimated_footprint(self, model: ModelConfig) -> int:
         try:
-            options = EngineOptions(cpu_threads=None, cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib)
+            options = EngineOptions(
+                cpu_threads=None,
+                cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
+                engine_process=self.settings.worker.engine_process,
+            )
             return self._engine_factory(model, options).footprint().memory_bytes
         except Exception:
             logger.warning("cannot estimate the footprint", exc_info=True, extra={"model": model.name})
@@ -338,14 +342,14 @@ class Worker:
 
 def _leaves_at(slot: ModelSlot) -> float | None:
     """When keep-alive will move the slot down the ladder, if nothing uses it meanwhile."""
-    model = slot.model
-    if slot.in_flight or slot.idle_since is None or model.keep_alive_s < 0 or model.min_replicas > 0:
-        return None
-    if slot.state == "warm":
-        return slot.idle_since + model.keep_alive_s
-    if slot.state == "sleeping" and model.asleep_keep_alive_s >= 0:
-        return slot.idle_since + model.keep_alive_s + model.asleep_keep_alive_s
-    return None
+    return keep_alive.leaves_at(
+        slot.state,
+        slot.idle_since,
+        keep_alive_s=slot.model.keep_alive_s,
+        asleep_keep_alive_s=slot.model.asleep_keep_alive_s,
+        in_flight=slot.in_flight,
+        min_replicas=slot.model.min_replicas,
+    )
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:

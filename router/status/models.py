@@ -19,7 +19,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from switchboard import keys
+from switchboard import keep_alive, keys
 from switchboard.config import ModelConfig
 from switchboard.wire import (
     LoadFailure,
@@ -252,10 +252,11 @@ def summarize(
     # The model leaves when its last replica does; one that stays (busy, or for good) keeps it.
     leaves = [r.leaves_in_s for r in held if r.leaves_in_s is not None]
     leaves_in_s = max(leaves) if held and len(leaves) == len(held) else None
-    never_leaves = bool(held) and (
-        model.min_replicas > 0
-        or (state == "warm" and model.keep_alive_s < 0)
-        or (state == "sleeping" and model.asleep_keep_alive_s < 0)
+    never_leaves = bool(held) and keep_alive.never_leaves(
+        state,
+        keep_alive_s=model.keep_alive_s,
+        asleep_keep_alive_s=model.asleep_keep_alive_s,
+        min_replicas=model.min_replicas,
     )
     return ModelStatus(
         name=model.name,

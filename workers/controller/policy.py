@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from switchboard import keep_alive
 from workers.controller.actions import Action, Load, Sleep, Unload, Wake
 from workers.controller.view import ModelView, View, WorkerLimits
 
@@ -75,20 +76,16 @@ def _keep_alive_moves(view: View, leaving: Mapping[str, Action]) -> list[Action]
 
 def _keep_alive_move(now: float, model: ModelView) -> Action | None:
     """The next rung of the ladder for one model here, if its idle time has reached it."""
-    if model.keep_alive_s < 0 or model.waiting > 0 or model.in_flight > 0:
+    if model.waiting > 0 or model.in_flight > 0:
         return None
+    limit_s = keep_alive.idle_limit_s(model.state, model.keep_alive_s, model.asleep_keep_alive_s)
     idle_s = _idle_s(now, model)
-    if model.state == "warm" and idle_s >= model.keep_alive_s:
-        why = f"idle {_secs(idle_s)} s ≥ keep_alive {_secs(model.keep_alive_s)} s"
+    if limit_s is None or idle_s < limit_s:
+        return None
+    why = f"idle {_secs(idle_s)} s ≥ keep_alive {_secs(model.keep_alive_s)} s"
+    if model.state == "warm":
         return Sleep(model=model.name, why=why) if model.can_sleep else Unload(model=model.name, why=why)
-    asleep_limit_s = model.keep_alive_s + model.asleep_keep_alive_s
-    if model.state == "sleeping" and model.asleep_keep_alive_s >= 0 and idle_s >= asleep_limit_s:
-        why = (
-            f"idle {_secs(idle_s)} s ≥ keep_alive {_secs(model.keep_alive_s)} s"
-            f" + asleep_keep_alive {_secs(model.asleep_keep_alive_s)} s"
-        )
-        return Unload(model=model.name, why=why)
-    return None
+    return Unload(model=model.name, why=f"{why} + asleep_keep_alive {_secs(model.asleep_keep_alive_s)} s")
 
 
 def _urgency(model: ModelView) -> tuple[bool, float, str]:
