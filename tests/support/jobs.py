@@ -27,8 +27,8 @@ def make_job(model: str, prompt: str, deadline_s: float = 60.0) -> Job:
 async def submit(redis: aioredis.Redis, *jobs: Job) -> None:
     """Append jobs to their model's stream and poke the controllers, as an enqueue does."""
     for one in jobs:
-        await redis.xadd(keys.job_stream(one.model), {"job": encode(one)})
-        await redis.xadd(keys.demand_stream(), {"m": one.model})
+        await redis.xadd(keys.job_stream(one.model), {keys.JOB_FIELD: encode(one)})
+        await redis.xadd(keys.demand_stream(), {keys.MODEL_FIELD: one.model})
 
 
 async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> list[Chunk]:
@@ -41,7 +41,7 @@ async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) ->
         for _, entries in response or ():
             for entry_id, fields in entries:
                 last_id = entry_id
-                chunks.append(chunk_decoder.decode(fields[b"c"]))
+                chunks.append(chunk_decoder.decode(fields[keys.CHUNK_FIELD.encode()]))
         if chunks and chunks[-1].is_last:
             return chunks
     raise AssertionError(f"job {job_id} did not finish; got {chunks}")

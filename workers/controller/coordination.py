@@ -12,29 +12,10 @@ import time
 
 import redis.asyncio as aioredis
 
-from switchboard import keys
+from switchboard import keys, lua
 from switchboard.wire import LoadFailure, ModelLimits, encode
 
 LEASE_TTL_MS = keys.REPLICA_LEASE_TTL_S * 1000
-
-# Renew the leases this worker still owns; report (by position) those it lost.
-_RENEW = """
-local lost = {}
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then
-    redis.call('PEXPIRE', key, ARGV[2])
-  else
-    table.insert(lost, i)
-  end
-end
-return lost
-"""
-
-# Delete a lease only if this worker still owns it.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 class Coordination:
@@ -44,8 +25,8 @@ class Coordination:
         self._redis = redis
         self._worker_id = worker_id
         self._kind = kind
-        self._renew = redis.register_script(_RENEW)
-        self._release = redis.register_script(_RELEASE)
+        self._renew = lua.register(redis, "renew_lease")
+        self._release = lua.register(redis, "release_lease")
 
     async def take_lease(self, model: str, replica: int) -> bool:
         """Claim replica `replica` of `model` for this worker; False if someone holds it."""

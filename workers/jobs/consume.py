@@ -29,7 +29,7 @@ from switchboard.wire import Chunk, JobError, Usage, chunk_decoder, encode
 from workers.jobs.continuation import Plan, client_left, plan
 from workers.jobs.observer import JobObserver, current_job, note_outcome
 from workers.jobs.orphans import ORPHAN_GRACE_S, OrphanWatch
-from workers.jobs.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry, requeue
+from workers.jobs.takeover import Entry, Takeover, acknowledge, dead_letter, decode_entry
 from workers.jobs.writer import ResultWriter, Superseded
 from workers.models.slot import Lease, ModelSlot, SlotNotServing
 from workers.triton.model import EngineJob
@@ -292,7 +292,7 @@ class JobConsumer:
     async def _hand_back(self, entry: Entry) -> None:
         """Put a job this worker could not run or finish back in line; it does not count as a failure."""
         try:
-            if await requeue(self._redis, entry.stream, entry.entry_id, entry.payload, entry.taken_before):
+            if await self._takeover.requeue(entry.stream, entry.entry_id, entry.payload, entry.taken_before):
                 logger.warning("job handed back", extra={"job_id": entry.job.id})
         except Exception:
             # Left pending, it is taken over once this worker's record has expired.

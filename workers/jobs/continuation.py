@@ -17,6 +17,8 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.wire import Job, JobError, chunk_decoder
 
+_CHUNK = keys.CHUNK_FIELD.encode()
+
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """What to do with a job just taken.
@@ -43,7 +45,7 @@ async def plan(redis: aioredis.Redis, job: Job) -> Plan:
     cancelled, entries = await pipe.execute()
     if cancelled:
         return Plan(action="skip")
-    chunks = [chunk_decoder.decode(fields[b"c"]) for _, fields in entries]
+    chunks = [chunk_decoder.decode(fields[_CHUNK]) for _, fields in entries]
     if any(chunk.is_last for chunk in chunks):
         return Plan(action="skip")
     if not chunks:

@@ -95,7 +95,7 @@ class OrphanWatch:
             return []
         pipe = self._redis.pipeline(transaction=False)
         for job_id in candidates:
-            pipe.hexists(keys.job_record(job_id), "resumes")
+            pipe.hexists(keys.job_record(job_id), keys.RESUMES_FIELD)
         resumed = await pipe.execute()
         orphans = [job_id for job_id, again in zip(candidates, resumed, strict=True) if not again]
         if orphans:

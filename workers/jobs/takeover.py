@@ -23,15 +23,16 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from switchboard import keys
+from switchboard import keys, lua
 from switchboard.wire import Chunk, Job, JobError, encode, job_decoder
 from workers.jobs.writer import ResultWriter
 
 logger = logging.getLogger(__name__)
 
-# Entry field: how many workers took the job before it was put back in line (absent: none).
-# REQUEUE_SCRIPT spells it too.
-TAKEN_FIELD = b"taken"
+# Entry fields as redis-py reads them: the job, and how many workers took it before it was put
+# back in line (absent: none).
+_JOB = keys.JOB_FIELD.encode()
+_TAKEN = keys.TAKEN_FIELD.encode()
 # Pending entries looked at per stream and sweep.
 PENDING_SCAN = 100
 
@@ -57,40 +58,17 @@ class Entry:
 
 def decode_entry(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry:
     """The job of a stream entry; KeyError or msgspec.DecodeError if the entry holds none."""
-    payload = fields[b"job"]
+    payload = fields[_JOB]
     job = job_decoder.decode(payload)
-    return Entry(stream, entry_id, payload, job, taken_before(fields), requeued=TAKEN_FIELD in fields)
+    return Entry(stream, entry_id, payload, job, taken_before(fields), requeued=_TAKEN in fields)
 
 
 def taken_before(fields: dict[bytes, bytes]) -> int:
     """How many workers took the job of this entry before (0 for a job never taken over)."""
     try:
-        return int(fields.get(TAKEN_FIELD, b"0"))
+        return int(fields.get(_TAKEN, b"0"))
     except ValueError:
         return 0
-
-
-# KEYS: job stream. ARGV: entry id, job, times taken, consumer group. Only an entry still in its
-# stream is put back: one acknowledged meanwhile (its last chunk was written) is finished.
-REQUEUE_SCRIPT = """
-if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
-  redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
-  return 0
-end
-redis.call('XADD', KEYS[1], '*', 'job', ARGV[2], 'taken', ARGV[3])
-redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
-redis.call('XDEL', KEYS[1], ARGV[1])
-return 1
-"""
-
-
-async def requeue(redis: aioredis.Redis, stream: str, entry_id: bytes, payload: bytes, taken: int) -> bool:
-    """Put a job back at the end of its stream as a new entry, remembering `taken`; drop the old one.
-
-    Returns False (and puts nothing back) when the entry was acknowledged meanwhile.
-    """
-    requeued = await redis.eval(REQUEUE_SCRIPT, 1, stream, entry_id, payload, taken, keys.JOB_GROUP)  # type: ignore[misc]
-    return bool(requeued)
 
 
 async def acknowledge(redis: aioredis.Redis, stream: str, entry_id: bytes, job_id: str) -> None:
@@ -118,7 +96,7 @@ async def dead_letter(
         extra={"stream": stream, "entry_id": entry_id.decode(), "reason": reason},
     )
     letter = {
-        b"job": fields.get(b"job", b""),
+        _JOB: fields.get(_JOB, b""),
         b"stream": stream.encode(),
         b"entry": entry_id,
         b"reason": reason.encode(),
@@ -143,6 +121,15 @@ class Takeover:
         self._writer = writer
         self._worker_id = worker_id
         self._max_deliveries = max_deliveries
+        self._requeue = lua.register(redis, "requeue")
+
+    async def requeue(self, stream: str, entry_id: bytes, payload: bytes, taken: int) -> bool:
+        """Put a job back at the end of its stream as a new entry, remembering `taken`; drop the old one.
+
+        Returns False (and puts nothing back) when the entry was acknowledged meanwhile.
+        """
+        requeued = await self._requeue(keys=[stream], args=[entry_id, payload, taken, keys.JOB_GROUP])
+        return bool(requeued)
 
     async def sweep(self, streams: list[str], running: Container[bytes]) -> int:
         """Take over what dead workers left pending on `streams`; returns how many jobs.
@@ -207,11 +194,11 @@ class Takeover:
                     "taken": taken,
                 },
             )
-            await requeue(self._redis, stream, entry_id, fields.get(b"job", b""), taken)
+            await self.requeue(stream, entry_id, fields.get(_JOB, b""), taken)
             return
         reason = f"taken by {taken} workers, and each stopped before finishing it"
         try:
-            job = job_decoder.decode(fields[b"job"])
+            job = job_decoder.decode(fields[_JOB])
         except (KeyError, msgspec.DecodeError):
             await dead_letter(self._redis, stream, entry_id, fields, reason=reason, worker_id=self._worker_id)
             return

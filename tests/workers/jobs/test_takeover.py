@@ -19,12 +19,13 @@ from switchboard import keys
 from switchboard.wire import Chunk, Job, SamplingParams, Usage, encode
 from tests.support.jobs import result
 from tests.support.one_worker import MODEL, Worker, job
-from workers.jobs.takeover import TAKEN_FIELD, requeue
+from workers.jobs.takeover import Takeover
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 DEAD = "dead-worker"
 STREAM = keys.job_stream(MODEL)
+TAKEN_FIELD = keys.TAKEN_FIELD.encode()
 
 
 def tokens(first: int, last: int) -> str:
@@ -204,8 +205,9 @@ async def test_only_a_job_still_in_its_stream_is_put_back_in_line(worker: Worker
     unfinished = await worker.redis.xadd(stream, {"job": b"unfinished"})
     await worker.redis.xreadgroup(keys.JOB_GROUP, DEAD, {stream: ">"})
     await worker.redis.xdel(stream, finished)  # its last chunk acknowledged and deleted it
-    assert await requeue(worker.redis, stream, finished, b"finished", 1) is False
-    assert await requeue(worker.redis, stream, unfinished, b"unfinished", 1) is True
+    takeover = Takeover(worker.redis, worker.writer, worker_id="w1", max_deliveries=3)
+    assert await takeover.requeue(stream, finished, b"finished", 1) is False
+    assert await takeover.requeue(stream, unfinished, b"unfinished", 1) is True
     ((_, fields),) = await worker.redis.xrange(stream)
     assert fields == {b"job": b"unfinished", TAKEN_FIELD: b"1"}
     assert (await worker.redis.xpending(stream, keys.JOB_GROUP))["pending"] == 0
