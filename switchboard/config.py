@@ -147,6 +147,10 @@ class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     estimated_completion_tokens: PositiveLimit = 256
 
 
+# How a vLLM engine's process starts (see `WorkerConfig.engine_process`, whose default is the one).
+EngineProcess = Literal["fork", "spawn"]
+
+
 class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One worker process."""
 
@@ -192,7 +196,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # once at worker start (a cold load in about 2 s instead of 9 on a small CPU box, for about
     # 0.6 GiB held by the helper); vLLM versions or platforms it is not proven on (GPUs) fall back
     # to "spawn" with a warning. "spawn": vLLM's own way, a new interpreter per engine.
-    engine_process: Literal["fork", "spawn"] = "fork"
+    engine_process: EngineProcess = "fork"
     # A job whose worker died is put back in line for another worker, which continues its answer
     # where the client's stream stopped; a job taken this many times (every worker died under it)
     # is given up: its client gets an error and the job goes to the dead-letter stream.

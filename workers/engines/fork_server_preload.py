@@ -11,7 +11,7 @@ import importlib
 import signal
 
 from workers.engines.parent_death import die_with_parent
-from workers.engines.vllm import set_process_defaults
+from workers.engines.process_env import set_process_defaults
 
 # The fork server ends with its worker, however the worker ends; its engines end with it. (The
 # standard library's own signal for that, end of file on a pipe, never comes while an engine it

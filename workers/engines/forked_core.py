@@ -36,7 +36,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from workers.engines.parent_death import die_with_parent, original_run_engine_core
-from workers.engines.vllm import engine_process_environment
+from workers.engines.process_env import engine_process_environment
 from workers.runtime.cpu_placement import omp_environment, parse_cpu_list
 
 logger = logging.getLogger(__name__)

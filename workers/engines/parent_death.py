@@ -9,20 +9,25 @@ point does: vLLM's spawned EngineCore starts at `run_engine_core` below (see
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import os
 import signal
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
+from switchboard.local.with_parent import ask_for_signal_when_parent_dies
+
 # Where the patched EngineCoreProc keeps vLLM's own entry point.
 _ORIGINAL = "_switchboard_run_engine_core"
 
 
 def die_with_parent(sig: signal.Signals) -> None:
-    """Have the kernel send `sig` to this process when its parent (the thread that started it) ends."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    """Have the kernel send `sig` to this process when its parent (the thread that started it) ends.
+
+    A refused request is ignored: the engine still serves, and the worker's descendants guard
+    (`workers.runtime.descendants_guard`) still ends it after a killed worker.
+    """
+    with contextlib.suppress(OSError):
+        ask_for_signal_when_parent_dies(sig)
     if os.getppid() == 1:  # the parent died before prctl took effect
         raise SystemExit(1)
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from switchboard.config import ModelConfig
+from switchboard.config import EngineProcess, ModelConfig
 from workers.engines.base import Engine
-
-EngineProcess = Literal["fork", "spawn"]
 
 
 class EngineOptions:
@@ -16,7 +12,7 @@ class EngineOptions:
     __slots__ = ("cpu_kvcache_gib", "cpu_threads", "engine_process")
 
     def __init__(
-        self, *, cpu_threads: str | None, cpu_kvcache_gib: float, engine_process: EngineProcess = "spawn"
+        self, *, cpu_threads: str | None, cpu_kvcache_gib: float, engine_process: EngineProcess
     ) -> None:
         # Cores the engine computes on (CPU builds; "0-3" or "0,2"), None to leave it to the engine.
         self.cpu_threads = cpu_threads
@@ -32,7 +28,7 @@ def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
     fork server's (in its own process), from which engines are then forked in about 2 s.
     """
     if "vllm" in engines:
-        from workers.engines.vllm import import_runtime
+        from workers.engines.vllm_runtime import import_runtime
 
         import_runtime()
         if engine_process == "fork":

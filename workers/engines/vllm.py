@@ -10,32 +10,29 @@ A cold load is what a request for an unloaded model waits for, so starting is ke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
-
-import psutil
+from typing import Any
 
 from switchboard import tracing
-from switchboard.config import ModelConfig
+from switchboard.config import EngineProcess, ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
 from workers.engines.phases import EnginePhases
+from workers.engines.process_env import engine_process_environment, process_tree, reap, resident_bytes
 from workers.engines.prompts import PromptBuilder, builds_quickly
 from workers.engines.vllm_io import OutputReader, vllm_sampling_params
+from workers.engines.vllm_runtime import import_runtime as import_runtime  # also imported from here
 from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
 from workers.runtime.cpu_placement import omp_environment
 
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
-DEFAULT_CACHE_ROOT = "~/.cache/switchboard/vllm"
 # What one engine process costs on CPU beyond its weights and KV cache: the interpreter with
 # torch and vLLM imported and the model runner's buffers. Measured on the demo model with one
 # EngineCore process (VLLM_ENABLE_V1_MULTIPROCESSING=0): 1,673 MiB resident = 5 MiB of weights +
@@ -46,90 +43,12 @@ REAP_TIMEOUT_S = 10.0
 # How long a reading of the engine processes' resident memory stands.
 RESIDENT_REFRESH_S = 5.0
 
-# Imports are serialised so that the background import at worker boot and a first load that
-# overtakes it never import the same modules from two threads at once.
-_runtime_lock = threading.Lock()
-_runtime_imported = False
-# A new engine process inherits the environment of the moment it is spawned, and its thread
-# pinning travels in OMP_* variables: one CPU engine start at a time sets them.
-_spawn_lock = threading.Lock()
-
-
-def set_process_defaults() -> None:
-    """vLLM settings this process needs before vLLM reads them; the environment's own values win."""
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(DEFAULT_CACHE_ROOT).expanduser()))
-    # CPU builds: run the executor inside the EngineCore process instead of in a Worker process of
-    # its own (one interpreter importing vLLM per engine instead of two). GPU builds' AsyncLLM
-    # ignores it.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
-def import_runtime() -> None:
-    """Import what an engine start needs (vLLM, its platform, tokenizers); once per process.
-
-    Safe from any thread. The worker calls it in the background right after it starts, so the
-    first load does not pay the imports; `start()` calls it too and waits for a running import.
-    """
-    global _runtime_imported
-    with _runtime_lock:
-        if _runtime_imported:
-            return
-        set_process_defaults()
-        started = time.monotonic()
-        from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
-        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: F401
-        from vllm.inputs import TokensPrompt  # noqa: F401
-        from vllm.platforms import current_platform
-        from vllm.sampling_params import SamplingParams  # noqa: F401
-        from vllm.usage.usage_lib import UsageContext  # noqa: F401
-        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
-        from vllm.v1.executor.abstract import Executor  # noqa: F401
-
-        current_platform.is_cpu()  # resolves the platform (it probes for devices)
-        _import_engine_start_modules()
-        from workers.engines.parent_death import spawned_engines_die_with_worker
-
-        spawned_engines_die_with_worker()
-        _runtime_imported = True
-        logger.info("engine runtime imported", extra={"seconds": round(time.monotonic() - started, 2)})
-
-
-def _import_engine_start_modules() -> None:
-    """Modules vLLM imports lazily while a start builds its config and front end in this process.
-
-    Found by comparing sys.modules before and after a start; what is left is model-specific.
-    """
-    import importlib
-
-    for name in (
-        "vllm.v1.executor.uniproc_executor",
-        "vllm.v1.engine.core_client",
-        "vllm.v1.engine.utils",
-        "vllm.v1.engine.core",
-        "vllm.model_executor.models.registry",
-        "vllm.tokenizers",
-        "vllm.renderers",
-        "transformers.models.auto.tokenization_auto",
-        "transformers.tokenization_utils_fast",
-        "vllm.renderers.hf",
-        "vllm.transformers_utils.chat_templates",
-        "vllm.model_executor.models.config",
-        "vllm.model_executor.warmup",
-        "vllm.v1.worker.block_table",
-        "multiprocessing.popen_spawn_posix",
-    ):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-
 
 def _platform() -> Any:
     import_runtime()
     from vllm.platforms import current_platform
 
     return current_platform
-
-
-EngineProcess = Literal["spawn", "fork"]
 
 
 class VllmEngine(Engine):
@@ -145,7 +64,7 @@ class VllmEngine(Engine):
         *,
         cpu_threads: str | None,
         cpu_kvcache_gib: float,
-        engine_process: EngineProcess = "spawn",
+        engine_process: EngineProcess,
     ) -> None:
         super().__init__(model)
         self._engine_process = engine_process
@@ -177,7 +96,7 @@ class VllmEngine(Engine):
             # that no engine process outlives a cancelled start.
             build.add_done_callback(self._discard_build)
             raise
-        self._engine_pids = [self._forked.pid] if self._forked is not None else _engine_pids(self._llm)
+        self._engine_pids = [self._forked.pid] if self._forked is not None else _core_pids(self._llm)
         self._tokenizer = self._llm.get_tokenizer()
         if self.model.tool_call_parser is not None:
             tool_parser_class(self.model.tool_call_parser)  # a typo fails the load, not each request
@@ -268,7 +187,7 @@ class VllmEngine(Engine):
             return
         llm, self._llm = self._llm, None
         started = time.monotonic()
-        processes = _process_tree(self._engine_pids)
+        processes = process_tree(self._engine_pids)
         # The output task reads from the engine: end it first, or it reports the engine's exit as
         # a failure. vLLM started it on this loop (the one that drives the engine).
         handler = getattr(llm, "output_handler", None)
@@ -281,7 +200,7 @@ class VllmEngine(Engine):
             await asyncio.to_thread(forked.shutdown, REAP_TIMEOUT_S)
         else:
             await asyncio.to_thread(llm.shutdown)
-        survivors = await asyncio.to_thread(_reap, processes, REAP_TIMEOUT_S)
+        survivors = await asyncio.to_thread(reap, processes, REAP_TIMEOUT_S)
         if survivors:
             logger.warning("engine processes killed after shutdown", extra={"pids": survivors})
         self._engine_pids = []
@@ -347,7 +266,7 @@ class VllmEngine(Engine):
         now = time.monotonic()
         read_at, resident = self._resident
         if now - read_at >= RESIDENT_REFRESH_S or not resident:
-            resident = _resident_bytes(self._engine_pids)
+            resident = resident_bytes(self._engine_pids)
             self._resident = (now, resident)
         return resident
 
@@ -411,25 +330,6 @@ class VllmEngine(Engine):
         await self._llm.abort(request_id)
 
 
-@contextlib.contextmanager
-def engine_process_environment(overrides: dict[str, str], *, locked: bool) -> Iterator[None]:
-    """`overrides` set in the environment while a process is spawned, then restored.
-
-    `locked`: under the process-wide spawn lock, so that no other start sees them (CPU builds).
-    """
-    with _spawn_lock if locked else contextlib.nullcontext():
-        saved = {name: os.environ.get(name) for name in overrides}
-        os.environ.update(overrides)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
 def _structured_outputs_config(configured: dict[str, Any] | None) -> Any:
     """vLLM's structured output settings: the model's own, over compact JSON by default.
 
@@ -443,40 +343,10 @@ def _structured_outputs_config(configured: dict[str, Any] | None) -> Any:
     return StructuredOutputsConfig(**{**defaults, **(configured or {})})
 
 
-def _engine_pids(llm: Any) -> list[int]:
+def _core_pids(llm: Any) -> list[int]:
     """The EngineCore processes vLLM started for `llm` (vLLM's process manager keeps them)."""
     manager = getattr(getattr(getattr(llm, "engine_core", None), "resources", None), "engine_manager", None)
     return [proc.pid for proc in getattr(manager, "processes", []) if proc.pid is not None]
-
-
-def _process_tree(pids: list[int]) -> list[psutil.Process]:
-    processes: list[psutil.Process] = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            processes += [root, *root.children(recursive=True)]
-    return processes
-
-
-def _reap(processes: list[psutil.Process], timeout_s: float) -> list[int]:
-    """Wait for `processes` to exit, kill what is left; the pids that had to be killed."""
-    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=timeout_s)
-    return [process.pid for process in alive]
-
-
-def _resident_bytes(pids: list[int]) -> int:
-    return sum(_rss(process) for process in _process_tree(pids))
-
-
-def _rss(process: psutil.Process) -> int:
-    try:
-        return int(process.memory_info().rss)
-    except psutil.Error:
-        return 0
 
 
 def _weights_bytes(model_dir: Path) -> int:

@@ -19,7 +19,8 @@ import pytest
 from switchboard.config import ModelConfig
 from switchboard.wire import SamplingParams
 from workers.engines.base import EngineRequest
-from workers.engines.vllm import GIB, VllmEngine, import_runtime
+from workers.engines.vllm import GIB, VllmEngine
+from workers.engines.vllm_runtime import import_runtime
 from workers.runtime.cpu_placement import available_cores
 
 try:
@@ -99,7 +100,7 @@ def test_import_runtime_from_threads_at_once() -> None:
 
 
 def test_footprint_before_start_is_an_estimate(model_dir: Path) -> None:
-    engine = VllmEngine(demo(model_dir), cpu_threads="0-0", cpu_kvcache_gib=1)
+    engine = VllmEngine(demo(model_dir), cpu_threads="0-0", cpu_kvcache_gib=1, engine_process="spawn")
     footprint = engine.footprint()
     assert footprint.device == "cpu"
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
@@ -107,14 +108,14 @@ def test_footprint_before_start_is_an_estimate(model_dir: Path) -> None:
 
 
 def test_no_sleep_mode_on_cpu(model_dir: Path) -> None:
-    engine = VllmEngine(demo(model_dir), cpu_threads="0-0", cpu_kvcache_gib=1)
+    engine = VllmEngine(demo(model_dir), cpu_threads="0-0", cpu_kvcache_gib=1, engine_process="spawn")
     assert engine.supports_sleep is False
 
 
 async def test_load_unload_and_load_again(model_dir: Path) -> None:
     import_runtime()
     cores = engine_core_cores()
-    engine = VllmEngine(demo(model_dir), cpu_threads=cores, cpu_kvcache_gib=1)
+    engine = VllmEngine(demo(model_dir), cpu_threads=cores, cpu_kvcache_gib=1, engine_process="spawn")
     rss_before_start = tree_rss()
 
     await engine.start()
@@ -207,7 +208,9 @@ def new_engine_processes(before: set[int]) -> list[int]:
 
 async def test_a_cancelled_start_leaves_no_engine_behind(model_dir: Path) -> None:
     import_runtime()
-    engine = VllmEngine(demo(model_dir), cpu_threads=engine_core_cores(), cpu_kvcache_gib=1)
+    engine = VllmEngine(
+        demo(model_dir), cpu_threads=engine_core_cores(), cpu_kvcache_gib=1, engine_process="spawn"
+    )
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     start = asyncio.create_task(engine.start())
     await poll_until(lambda: bool(new_engine_processes(before)), 60)  # the engine process exists
