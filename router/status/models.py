@@ -2,7 +2,7 @@
 
 The front door never calls a worker: a model's replicas come from the live workers' heartbeat
 records, its queue from its job stream, its failure from the failure mark, its load times from the
-measured costs. `GET /admin/models` shows this; the gateway reads it for progress comments and for
+measured costs. `GET /admin/models` shows this; the relay reads it for progress comments and for
 the Retry-After of a request whose model is still loading. Nothing here is read on the hot path.
 """
 
@@ -13,14 +13,14 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 from switchboard import keep_alive, keys
 from switchboard.config import ModelConfig
+from switchboard.queue_depth import JobsWaiting, decode_depths
 from switchboard.wire import (
     LoadFailure,
     SlotState,
@@ -127,6 +127,7 @@ class ModelStatusReader:
     def __init__(self, redis: aioredis.Redis, models: Sequence[ModelConfig]) -> None:
         self._redis = redis
         self._models = {m.name: m for m in models}
+        self._jobs_waiting = JobsWaiting(redis)
         # Progress comments of many requests waiting on one model share one read.
         self._recent: dict[str, tuple[float, asyncio.Task[ModelStatus]]] = {}
         # Every request checks that some live worker may hold its model: they share one read a second.
@@ -137,24 +138,21 @@ class ModelStatusReader:
         now = time.time()
         pipe = self._redis.pipeline(transaction=False)
         pipe.zrangebyscore(keys.workers_index(), now - keys.WORKER_TTL_S, "+inf")
+        await self._jobs_waiting.add_to(pipe, names)
         for name in names:
-            pipe.xlen(keys.job_stream(name))
-            pipe.xpending(keys.job_stream(name), keys.JOB_GROUP)
             pipe.get(keys.load_failure(name))
-        replies = await pipe.execute(raise_on_error=False)
-        _raise_unexpected(replies)
+        replies = await pipe.execute()
         worker_ids: list[bytes] = replies[0]
+        depths = decode_depths(names, replies[1])
         records = await self._records(worker_ids)
         costs = await self._load_costs(names, records) if with_costs else {}
         statuses = []
-        for index, name in enumerate(names):
-            length, pending, failure = replies[1 + 3 * index : 4 + 3 * index]
-            waiting = max(0, int(length) - _pending_count(pending))
+        for name, failure in zip(names, replies[2:], strict=True):
             statuses.append(
                 summarize(
                     self._models[name],
                     records,
-                    waiting=waiting,
+                    waiting=depths[name].waiting,
                     failure=_decode_failure(failure),
                     load_samples=costs.get(name, {}),
                     now=now,
@@ -314,17 +312,3 @@ def _decode_failure(payload: bytes | None) -> LoadFailure | None:
     except msgspec.DecodeError:
         logger.warning("unreadable load failure mark", extra={"payload_bytes": len(payload)})
         return None
-
-
-def _pending_count(reply: Any) -> int:
-    """Jobs taken but not acknowledged; a stream without a consumer group yet has none."""
-    if isinstance(reply, ResponseError) or not reply:
-        return 0
-    return int(reply.get("pending", 0)) if isinstance(reply, dict) else int(reply[0])
-
-
-def _raise_unexpected(replies: list[Any]) -> None:
-    # XPENDING answers NOGROUP until a worker has joined the model's stream: that is expected.
-    for reply in replies:
-        if isinstance(reply, ResponseError) and not str(reply).startswith("NOGROUP"):
-            raise reply

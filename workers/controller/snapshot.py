@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.config import ModelConfig
+from switchboard.queue_depth import JobsWaiting, decode_depths
 from switchboard.wire import (
     DesiredState,
     SlotStatus,
@@ -31,36 +32,6 @@ from workers.models.slot import ModelSlot
 # Replica numbers looked at when a model sets no max_replicas.
 REPLICAS_TRACKED = 16
 GIB = 1024**3
-
-# For each job stream: how many jobs no worker has taken, and the id of the oldest of them.
-# Acknowledged jobs are deleted from the stream, so waiting = length - pending.
-_QUEUE_STATS = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local waiting, oldest = 0, ''
-  local length = redis.call('XLEN', key)
-  if length > 0 then
-    local last, pending = '0-0', 0
-    local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', key)
-    if ok then
-      for _, group in ipairs(groups) do
-        local fields = {}
-        for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
-        if fields['name'] == ARGV[1] then
-          last, pending = fields['last-delivered-id'], fields['pending']
-        end
-      end
-    end
-    waiting = length - pending
-    if waiting > 0 then
-      local first = redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1)
-      if #first > 0 then oldest = first[1][1] end
-    end
-  end
-  out[i] = {waiting, oldest}
-end
-return out
-"""
 
 
 @dataclass(frozen=True)
@@ -94,7 +65,7 @@ class SnapshotReader:
         self._slots = slots
         self._kind = kind
         self._expected_footprint = expected_footprint
-        self._queue_stats = redis.register_script(_QUEUE_STATS)
+        self._jobs_waiting = JobsWaiting(redis)
 
     async def read(self, local: LocalFacts) -> View:
         """One consistent-enough snapshot of demand, holders and costs."""
@@ -108,8 +79,8 @@ class SnapshotReader:
 
     async def _read_shared(self, now: float) -> dict[str, Any]:
         pipe = self._redis.pipeline(transaction=False)
-        streams = [keys.job_stream(model.name) for model in self._models]
-        await self._queue_stats(keys=streams, args=[keys.JOB_GROUP], client=pipe)
+        names = [model.name for model in self._models]
+        await self._jobs_waiting.add_to(pipe, names)
         pipe.zrangebyscore(keys.workers_index(), now - keys.WORKER_TTL_S, "+inf")
         for model in self._models:
             pipe.mget([keys.replica_lease(model.name, n) for n in range(_replicas_tracked(model))])
@@ -118,15 +89,13 @@ class SnapshotReader:
             for operation in ("load", "wake", "memory"):
                 pipe.lrange(keys.measured_costs(model.name, self._kind, operation), 0, -1)
         results = await pipe.execute()
-        queue_stats, workers, per_model = results[0], results[1], results[2:]
+        depths, workers, per_model = decode_depths(names, results[0]), results[1], results[2:]
         models: dict[str, dict[str, Any]] = {}
         fields = ("leases", "failure", "desired", "load", "wake", "memory")
         for index, model in enumerate(self._models):
             values = per_model[index * len(fields) : (index + 1) * len(fields)]
             models[model.name] = dict(zip(fields, values, strict=True))
-            waiting, oldest = queue_stats[index]
-            models[model.name]["waiting"] = int(waiting)
-            models[model.name]["oldest_id"] = oldest
+            models[model.name]["queue"] = depths[model.name]
         return {"models": models, "workers": workers}
 
     async def holders_elsewhere(self, model: str, own_id: str) -> list[SlotStatus]:
@@ -178,8 +147,8 @@ class SnapshotReader:
             warm_since=slot.warm_since,
             idle_since=slot.idle_since,
             memory_bytes=footprint,
-            waiting=raw["waiting"],
-            oldest_waiting_s=_age_s(raw["oldest_id"], now),
+            waiting=raw["queue"].waiting,
+            oldest_waiting_s=raw["queue"].oldest_waiting_s(now),
             replicas=replicas,
             loading_replicas=_loading(elsewhere) + (1 if state == "loading" else 0),
             jobs_per_s=sum(s.jobs_per_s for s in elsewhere if s.state == "warm")
@@ -204,14 +173,6 @@ def _retry_at(shared: float | None, own: float | None) -> float | None:
 
 def _replicas_tracked(model: ModelConfig) -> int:
     return min(model.max_replicas or REPLICAS_TRACKED, REPLICAS_TRACKED)
-
-
-def _age_s(entry_id: bytes | str, now: float) -> float:
-    """Seconds since a stream entry was added (its id starts with the unix time in ms)."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-    if not text:
-        return 0.0
-    return max(0.0, now - int(text.split("-")[0]) / 1000)
 
 
 def _loading(slots: list[SlotStatus]) -> int:
