@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.config import ModelConfig
+from switchboard.demand import poke_demand
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import JobError
@@ -119,8 +120,7 @@ class ModelController:
     async def poke(self) -> None:
         """Wake every worker's controller: something changed that may call for a decision."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(keys.demand_stream(), {"m": b""}, maxlen=keys.DEMAND_MAXLEN, approximate=True)
-        pipe.expire(keys.demand_stream(), keys.DEMAND_TTL_S)
+        poke_demand(pipe)
         await pipe.execute()
 
     async def _run(self) -> None:
