@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,36 +14,32 @@ from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFou
 from redis.exceptions import RedisError
 
 from router.admission.auth import authenticate, provide_caller
-from router.admission.limits import REDIS_FULL_RETRY_S, is_redis_full
-from router.endpoints import v1 as routes
+from router.endpoints import health, v1
 from router.endpoints.admin import admin_router
 from router.endpoints.metrics import metrics
-from router.gateway import Gateway
+from router.front_door import FrontDoor
 from router.http.disconnect import cancel_on_disconnect
-from router.openai.errors import (
-    InvalidRequestError,
-    MethodNotAllowedError,
-    OpenAIError,
-    RedisFullError,
-    RouteNotFoundError,
-    ServiceUnavailableError,
-)
+from router.http.responses import json_response
+from router.openai.errors import InvalidRequestError, MethodNotAllowedError, OpenAIError, RouteNotFoundError
 from router.telemetry.requests import observe_requests
 from switchboard.config import Settings
 
 logger = logging.getLogger(__name__)
+
+# The parts of the front door (`FrontDoor`'s attributes) that handlers may ask for by name.
+PARTS = ("settings", "redis", "models", "health", "status", "limits", "admission", "runs", "reader")
 
 
 def create_app(settings: Settings) -> Litestar:
     """A front door for `settings`; it connects to Redis when it starts, not before."""
 
     @asynccontextmanager
-    async def gateway_lifespan(app: Litestar) -> AsyncIterator[None]:
-        app.state.gateway = await Gateway.open(settings)
+    async def front_door_lifespan(app: Litestar) -> AsyncIterator[None]:
+        app.state.front_door = await FrontDoor.open(settings)
         try:
             yield
         finally:
-            await app.state.gateway.close()
+            await app.state.front_door.close()
 
     return Litestar(
         # Logging belongs to the process (`switchboard.logs`): Litestar's default would add its own
@@ -51,23 +47,23 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,
         request_max_body_size=settings.router.max_body_bytes,
         route_handlers=[
-            routes.create_chat_completion,
-            routes.create_completion,
-            routes.list_models,
-            routes.retrieve_model,
-            routes.healthz,
-            routes.readyz,
+            v1.create_chat_completion,
+            v1.create_completion,
+            v1.list_models,
+            v1.retrieve_model,
+            health.healthz,
+            health.readyz,
             metrics,
             admin_router(),
         ],
-        lifespan=[gateway_lifespan],
+        lifespan=[front_door_lifespan],
         # Every route needs a known API key while auth is on (router.admission.auth), but the health checks and
         # the metrics.
         guards=[authenticate],
         # Outermost, so that the request's span and timings cover everything else.
         middleware=[observe_requests, cancel_on_disconnect],
         dependencies={
-            "gateway": Provide(_provide_gateway, sync_to_thread=False),
+            **{part: Provide(_provider(part), sync_to_thread=False) for part in PARTS},
             "caller": Provide(provide_caller),
         },
         exception_handlers={
@@ -80,13 +76,15 @@ def create_app(settings: Settings) -> Litestar:
     )
 
 
-def _provide_gateway(state: State) -> Gateway:
-    gateway: Gateway = state.gateway
-    return gateway
+def _provider(part: str) -> Callable[[State], Any]:
+    def provide(state: State) -> Any:
+        return getattr(state.front_door, part)
+
+    return provide
 
 
 def _openai_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes]:
-    return routes.json_response(exc.body(), status_code=exc.status_code, headers=exc.headers)
+    return json_response(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -106,12 +104,8 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
 
 def _redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
     logger.warning("redis error", extra={"path": request.url.path, "error": str(exc)})
-    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
-    if gateway is not None:
-        return _openai_error(request, gateway.unavailable(exc))
-    if is_redis_full(exc):
-        return _openai_error(request, RedisFullError(REDIS_FULL_RETRY_S))
-    return _openai_error(request, ServiceUnavailableError(f"Redis is unavailable: {exc}. Retry shortly."))
+    front_door: FrontDoor = request.app.state.front_door
+    return _openai_error(request, front_door.health.unavailable(exc))
 
 
 def _unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

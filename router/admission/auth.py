@@ -194,7 +194,7 @@ async def caller_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     """The request's caller, resolved once per request and kept on its state."""
     caller: Caller | None = connection.state.get("caller")
     if caller is None:
-        table: KeyTable = connection.app.state.gateway.key_table
+        table: KeyTable = connection.app.state.front_door.key_table
         with tracing.span("switchboard.authenticate"):
             caller = await table.resolve(connection.headers.get("authorization"))
         connection.state.caller = caller

@@ -20,12 +20,13 @@ path a job ends by.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import time
 
 import redis.asyncio as aioredis
-from redis.exceptions import OutOfMemoryError, RedisError
 
 from router.admission.auth import Caller
 from router.openai.errors import TooManyRequestsError
@@ -37,13 +38,6 @@ logger = logging.getLogger(__name__)
 
 # Retry-After for bounds that free up as requests end, not at a known rate.
 BUSY_RETRY_S = 1.0
-# Retry-After for a Redis that refuses writes for want of memory.
-REDIS_FULL_RETRY_S = 5.0
-
-
-def is_redis_full(exc: RedisError) -> bool:
-    """Whether Redis refused a write for want of memory (maxmemory with noeviction)."""
-    return isinstance(exc, OutOfMemoryError)
 
 
 def estimate_tokens(job: Job, completion_tokens: int) -> int:
@@ -81,15 +75,27 @@ class Admission:
     def __init__(self, redis: aioredis.Redis, limits: LimitsConfig) -> None:
         self._limits = limits
         # Registered once: later calls send only the scripts' hashes (EVALSHA).
-        self._admit = lua.register(redis, "admit")
-        self._release = lua.register(redis, "release")
+        self._admit_script = lua.register(redis, "admit")
+        self._release_script = lua.register(redis, "release")
 
     async def admit(self, job: Job, caller: Caller) -> Ticket:
-        """A ticket for `job`, or a 429 saying which limit it met and when to retry."""
+        """A ticket for `job`, or a 429 saying which limit it met and when to retry.
+
+        A caller cancelled meanwhile (its client left) holds nothing: what the script took is given back.
+        """
+        admitting = asyncio.ensure_future(self._admit(job, caller))
+        try:
+            return await asyncio.shield(admitting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await (await admitting).release(0)
+            raise
+
+    async def _admit(self, job: Job, caller: Caller) -> Ticket:
         tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
         slot_ttl_ms = math.ceil((job.deadline - time.time() + keys.SLOT_GRACE_S) * 1000)
         name = caller.name or ""
-        refusal = await self._admit(
+        refusal = await self._admit_script(
             keys=[
                 keys.key_rate(name),
                 keys.key_in_flight(name),
@@ -116,7 +122,7 @@ class Admission:
     async def release(self, ticket: Ticket, refund_tokens: int) -> None:
         """Give a ticket's slots back and its unused tokens (`Ticket.release` calls this)."""
         name = ticket.caller.name or ""
-        await self._release(
+        await self._release_script(
             keys=[keys.key_rate(name), keys.key_in_flight(name), keys.in_flight()],
             args=[ticket.job_id, refund_tokens, ticket.caller.tpm or 0],
         )

@@ -10,15 +10,17 @@ from __future__ import annotations
 import time
 from typing import Literal
 
+import redis.asyncio as aioredis
 from litestar import Response, Router, get, post
 from litestar.types import Guard
 
 from router.admission.auth import require_admin
-from router.endpoints.v1 import json_response
-from router.gateway import Gateway
+from router.admission.models import ModelTable
+from router.http.responses import json_response
 from router.openai.errors import RouteNotFoundError
-from router.status.models import ModelStatusList
+from router.status.models import ModelStatusList, ModelStatusReader
 from switchboard import keys
+from switchboard.demand import poke_demand
 from switchboard.wire import DesiredState, encode
 
 # An admin key while auth is on. With auth off the front door is loopback-only (or its operator
@@ -27,39 +29,42 @@ ADMIN_GUARDS: list[Guard] = [require_admin]
 
 
 @get("/models")
-async def list_model_status(gateway: Gateway) -> Response[bytes]:
+async def list_model_status(models: ModelTable, status: ModelStatusReader) -> Response[bytes]:
     """Every configured model, also those no worker holds."""
-    statuses = await gateway.status.read(gateway.model_names())
+    statuses = await status.read(models.names())
     return json_response(ModelStatusList(data=statuses, time=time.time()))
 
 
 # Model names may hold slashes (`Qwen/Qwen2.5-0.5B`), so the name is the rest of the path.
 @get("/models/{name:path}")
-async def model_status(name: str, gateway: Gateway) -> Response[bytes]:
+async def model_status(name: str, models: ModelTable, status: ModelStatusReader) -> Response[bytes]:
     """One configured model."""
     name = name.strip("/")
-    gateway.require_model(name)
-    return json_response(await gateway.status.read_one(name))
+    models.require(name)
+    return json_response(await status.read_one(name))
 
 
 @post("/models/{target:path}", status_code=202)
-async def request_model_state(target: str, gateway: Gateway) -> Response[bytes]:
+async def request_model_state(
+    target: str, models: ModelTable, status: ModelStatusReader, redis: aioredis.Redis
+) -> Response[bytes]:
     """`POST /admin/models/{name}/load` or `/unload`: ask the workers' controllers to act (202)."""
     name, _, action = target.strip("/").rpartition("/")
     if action not in ("load", "unload") or not name:
         raise RouteNotFoundError(f"No endpoint POST /admin/models{target}; use .../{{name}}/load or /unload.")
-    return await _request(gateway, name, "load" if action == "load" else "unload")
+    models.require(name)
+    return await _request(redis, status, name, "load" if action == "load" else "unload")
 
 
-async def _request(gateway: Gateway, name: str, action: Literal["load", "unload"]) -> Response[bytes]:
-    gateway.require_model(name)
+async def _request(
+    redis: aioredis.Redis, status: ModelStatusReader, name: str, action: Literal["load", "unload"]
+) -> Response[bytes]:
     desired = DesiredState(action=action, at=time.time())
-    pipe = gateway.redis.pipeline(transaction=False)
+    pipe = redis.pipeline(transaction=False)
     pipe.set(keys.desired_state(name), encode(desired), ex=keys.DESIRED_TTL_S)
-    pipe.xadd(keys.demand_stream(), {"m": name}, maxlen=keys.DEMAND_MAXLEN, approximate=True)
-    pipe.expire(keys.demand_stream(), keys.DEMAND_TTL_S)
+    poke_demand(pipe, name)
     await pipe.execute()
-    return json_response(await gateway.status.read_one(name), status_code=202)
+    return json_response(await status.read_one(name), status_code=202)
 
 
 def admin_router() -> Router:

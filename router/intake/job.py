@@ -168,3 +168,8 @@ def _structured_outputs(request: SamplingRequest) -> StructuredOutput | None:
         choice=tuple(constraints.choice) if constraints.choice is not None else None,
         grammar=constraints.grammar,
     )
+
+
+def addressed(job: Job, tenant: str | None, router_id: str) -> Job:
+    """`job` as it is queued: sent with `tenant`'s key, and waited for by front door `router_id`."""
+    return msgspec.structs.replace(job, tenant=tenant, router_id=router_id)

@@ -146,7 +146,7 @@ class ModelLoadingError(RetryLaterError):
         )
 
 
-class GatewayTimeoutError(OpenAIError):
+class JobTimeoutError(OpenAIError):
     """The job did not finish before its deadline (504)."""
 
     status_code = 504

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from switchboard import keys, lua
 from switchboard.cancel_marks import CancelMarks
+from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job, LoadFailure, chunk_decoder, encode, load_failure_decoder
 
 logger = logging.getLogger(__name__)
@@ -33,14 +34,13 @@ def _field(fields: list[bytes], name: bytes) -> bytes:
 class JobQueue:
     """The front door's side of the job streams."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, tasks: TaskSet) -> None:
         self._redis = redis
+        self._tasks = tasks
         # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
         self._enqueue = lua.register(redis, "enqueue")
         self._resume = lua.register(redis, "resume")
         self._cancel_marks = CancelMarks(redis)
-        # Cancel marks waiting for a client that may resume its stream, by job id.
-        self._pending_cancels: dict[str, asyncio.Task[None]] = {}
 
     async def submit(self, job: Job, *, wake_stream: str | None = None) -> LoadFailure | None:
         """Append the job to its model's stream, unless the model's last load failed: then its failure.
@@ -103,10 +103,10 @@ class JobQueue:
 
     def cancel_later(self, job_id: str, *, after_s: float) -> None:
         """Leave the cancel mark after `after_s`, unless a client is reading the job's results by then
-        (it resumed the stream, through this front door or another)."""
-        task = asyncio.get_running_loop().create_task(self._cancel_later(job_id, after_s))
-        self._pending_cancels[job_id] = task
-        task.add_done_callback(lambda _: self._pending_cancels.pop(job_id, None))
+        (it resumed the stream, through this front door or another). A mark still waiting when the
+        front door stops is dropped with its task set: its job runs on to its end, since a front door
+        stops mostly to be replaced, and its clients then resume through another one."""
+        self._tasks.start(self._cancel_later(job_id, after_s), "cancel mark after the resume grace")
 
     async def _cancel_later(self, job_id: str, after_s: float) -> None:
         await asyncio.sleep(after_s)
@@ -116,14 +116,6 @@ class JobQueue:
                 await self.cancel(job_id)
         except RedisError:
             logger.warning("could not leave a cancel mark", extra={"job_id": job_id})
-
-    async def stop(self) -> None:
-        """Drop the cancel marks still waiting for a resumption. Their jobs run on to their end: a
-        front door stops mostly to be replaced, and its clients then resume through another one."""
-        pending, self._pending_cancels = self._pending_cancels, {}
-        for task in pending.values():
-            task.cancel()
-        await asyncio.gather(*pending.values(), return_exceptions=True)
 
 
 def record_ttl_s(job: Job) -> int:

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from router.status.redis_health import RedisHealth
 from switchboard import keys
 from switchboard.redis_conn import is_connection_error, server_run_id, stream_entries
-from switchboard.tasks import cancel_and_wait
+from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, chunk_decoder
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,6 @@ class ResultReader:
         # at once (None), or expiring after that many seconds.
         self._ended: list[tuple[str, int | None]] = []
         self._has_work = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._run_id: str | None = None
         self._check_run_id_at = 0.0
         # True while an XREAD is in flight: only then must a new subscription wake the reader.
@@ -151,14 +150,9 @@ class ResultReader:
         """How many jobs this process is waiting on."""
         return len(self._subscriptions)
 
-    def start(self) -> None:
-        """Start the reader loop."""
-        self._task = asyncio.create_task(self._run(), name="result-reader")
-
-    async def stop(self) -> None:
-        """Stop the reader loop; idempotent."""
-        await cancel_and_wait(self._task)
-        self._task = None
+    def start(self, tasks: TaskSet) -> None:
+        """Start the reader loop as a task of `tasks` (its blocking XREAD does not fit `poll`)."""
+        tasks.start(self._run(), "result reader")
 
     async def _run(self) -> None:
         while True:

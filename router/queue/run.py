@@ -1,4 +1,5 @@
-"""One enqueued job as its request handler sees it: its chunks until its deadline, then its cleanup.
+"""One enqueued job as its request handler sees it: queued (or picked up again by a client that
+resumes its stream), its chunks until its deadline, then its cleanup.
 
 The chunks come from the process's one result reader (`router.queue.results`); nothing here reads Redis
 while chunks arrive in time. Only a deadline that passes before the first chunk reads where the
@@ -8,6 +9,7 @@ model stands, to tell a client whose model is still loading when to come back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -15,11 +17,20 @@ from collections.abc import AsyncIterator
 from redis.exceptions import RedisError
 
 from router.admission.limits import Ticket
-from router.openai.errors import GatewayTimeoutError, ModelLoadingError, OpenAIError, ResultsLostError
+from router.openai.errors import (
+    JobTimeoutError,
+    ModelLoadFailedError,
+    ModelLoadingError,
+    OpenAIError,
+    ResultsLostError,
+    StreamNotFoundError,
+)
 from router.queue.enqueue import JobQueue
 from router.queue.results import START, ResultReader, ResultsLost, Subscription
 from router.status.models import ModelStatusReader
 from router.telemetry.job_observer import JobObserver
+from switchboard import keys
+from switchboard.config import RouterConfig
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)
@@ -130,7 +141,7 @@ class JobRun:
 
     async def _deadline_error(self) -> OpenAIError:
         """504 once the job has started, or while its model is warm; 503 while the model loads."""
-        timeout = GatewayTimeoutError(
+        timeout = JobTimeoutError(
             f"The job did not finish within {self._timeout_s:g} s. "
             "Retry later, or raise router.request_timeout_s."
         )
@@ -170,3 +181,90 @@ class JobRun:
         except RedisError:
             # Its slots expire on their own past the job's deadline.
             logger.warning("could not release the job's admission slots", extra={"job_id": self.job.id})
+
+
+class JobRuns:
+    """Starts the runs of this front door's jobs: queued afresh, or resumed after a lost connection."""
+
+    def __init__(
+        self,
+        queue: JobQueue,
+        reader: ResultReader,
+        status: ModelStatusReader,
+        settings: RouterConfig,
+        router_id: str,
+    ) -> None:
+        self._queue = queue
+        self._reader = reader
+        self._status = status
+        self._settings = settings
+        # Every job names the front door waiting for it (`router.status.heartbeat`).
+        self.router_id = router_id
+
+    async def start(self, job: Job, ticket: Ticket, observer: JobObserver) -> JobRun:
+        """Enqueue the admitted `job` and start reading its results; the caller must `close()` what it
+        gets. A model whose last load failed takes no job: a 503 with Retry-After at once.
+
+        Whatever stops it on its way (an error, its client leaving) gives the ticket back, and a job
+        that may have been queued for nobody is cancelled.
+        """
+        subscription = self._reader.subscribe(job.id, job.model)
+        wake = self._reader.wake_key if self._reader.blocked else None
+        try:
+            with observer.phase("switchboard.enqueue"):
+                failure = await self._queue.submit(observer.traced(job), wake_stream=wake)
+            if failure is not None:
+                raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())
+        except BaseException as exc:
+            observer.closed(finished=False)
+            self._reader.unsubscribe(subscription)
+            # Shielded: a client that left cancels this task, and the slots must still be given back.
+            left = isinstance(exc, asyncio.CancelledError)
+            await asyncio.shield(self._abandon(job.id, ticket, cancel=left))
+            raise
+        return self._run(job, subscription, ticket, observer)
+
+    async def resume(self, job: Job, tenant: str | None, after: str) -> tuple[JobRun, list[Chunk]]:
+        """The rest of `job`'s results, from after entry `after` (a stream resumed with
+        `Last-Event-ID`), and the chunks up to it, which the client had; a 404 if its result stream
+        is gone, or the job was sent with another key than `tenant`'s. No new job is queued."""
+        found = await self._queue.resume(job.id, after)
+        if found is None or found.tenant != (tenant or ""):
+            # Another key's job reads as an unknown one: its existence is not revealed.
+            raise StreamNotFoundError(
+                f"No results of job {job.id} are kept for this key: it is unknown, its results "
+                f"expired ({keys.RESULT_TTL_S} s after their last chunk, {keys.FINISHED_RESULT_TTL_S} s "
+                "after a stream was read to its end), or it was sent with another API key. Send the "
+                "request again without Last-Event-ID."
+            )
+        subscription = self._reader.subscribe(job.id, job.model, after, streamed=True)
+        if self._reader.blocked:
+            # Without the poke, the reader's next pass (within BLOCK_MS) picks the subscription up.
+            with contextlib.suppress(RedisError):
+                await self._reader.wake()
+        observer = JobObserver(job, resumed=True)
+        return self._run(job, subscription, None, observer), found.earlier
+
+    def _run(
+        self, job: Job, subscription: Subscription, ticket: Ticket | None, observer: JobObserver
+    ) -> JobRun:
+        return JobRun(
+            job,
+            subscription,
+            reader=self._reader,
+            queue=self._queue,
+            status=self._status,
+            timeout_s=self._settings.request_timeout_s,
+            ticket=ticket,
+            resume_grace_s=self._settings.resume_grace_s,
+            observer=observer,
+        )
+
+    async def _abandon(self, job_id: str, ticket: Ticket, *, cancel: bool) -> None:
+        """Give back the ticket of a job that nobody waits for (nothing was generated for it)."""
+        try:
+            if cancel:
+                await self._queue.cancel(job_id)
+            await ticket.release(0)
+        except RedisError:
+            logger.warning("could not release the job's admission slots", extra={"job_id": job_id})

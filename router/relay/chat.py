@@ -17,6 +17,7 @@ from router.openai.chat import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatDelta,
     ChatMessageOut,
     ChoiceLogprobs,
@@ -29,7 +30,7 @@ from router.openai.chat import (
 from router.openai.common import LOWEST_LOGPROB
 from router.openai.errors import OpenAIError
 from router.relay.sse import SSE_DONE, ChoiceText, error_for, gather_choices, sse_error, sse_event, usage_of
-from switchboard.wire import Chunk, TokenLogprob, ToolCall
+from switchboard.wire import Chunk, Job, TokenLogprob, ToolCall
 
 
 class ChatRelay:
@@ -225,4 +226,17 @@ def chat_logprob(entry: TokenLogprob) -> TokenLogprobOut:
             TopLogprobOut(token=top.token, logprob=top.logprob, bytes=list(top.token.encode()))
             for top in entry.top
         ],
+    )
+
+
+def chat_relay(request: ChatCompletionRequest, job: Job, tools: ToolPlan) -> ChatRelay:
+    """The relay of `job`'s chunks as the answer to `request`."""
+    return ChatRelay(
+        job_id=job.id,
+        model=request.model,
+        created=int(job.created),
+        n=request.n,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        logprobs=request.logprobs,
+        tools=tools,
     )

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from router.openai.completions import Completion, CompletionChoice, CompletionLogprobs
+from router.openai.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from router.openai.errors import OpenAIError
 from router.relay.sse import SSE_DONE, error_for, gather_choices, sse_error, sse_event, usage_of
-from switchboard.wire import Chunk, TokenLogprob
+from switchboard.wire import Chunk, Job, TokenLogprob
 
 
 class CompletionRelay:
@@ -102,3 +102,15 @@ def completion_logprobs(logprobs: Sequence[TokenLogprob], offset: int) -> Comple
         columns.text_offset.append(offset)
         offset += len(entry.token)
     return columns
+
+
+def completion_relay(request: CompletionRequest, job: Job, prompts: int) -> CompletionRelay:
+    """The relay of `job`'s chunks as the answer to `request`, of `prompts` prompts."""
+    return CompletionRelay(
+        job_id=job.id,
+        model=request.model,
+        created=int(job.created),
+        choices=prompts * request.n,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        logprobs=request.logprobs is not None,
+    )

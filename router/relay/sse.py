@@ -16,8 +16,8 @@ import msgspec
 from router.openai.common import Usage
 from router.openai.errors import (
     EngineError,
-    GatewayTimeoutError,
     InvalidRequestError,
+    JobTimeoutError,
     ModelLoadFailedError,
     OpenAIError,
 )
@@ -59,7 +59,7 @@ def error_for(job_error: JobError, model: str) -> OpenAIError:
     if job_error.code == "invalid_request":
         return InvalidRequestError(job_error.message, param=job_error.param, code=job_error.client_code)
     if job_error.code == "timeout":
-        return GatewayTimeoutError(job_error.message)
+        return JobTimeoutError(job_error.message)
     if job_error.code == "load_failed":
         # Workers send this to every waiting job when a load fails; the message is the reason.
         retry_after_s = job_error.retry_after_s if job_error.retry_after_s is not None else 0.0

@@ -6,7 +6,6 @@ generating for a front door whose key has expired, since nobody is left to relay
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
@@ -14,36 +13,34 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from switchboard import keys
-from switchboard.tasks import cancel_and_wait
+from switchboard.tasks import TaskSet, poll
 
 logger = logging.getLogger(__name__)
 
 
 class RouterHeartbeat:
-    """Refreshes `keys.router_alive(router_id)` every ROUTER_HEARTBEAT_S; deletes it on stop."""
+    """Refreshes `keys.router_alive(router_id)` every ROUTER_HEARTBEAT_S; `forget` deletes it."""
 
     def __init__(self, redis: aioredis.Redis, router_id: str) -> None:
         self._redis = redis
         self._key = keys.router_alive(router_id)
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Start beating."""
-        self._task = asyncio.create_task(self._run(), name="router-heartbeat")
+    def start(self, tasks: TaskSet) -> None:
+        """Beat now and every ROUTER_HEARTBEAT_S, as a task of `tasks`."""
+        beating = poll(
+            self._beat,
+            keys.ROUTER_HEARTBEAT_S,
+            "refresh the front door's heartbeat",
+            first_wait=False,
+            errors=(RedisError,),
+            log=logger,
+        )
+        tasks.start(beating, "heartbeat")
 
-    async def stop(self) -> None:
-        """Stop beating and remove the key at once (this front door waits for nothing more); idempotent."""
-        if self._task is None:
-            return
-        await cancel_and_wait(self._task)
-        self._task = None
+    async def forget(self) -> None:
+        """Remove the key at once, once beating stopped (this front door waits for nothing more)."""
         with contextlib.suppress(RedisError):
             await self._redis.delete(self._key)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self._redis.set(self._key, b"1", ex=keys.ROUTER_TTL_S)
-            except RedisError as exc:
-                logger.warning("could not refresh the front door's heartbeat", extra={"error": str(exc)})
-            await asyncio.sleep(keys.ROUTER_HEARTBEAT_S)
+    async def _beat(self) -> None:
+        await self._redis.set(self._key, b"1", ex=keys.ROUTER_TTL_S)

@@ -1,40 +1,51 @@
 """Whether this front door can reach Redis now, so that requests fail at once while it cannot.
 
 A connection error anywhere (a request, the result reader) marks Redis down; from then on requests
-are answered 503 with Retry-After without trying Redis, and one probe task pings it every
-PROBE_EVERY_S until it answers, then marks it up again: the front door recovers by itself.
+are answered 503 with Retry-After without trying Redis, and a probe pings it every PROBE_EVERY_S
+until it answers, then marks it up again: the front door recovers by itself. `unavailable` is the
+one place a RedisError becomes the client's 503.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 
-from router.openai.errors import RedisUnavailableError
-from switchboard.tasks import cancel_and_wait
+from router.openai.errors import RedisFullError, RedisUnavailableError, ServiceUnavailableError
+from switchboard.redis_conn import is_connection_error
+from switchboard.tasks import TaskSet, poll
 
 logger = logging.getLogger(__name__)
 
 # How often a down Redis is pinged; also the Retry-After given while it is down.
 PROBE_EVERY_S = 0.25
 RETRY_AFTER_S = 1.0
+# Retry-After for a Redis that refuses writes for want of memory.
+REDIS_FULL_RETRY_S = 5.0
+
+
+def is_redis_full(exc: RedisError) -> bool:
+    """Whether Redis refused a write for want of memory (maxmemory with noeviction)."""
+    return isinstance(exc, OutOfMemoryError)
 
 
 class RedisHealth:
-    """Up or down, as last seen; down starts a probe that brings it back up."""
+    """Up or down, as last seen; while down, a probe brings it back up."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._down_reason: str | None = None
-        self._probe: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> bool:
         """Whether Redis answered last time anyone tried."""
         return self._down_reason is None
+
+    def start(self, tasks: TaskSet) -> None:
+        """Start the probe (idle while Redis is up) as a task of `tasks`."""
+        tasks.start(poll(self._probe, PROBE_EVERY_S, "probe redis", log=logger), "redis probe")
 
     def require_up(self) -> None:
         """Raise the 503 for a request that needs Redis while it is known to be down."""
@@ -42,12 +53,10 @@ class RedisHealth:
             raise RedisUnavailableError(self._down_reason, RETRY_AFTER_S)
 
     def mark_down(self, exc: BaseException) -> None:
-        """Record that Redis could not be reached; start probing it."""
+        """Record that Redis could not be reached; the probe pings it from now on."""
         if self._down_reason is None:
             logger.warning("redis unreachable", extra={"error": str(exc)})
         self._down_reason = str(exc) or type(exc).__name__
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.get_running_loop().create_task(self._wait_up(), name="redis-probe")
 
     def mark_up(self) -> None:
         """Record that Redis answered."""
@@ -55,17 +64,22 @@ class RedisHealth:
             logger.info("redis reachable again")
         self._down_reason = None
 
-    async def stop(self) -> None:
-        """Stop probing; idempotent."""
-        await cancel_and_wait(self._probe)
-        self._probe = None
+    def unavailable(self, exc: RedisError) -> ServiceUnavailableError:
+        """The 503 for a Redis that failed a request; a lost connection marks Redis down, so that the
+        next requests are answered at once."""
+        if is_redis_full(exc):
+            return RedisFullError(REDIS_FULL_RETRY_S)
+        if is_connection_error(exc):
+            self.mark_down(exc)
+            return RedisUnavailableError(str(exc), RETRY_AFTER_S)
+        return ServiceUnavailableError(f"The job queue is unavailable: {exc}. Retry shortly.")
 
-    async def _wait_up(self) -> None:
-        while self._down_reason is not None:
-            await asyncio.sleep(PROBE_EVERY_S)
-            try:
-                await self._redis.ping()
-            except RedisError as exc:
-                self._down_reason = str(exc) or type(exc).__name__
-            else:
-                self.mark_up()
+    async def _probe(self) -> None:
+        if self._down_reason is None:
+            return
+        try:
+            await self._redis.ping()
+        except RedisError as exc:
+            self._down_reason = str(exc) or type(exc).__name__
+        else:
+            self.mark_up()

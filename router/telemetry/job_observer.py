@@ -1,6 +1,6 @@
 """One job at the front door, observed: its spans and its timings, fed by the job's own steps.
 
-`Gateway.start_job` makes one per job. Tracing on, it opens the GenAI span of the job (`chat
+The pipeline makes one per job it queues. Tracing on, it opens the GenAI span of the job (`chat
 {model}`) under the request's HTTP span, times admission and enqueue as its children, and hands the
 job a W3C carrier (`Job.trace`) naming that span, so the worker's spans join the same trace. Each
 chunk the request takes passes `chunk()`: the first ends the wait (`switchboard.await_first_chunk`)

@@ -21,8 +21,8 @@ from router.openai.chat import (
 from router.openai.common import Usage, stop_list
 from router.openai.errors import (
     EngineError,
-    GatewayTimeoutError,
     InvalidRequestError,
+    JobTimeoutError,
     MethodNotAllowedError,
     ModelLoadFailedError,
     ModelLoadingError,
@@ -322,7 +322,7 @@ def test_error_body_keeps_null_param_and_code() -> None:
         (RouteNotFoundError, 404, "invalid_request_error", "not_found"),
         (MethodNotAllowedError, 405, "invalid_request_error", "method_not_allowed"),
         (ServiceUnavailableError, 503, "service_unavailable", "service_unavailable"),
-        (GatewayTimeoutError, 504, "timeout", "timeout"),
+        (JobTimeoutError, 504, "timeout", "timeout"),
         (EngineError, 500, "internal_error", "engine_error"),
     ],
 )

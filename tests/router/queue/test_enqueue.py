@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 
 from router.queue.enqueue import JobQueue
 from switchboard import keys
+from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job, SamplingParams, encode
 
 MODEL = "tiny"
@@ -27,7 +28,7 @@ def job(tenant: str | None = "alice") -> Job:
 
 
 async def test_a_job_submitted_again_after_a_lost_reply_is_queued_once(redis: aioredis.Redis) -> None:
-    queue = JobQueue(redis)
+    queue = JobQueue(redis, TaskSet("test"))
     one = job()
     assert await queue.submit(one) is None
     assert await queue.submit(one) is None  # redis-py ran the script again on a fresh connection
@@ -41,7 +42,8 @@ async def test_a_job_submitted_again_after_a_lost_reply_is_queued_once(redis: ai
 async def test_resuming_counts_a_reader_and_names_the_tenant_only_while_results_exist(
     redis: aioredis.Redis,
 ) -> None:
-    queue = JobQueue(redis)
+    tasks = TaskSet("test")
+    queue = JobQueue(redis, tasks)
     one = job(tenant=None)
     await queue.submit(one)
     assert await queue.resume(one.id, "0-1") is None, "no result stream yet: nothing to resume"
@@ -59,4 +61,4 @@ async def test_resuming_counts_a_reader_and_names_the_tenant_only_while_results_
     await queue.leave(one.id, cancel=True, keep_results=False)
     assert not await redis.exists(keys.job_record(one.id), keys.result_stream(one.id))
     assert await redis.exists(keys.cancel_mark(one.id))
-    await queue.stop()
+    await tasks.stop()

@@ -10,10 +10,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.admission.auth import ANONYMOUS
-from router.gateway import Gateway
+from router.front_door import FrontDoor
 from router.intake.job import chat_job
 from router.openai.chat import ChatCompletionRequest
 from router.queue.enqueue import JobQueue
+from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, LoadFailure, encode
@@ -32,11 +33,12 @@ async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
         return await submit(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(JobQueue, "submit", slow_submit)
-    gateway = await Gateway.open(settings_for(redis_server.url))
+    front_door = await FrontDoor.open(settings_for(redis_server.url))
     try:
         request = msgspec.convert({**BODY, "stream": True}, ChatCompletionRequest)
         job = chat_job(request, timeout_s=30)
-        starting = asyncio.create_task(gateway.start_job(job, ANONYMOUS))
+        ticket = await front_door.admission.admit(job, ANONYMOUS)
+        starting = asyncio.create_task(front_door.runs.start(job, ticket, JobObserver(job)))
         async with asyncio.timeout(10):
             while not enqueuing.is_set():
                 if starting.done():
@@ -45,11 +47,11 @@ async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
         starting.cancel()  # the client went away while its job was being queued
         with pytest.raises(asyncio.CancelledError):
             await starting
-        assert gateway.reader.in_flight == 0
+        assert front_door.reader.in_flight == 0
         assert not await redis.zcard(keys.in_flight())  # its admission slot is back
         assert await redis.exists(keys.cancel_mark(job.id))  # a job queued for nobody is cancelled
     finally:
-        await gateway.close()
+        await front_door.close()
 
 
 async def test_a_stream_kept_for_resumption_expires_even_if_its_writer_set_no_expiry(

@@ -10,8 +10,8 @@ import pytest
 
 from router.openai.errors import (
     EngineError,
-    GatewayTimeoutError,
     InvalidRequestError,
+    JobTimeoutError,
     ModelLoadFailedError,
     OpenAIError,
     ServiceUnavailableError,
@@ -193,7 +193,7 @@ async def test_assemble_without_usage_reports_zeros() -> None:
     ("code", "cls", "status"),
     [
         ("invalid_request", InvalidRequestError, 400),
-        ("timeout", GatewayTimeoutError, 504),
+        ("timeout", JobTimeoutError, 504),
         ("engine_error", EngineError, 500),
     ],
 )

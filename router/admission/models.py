@@ -1,0 +1,52 @@
+"""Which model a request names, and whether anyone can serve it: a 404 for a model not routed here,
+a 403 for one the caller's key may not use, a 503 at once for one that no live worker may hold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from router.admission.auth import Caller
+from router.openai.errors import ModelNotFoundError, NoWorkerForModelError
+from router.status.models import ModelStatusReader, may_serve
+from router.telemetry.requests import note_model
+from switchboard.config import ModelConfig
+
+# Requests share one read of the live workers' records this recent (no round trip per request).
+WORKERS_MAX_AGE_S = 1.0
+# Retry-After for a model that no live worker may hold: about when a new worker's heartbeat shows.
+NO_WORKER_RETRY_S = 5.0
+
+
+class ModelTable:
+    """The models this front door routes, and since when (the `created` of their model cards)."""
+
+    def __init__(self, models: Sequence[ModelConfig], started: float) -> None:
+        self._models = {model.name: model for model in models}
+        self.started = started
+
+    def names(self) -> list[str]:
+        """Every model this front door routes."""
+        return list(self._models)
+
+    def require(self, name: str) -> ModelConfig:
+        """The model's configuration, or a 404 in OpenAI's shape."""
+        model = self._models.get(name)
+        if model is None:
+            raise ModelNotFoundError(name, self.names())
+        note_model(name)
+        return model
+
+    def resolve(self, name: str, caller: Caller) -> ModelConfig:
+        """The model's configuration: a 404 unless it is routed here, then a 403 unless the caller's
+        key may use it."""
+        model = self.require(name)
+        caller.require_model(name)
+        return model
+
+
+async def require_live_worker(status: ModelStatusReader, model: str) -> None:
+    """A 503 at once for a model that no live worker may hold (while any worker is alive: with
+    none, the job waits in the queue for the first one to start)."""
+    records = await status.live_workers(WORKERS_MAX_AGE_S)
+    if records and not may_serve(records, model):
+        raise NoWorkerForModelError(model, NO_WORKER_RETRY_S)

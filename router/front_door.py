@@ -1,0 +1,95 @@
+"""The long-lived parts of one front door: opened as the app starts, closed as it stops.
+
+Redis clients (a pooled one, and one for the result reader's blocking reads), the key table, the
+model table and status, the limits cache, admission, the job queue and its runs, and the
+background tasks (result reader, heartbeat, Redis probe, delayed cancel marks) in one `TaskSet`
+that closing stops. `router.app` hands each part to the handlers that ask for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from router.admission.auth import KeyTable, check_exposure
+from router.admission.fits import ModelLimitsCache
+from router.admission.limits import Admission
+from router.admission.models import ModelTable
+from router.queue.enqueue import JobQueue
+from router.queue.results import BLOCK_MS, ResultReader
+from router.queue.run import JobRuns
+from router.status.heartbeat import RouterHeartbeat
+from router.status.models import ModelStatusReader
+from router.status.redis_health import RedisHealth
+from switchboard import keys
+from switchboard.config import Settings
+from switchboard.redis_conn import blocking_client, pooled_client
+from switchboard.tasks import TaskSet
+
+logger = logging.getLogger(__name__)
+
+# Connections for enqueues and cancel marks; the result reader has one of its own.
+POOL_CONNECTIONS = 16
+
+
+class FrontDoor:
+    """The parts of one front door; `open` connects and starts its tasks, `close` stops them all."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis, reader_redis: aioredis.Redis) -> None:
+        router_id = uuid.uuid4().hex[:12]
+        self.settings = settings
+        self.redis = redis
+        self._reader_redis = reader_redis
+        self.tasks = TaskSet("front door")
+        self.models = ModelTable(settings.models, started=time.time())
+        self.health = RedisHealth(redis)
+        self.heartbeat = RouterHeartbeat(redis, router_id)
+        self.reader = ResultReader(reader_redis, router_id, self.health)
+        self.status = ModelStatusReader(redis, settings.models)
+        self.limits = ModelLimitsCache(redis)
+        self.key_table = KeyTable(redis, settings)
+        self.admission = Admission(redis, settings.limits)
+        queue = JobQueue(redis, self.tasks)
+        self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id)
+
+    @classmethod
+    async def open(cls, settings: Settings) -> FrontDoor:
+        """Connect to Redis, read the API keys and start the background tasks.
+
+        Raises ConfigError for a front door that would serve other machines without any key.
+        """
+        if not settings.redis.url:
+            raise RuntimeError("the front door needs redis.url (or REDIS_URL) to be set")
+        keys.set_prefix(settings.redis.key_prefix)
+        redis = pooled_client(settings.redis.url, POOL_CONNECTIONS)
+        # The reader blocks in XREAD, so it gets a connection of its own.
+        reader_redis = blocking_client(settings.redis.url, BLOCK_MS)
+        front_door = cls(settings, redis, reader_redis)
+        try:
+            await front_door.key_table.load()
+        except RedisError as exc:
+            # Redis may come up after the front door: until it does every request is a 503, and
+            # a front door beyond loopback asks for a key whatever Redis holds (router.admission.auth).
+            logger.warning("could not read the API keys at start", extra={"error": str(exc)})
+        else:
+            try:
+                check_exposure(settings, front_door.key_table.stored_count)
+            except BaseException:
+                await reader_redis.aclose()
+                await redis.aclose()
+                raise
+        front_door.reader.start(front_door.tasks)
+        front_door.heartbeat.start(front_door.tasks)
+        front_door.health.start(front_door.tasks)
+        return front_door
+
+    async def close(self) -> None:
+        """Stop every background task, remove the heartbeat and close the connections."""
+        await self.tasks.stop()
+        await self.heartbeat.forget()
+        await self._reader_redis.aclose()
+        await self.redis.aclose()

@@ -1,0 +1,29 @@
+"""Response bodies the handlers send as they are: JSON encoded by msgspec, and the health checks' body."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+from litestar import Response
+
+_json = msgspec.json.Encoder()
+
+
+def json_response(
+    payload: msgspec.Struct, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response[bytes]:
+    """A JSON response encoded with msgspec directly (no Litestar serialization pass)."""
+    return Response(
+        _json.encode(payload), status_code=status_code, media_type="application/json", headers=headers
+    )
+
+
+class Health(msgspec.Struct, kw_only=True):
+    """Body of the health endpoints."""
+
+    status: str
+    workers: int | None = None
+    # Per configured model: whether some live worker may hold it.
+    models: dict[str, bool] | None = None
+    time: float = msgspec.field(default_factory=time.time)

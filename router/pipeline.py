@@ -1,0 +1,155 @@
+"""The steps of one request through the front door, in order, and nothing else.
+
+decode -> check -> resolve model -> build job -> admit -> queue -> relay. Each line is a call into
+the folder that owns the step (`intake/`, `openai/`, `admission/`, `queue/`, `relay/`). A RedisError
+at any step reaches `router.app`'s handler, which answers it with `RedisHealth.unavailable`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import Stream
+
+from router.admission.auth import Caller
+from router.admission.fits import ModelLimitsCache, check_job_fits
+from router.admission.limits import Admission
+from router.admission.models import ModelTable, require_live_worker
+from router.http.responses import json_response
+from router.intake.body import decode_body
+from router.intake.job import addressed, chat_job, completion_job
+from router.intake.resume import ResumePoint, resume_point
+from router.intake.tools import plan_tools
+from router.openai.chat import ChatCompletionRequest
+from router.openai.checks import check_chat, check_completion
+from router.openai.completions import CompletionRequest
+from router.queue.run import JobRun, JobRuns
+from router.relay.chat import ChatRelay, chat_relay
+from router.relay.completions import CompletionRelay, completion_relay
+from router.relay.first_byte import stream_response
+from router.status.models import ModelStatusReader
+from router.status.redis_health import RedisHealth
+from router.telemetry.job_observer import JobObserver
+from switchboard.config import Settings
+from switchboard.wire import Job
+
+_chat_request = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_request = msgspec.json.Decoder(CompletionRequest)
+
+Answer = Response[bytes] | Stream
+
+
+async def chat(
+    request: Request[Any, Any, Any],
+    caller: Caller,
+    *,
+    settings: Settings,
+    models: ModelTable,
+    health: RedisHealth,
+    status: ModelStatusReader,
+    limits: ModelLimitsCache,
+    admission: Admission,
+    runs: JobRuns,
+) -> Answer:
+    """`POST /v1/chat/completions`."""
+    chat = await decode_body(request, _chat_request)
+    check_chat(chat)
+    model = models.resolve(chat.model, caller)
+    tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
+    job = chat_job(
+        chat,
+        timeout_s=settings.router.request_timeout_s,
+        structured=structured,
+        parse_tool_calls=tools.mode == "auto",
+    )
+    resume = resume_point(request.headers.get("last-event-id"), stream=chat.stream)
+    job = resume.applied_to(job) if resume is not None else job
+    relay = chat_relay(chat, job, tools)
+    health.require_up()
+    if resume is not None:
+        return await _resumed(job, caller, resume, relay, settings=settings, status=status, runs=runs)
+    await check_job_fits(limits, job)
+    run = await _queued(job, caller, status=status, admission=admission, runs=runs)
+    return await _relayed(run, relay, stream=chat.stream, settings=settings, status=status)
+
+
+async def completion(
+    request: Request[Any, Any, Any],
+    caller: Caller,
+    *,
+    settings: Settings,
+    models: ModelTable,
+    health: RedisHealth,
+    status: ModelStatusReader,
+    limits: ModelLimitsCache,
+    admission: Admission,
+    runs: JobRuns,
+) -> Answer:
+    """`POST /v1/completions`."""
+    completion = await decode_body(request, _completion_request)
+    prompts = check_completion(completion)
+    models.resolve(completion.model, caller)
+    job = completion_job(completion, timeout_s=settings.router.request_timeout_s)
+    resume = resume_point(request.headers.get("last-event-id"), stream=completion.stream)
+    job = resume.applied_to(job) if resume is not None else job
+    relay = completion_relay(completion, job, prompts)
+    health.require_up()
+    if resume is not None:
+        return await _resumed(job, caller, resume, relay, settings=settings, status=status, runs=runs)
+    await check_job_fits(limits, job)
+    run = await _queued(job, caller, status=status, admission=admission, runs=runs)
+    return await _relayed(run, relay, stream=completion.stream, settings=settings, status=status)
+
+
+async def _queued(
+    job: Job,
+    caller: Caller,
+    *,
+    status: ModelStatusReader,
+    admission: Admission,
+    runs: JobRuns,
+) -> JobRun:
+    """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no
+    live worker may hold, or whose last load failed."""
+    job = addressed(job, caller.name, runs.router_id)
+    await require_live_worker(status, job.model)
+    observer = JobObserver(job)
+    with observer.phase("switchboard.admission"):
+        ticket = await admission.admit(job, caller)
+    return await runs.start(job, ticket, observer)
+
+
+async def _resumed(
+    job: Job,
+    caller: Caller,
+    resume: ResumePoint,
+    relay: ChatRelay | CompletionRelay,
+    *,
+    settings: Settings,
+    status: ModelStatusReader,
+    runs: JobRuns,
+) -> Stream:
+    """The rest of a streamed answer whose client lost its connection; nothing new is queued."""
+    run, earlier = await runs.resume(job, caller.name, resume.entry_id)
+    relay.replay(earlier)
+    return await stream_response(run, relay, settings.router, status)
+
+
+async def _relayed(
+    run: JobRun,
+    relay: ChatRelay | CompletionRelay,
+    *,
+    stream: bool,
+    settings: Settings,
+    status: ModelStatusReader,
+) -> Answer:
+    """The job's result, streamed, or whole once it has finished. A client that leaves cancels the
+    job either way (`router.http.disconnect`)."""
+    if stream:
+        return await stream_response(run, relay, settings.router, status)
+    try:
+        return json_response(await relay.assemble(run.chunks()))
+    finally:
+        await run.close()
