@@ -14,10 +14,9 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from router.openai.errors import InvalidRequestError
-from switchboard import keys
+from switchboard import context_length, keys
 from switchboard.wire import Job, ModelLimits, model_limits_decoder
 
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 # Limits change only when a model's configuration does; a few seconds of staleness costs nothing.
 CACHE_S = 10.0
 
@@ -95,30 +94,14 @@ async def check_job_fits(cache: ModelLimitsCache, job: Job) -> None:
 
 def check_fits(limits: ModelLimits, size: RequestSize) -> None:
     """Refuse (400) what cannot fit `limits`, naming the parameter at fault."""
-    context = limits.max_model_len
-    longest_text = context * limits.max_token_chars
-    if size.prompt_chars > longest_text:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {context} tokens, and the text of "
-            f"`{size.prompt_param}` is {size.prompt_chars} characters long, more than any text of that "
-            f"many tokens can be ({longest_text} characters). Shorten `{size.prompt_param}`.",
-            param=size.prompt_param,
-            code=CONTEXT_LENGTH_EXCEEDED,
-        )
-    if size.prompt_tokens >= context:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {context} tokens, and `{size.prompt_param}` "
-            f"alone takes {size.prompt_tokens} tokens, which leaves no room for a completion.",
-            param=size.prompt_param,
-            code=CONTEXT_LENGTH_EXCEEDED,
-        )
-    if size.max_tokens is not None and size.max_tokens >= context:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {context} tokens, so max_tokens must be below "
-            f"{context} (the prompt takes at least one token); it is {size.max_tokens}.",
-            param="max_tokens",
-            code=CONTEXT_LENGTH_EXCEEDED,
-        )
+    refusals = (
+        context_length.text_refusal(limits, size.prompt_chars, size.prompt_param),
+        context_length.prompt_refusal(limits, size.prompt_tokens, size.prompt_param),
+        context_length.completion_refusal(limits, size.max_tokens, size.prompt_param, prompt_tokens=None),
+    )
+    for refusal in refusals:
+        if refusal is not None:
+            raise InvalidRequestError(refusal.message, param=refusal.param, code=refusal.code)
     _check_tokens(size.token_ids, limits, size.prompt_param)
     _check_tokens(list(size.logit_bias), limits, "logit_bias")
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from switchboard import context_length
 from switchboard.wire import ChatMessage, ModelLimits
 from workers.engines.base import EngineRequest, InvalidEngineRequest
-
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 # A prompt of up to this many characters is built in a few dozen microseconds, less than handing
 # it to a thread and back costs; longer ones are built off the event loop.
@@ -122,37 +121,19 @@ class PromptBuilder:
 
     def _refuse_longer_than_possible(self, characters: int, param: str) -> None:
         """Refuse, without tokenizing, text that cannot fit even at the longest token's length."""
-        limit = self.limits.max_model_len * self.limits.max_token_chars
-        if characters > limit:
-            raise InvalidEngineRequest(
-                f"This model's maximum context length is {self.limits.max_model_len} tokens, and "
-                f"the text of `{param}` is {characters} characters long, more than any text of that many "
-                f"tokens can be ({limit} characters). Shorten `{param}`.",
-                param=param,
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+        _refuse(context_length.text_refusal(self.limits, characters, param))
 
     def _refuse_too_long(self, tokens: int, param: str) -> None:
-        if tokens >= self.limits.max_model_len:
-            raise InvalidEngineRequest(
-                f"This model's maximum context length is {self.limits.max_model_len} tokens, and "
-                f"`{param}` alone takes {tokens} tokens, which leaves no room for a completion. "
-                f"Shorten `{param}`.",
-                param=param,
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+        _refuse(context_length.prompt_refusal(self.limits, tokens, param))
 
     def refuse_completion_too_long(self, prompt_tokens: int, max_tokens: int, prompt_param: str) -> None:
         """Refuse `max_tokens` that do not fit after the prompt, as OpenAI and vLLM do (no clamping)."""
-        if prompt_tokens + max_tokens > self.limits.max_model_len:
-            raise InvalidEngineRequest(
-                f"This model's maximum context length is {self.limits.max_model_len} tokens. However, "
-                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                f"{prompt_param}, {max_tokens} in the completion). Reduce the length of the "
-                f"{prompt_param} or of the completion (max_tokens).",
-                param="max_tokens",
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+        _refuse(context_length.completion_refusal(self.limits, max_tokens, prompt_param, prompt_tokens))
+
+
+def _refuse(refusal: context_length.Refusal | None) -> None:
+    if refusal is not None:
+        raise InvalidEngineRequest(refusal.message, param=refusal.param, code=refusal.code)
 
 
 def longest_token_chars(tokenizer: Any) -> int:
