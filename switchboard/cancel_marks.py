@@ -11,16 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from switchboard import keys
-
-# KEYS: cancel mark, job record. ARGV: mark ttl. Returns 1 when the mark was left.
-_CANCEL_LUA = """
-if redis.call('HGET', KEYS[2], 'done') then
-    return 0
-end
-redis.call('SET', KEYS[1], '1', 'EX', ARGV[1])
-return 1
-"""
+from switchboard import keys, lua
 
 
 class CancelMarks:
@@ -28,10 +19,12 @@ class CancelMarks:
 
     def __init__(self, redis: aioredis.Redis) -> None:
         # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
-        self._script = redis.register_script(_CANCEL_LUA)
+        self._script = lua.register(redis, "cancel")
 
     async def leave(self, job_id: str, client: Any = None) -> None:
         """Leave the job's cancel mark, unless the job has ended; `client`: a pipeline to queue it on."""
         await self._script(
-            keys=[keys.cancel_mark(job_id), keys.job_record(job_id)], args=[keys.CANCEL_TTL_S], client=client
+            keys=[keys.cancel_mark(job_id), keys.job_record(job_id)],
+            args=[keys.CANCEL_TTL_S, keys.DONE_FIELD],
+            client=client,
         )

@@ -130,7 +130,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 class JobError(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a job failed; `code` maps to an HTTP status at the front door."""
 
-    code: Literal["invalid_request", "timeout", "engine_error", "cancelled", "load_failed"]
+    code: Literal["invalid_request", "timeout", "engine_error", "load_failed"]
     message: str
     # For the client's mistakes: the request parameter at fault, and OpenAI's code for the mistake
     # (for example "context_length_exceeded").
