@@ -15,34 +15,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import openai
-import psutil
 from cold_report import goal_values, print_report
 from loadgen import PROMPT
 from servers import (
     MODEL_NAME,
-    PROGRESS_EVERY_S,
     READY_TIMEOUT_S,
     StartupError,
     engine_cores,
     run_stack,
     spawn_vllm,
+)
+from stack_watch import WorkerLog, admin_get, settle
+from timed_requests import (
+    Measurement,
+    MeasurementError,
+    client_for,
+    first_token_at,
+    load_1m,
+    progress,
+    ttft,
+    warm_ttfts,
+    watched,
 )
 
 from switchboard.local.demo_model import build_demo_model, config_entry
@@ -52,99 +60,9 @@ REPO = Path(__file__).resolve().parent.parent
 COLD, OTHER = "tiny-a", "tiny-b"
 POLL_S = 0.25
 UNLOAD_TIMEOUT_S = 120.0
-# The worker imports the engine runtime and starts Triton in the background after it is ready; the
-# cold request is measured once that is over, as a user would meet a stack that has been running.
-SETTLE_TIMEOUT_S = 180.0
-IDLE_CPU_CORES = 0.15  # the worker's process tree below this, two seconds in a row, counts as idle
-# Worker log lines that say where a cold request's time goes: the worker's own (its loggers are
-# workers.*), and the engine process's start and end of its own work (the rest of its start is imports).
-WORKER_LINES = (" workers.", "Initializing a V1 LLM engine", "init engine (profile")
-WORKER_NOISE = ("still loading",)
 # A worker that holds one model at a time and may evict it at once; models that stay until evicted.
 WORKER = {"max_loaded_models": 1, "min_residency_s": 0}
 MODEL_FIELDS = {"preload": False, "keep_alive_s": 3600}
-
-T = TypeVar("T")
-
-
-class MeasurementError(RuntimeError):
-    """A measurement could not be taken; the message says which system, and where its logs are."""
-
-
-@dataclass
-class Measurement:
-    """One timed step: seconds (a median where there are samples), and the machine's load before it."""
-
-    seconds: float
-    load_1m_before: float
-    samples: list[float] = field(default_factory=list)
-    worker_log: list[str] = field(default_factory=list)  # the worker's own lines logged meanwhile
-    note: str = ""
-
-
-# --- requests, timed the same way for both systems -------------------------------------------------
-
-
-def client_for(base_url: str) -> openai.AsyncOpenAI:
-    """The openai client both systems get: no retries, a short connect timeout, a long read timeout."""
-    timeout = openai.Timeout(READY_TIMEOUT_S, connect=5.0)
-    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=timeout)
-
-
-async def first_token_at(client: openai.AsyncOpenAI, model: str, max_tokens: int) -> float:
-    """Stream one chat completion to its end; return when its first text arrived (perf_counter)."""
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-    )
-    first: float | None = None
-    async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter()
-    if first is None:
-        raise MeasurementError(f"{model}: the stream ended without any text")
-    return first
-
-
-async def watched(work: Awaitable[T], check: Callable[[], None], timeout_s: float, what: str) -> T:
-    """Await `work` while `check` finds every process alive (it raises otherwise); give up after timeout_s."""
-    task = asyncio.ensure_future(work)
-    started = time.monotonic()
-    next_report = started + PROGRESS_EVERY_S
-    try:
-        while not (await asyncio.wait({task}, timeout=0.5))[0]:
-            check()
-            if (elapsed := time.monotonic() - started) > timeout_s:
-                raise MeasurementError(f"{what}: nothing after {timeout_s:.0f} s")
-            if time.monotonic() >= next_report:
-                print(f"    {what}: waiting ({elapsed:.0f} s)", flush=True)
-                next_report += PROGRESS_EVERY_S
-        return task.result()
-    finally:
-        task.cancel()
-
-
-async def ttft(client: openai.AsyncOpenAI, model: str, max_tokens: int, check: Callable[[], None]) -> float:
-    """Seconds from sending a streamed request to its first text."""
-    sent = time.perf_counter()
-    return await watched(first_token_at(client, model, max_tokens), check, READY_TIMEOUT_S, model) - sent
-
-
-async def warm_ttfts(
-    client: openai.AsyncOpenAI, model: str, args: argparse.Namespace, check: Callable[[], None]
-) -> Measurement:
-    """The median TTFT of `args.warm_requests` requests, one after another, to a loaded model."""
-    load = load_1m()
-    samples = [round(await ttft(client, model, args.max_tokens, check), 4) for _ in range(args.warm_requests)]
-    return Measurement(statistics.median(samples), load, samples)
-
-
-def load_1m() -> float:
-    """The machine's 1-minute load average (our own servers included)."""
-    return round(os.getloadavg()[0], 2)
 
 
 # --- vLLM's own server, started fresh --------------------------------------------------------------
@@ -260,91 +178,6 @@ async def unload(launcher: Launcher, model: str) -> float:
                 raise MeasurementError(f"{model} was not cold {UNLOAD_TIMEOUT_S:.0f} s after the unload")
             await asyncio.sleep(POLL_S)
     return time.perf_counter() - started
-
-
-def settle(launcher: Launcher, log: WorkerLog) -> Measurement:
-    """Wait until the admin view answers, Triton has started and the worker's processes are idle."""
-    load = load_1m()
-    started = time.monotonic()
-    worker_pid = launcher.worker_components[0].pid
-    next_report = started + PROGRESS_EVERY_S
-    idle_seconds = 0
-    note = f"not idle after {SETTLE_TIMEOUT_S:.0f} s; measuring anyway"
-    while (elapsed := time.monotonic() - started) < SETTLE_TIMEOUT_S:
-        launcher.check()
-        before = tree_cpu_seconds(worker_pid)
-        time.sleep(1.0)
-        busy = tree_cpu_seconds(worker_pid) - before > IDLE_CPU_CORES
-        ready = admin_answers(launcher.base_url) and "triton started" in log.text()
-        idle_seconds = idle_seconds + 1 if ready and not busy else 0
-        if idle_seconds >= 2:
-            note = "engine runtime imported" if "engine runtime imported" in log.text() else "idle"
-            break
-        if time.monotonic() >= next_report:
-            print(f"    switchboard: waiting for the worker's background start ({elapsed:.0f} s)", flush=True)
-            next_report += PROGRESS_EVERY_S
-    return Measurement(round(time.monotonic() - started, 3), load, worker_log=log.new_lines(), note=note)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds used so far by a process and its living descendants."""
-    total = 0.0
-    with contextlib.suppress(psutil.Error):
-        for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                total += sum(process.cpu_times()[:2])  # user and system
-    return total
-
-
-def admin_get(base_url: str, path: str) -> dict[str, Any]:
-    """One admin view, as JSON."""
-    payload: dict[str, Any] = httpx.get(f"{base_url}{path}", timeout=10).raise_for_status().json()
-    return payload
-
-
-def admin_answers(base_url: str) -> bool:
-    """Whether `GET /admin/models` answers."""
-    try:
-        admin_get(base_url, "/admin/models")
-    except httpx.HTTPError:
-        return False
-    return True
-
-
-class WorkerLog:
-    """The worker's log file, and its own lines written since the last look."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-
-    def text(self) -> str:
-        """Everything so far."""
-        return self.path.read_text(errors="replace") if self.path.is_file() else ""
-
-    def new_lines(self) -> list[str]:
-        """The worker's own lines (not vLLM's or Triton's) completed since the last call."""
-        with self.path.open("rb") as file:
-            file.seek(self._offset)
-            data = file.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        lines = complete.decode(errors="replace").splitlines()
-        wanted = [line for line in lines if any(mark in line for mark in WORKER_LINES)]
-        return [line for line in wanted if not any(noise in line for noise in WORKER_NOISE)]
-
-
-# --- the report ------------------------------------------------------------------------------------
-
-
-def progress(system: str, label: str, measured: Measurement) -> None:
-    """One line per measurement as it is taken, with what the worker logged meanwhile."""
-    note = f", {measured.note}" if measured.note else ""
-    print(
-        f"    {system}: {label}: {measured.seconds:.3f} s (load {measured.load_1m_before}{note})", flush=True
-    )
-    for line in measured.worker_log:
-        print(f"      | {line[:160]}", flush=True)
 
 
 # --- the command -----------------------------------------------------------------------------------
