@@ -1,1 +1,1 @@
-
+"""HTTP plumbing of the front door: JSON responses and the health body, and a client's disconnect noticed."""
