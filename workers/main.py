@@ -13,16 +13,15 @@ import logging
 import os
 import signal
 import socket
-import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from switchboard import keep_alive, keys
-from switchboard.config import DEMO_MODEL_NAME, ModelConfig, Settings
+from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
-from switchboard.tasks import cancel_and_wait
+from switchboard.tasks import TaskSet
 from switchboard.tracing import configure_tracing
 from switchboard.wire import WorkerRecord
 from workers.controller.coordination import Coordination
@@ -30,21 +29,17 @@ from workers.controller.loop import Backoff, ModelController
 from workers.controller.snapshot import SnapshotReader
 from workers.controller.view import WorkerLimits
 from workers.engines.base import Engine
-from workers.engines.registry import EngineOptions, create_engine, import_runtimes
+from workers.engines.registry import EngineOptions, create_engine, import_runtimes, prepare_model_files
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import ModelSlot
+from workers.models.slots import Slots
 from workers.runtime import descendants_guard
-from workers.runtime.cpu_placement import (
-    available_cores,
-    compute_cores,
-    engine_threads_bind,
-    keep_off_compute_cores,
-)
 from workers.runtime.heartbeat import Heartbeat
 from workers.runtime.machine import machine_kind, memory_budget_bytes
 from workers.runtime.metrics import SLOTS
 from workers.runtime.metrics_server import MetricsServer
+from workers.runtime.placement import Placement
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 
@@ -83,10 +78,15 @@ class Worker:
         # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
         self._redis = pooled_client(settings.redis.url)
         self._poke_redis = blocking_client(settings.redis.url, int(settings.worker.controller_tick_s * 1000))
-        self._host = TritonHost(coalescing=coalescing_policy(settings))
+        # Before Triton and the engine runtime start: they inherit where this process runs.
+        self._placement = Placement(settings.worker, place_process=owns_process and self.kind == "cpu")
+        self._host = TritonHost(coalescing=CoalescingPolicy.of(settings.worker))
         self._host_started = asyncio.Event()
         self._writer = ResultWriter(self._redis, self.id)
-        self._slots = {model.name: self._slot(model) for model in self._models}
+        self._coordination = Coordination(self._redis, self.id, self.kind)
+        self._slots = Slots(
+            self._models, host=self._host, host_started=self._host_started, create_engine=self._create_engine
+        )
         self._consumer = JobConsumer(
             self._redis,
             self._writer,
@@ -109,14 +109,8 @@ class Worker:
             self._triton_metrics_url,
             ready=lambda: self._consumer.reading and not self._draining,
         )
-        cores = available_cores()
-        self._cores = compute_cores(cores, settings.worker.reserved_cores)
-        if owns_process and self.kind == "cpu":
-            # Before Triton and the engine runtime start: they inherit it.
-            keep_off_compute_cores(cores, settings.worker.reserved_cores)
-        self._core_shares: dict[str, int] = {}
-        self._footprints: dict[str, int] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        # The start-up steps that run beside serving (Triton, the engine runtime's import).
+        self._tasks = TaskSet("worker")
         self._stop_lock = asyncio.Lock()
         self._stopped = False
         # Set while stopping: running jobs drain, and the record (still beating, so that no other
@@ -196,8 +190,7 @@ class Worker:
             await _stop_step("flush result chunks", self._writer.stop())
             for slot in self._slots.values():
                 await _stop_step(f"unload {slot.name}", self._unload_on_stop(slot))
-            for task in list(self._background):  # each one leaves the set as it ends
-                await _stop_step("end a background start", cancel_and_wait(task))
+            await _stop_step("end the background starts", self._tasks.stop())
             # Triton waits for its models to finish unloading: give it longer than other steps.
             await _stop_step("stop Triton", asyncio.to_thread(self._host.stop), STOP_STEP_TIMEOUT_S * 2)
             await _stop_step("close Redis connections", self._close_redis())
@@ -217,25 +210,14 @@ class Worker:
 
     # --- construction -----------------------------------------------------------------------
 
-    def _slot(self, model: ModelConfig) -> ModelSlot:
-        return ModelSlot(
-            model,
-            host=self._host,
-            host_started=self._host_started,
-            create_engine=self._create_engine,
-            read_barrier=lambda: self._consumer.read_barrier(),
-            on_change=lambda: self._consumer.models_changed(),
-        )
-
     def _model_controller(self) -> ModelController:
         worker = self.settings.worker
-        coordination = Coordination(self._redis, self.id, self.kind)
         snapshot = SnapshotReader(
             self._redis,
             self._models,
             self._slots,
             kind=self.kind,
-            expected_footprint=self._expected_footprint,
+            expected_footprint=self._placement.expected_footprint,
         )
         limits = WorkerLimits(
             max_loaded_models=worker.max_loaded_models,
@@ -249,7 +231,7 @@ class Worker:
             slots=self._slots,
             models=self._models,
             consumer=self._consumer,
-            coordination=coordination,
+            coordination=self._coordination,
             snapshot=snapshot,
             worker_id=self.id,
             limits=limits,
@@ -260,40 +242,18 @@ class Worker:
 
     def _create_engine(self, model: ModelConfig) -> Engine:
         """A new engine for `model`, computing on a share of the cores no other held model uses."""
-        shares = self.settings.worker.max_loaded_models
-        taken = {
-            self._core_shares[name]
-            for name, slot in self._slots.items()
-            if name != model.name and slot.state != "cold" and name in self._core_shares
-        }
-        share = next(n for n in range(shares + 1) if n not in taken) % shares
-        self._core_shares[model.name] = share
-        options = EngineOptions(
-            cpu_threads=engine_threads_bind(self._cores, share, shares),
-            cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
-            engine_process=self.settings.worker.engine_process,
+        held = [name for name, slot in self._slots.items() if slot.state != "cold"]
+        return self._engine_factory(
+            model, self._engine_options(self._placement.cpu_threads(model.name, held))
         )
-        return self._engine_factory(model, options)
 
-    def _expected_footprint(self, model: ModelConfig, measured: list[bytes]) -> int:
-        """Declared, else measured on this kind of worker, else the engine's own estimate."""
-        if model.footprint_gib is not None:
-            return int(model.footprint_gib * 1024**3)
-        if measured:
-            return int(statistics.median(float(value) for value in measured))
-        return self._footprints.get(model.name, 0)  # 0 (unknown) until estimated at boot
-
-    def _estimated_footprint(self, model: ModelConfig) -> int:
-        try:
-            options = EngineOptions(
-                cpu_threads=None,
-                cpu_kvcache_gib=self.settings.worker.cpu_kvcache_gib,
-                engine_process=self.settings.worker.engine_process,
-            )
-            return self._engine_factory(model, options).footprint().memory_bytes
-        except Exception:
-            logger.warning("cannot estimate the footprint", exc_info=True, extra={"model": model.name})
-            return 0
+    def _engine_options(self, cpu_threads: str | None) -> EngineOptions:
+        worker = self.settings.worker
+        return EngineOptions(
+            cpu_threads=cpu_threads,
+            cpu_kvcache_gib=worker.cpu_kvcache_gib,
+            engine_process=worker.engine_process,
+        )
 
     # --- running ----------------------------------------------------------------------------
 
@@ -306,13 +266,17 @@ class Worker:
             engines: set[str] = {model.engine for model in self._models}
             await asyncio.to_thread(import_runtimes, engines, self.settings.worker.engine_process)
         for model in self._models:
-            self._footprints[model.name] = await asyncio.to_thread(self._estimated_footprint, model)
+            await asyncio.to_thread(self._placement.estimate, model, self._estimator(model))
+
+    def _estimator(self, model: ModelConfig) -> Callable[[], int]:
+        """What an engine for `model` says it will occupy (it is made, not started)."""
+        return lambda: self._engine_factory(model, self._engine_options(None)).footprint().memory_bytes
 
     async def _prepare_loading(self) -> None:
         """What every load needs first: Triton running, and the demo model built if it is served."""
         await asyncio.to_thread(self._host.start)
         for model in self._models:
-            await asyncio.to_thread(_ensure_demo_model, model)
+            await asyncio.to_thread(prepare_model_files, model)
         self._host_started.set()
 
     def _in_background(self, work: Coroutine[Any, Any, Any], what: str) -> None:
@@ -325,14 +289,12 @@ class Worker:
                 logger.exception(f"could not {what}; stopping the worker")
                 self._stop_requested.set()
 
-        task = asyncio.create_task(guarded(), name=what)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._tasks.start(guarded(), what)
 
     async def _unload_on_stop(self, slot: ModelSlot) -> None:
         await slot.unload()
         if slot.replica is not None:
-            await Coordination(self._redis, self.id, self.kind).release_lease(slot.name, slot.replica)
+            await self._coordination.release_lease(slot.name, slot.replica)
             slot.replica = None
 
     async def _close_redis(self) -> None:
@@ -363,26 +325,6 @@ async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -
             await step
     except Exception:
         logger.exception("a stop step failed; going on", extra={"step": name})
-
-
-def _ensure_demo_model(model: ModelConfig) -> None:
-    """The demo model is built on first use; any other model must already exist."""
-    if model.name == DEMO_MODEL_NAME:
-        from pathlib import Path
-
-        from switchboard.local.demo_model import build_demo_model
-
-        build_demo_model(Path(model.path), progress=lambda step: logger.info(step))
-
-
-def coalescing_policy(settings: Settings) -> CoalescingPolicy:
-    """The worker's coalescing settings as the Triton models use them."""
-    worker = settings.worker
-    return CoalescingPolicy(
-        min_window_s=worker.coalesce_ms / 1000,
-        max_window_s=worker.coalesce_max_ms / 1000,
-        max_chunks_per_s=worker.max_chunks_per_s,
-    )
 
 
 def run_worker(settings: Settings) -> None:

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 
-from switchboard.config import ModelConfig
+from switchboard.config import ModelConfig, RedisConfig, Settings, WorkerConfig
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Job
 from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
+from workers.main import Worker as WorkerProcess
 from workers.models.slot import ModelSlot
+from workers.models.slots import Slots
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 
@@ -74,24 +77,21 @@ async def running_worker(
         engine = engine if engine is not None else ScriptedEngine()
         writer = ResultWriter(redis, worker_id)
         writer.start()
-        consumers: list[JobConsumer] = []
-        slot = ModelSlot(
-            ModelConfig(name=model, path="unused"),
+        slots = Slots(
+            [ModelConfig(name=model, path="unused")],
             host=host,
             host_started=host_started,
             create_engine=lambda _: engine,
-            read_barrier=lambda: consumers[0].read_barrier(),
-            on_change=lambda: consumers[0].models_changed() if consumers else None,
         )
+        slot = slots[model]
         consumer = JobConsumer(
             redis,
             writer,
             worker_id=worker_id,
-            slots={model: slot},
+            slots=slots,
             max_concurrent_jobs=4,
             takeover_check_s=0.2,
         )
-        consumers.append(consumer)
         await consumer.start()
         if warm:
             await slot.ensure_warm()
@@ -108,3 +108,40 @@ async def running_worker(
 def job(prompt: str, deadline_s: float = 60.0) -> Job:
     """A job for the worker's model; the scripted engine reads its script from the prompt."""
     return make_job(MODEL, prompt, deadline_s)
+
+
+# --- whole workers (workers.main.Worker) ---------------------------------------------------
+
+KIND = "scripted"
+
+
+def settings(redis_url: str, models: list[ModelConfig], **worker: object) -> Settings:
+    defaults: dict[str, object] = {
+        "heartbeat_s": 0.5,
+        "controller_tick_s": 0.2,
+        "memory_budget_gib": 8.0,
+        "kind": KIND,
+        "drain_timeout_s": 2.0,
+    }
+    return Settings(
+        redis=RedisConfig(url=redis_url),
+        worker=WorkerConfig(**{**defaults, **worker}),  # type: ignore[arg-type]
+        models=models,
+    )
+
+
+@asynccontextmanager
+async def running(*workers: WorkerProcess) -> AsyncIterator[None]:
+    await asyncio.gather(*(w.start() for w in workers))
+    try:
+        yield
+    finally:
+        await asyncio.gather(*(w.stop() for w in workers))
+
+
+async def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        await asyncio.sleep(0.05)

@@ -6,10 +6,12 @@ The real engine is covered end to end in tests/e2e and tests/workers/engines.
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from collections.abc import AsyncIterator
 
 from switchboard.config import ModelConfig
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
+from workers.engines.registry import EngineOptions
 
 
 class ScriptedEngine(Engine):
@@ -112,3 +114,23 @@ class SleepyEngine(ScriptedEngine):
     async def wake(self) -> None:
         self.wakes += 1
         self.asleep = False
+
+
+class Engines:
+    """Makes scripted engines and remembers them, per model, across workers."""
+
+    def __init__(self, start_s: float = 0.2, fail: dict[str, str] | None = None) -> None:
+        self.start_s = start_s
+        self.fail = fail or {}
+        self.made: dict[str, list[ScriptedEngine]] = defaultdict(list)
+
+    def __call__(self, model: ModelConfig, options: EngineOptions) -> Engine:
+        engine = ScriptedEngine(start_s=self.start_s, fail_start=self.fail.get(model.name))
+        self.made[model.name].append(engine)
+        return engine
+
+    def starts(self, model: str) -> int:
+        return sum(engine.starts for engine in self.made[model])
+
+    def stops(self, model: str) -> int:
+        return sum(engine.stops for engine in self.made[model])

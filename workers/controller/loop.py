@@ -21,7 +21,7 @@ from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.demand import poke_demand
 from switchboard.redis_conn import stream_entries
-from switchboard.tasks import cancel_and_wait
+from switchboard.tasks import TaskSet
 from switchboard.wire import JobError
 from workers.controller.actions import Action, Load, Sleep, Unload, Wake
 from workers.controller.coordination import Coordination
@@ -101,19 +101,18 @@ class ModelController:
         self._transitions: dict[str, asyncio.Future[None]] = {}
         self._announcements: set[asyncio.Future[None]] = set()
         self._demand_last_id: bytes = b"0-0"
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet("model controller")
 
     async def start(self) -> None:
         """Start deciding, from the demand stream's current end."""
         newest = await self._redis.xrevrange(keys.demand_stream(), count=1)
         if newest:
             self._demand_last_id = cast(bytes, newest[0][0])
-        self._task = asyncio.create_task(self._run(), name="model-controller")
+        self._tasks.start(self._run(), "decide")
 
     async def stop(self) -> None:
         """Stop deciding; let transitions in progress end (a load cannot be interrupted)."""
-        await cancel_and_wait(self._task)
-        self._task = None
+        await self._tasks.stop()
         if self._transitions:
             await asyncio.gather(*self._transitions.values(), return_exceptions=True)
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from switchboard.config import EngineProcess, ModelConfig
+import logging
+from pathlib import Path
+
+from switchboard.config import DEMO_MODEL_NAME, EngineProcess, ModelConfig
 from workers.engines.base import Engine
+
+logger = logging.getLogger(__name__)
 
 
 class EngineOptions:
@@ -35,6 +40,14 @@ def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
             from workers.engines.forked_core import start_fork_server
 
             start_fork_server()
+
+
+def prepare_model_files(model: ModelConfig) -> None:
+    """The demo model is built on first use; any other model must already exist. Blocking."""
+    if model.name == DEMO_MODEL_NAME:
+        from switchboard.local.demo_model import build_demo_model
+
+        build_demo_model(Path(model.path), progress=lambda step: logger.info(step))
 
 
 def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:

@@ -12,7 +12,6 @@ mark, as its front door would have left one, and is aborted.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.cancel_marks import CancelMarks
+from switchboard.tasks import poll
 from switchboard.wire import Job
 
 logger = logging.getLogger(__name__)
@@ -61,12 +61,7 @@ class OrphanWatch:
 
     async def run(self, every_s: float = CHECK_S) -> None:
         """Check every `every_s` until cancelled; a failed check is logged and tried again."""
-        while True:
-            await asyncio.sleep(every_s)
-            try:
-                await self.check()
-            except Exception:
-                logger.warning("could not check the front doors of running jobs", exc_info=True)
+        await poll(self.check, every_s, "check the front doors of running jobs", log=logger)
 
     async def check(self) -> list[str]:
         """Cancel the orphans among the running jobs, then abort every marked one; the orphans' ids."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -12,7 +11,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from switchboard import keys
-from switchboard.tasks import cancel_and_wait
+from switchboard.tasks import TaskSet, poll
 from switchboard.wire import WorkerRecord, encode
 
 logger = logging.getLogger(__name__)
@@ -37,19 +36,21 @@ class Heartbeat:
         self._record = record
         self._interval_s = interval_s
         self._healthy = healthy
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet("heartbeat")
+        self._started = False
 
     async def start(self) -> None:
         """Advertise at once, then keep advertising."""
         await self.beat()
-        self._task = asyncio.create_task(self._run(), name="heartbeat")
+        self._tasks.start(self._run(), "beat")
+        self._started = True
 
     async def stop(self) -> None:
         """Stop advertising and withdraw the advertisement; idempotent."""
-        if self._task is None:
+        if not self._started:
             return
-        await cancel_and_wait(self._task)
-        self._task = None
+        self._started = False
+        await self._tasks.stop()
         await self._withdraw()
 
     async def _withdraw(self) -> None:
@@ -79,13 +80,18 @@ class Heartbeat:
         await pipe.execute()
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            if not self._healthy():
-                logger.error("the worker no longer takes jobs: its heartbeat stops")
-                await self._withdraw()
-                return
-            try:
-                await self.beat()
-            except RedisError:
-                logger.warning("heartbeat failed; retrying", exc_info=True)
+        with contextlib.suppress(_Unhealthy):
+            await poll(
+                self._tick, self._interval_s, "refresh the heartbeat", errors=(RedisError,), log=logger
+            )
+
+    async def _tick(self) -> None:
+        if not self._healthy():
+            logger.error("the worker no longer takes jobs: its heartbeat stops")
+            await self._withdraw()
+            raise _Unhealthy
+        await self.beat()
+
+
+class _Unhealthy(Exception):
+    """Ends the heartbeat's loop: the worker no longer takes jobs."""

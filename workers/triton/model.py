@@ -19,6 +19,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from switchboard.config import WorkerConfig
 from switchboard.wire import Chunk, Job, JobError, Usage, encode
 from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
 from workers.triton.coalesce import DeltaInbox, coalesce
@@ -100,6 +101,15 @@ class CoalescingPolicy(msgspec.Struct, frozen=True, kw_only=True):
     min_window_s: float
     max_window_s: float
     max_chunks_per_s: float
+
+    @classmethod
+    def of(cls, worker: WorkerConfig) -> CoalescingPolicy:
+        """The worker's coalescing settings as the Triton models use them."""
+        return cls(
+            min_window_s=worker.coalesce_ms / 1000,
+            max_window_s=worker.coalesce_max_ms / 1000,
+            max_chunks_per_s=worker.max_chunks_per_s,
+        )
 
     def window_s(self, streams: int) -> float:
         """The window for each of `streams` concurrent streams."""

@@ -9,76 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 
 import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.config import ModelConfig, RedisConfig, Settings, WorkerConfig
+from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import load_failure_decoder
 from tests.support.jobs import make_job, result, submit
-from tests.support.scripted_engine import ScriptedEngine
-from workers.engines.base import Engine
-from workers.engines.registry import EngineOptions
+from tests.support.one_worker import KIND, running, settings, until
+from tests.support.scripted_engine import Engines
 from workers.main import Worker
-
-KIND = "scripted"
-
-
-class Engines:
-    """Makes scripted engines and remembers them, per model, across workers."""
-
-    def __init__(self, start_s: float = 0.2, fail: dict[str, str] | None = None) -> None:
-        self.start_s = start_s
-        self.fail = fail or {}
-        self.made: dict[str, list[ScriptedEngine]] = defaultdict(list)
-
-    def __call__(self, model: ModelConfig, options: EngineOptions) -> Engine:
-        engine = ScriptedEngine(start_s=self.start_s, fail_start=self.fail.get(model.name))
-        self.made[model.name].append(engine)
-        return engine
-
-    def starts(self, model: str) -> int:
-        return sum(engine.starts for engine in self.made[model])
-
-    def stops(self, model: str) -> int:
-        return sum(engine.stops for engine in self.made[model])
-
-
-def settings(redis_url: str, models: list[ModelConfig], **worker: object) -> Settings:
-    defaults: dict[str, object] = {
-        "heartbeat_s": 0.5,
-        "controller_tick_s": 0.2,
-        "memory_budget_gib": 8.0,
-        "kind": KIND,
-        "drain_timeout_s": 2.0,
-    }
-    return Settings(
-        redis=RedisConfig(url=redis_url),
-        worker=WorkerConfig(**{**defaults, **worker}),  # type: ignore[arg-type]
-        models=models,
-    )
-
-
-@asynccontextmanager
-async def running(*workers: Worker) -> AsyncIterator[None]:
-    await asyncio.gather(*(w.start() for w in workers))
-    try:
-        yield
-    finally:
-        await asyncio.gather(*(w.stop() for w in workers))
-
-
-async def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.support.scripted_engine import ScriptedEngine, SleepyEngine
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import LoadFailed, ModelSlot, SlotNotServing
+from workers.models.slots import Slots
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 
@@ -163,19 +164,14 @@ async def test_the_consumer_reads_only_warm_models_and_a_waiting_job_runs_once_i
     host: Host,
 ) -> None:
     engine = ScriptedEngine()
-    consumers: list[JobConsumer] = []
-    slot = ModelSlot(
-        ModelConfig(name=f"m-{uuid.uuid4().hex[:8]}", path="unused"),
+    slots = Slots(
+        [ModelConfig(name=f"m-{uuid.uuid4().hex[:8]}", path="unused")],
         host=host.triton,
         host_started=host.started,
         create_engine=lambda _: engine,
-        read_barrier=lambda: consumers[0].read_barrier(),
-        on_change=lambda: consumers[0].models_changed(),
     )
-    consumer = JobConsumer(
-        host.redis, host.writer, worker_id="w1", slots={slot.name: slot}, max_concurrent_jobs=4
-    )
-    consumers.append(consumer)
+    (slot,) = slots.values()
+    consumer = JobConsumer(host.redis, host.writer, worker_id="w1", slots=slots, max_concurrent_jobs=4)
     await consumer.start()
     job = make_job(slot.name, "fast 2")
     await submit(host.redis, job)

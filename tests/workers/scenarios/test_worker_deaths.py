@@ -16,8 +16,8 @@ from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
 from tests.support.jobs import make_job, result, submit
-from tests.support.scripted_engine import ScriptedEngine
-from tests.workers.controller.test_loop import Engines, running, settings, until
+from tests.support.one_worker import running, settings, until
+from tests.support.scripted_engine import Engines, ScriptedEngine
 from workers.main import Worker
 
 MODEL = ModelConfig(name="tiny", path="unused", min_replicas=2)  # both workers hold it
@@ -53,13 +53,13 @@ async def the_one_running(workers: tuple[Worker, Worker], job_id: str) -> tuple[
     return (first, second) if runs(first, job_id) else (second, first)
 
 
-def crash(worker: Worker) -> None:
+async def crash(worker: Worker) -> None:
     """End a worker as a kill would: every task stops where it is, and nothing is cleaned up."""
     consumer = worker._consumer
-    tasks = [worker._heartbeat._task, worker._controller._task, consumer._reader, consumer._sweeper]
-    for task in [*tasks, *consumer._jobs]:
-        if task is not None:
-            task.cancel()
+    for job in consumer._jobs:
+        job.cancel()
+    for tasks in (worker._heartbeat._tasks, worker._controller._tasks, consumer._taking):
+        await tasks.stop()
 
 
 async def warm_workers(redis_url: str, **worker: object) -> tuple[Worker, Worker]:
@@ -78,7 +78,7 @@ async def test_a_job_of_a_worker_that_dies_is_finished_by_another_in_one_stream(
         await submit(redis, one)
         dying, survivor = await the_one_running(workers, one.id)
         await asyncio.sleep(0.5)  # some of the answer reaches the client
-        crash(dying)
+        await crash(dying)
         chunks = await result(redis, one.id)
         assert "".join(c.text for c in chunks) == tokens(40)
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 40
@@ -98,7 +98,7 @@ async def test_a_job_of_the_only_worker_holding_its_model_makes_another_worker_l
         dying, survivor = await the_one_running(workers, one.id)
         assert survivor.record().models == (), "only one worker holds the model"
         await asyncio.sleep(0.5)
-        crash(dying)
+        await crash(dying)
         chunks = await result(redis, one.id)
         assert "".join(c.text for c in chunks) == tokens(40)
         assert one.id in engine_of(survivor).continuations
