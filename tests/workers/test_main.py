@@ -1,9 +1,18 @@
-"""The worker's probes on its metrics port: alive while its loop answers, ready while it takes jobs."""
+"""The worker process (`workers.main`): its lifecycle, and its probes on its metrics port."""
 
 from __future__ import annotations
 
-import httpx
+import asyncio
 
+import httpx
+import redis.asyncio as aioredis
+
+from switchboard import keys
+from switchboard.config import ModelConfig
+from switchboard.local.redis_server import PrivateRedis
+from tests.support.one_worker import settings
+from tests.support.scripted_engine import Engines
+from workers.main import Worker
 from workers.runtime.metrics_server import MetricsServer
 
 
@@ -21,3 +30,31 @@ async def test_healthz_answers_and_readyz_follows_whether_the_worker_takes_jobs(
             assert (await client.get("/nothing")).status_code == 404
     finally:
         await server.stop()
+
+
+async def test_a_started_worker_advertises_and_a_stopped_one_withdraws_and_ends_every_task(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    config = settings(redis_server.url, [ModelConfig(name="tiny", path="unused")])
+    worker = Worker(config, Engines())
+    before = set(asyncio.all_tasks())
+    await worker.start()
+    try:
+        assert await redis.exists(keys.worker_record(worker.id))
+        assert await redis.zscore(keys.workers_index(), worker.id) is not None
+        assert worker._consumer.reading
+    finally:
+        await worker.stop()
+    assert not await redis.exists(keys.worker_record(worker.id))
+    assert await redis.zscore(keys.workers_index(), worker.id) is None
+    assert not worker._consumer.reading
+    for tasks in (
+        worker._tasks,
+        worker._heartbeat._tasks,
+        worker._controller._tasks,
+        worker._consumer._taking,
+    ):
+        assert len(tasks) == 0
+    left = [task for task in set(asyncio.all_tasks()) - before if task is not asyncio.current_task()]
+    assert not [task for task in left if not task.done()], left
+    await worker.stop()  # idempotent

@@ -1,1 +1,1 @@
-
+"""What the worker process runs on: heartbeat, machine, CPU placement, footprints, metrics."""
