@@ -26,9 +26,9 @@ import redis
 from switchboard import keys
 from switchboard.local.demo_model import config_entry
 from switchboard.wire import Chunk, chunk_decoder
-from tests.e2e.conftest import MODEL, STACK_TIMEOUT_S, Stack
 from tests.support.key_census import clean
 from tests.support.outcomes import Outcome, call, read_events
+from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
 
 pytestmark = pytest.mark.e2e
 

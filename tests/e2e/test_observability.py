@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from switchboard import keys
 from switchboard.local.demo_model import config_entry
 from switchboard.wire import worker_decoder
-from tests.e2e.conftest import MODEL, Stack
+from tests.support.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.e2e.conftest import MODEL, Stack
+from tests.support.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
 

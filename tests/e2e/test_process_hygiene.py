@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from switchboard.local.demo_model import config_entry
-from tests.e2e.conftest import MODEL, STACK_TIMEOUT_S
+from tests.support.stack import MODEL, STACK_TIMEOUT_S
 
 pytestmark = pytest.mark.e2e
 

@@ -24,8 +24,8 @@ import pytest
 
 from switchboard.local.demo_model import config_entry
 from switchboard.local.launcher import probe_readiness
-from tests.e2e.conftest import MODEL, STACK_TIMEOUT_S, Stack
 from tests.support.outcomes import Outcome, call, failures, table
+from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
 
 pytestmark = pytest.mark.e2e
 

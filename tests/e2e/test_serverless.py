@@ -25,7 +25,7 @@ import redis
 from switchboard import keys
 from switchboard.local.demo_model import config_entry
 from switchboard.wire import worker_decoder
-from tests.e2e.conftest import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

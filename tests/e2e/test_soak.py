@@ -29,9 +29,10 @@ import httpx
 import pytest
 
 from switchboard.local.demo_model import config_entry
-from tests.e2e.conftest import MODEL, STACK_TIMEOUT_S, Component, Stack
+from switchboard.local.launcher import Component
 from tests.support.key_census import clean, take_census
 from tests.support.outcomes import GOOD, Outcome, call, failures, table
+from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
 
 pytestmark = pytest.mark.e2e
 

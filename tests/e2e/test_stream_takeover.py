@@ -21,8 +21,9 @@ import redis
 
 from switchboard import keys
 from switchboard.local.demo_model import config_entry
+from switchboard.local.launcher import Component
 from switchboard.wire import worker_decoder
-from tests.e2e.conftest import Component, Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
