@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from switchboard.local.demo_model import VOCAB_SIZE, build_demo_model
+from switchboard.local.demo_model import VOCAB_SIZE
 from switchboard.wire import ChatMessage, SamplingParams, ToolCall
 from workers.engines.base import EngineRequest, InvalidEngineRequest
 from workers.engines.prompts import QUICK_BUILD_MAX_CHARS, PromptBuilder, builds_quickly, longest_token_chars
@@ -21,20 +21,10 @@ LONGEST_TOKEN = 9
 SMALL_CONTEXT = 16
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(build_demo_model(tmp_path_factory.mktemp("prompts") / "demo-model"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir: Path) -> Any:
-    return transformers.AutoTokenizer.from_pretrained(model_dir)
-
-
 @pytest.fixture
-def own_tokenizer(model_dir: Path) -> Any:
+def own_tokenizer(demo_model_dir: Path) -> Any:
     """A tokenizer of this test's own, whose chat template it may change."""
-    return transformers.AutoTokenizer.from_pretrained(model_dir)
+    return transformers.AutoTokenizer.from_pretrained(demo_model_dir)
 
 
 class Counting:

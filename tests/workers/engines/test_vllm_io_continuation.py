@@ -8,20 +8,21 @@ from typing import Any
 import pytest
 
 from switchboard.wire import SamplingParams
-from tests.workers.engines.test_prompt_continuation import builder, request, tokenizer  # noqa: F401 (fixtures)
+from workers.engines.base import EngineRequest
 from workers.engines.prompts import PromptBuilder
 
 pytest.importorskip("vllm")
 
 
 def test_a_continued_request_generates_only_what_is_left_and_counts_every_token(
-    builder: PromptBuilder,  # noqa: F811
-    tokenizer: Any,  # noqa: F811
+    builder: PromptBuilder, tokenizer: Any
 ) -> None:
     from workers.engines.vllm_io import OutputReader, vllm_sampling_params
 
     sampling = SamplingParams(max_tokens=8, min_tokens=4)
-    prompt = builder.build(request(prompt="the cat", continuation=" sat on"))
+    prompt = builder.build(
+        EngineRequest(request_id="r", sampling=sampling, prompt="the cat", continuation=" sat on")
+    )
     done = prompt.continuation_tokens
     params = vllm_sampling_params(sampling, prompt, builder, prompt_param="prompt")
     assert params.max_tokens == 8 - done and params.min_tokens == max(0, 4 - done)
