@@ -38,7 +38,6 @@ def _stored_key_count(settings: Settings) -> int | None:
     """How many API keys Redis holds; None when Redis cannot say."""
     if not settings.redis.url:
         return None
-    keys.set_prefix(settings.redis.key_prefix)
     try:
         with redis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=5) as client:
             return int(client.hlen(keys.api_keys()))  # type: ignore[arg-type]

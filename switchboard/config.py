@@ -247,7 +247,11 @@ def demo_model(settings: Settings) -> ModelConfig:
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Read the TOML file (if any), apply environment overrides and validate the result."""
+    """Read the TOML file (if any), apply environment overrides and validate the result.
+
+    The process's Redis keys go under the settings' `redis.key_prefix` from here on (`keys.set_prefix`):
+    every command of the CLI loads its settings here, so this is the one place that sets it.
+    """
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = {}
     if path is not None:
@@ -263,6 +267,7 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
     if not settings.models:
         settings.models = [demo_model(settings)]
     _check_consistency(settings)
+    keys.set_prefix(settings.redis.key_prefix)
     return settings
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 
 # Seconds one test may take (setup and teardown included), by its folder under tests/; each well
@@ -44,6 +45,14 @@ def redis_server() -> Iterator[PrivateRedis]:
     """A real redis-server on a free port, for the whole session."""
     with PrivateRedis() as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def restore_key_prefix() -> Iterator[None]:
+    """Loading settings sets the process's key prefix: each test leaves it as it found it."""
+    previous = keys.PREFIX
+    yield
+    keys.set_prefix(previous)
 
 
 @pytest.fixture

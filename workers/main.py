@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from switchboard import keep_alive, keys
+from switchboard import keep_alive
 from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
@@ -67,7 +67,6 @@ class Worker:
         if not settings.redis.url:
             raise RuntimeError("the worker needs redis.url (or REDIS_URL) to be set")
         self.settings = settings
-        keys.set_prefix(settings.redis.key_prefix)
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.started = time.time()
         self.kind = settings.worker.kind or machine_kind()

@@ -59,7 +59,6 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run one `keys` subcommand; the process's exit code."""
-    keys.set_prefix(settings.redis.key_prefix)
     if args.keys_command == "add" and args.toml:
         return _print_toml(args, settings)
     if not settings.redis.url:

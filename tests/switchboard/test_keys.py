@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from pathlib import Path
 
 import pytest
 
 from switchboard import keys
+from switchboard.config import load_settings
 
 PER_ID = [keys.job_stream, keys.result_stream, keys.cancel_mark, keys.worker_record, keys.wake_stream]
 
@@ -72,4 +74,15 @@ def test_the_prefix_is_set_once_for_every_family() -> None:
 def test_a_prefix_that_would_blur_key_families_is_refused(prefix: str) -> None:
     with pytest.raises(ValueError, match="invalid key prefix"):
         keys.set_prefix(prefix)
+    assert keys.PREFIX == "sb"
+
+
+def test_loading_settings_puts_the_process_keys_under_their_prefix(tmp_path: Path) -> None:
+    config = tmp_path / "switchboard.toml"
+    config.write_text('[redis]\nkey_prefix = "prod:sb"\n')
+    load_settings(config, environ={})
+    assert keys.job_stream("x") == "prod:sb:model:x:jobs"
+    load_settings(None, environ={"SWITCHBOARD_REDIS__KEY_PREFIX": "tenant-b"})
+    assert keys.api_keys().startswith("tenant-b:")
+    load_settings(None, environ={})
     assert keys.PREFIX == "sb"
