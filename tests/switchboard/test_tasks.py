@@ -1,0 +1,49 @@
+"""One poll helper and one task set for every background loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from switchboard.tasks import TaskSet, poll
+
+
+async def test_a_failing_step_is_logged_and_tried_again(caplog: pytest.LogCaptureFixture) -> None:
+    calls = 0
+    again = asyncio.Event()
+
+    async def step() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom")
+        again.set()
+
+    tasks = TaskSet("test")
+    with caplog.at_level(logging.WARNING):
+        tasks.start(poll(step, 0.01, "step", first_wait=False), "poller")
+        await asyncio.wait_for(again.wait(), timeout=5)
+    await tasks.stop()
+    assert calls >= 2
+    assert "could not step" in caplog.text
+
+
+async def test_stop_cancels_and_awaits_every_task_and_is_idempotent() -> None:
+    unwound: list[str] = []
+
+    async def forever(name: str) -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            unwound.append(name)
+
+    tasks = TaskSet("test")
+    started = [tasks.start(forever(name), name) for name in ("a", "b")]
+    await asyncio.sleep(0)
+    assert len(tasks) == 2
+    assert started[0].get_name() == "test: a"
+    await tasks.stop()
+    assert sorted(unwound) == ["a", "b"] and len(tasks) == 0
+    await tasks.stop()
