@@ -25,7 +25,6 @@ from router.queue.run import JobRuns
 from router.status.heartbeat import RouterHeartbeat
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
-from switchboard import keys
 from switchboard.config import Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
@@ -64,7 +63,6 @@ class FrontDoor:
         """
         if not settings.redis.url:
             raise RuntimeError("the front door needs redis.url (or REDIS_URL) to be set")
-        keys.set_prefix(settings.redis.key_prefix)
         redis = pooled_client(settings.redis.url, POOL_CONNECTIONS)
         # The reader blocks in XREAD, so it gets a connection of its own.
         reader_redis = blocking_client(settings.redis.url, BLOCK_MS)
