@@ -140,7 +140,6 @@ async def test_error_chunk_yields_error_event_then_done() -> None:
         ("invalid_request", "invalid_request_error", None),
         ("timeout", "timeout", "timeout"),
         ("engine_error", "internal_error", "engine_error"),
-        ("cancelled", "internal_error", "engine_error"),
     ],
 )
 async def test_error_event_kinds(code: Any, type_: str, error_code: str | None) -> None:
