@@ -27,7 +27,7 @@ from switchboard.config import Settings
 logger = logging.getLogger(__name__)
 
 # The parts of the front door (`FrontDoor`'s attributes) that handlers may ask for by name.
-PARTS = ("settings", "redis", "models", "health", "status", "limits", "admission", "runs", "reader")
+PARTS = ("settings", "redis", "models", "health", "status", "limits", "runs", "reader", "pipeline")
 
 
 def create_app(settings: Settings) -> Litestar:

@@ -19,6 +19,7 @@ from router.admission.auth import KeyTable, check_exposure
 from router.admission.fits import ModelLimitsCache
 from router.admission.limits import Admission
 from router.admission.models import ModelTable
+from router.pipeline import Pipeline
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.run import JobRuns
@@ -54,6 +55,15 @@ class FrontDoor:
         self.admission = Admission(redis, settings.limits)
         queue = JobQueue(redis, self.tasks)
         self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id)
+        self.pipeline = Pipeline(
+            settings,
+            models=self.models,
+            health=self.health,
+            status=self.status,
+            limits=self.limits,
+            admission=self.admission,
+            runs=self.runs,
+        )
 
     @classmethod
     async def open(cls, settings: Settings) -> FrontDoor:

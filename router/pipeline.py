@@ -41,115 +41,90 @@ _completion_request = msgspec.json.Decoder(CompletionRequest)
 Answer = Response[bytes] | Stream
 
 
-async def chat(
-    request: Request[Any, Any, Any],
-    caller: Caller,
-    *,
-    settings: Settings,
-    models: ModelTable,
-    health: RedisHealth,
-    status: ModelStatusReader,
-    limits: ModelLimitsCache,
-    admission: Admission,
-    runs: JobRuns,
-) -> Answer:
-    """`POST /v1/chat/completions`."""
-    chat = await decode_body(request, _chat_request)
-    check_chat(chat)
-    model = models.resolve(chat.model, caller)
-    tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
-    job = chat_job(
-        chat,
-        timeout_s=settings.router.request_timeout_s,
-        structured=structured,
-        parse_tool_calls=tools.mode == "auto",
-    )
-    resume = resume_point(request.headers.get("last-event-id"), stream=chat.stream)
-    job = resume.applied_to(job) if resume is not None else job
-    relay = chat_relay(chat, job, tools)
-    health.require_up()
-    if resume is not None:
-        return await _resumed(job, caller, resume, relay, settings=settings, status=status, runs=runs)
-    await check_job_fits(limits, job)
-    run = await _queued(job, caller, status=status, admission=admission, runs=runs)
-    return await _relayed(run, relay, stream=chat.stream, settings=settings, status=status)
+class Pipeline:
+    """The steps of a chat, a completion and a resumed request, over the parts each step calls."""
 
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        models: ModelTable,
+        health: RedisHealth,
+        status: ModelStatusReader,
+        limits: ModelLimitsCache,
+        admission: Admission,
+        runs: JobRuns,
+    ) -> None:
+        self._router = settings.router
+        self._models = models
+        self._health = health
+        self._status = status
+        self._limits = limits
+        self._admission = admission
+        self._runs = runs
 
-async def completion(
-    request: Request[Any, Any, Any],
-    caller: Caller,
-    *,
-    settings: Settings,
-    models: ModelTable,
-    health: RedisHealth,
-    status: ModelStatusReader,
-    limits: ModelLimitsCache,
-    admission: Admission,
-    runs: JobRuns,
-) -> Answer:
-    """`POST /v1/completions`."""
-    completion = await decode_body(request, _completion_request)
-    prompts = check_completion(completion)
-    models.resolve(completion.model, caller)
-    job = completion_job(completion, timeout_s=settings.router.request_timeout_s)
-    resume = resume_point(request.headers.get("last-event-id"), stream=completion.stream)
-    job = resume.applied_to(job) if resume is not None else job
-    relay = completion_relay(completion, job, prompts)
-    health.require_up()
-    if resume is not None:
-        return await _resumed(job, caller, resume, relay, settings=settings, status=status, runs=runs)
-    await check_job_fits(limits, job)
-    run = await _queued(job, caller, status=status, admission=admission, runs=runs)
-    return await _relayed(run, relay, stream=completion.stream, settings=settings, status=status)
+    async def chat(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
+        """`POST /v1/chat/completions`."""
+        chat = await decode_body(request, _chat_request)
+        check_chat(chat)
+        model = self._models.resolve(chat.model, caller)
+        tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
+        job = chat_job(
+            chat,
+            timeout_s=self._router.request_timeout_s,
+            structured=structured,
+            parse_tool_calls=tools.mode == "auto",
+        )
+        resume = resume_point(request.headers.get("last-event-id"), stream=chat.stream)
+        job = resume.applied_to(job) if resume is not None else job
+        relay = chat_relay(chat, job, tools)
+        self._health.require_up()
+        if resume is not None:
+            return await self._resumed(job, caller, resume, relay)
+        await check_job_fits(self._limits, job)
+        run = await self._queued(job, caller)
+        return await self._relayed(run, relay, stream=chat.stream)
 
+    async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
+        """`POST /v1/completions`."""
+        completion = await decode_body(request, _completion_request)
+        prompts = check_completion(completion)
+        self._models.resolve(completion.model, caller)
+        job = completion_job(completion, timeout_s=self._router.request_timeout_s)
+        resume = resume_point(request.headers.get("last-event-id"), stream=completion.stream)
+        job = resume.applied_to(job) if resume is not None else job
+        relay = completion_relay(completion, job, prompts)
+        self._health.require_up()
+        if resume is not None:
+            return await self._resumed(job, caller, resume, relay)
+        await check_job_fits(self._limits, job)
+        run = await self._queued(job, caller)
+        return await self._relayed(run, relay, stream=completion.stream)
 
-async def _queued(
-    job: Job,
-    caller: Caller,
-    *,
-    status: ModelStatusReader,
-    admission: Admission,
-    runs: JobRuns,
-) -> JobRun:
-    """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no
-    live worker may hold, or whose last load failed."""
-    job = addressed(job, caller.name, runs.router_id)
-    await require_live_worker(status, job.model)
-    observer = JobObserver(job)
-    with observer.phase("switchboard.admission"):
-        ticket = await admission.admit(job, caller)
-    return await runs.start(job, ticket, observer)
+    async def _queued(self, job: Job, caller: Caller) -> JobRun:
+        """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no
+        live worker may hold, or whose last load failed."""
+        job = addressed(job, caller.name, self._runs.router_id)
+        await require_live_worker(self._status, job.model)
+        observer = JobObserver(job)
+        with observer.phase("switchboard.admission"):
+            ticket = await self._admission.admit(job, caller)
+        return await self._runs.start(job, ticket, observer)
 
+    async def _resumed(
+        self, job: Job, caller: Caller, resume: ResumePoint, relay: ChatRelay | CompletionRelay
+    ) -> Stream:
+        """The rest of a streamed answer whose client lost its connection; nothing new is queued."""
+        run, earlier = await self._runs.resume(job, caller.name, resume.entry_id)
+        relay.replay(earlier)
+        return await stream_response(run, relay, self._router, self._status)
 
-async def _resumed(
-    job: Job,
-    caller: Caller,
-    resume: ResumePoint,
-    relay: ChatRelay | CompletionRelay,
-    *,
-    settings: Settings,
-    status: ModelStatusReader,
-    runs: JobRuns,
-) -> Stream:
-    """The rest of a streamed answer whose client lost its connection; nothing new is queued."""
-    run, earlier = await runs.resume(job, caller.name, resume.entry_id)
-    relay.replay(earlier)
-    return await stream_response(run, relay, settings.router, status)
-
-
-async def _relayed(
-    run: JobRun,
-    relay: ChatRelay | CompletionRelay,
-    *,
-    stream: bool,
-    settings: Settings,
-    status: ModelStatusReader,
-) -> Answer:
-    """The job's result, streamed, or whole once it has finished. A client that leaves cancels the
-    job either way (`router.http.disconnect`)."""
-    if stream:
-        return await stream_response(run, relay, settings.router, status)
-    try:
-        return json_response(await relay.assemble(run.chunks()))
-    finally:
-        await run.close()
+    async def _relayed(self, run: JobRun, relay: ChatRelay | CompletionRelay, *, stream: bool) -> Answer:
+        """The job's result, streamed, or whole once it has finished. A client that leaves cancels the
+        job either way (`router.http.disconnect`)."""
+        if stream:
+            return await stream_response(run, relay, self._router, self._status)
+        try:
+            return json_response(await relay.assemble(run.chunks()))
+        finally:
+            await run.close()

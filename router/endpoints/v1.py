@@ -10,69 +10,27 @@ from typing import Any
 from litestar import Request, Response, get, post
 from litestar.response import Stream
 
-from router import pipeline
 from router.admission.auth import Caller
-from router.admission.fits import ModelLimitsCache
-from router.admission.limits import Admission
 from router.admission.models import ModelTable
 from router.http.responses import json_response
 from router.openai.models import ModelCard, ModelList
-from router.queue.run import JobRuns
-from router.status.models import ModelStatusReader
-from router.status.redis_health import RedisHealth
-from switchboard.config import Settings
+from router.pipeline import Pipeline
 
 
 @post("/v1/chat/completions", status_code=200)
 async def create_chat_completion(
-    request: Request[Any, Any, Any],
-    caller: Caller,
-    settings: Settings,
-    models: ModelTable,
-    health: RedisHealth,
-    status: ModelStatusReader,
-    limits: ModelLimitsCache,
-    admission: Admission,
-    runs: JobRuns,
+    request: Request[Any, Any, Any], caller: Caller, pipeline: Pipeline
 ) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
-    return await pipeline.chat(
-        request,
-        caller,
-        settings=settings,
-        models=models,
-        health=health,
-        status=status,
-        limits=limits,
-        admission=admission,
-        runs=runs,
-    )
+    return await pipeline.chat(request, caller)
 
 
 @post("/v1/completions", status_code=200)
 async def create_completion(
-    request: Request[Any, Any, Any],
-    caller: Caller,
-    settings: Settings,
-    models: ModelTable,
-    health: RedisHealth,
-    status: ModelStatusReader,
-    limits: ModelLimitsCache,
-    admission: Admission,
-    runs: JobRuns,
+    request: Request[Any, Any, Any], caller: Caller, pipeline: Pipeline
 ) -> Response[bytes] | Stream:
     """OpenAI (legacy) Completions, streamed (server-sent events) or not."""
-    return await pipeline.completion(
-        request,
-        caller,
-        settings=settings,
-        models=models,
-        health=health,
-        status=status,
-        limits=limits,
-        admission=admission,
-        runs=runs,
-    )
+    return await pipeline.completion(request, caller)
 
 
 @get("/v1/models")
