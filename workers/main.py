@@ -25,6 +25,7 @@ from switchboard.tasks import TaskSet
 from switchboard.tracing import configure_tracing
 from switchboard.wire import WorkerRecord
 from workers.controller.coordination import Coordination
+from workers.controller.effects import WorkerEffects
 from workers.controller.loop import Backoff, ModelController
 from workers.controller.snapshot import SnapshotReader
 from workers.controller.view import WorkerLimits
@@ -224,19 +225,23 @@ class Worker:
             min_residency_s=worker.min_residency_s,
             max_pass_over_s=worker.max_pass_over_s,
         )
-        return ModelController(
+        effects = WorkerEffects(
             redis=self._redis,
             poke_redis=self._poke_redis,
             slots=self._slots,
-            models=self._models,
             consumer=self._consumer,
             coordination=self._coordination,
             snapshot=snapshot,
             worker_id=self.id,
+            advertise=self._heartbeat.beat,
+        )
+        return ModelController(
+            effects=effects,
+            models=self._models,
+            worker_id=self.id,
             limits=limits,
             backoff=Backoff(worker.load_backoff_s, worker.load_backoff_max_s),
             tick_s=worker.controller_tick_s,
-            advertise=self._heartbeat.beat,
         )
 
     def _create_engine(self, model: ModelConfig) -> Engine:

@@ -2,7 +2,8 @@
 
 One task per worker. Each pass renews this worker's replica leases, reads the snapshot, asks the
 pure policy (`decide`) what to do, logs each committed action once with its reason, and starts the
-slot transitions. A pass runs on every tick and whenever the demand stream is poked (an enqueue, an
+slot transitions. Everything outside the loop (Redis, the slots, the consumer) goes through one
+`ControllerEffects`. A pass runs on every tick and whenever the demand stream is poked (an enqueue, an
 operator request, a transition that ended somewhere). Loads run one at a time on a worker; each is
 timed, and the time is kept in Redis per model and worker kind for every later decision.
 """
@@ -12,24 +13,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, cast
+from collections.abc import Coroutine
+from typing import Any
 
-import redis.asyncio as aioredis
-
-from switchboard import keys
 from switchboard.config import ModelConfig
-from switchboard.demand import poke_demand
-from switchboard.redis_conn import stream_entries
 from switchboard.tasks import TaskSet
 from switchboard.wire import JobError
 from workers.controller.actions import Action, Load, Sleep, Unload, Wake
-from workers.controller.coordination import Coordination
+from workers.controller.effects import ControllerEffects
 from workers.controller.policy import decide
-from workers.controller.snapshot import LocalFacts, SnapshotReader
+from workers.controller.snapshot import LocalFacts
 from workers.controller.view import View, WorkerLimits
-from workers.jobs.consume import JobConsumer
-from workers.models.slot import LoadFailed, ModelSlot
+from workers.models.slot import LoadFailed
 from workers.runtime import metrics
 
 logger = logging.getLogger(__name__)
@@ -73,41 +68,26 @@ class ModelController:
     def __init__(
         self,
         *,
-        redis: aioredis.Redis,
-        poke_redis: aioredis.Redis,
-        slots: Mapping[str, ModelSlot],
+        effects: ControllerEffects,
         models: list[ModelConfig],
-        consumer: JobConsumer,
-        coordination: Coordination,
-        snapshot: SnapshotReader,
         worker_id: str,
         limits: WorkerLimits,
         backoff: Backoff,
         tick_s: float,
-        advertise: Callable[[], Awaitable[None]],
     ) -> None:
-        self._redis = redis
-        self._poke_redis = poke_redis
-        self._slots = slots
-        self._consumer = consumer
-        self._coordination = coordination
-        self._snapshot = snapshot
+        self._effects = effects
         self._worker_id = worker_id
         self._limits = limits
         self._backoff = backoff
         self._tick_ms = max(1, int(tick_s * 1000))
-        self._advertise = advertise
         self._preload_pending = {m.name for m in models if m.preload}
         self._transitions: dict[str, asyncio.Future[None]] = {}
         self._announcements: set[asyncio.Future[None]] = set()
-        self._demand_last_id: bytes = b"0-0"
         self._tasks = TaskSet("model controller")
 
     async def start(self) -> None:
         """Start deciding, from the demand stream's current end."""
-        newest = await self._redis.xrevrange(keys.demand_stream(), count=1)
-        if newest:
-            self._demand_last_id = cast(bytes, newest[0][0])
+        await self._effects.follow_demand()
         self._tasks.start(self._run(), "decide")
 
     async def stop(self) -> None:
@@ -115,12 +95,6 @@ class ModelController:
         await self._tasks.stop()
         if self._transitions:
             await asyncio.gather(*self._transitions.values(), return_exceptions=True)
-
-    async def poke(self) -> None:
-        """Wake every worker's controller: something changed that may call for a decision."""
-        pipe = self._redis.pipeline(transaction=False)
-        poke_demand(pipe)
-        await pipe.execute()
 
     async def _run(self) -> None:
         while True:
@@ -131,7 +105,7 @@ class ModelController:
                 raise
             except Exception:
                 logger.exception("a controller pass failed; going on")
-            await self._wait_for_poke()
+            await self._effects.wait_for_demand(self._tick_ms)
             # Every enqueue pokes: under load, the pokes of a moment share one pass instead of
             # costing every worker a snapshot per request.
             await asyncio.sleep(started + MIN_PASS_INTERVAL_S - asyncio.get_running_loop().time())
@@ -139,11 +113,11 @@ class ModelController:
     async def step(self) -> None:
         """One pass: renew leases, read the snapshot, decide, commit."""
         await self._renew_leases()
-        view = await self._snapshot.read(self._local_facts())
+        view = await self._effects.read_view(self._local_facts())
         self._preload_pending -= {m.name for m in view.models if m.replicas > 0}
         actions = [a for a in decide(view) if a.model not in self._transitions]
         load = next((a for a in actions if isinstance(a, Load)), None)
-        if load is not None and not await self._coordination.take_lease(load.model, load.replica):
+        if load is not None and not await self._effects.take_lease(load.model, load.replica):
             # Another worker adds this replica: nothing is evicted for it here.
             actions = [a for a in actions if a is not load and getattr(a, "for_model", None) != load.model]
         evictions: list[asyncio.Future[None]] = []
@@ -152,20 +126,8 @@ class ModelController:
             if isinstance(action, Unload) and action.for_model is not None:
                 evictions.append(task)
 
-    async def _wait_for_poke(self) -> None:
-        try:
-            response = await self._poke_redis.xread(
-                {keys.demand_stream(): self._demand_last_id}, block=self._tick_ms
-            )
-        except (ConnectionError, OSError, aioredis.RedisError):
-            logger.warning("waiting for demand failed; retrying", exc_info=True)
-            await asyncio.sleep(self._tick_ms / 1000)
-            return
-        for _, entries in stream_entries(response):
-            self._demand_last_id = entries[-1][0]
-
     def _local_facts(self) -> LocalFacts:
-        starting = frozenset(name for name in self._transitions if self._slots[name].state == "cold")
+        starting = frozenset(name for name in self._transitions if self._effects.is_cold(name))
         return LocalFacts(
             worker_id=self._worker_id,
             limits=self._limits,
@@ -175,14 +137,11 @@ class ModelController:
         )
 
     async def _renew_leases(self) -> None:
-        held = [(name, slot.replica) for name, slot in self._slots.items() if slot.replica is not None]
-        for model, replica in await self._coordination.renew_leases(held):
-            if not await self._coordination.take_lease(model, replica):
-                logger.warning(
-                    "lost the lease of a replica; it is no longer counted",
-                    extra={"model": model, "replica": replica},
-                )
-                self._slots[model].replica = None
+        for model, replica in await self._effects.renew_leases():
+            logger.warning(
+                "lost the lease of a replica; it is no longer counted",
+                extra={"model": model, "replica": replica},
+            )
 
     # --- committing actions -----------------------------------------------------------------
 
@@ -190,28 +149,24 @@ class ModelController:
         self, action: Action, view: View, evictions: list[asyncio.Future[None]]
     ) -> asyncio.Future[None]:
         """Log the action once and start its transition (a Load's lease is already taken)."""
-        model = action.model
-        slot = self._slots[model]
+        model = view.model(action.model)
         if isinstance(action, Load):
-            slot.replica = action.replica
-            slot.expected_load_s = view.model(model).load_s
             logger.info(
-                f"loading {model} (replica {action.replica}): {action.why}; {_expected(slot)}",
-                extra={"action": "load", "model": model, "replica": action.replica, "why": action.why},
+                f"loading {model.name} (replica {action.replica}): {action.why}; {_expected(model.load_s)}",
+                extra={"action": "load", "model": model.name, "replica": action.replica, "why": action.why},
             )
-            requested = view.model(model).load_requested
-            return self._start(model, self._load(slot, action.replica, requested, evictions))
+            load = self._load(model.name, action.replica, model.load_s, model.load_requested, evictions)
+            return self._start(model.name, load)
         if isinstance(action, Wake):
-            logger.info(f"waking {model}: {action.why}", extra=_fields(action))
-            slot.expected_load_s = view.model(model).wake_s
-            return self._start(model, self._wake(slot, view.model(model).load_requested))
+            logger.info(f"waking {model.name}: {action.why}", extra=_fields(action))
+            return self._start(model.name, self._wake(model.name, model.wake_s, model.load_requested))
         if isinstance(action, Sleep):
-            logger.info(f"putting {model} to sleep: {action.why}", extra=_fields(action))
-            return self._start(model, self._sleep(slot))
-        logger.info(f"unloading {model}: {action.why}", extra=_fields(action))
+            logger.info(f"putting {model.name} to sleep: {action.why}", extra=_fields(action))
+            return self._start(model.name, self._sleep(model.name))
+        logger.info(f"unloading {model.name}: {action.why}", extra=_fields(action))
         if action.for_model is not None:
-            metrics.MODEL_EVICTIONS.labels(model).inc()
-        return self._start(model, self._unload(slot))
+            metrics.MODEL_EVICTIONS.labels(model.name).inc()
+        return self._start(model.name, self._unload(model.name))
 
     def _start(self, model: str, transition: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         task = asyncio.ensure_future(transition)
@@ -228,113 +183,110 @@ class ModelController:
     async def _announce(self) -> None:
         """Tell everyone (this controller too): an unload frees room, a load changes the holders."""
         try:
-            await self._advertise()
-            await self.poke()
+            await self._effects.advertise()
+            await self._effects.poke()
         except Exception:
             logger.warning("could not announce a finished transition", exc_info=True)
 
     async def _load(
-        self, slot: ModelSlot, replica: int, requested: bool, evictions: list[asyncio.Future[None]]
+        self,
+        model: str,
+        replica: int,
+        expected_s: float | None,
+        requested: bool,
+        evictions: list[asyncio.Future[None]],
     ) -> None:
         # Room first: the models evicted for this one release their memory before it loads.
         await asyncio.gather(*evictions, return_exceptions=True)
         started = time.monotonic()
-        await self._advertise()
-        progress = asyncio.create_task(self._report_progress(slot, started))
+        await self._effects.advertise()
+        progress = asyncio.create_task(_report_progress(model, expected_s, started))
         try:
-            await slot.ensure_warm()
+            await self._effects.load(model, expected_s)
         except LoadFailed as exc:
-            metrics.MODEL_LOADS.labels(slot.name, "failed").inc()
-            serving_elsewhere = any(
-                s.state == "warm" for s in await self._snapshot.holders_elsewhere(slot.name, self._worker_id)
-            )
-            await self._load_failed(slot, replica, str(exc), time.monotonic() - started, serving_elsewhere)
+            metrics.MODEL_LOADS.labels(model, "failed").inc()
+            serving_elsewhere = await self._effects.serving_elsewhere(model)
+            await self._load_failed(model, str(exc), time.monotonic() - started, serving_elsewhere)
             return
         finally:
             progress.cancel()
         seconds = time.monotonic() - started
-        metrics.MODEL_LOADS.labels(slot.name, "ok").inc()
-        metrics.MODEL_LOAD_TIME.labels(slot.name).observe(seconds)
+        metrics.MODEL_LOADS.labels(model, "ok").inc()
+        metrics.MODEL_LOAD_TIME.labels(model).observe(seconds)
         logger.info(
-            f"{slot.name} is warm after {seconds:.1f} s",
-            extra={"model": slot.name, "seconds": round(seconds, 2), "replica": replica},
+            f"{model} is warm after {seconds:.1f} s",
+            extra={"model": model, "seconds": round(seconds, 2), "replica": replica},
         )
-        if self._backoff.succeeded(slot.name):
-            await self._coordination.clear_failure(slot.name)
-        await self._coordination.record_cost(slot.name, "load", seconds)
-        await self._coordination.record_cost(slot.name, "memory", slot.memory_bytes())
-        limits = slot.engine.limits() if slot.engine is not None else None
-        if limits is not None:
-            await self._coordination.publish_limits(slot.name, limits)
+        if self._backoff.succeeded(model):
+            await self._effects.clear_failure(model)
+        await self._effects.record_cost(model, "load", seconds)
+        await self._effects.record_cost(model, "memory", self._effects.memory_bytes(model))
+        await self._effects.publish_limits(model)
         if requested:
-            await self._coordination.consume_load_request(slot.name)
+            await self._effects.consume_load_request(model)
 
-    async def _load_failed(
-        self, slot: ModelSlot, replica: int, reason: str, seconds: float, serving_elsewhere: bool
-    ) -> None:
-        slot.replica = None
-        await self._coordination.release_lease(slot.name, replica)
-        backoff_s, in_a_row = self._backoff.failed(slot.name)
+    async def _load_failed(self, model: str, reason: str, seconds: float, serving_elsewhere: bool) -> None:
+        await self._effects.release_lease(model)
+        backoff_s, in_a_row = self._backoff.failed(model)
         logger.error(
-            f"{slot.name} failed to load after {seconds:.1f} s: {reason}; not retried for {backoff_s:.0f} s",
-            extra={"model": slot.name, "reason": reason, "backoff_s": backoff_s, "failures": in_a_row},
+            f"{model} failed to load after {seconds:.1f} s: {reason}; not retried for {backoff_s:.0f} s",
+            extra={"model": model, "reason": reason, "backoff_s": backoff_s, "failures": in_a_row},
         )
         if serving_elsewhere:
             return  # requests keep going to the replicas that work; only this worker backs off
-        await self._coordination.record_failure(slot.name, reason, backoff_s, in_a_row)
+        await self._effects.record_failure(model, reason, backoff_s, in_a_row)
         error = JobError(code="load_failed", message=reason, retry_after_s=backoff_s)
-        refused = await self._consumer.refuse_waiting(slot.name, error)
+        refused = await self._effects.refuse_waiting(model, error)
         if refused:
-            logger.info(f"answered {refused} waiting requests for {slot.name} with the load failure")
+            logger.info(f"answered {refused} waiting requests for {model} with the load failure")
 
-    async def _wake(self, slot: ModelSlot, requested: bool) -> None:
+    async def _wake(self, model: str, expected_s: float | None, requested: bool) -> None:
         started = time.monotonic()
         try:
-            await slot.ensure_warm()
+            await self._effects.wake(model, expected_s)
         except LoadFailed as exc:
-            metrics.MODEL_WAKES.labels(slot.name, "failed").inc()
-            logger.error(f"{slot.name} failed to wake: {exc}; unloading it", extra={"model": slot.name})
-            await self._unload(slot)
+            metrics.MODEL_WAKES.labels(model, "failed").inc()
+            logger.error(f"{model} failed to wake: {exc}; unloading it", extra={"model": model})
+            await self._unload(model)
             return
         seconds = time.monotonic() - started
-        metrics.MODEL_WAKES.labels(slot.name, "ok").inc()
-        metrics.MODEL_WAKE_TIME.labels(slot.name).observe(seconds)
-        logger.info(f"{slot.name} is awake after {seconds:.2f} s", extra={"model": slot.name})
-        await self._coordination.record_cost(slot.name, "wake", seconds)
+        metrics.MODEL_WAKES.labels(model, "ok").inc()
+        metrics.MODEL_WAKE_TIME.labels(model).observe(seconds)
+        logger.info(f"{model} is awake after {seconds:.2f} s", extra={"model": model})
+        await self._effects.record_cost(model, "wake", seconds)
         if requested:
-            await self._coordination.consume_load_request(slot.name)
+            await self._effects.consume_load_request(model)
 
-    async def _sleep(self, slot: ModelSlot) -> None:
+    async def _sleep(self, model: str) -> None:
         started = time.monotonic()
-        await slot.sleep()
+        await self._effects.sleep(model)
         seconds = time.monotonic() - started
-        metrics.MODEL_SLEEPS.labels(slot.name).inc()
-        logger.info(f"{slot.name} is asleep after {seconds:.2f} s", extra={"model": slot.name})
-        await self._coordination.record_cost(slot.name, "sleep", seconds)
+        metrics.MODEL_SLEEPS.labels(model).inc()
+        logger.info(f"{model} is asleep after {seconds:.2f} s", extra={"model": model})
+        await self._effects.record_cost(model, "sleep", seconds)
 
-    async def _unload(self, slot: ModelSlot) -> None:
+    async def _unload(self, model: str) -> None:
         started = time.monotonic()
-        await slot.unload()
-        if slot.replica is not None:
-            await self._coordination.release_lease(slot.name, slot.replica)
-            slot.replica = None
+        await self._effects.unload(model)
+        await self._effects.release_lease(model)
         seconds = time.monotonic() - started
-        metrics.MODEL_UNLOADS.labels(slot.name).inc()
-        logger.info(f"{slot.name} unloaded in {seconds:.1f} s", extra={"model": slot.name})
-        await self._coordination.record_cost(slot.name, "unload", seconds)
-
-    async def _report_progress(self, slot: ModelSlot, started: float) -> None:
-        while True:
-            await asyncio.sleep(PROGRESS_EVERY_S)
-            elapsed = time.monotonic() - started
-            about = f" of about {slot.expected_load_s:.0f} s" if slot.expected_load_s else ""
-            logger.info(f"still loading {slot.name}: {elapsed:.0f} s{about}", extra={"model": slot.name})
+        metrics.MODEL_UNLOADS.labels(model).inc()
+        logger.info(f"{model} unloaded in {seconds:.1f} s", extra={"model": model})
+        await self._effects.record_cost(model, "unload", seconds)
 
 
-def _expected(slot: ModelSlot) -> str:
-    if slot.expected_load_s is None:
+async def _report_progress(model: str, expected_s: float | None, started: float) -> None:
+    while True:
+        await asyncio.sleep(PROGRESS_EVERY_S)
+        elapsed = time.monotonic() - started
+        about = f" of about {expected_s:.0f} s" if expected_s else ""
+        logger.info(f"still loading {model}: {elapsed:.0f} s{about}", extra={"model": model})
+
+
+def _expected(load_s: float | None) -> str:
+    if load_s is None:
         return "first load on this kind of worker"
-    return f"usually takes {slot.expected_load_s:.1f} s"
+    return f"usually takes {load_s:.1f} s"
 
 
 def _fields(action: Action) -> dict[str, str]:

@@ -1,14 +1,18 @@
-"""Whole workers (real Redis, real Triton, the real controller) deciding with scripted engines.
+"""workers.controller.loop: the loop against a recording fake of its effects, then whole workers.
 
-The engines are the only stand-ins, so loads take the time the test says and can fail on cue:
-these tests check the coordination between workers (one load per burst, scale-out from measured
-costs, failures, keep-alive), which the end-to-end tests then confirm with real vLLM engines.
+The first tests drive `ModelController.step` over a fixed View with a fake `ControllerEffects`: which
+effects a pass applies, in what order, and that each committed action is logged once with its why.
+The whole-worker tests (real Redis, real Triton, the real controller, scripted engines) check the
+coordination between workers (one load per burst, scale-out from measured costs, failures,
+keep-alive), which the end-to-end tests then confirm with real vLLM engines.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,16 +20,238 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.wire import load_failure_decoder
+from switchboard.wire import JobError, load_failure_decoder
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import KIND, running, settings, until
 from tests.support.scripted_engine import Engines
+from workers.controller.loop import Backoff, ModelController
+from workers.controller.snapshot import LocalFacts
+from workers.controller.view import ModelView, View, WorkerLimits
 from workers.main import Worker
+from workers.models.slot import LoadFailed
+
+NOW = 1_700_000_000.0
+LIMITS = WorkerLimits(
+    max_loaded_models=1, memory_budget_bytes=1 << 34, min_residency_s=20.0, max_pass_over_s=30.0
+)
+
+
+class RecordingEffects:
+    """A ControllerEffects that applies nothing: it records the effects in order and serves one View."""
+
+    def __init__(self, view: View, *, failing: dict[str, str] | None = None) -> None:
+        self.view = view
+        self.failing = failing or {}
+        self.applied: list[tuple[Any, ...]] = []
+        self.taken_elsewhere: set[tuple[str, int]] = set()  # leases another worker holds
+
+    async def follow_demand(self) -> None:
+        pass
+
+    async def wait_for_demand(self, timeout_ms: int) -> None:
+        await asyncio.sleep(timeout_ms / 1000)
+
+    async def poke(self) -> None:
+        pass
+
+    async def advertise(self) -> None:
+        pass
+
+    async def read_view(self, local: LocalFacts) -> View:
+        return self.view
+
+    def is_cold(self, model: str) -> bool:
+        return self.view.model(model).state == "cold"
+
+    async def serving_elsewhere(self, model: str) -> bool:
+        return False
+
+    async def take_lease(self, model: str, replica: int) -> bool:
+        self.applied.append(("take_lease", model, replica))
+        return (model, replica) not in self.taken_elsewhere
+
+    async def renew_leases(self) -> list[tuple[str, int]]:
+        return []
+
+    async def release_lease(self, model: str) -> None:
+        self.applied.append(("release_lease", model))
+
+    async def record_cost(self, model: str, operation: str, value: float) -> None:
+        self.applied.append(("record_cost", model, operation))
+
+    async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> None:
+        self.applied.append(("record_failure", model, reason, backoff_s, in_a_row))
+
+    async def clear_failure(self, model: str) -> None:
+        self.applied.append(("clear_failure", model))
+
+    async def publish_limits(self, model: str) -> None:
+        self.applied.append(("publish_limits", model))
+
+    async def consume_load_request(self, model: str) -> None:
+        self.applied.append(("consume_load_request", model))
+
+    async def refuse_waiting(self, model: str, error: JobError) -> int:
+        self.applied.append(("refuse_waiting", model, error.code))
+        return 2
+
+    async def load(self, model: str, expected_s: float | None) -> None:
+        self.applied.append(("load", model))
+        if model in self.failing:
+            raise LoadFailed(self.failing[model])
+
+    async def wake(self, model: str, expected_s: float | None) -> None:
+        self.applied.append(("wake", model))
+
+    async def sleep(self, model: str) -> None:
+        self.applied.append(("sleep", model))
+
+    async def unload(self, model: str) -> None:
+        self.applied.append(("unload", model))
+
+    def memory_bytes(self, model: str) -> int:
+        return 1 << 30
+
+
+def controller(effects: RecordingEffects) -> ModelController:
+    """A controller of one worker over `effects`, never started: each test runs its passes."""
+    return ModelController(
+        effects=effects,
+        models=[ModelConfig(name=m.name, path="unused") for m in effects.view.models],
+        worker_id="w-1",
+        limits=LIMITS,
+        backoff=Backoff(2.0, 60.0),
+        tick_s=0.1,
+    )
+
+
+async def one_pass(effects: RecordingEffects) -> ModelController:
+    """Run one pass and let the transitions it started end."""
+    loop = controller(effects)
+    await loop.step()
+    await loop.stop()
+    return loop
+
+
+def cold(name: str, **fields: Any) -> ModelView:
+    return ModelView(name=name, load_s=7.0, **fields)
+
+
+def warm(name: str, *, idle_for: float, **fields: Any) -> ModelView:
+    since = NOW - idle_for
+    return ModelView(
+        name=name,
+        state="warm",
+        replica=0,
+        replicas=1,
+        next_replica=1,
+        warm_since=since,
+        idle_since=since,
+        **fields,
+    )
+
+
+def logged_whys(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
+    """The committed actions the loop logged: (action, model, why)."""
+    records = [r for r in caplog.records if r.name == "workers.controller.loop" and hasattr(r, "why")]
+    return [(r.action, r.model, r.why) for r in records]  # type: ignore[attr-defined]
+
+
+async def test_a_cold_model_with_waiting_jobs_takes_its_lease_then_loads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    effects = RecordingEffects(
+        View(now=NOW, limits=LIMITS, models=(cold("tiny", waiting=3, oldest_waiting_s=4.0),))
+    )
+    await one_pass(effects)
+    assert effects.applied == [
+        ("take_lease", "tiny", 0),
+        ("load", "tiny"),
+        ("record_cost", "tiny", "load"),
+        ("record_cost", "tiny", "memory"),
+        ("publish_limits", "tiny"),
+    ]
+    assert logged_whys(caplog) == [("load", "tiny", "3 jobs waiting, oldest 4.0 s; nobody holds it")]
+
+
+async def test_a_load_that_fails_releases_the_lease_and_records_the_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    view = View(now=NOW, limits=LIMITS, models=(cold("broken", waiting=2, oldest_waiting_s=1.0),))
+    effects = RecordingEffects(view, failing={"broken": "no model files"})
+    await one_pass(effects)
+    assert effects.applied == [
+        ("take_lease", "broken", 0),
+        ("load", "broken"),
+        ("release_lease", "broken"),
+        ("record_failure", "broken", "no model files", 2.0, 1),
+        ("refuse_waiting", "broken", "load_failed"),
+    ]
+    assert [why[:2] for why in logged_whys(caplog)] == [("load", "broken")]
+
+
+async def test_a_lease_another_worker_took_loads_nothing_and_evicts_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    models = (warm("old", idle_for=100.0, keep_alive_s=3600.0), cold("new", waiting=1, oldest_waiting_s=60.0))
+    effects = RecordingEffects(View(now=NOW, limits=LIMITS, models=models))
+    effects.taken_elsewhere.add(("new", 0))
+    await one_pass(effects)
+    assert effects.applied == [("take_lease", "new", 0)]
+    assert logged_whys(caplog) == []
+
+
+async def test_an_eviction_ends_before_the_load_it_makes_room_for(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    models = (warm("old", idle_for=100.0, keep_alive_s=3600.0), cold("new", waiting=1, oldest_waiting_s=60.0))
+    effects = RecordingEffects(View(now=NOW, limits=LIMITS, models=models))
+    await one_pass(effects)
+    assert effects.applied == [
+        ("take_lease", "new", 0),
+        ("unload", "old"),
+        ("release_lease", "old"),
+        ("record_cost", "old", "unload"),
+        ("load", "new"),
+        ("record_cost", "new", "load"),
+        ("record_cost", "new", "memory"),
+        ("publish_limits", "new"),
+    ]
+    assert [why[:2] for why in logged_whys(caplog)] == [("unload", "old"), ("load", "new")]
+
+
+async def test_an_idle_model_past_its_keep_alive_unloads(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    effects = RecordingEffects(
+        View(now=NOW, limits=LIMITS, models=(warm("tiny", idle_for=120.0, keep_alive_s=60.0),))
+    )
+    await one_pass(effects)
+    assert effects.applied == [
+        ("unload", "tiny"),
+        ("release_lease", "tiny"),
+        ("record_cost", "tiny", "unload"),
+    ]
+    ((action, model, why),) = logged_whys(caplog)
+    assert (action, model) == ("unload", "tiny") and why
+
+
+async def test_nothing_to_do_applies_no_effect_and_logs_no_action(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    models = (warm("busy", idle_for=10.0, keep_alive_s=60.0), cold("unasked"))
+    effects = RecordingEffects(View(now=NOW, limits=LIMITS, models=models))
+    await one_pass(effects)
+    assert effects.applied == []
+    assert logged_whys(caplog) == []
 
 
 @pytest.fixture
 async def redis_url(redis: aioredis.Redis, redis_server: PrivateRedis) -> str:
     return redis_server.url
+
+
+# --- whole workers ------------------------------------------------------------------------------
 
 
 async def test_a_burst_for_a_cold_model_starts_exactly_one_load_across_two_workers(

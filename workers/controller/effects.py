@@ -1,0 +1,247 @@
+"""What the model controller does outside itself, behind one surface: leases, records, slot transitions.
+
+The loop (`loop.py`) decides when; `ControllerEffects` is everything it touches to carry that out:
+the demand stream, the snapshot, replica leases, the cost and failure records, the model slots and
+the consumer's waiting jobs. `WorkerEffects` is the real one (Redis, the slots, the consumer); the
+tests drive the loop with a recording fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol, cast
+
+import redis.asyncio as aioredis
+
+from switchboard import keys
+from switchboard.demand import poke_demand
+from switchboard.redis_conn import stream_entries
+from switchboard.wire import JobError, ModelLimits
+from workers.controller.coordination import Coordination
+from workers.controller.snapshot import LocalFacts, SnapshotReader
+from workers.controller.view import View
+from workers.jobs.consume import JobConsumer
+from workers.models.slot import ModelSlot
+
+logger = logging.getLogger(__name__)
+
+
+class ControllerEffects(Protocol):
+    """Every side effect of the controller loop; the slot transitions raise `LoadFailed` as the slots do."""
+
+    # --- when to decide, and on what ---
+
+    async def follow_demand(self) -> None:
+        """Start following the demand stream from its current end."""
+
+    async def wait_for_demand(self, timeout_ms: int) -> None:
+        """Return on a poke of the demand stream, or after `timeout_ms`."""
+
+    async def poke(self) -> None:
+        """Wake every worker's controller: something changed that may call for a decision."""
+
+    async def advertise(self) -> None:
+        """Publish this worker's record (its slots) now."""
+
+    async def read_view(self, local: LocalFacts) -> View:
+        """One snapshot of demand, holders and costs for a decision."""
+
+    def is_cold(self, model: str) -> bool:
+        """Whether the model's slot here is cold."""
+
+    async def serving_elsewhere(self, model: str) -> bool:
+        """Whether another live worker serves the model warm."""
+
+    # --- replica leases (the slot keeps the replica it holds) ---
+
+    async def take_lease(self, model: str, replica: int) -> bool:
+        """Claim the replica for this worker's slot; False if someone else holds it."""
+
+    async def renew_leases(self) -> list[tuple[str, int]]:
+        """Extend every lease the slots hold; returns the (model, replica) lost for good, now dropped."""
+
+    async def release_lease(self, model: str) -> None:
+        """Give up the replica the model's slot holds, if any."""
+
+    # --- records every worker and front door reads ---
+
+    async def record_cost(self, model: str, operation: str, value: float) -> None:
+        """Keep one measurement of `operation` on this worker kind."""
+
+    async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> None:
+        """Tell everyone the model failed to load, until it may be retried."""
+
+    async def clear_failure(self, model: str) -> None:
+        """Forget the model's load failures."""
+
+    async def publish_limits(self, model: str) -> None:
+        """Publish what the loaded model accepts (when its engine says)."""
+
+    async def consume_load_request(self, model: str) -> None:
+        """An operator's load request was carried out."""
+
+    async def refuse_waiting(self, model: str, error: JobError) -> int:
+        """Answer the model's waiting jobs with `error`; returns how many."""
+
+    # --- slot transitions ---
+
+    async def load(self, model: str, expected_s: float | None) -> None:
+        """Bring the cold model to warm (it should take about `expected_s`)."""
+
+    async def wake(self, model: str, expected_s: float | None) -> None:
+        """Bring the sleeping model back to warm."""
+
+    async def sleep(self, model: str) -> None:
+        """Put the warm model to sleep."""
+
+    async def unload(self, model: str) -> None:
+        """Unload the model (its lease is released apart)."""
+
+    def memory_bytes(self, model: str) -> int:
+        """What the model takes here now."""
+
+
+class WorkerEffects:
+    """The controller's effects on one worker: Redis through `Coordination`, the slots, the consumer."""
+
+    def __init__(
+        self,
+        *,
+        redis: aioredis.Redis,
+        poke_redis: aioredis.Redis,
+        slots: Mapping[str, ModelSlot],
+        consumer: JobConsumer,
+        coordination: Coordination,
+        snapshot: SnapshotReader,
+        worker_id: str,
+        advertise: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._redis = redis
+        self._poke_redis = poke_redis
+        self._slots = slots
+        self._consumer = consumer
+        self._coordination = coordination
+        self._snapshot = snapshot
+        self._worker_id = worker_id
+        self._advertise = advertise
+        self._demand_last_id: bytes = b"0-0"
+
+    async def follow_demand(self) -> None:
+        """Start following the demand stream from its current end."""
+        newest = await self._redis.xrevrange(keys.demand_stream(), count=1)
+        if newest:
+            self._demand_last_id = cast(bytes, newest[0][0])
+
+    async def wait_for_demand(self, timeout_ms: int) -> None:
+        """Return on a poke of the demand stream, or after `timeout_ms`."""
+        try:
+            response = await self._poke_redis.xread(
+                {keys.demand_stream(): self._demand_last_id}, block=timeout_ms
+            )
+        except (ConnectionError, OSError, aioredis.RedisError):
+            logger.warning("waiting for demand failed; retrying", exc_info=True)
+            await asyncio.sleep(timeout_ms / 1000)
+            return
+        for _, entries in stream_entries(response):
+            self._demand_last_id = entries[-1][0]
+
+    async def poke(self) -> None:
+        """Wake every worker's controller: something changed that may call for a decision."""
+        pipe = self._redis.pipeline(transaction=False)
+        poke_demand(pipe)
+        await pipe.execute()
+
+    async def advertise(self) -> None:
+        """Publish this worker's record (its slots) now."""
+        await self._advertise()
+
+    async def read_view(self, local: LocalFacts) -> View:
+        """One snapshot of demand, holders and costs for a decision."""
+        return await self._snapshot.read(local)
+
+    def is_cold(self, model: str) -> bool:
+        """Whether the model's slot here is cold."""
+        return self._slots[model].state == "cold"
+
+    async def serving_elsewhere(self, model: str) -> bool:
+        """Whether another live worker serves the model warm."""
+        holders = await self._snapshot.holders_elsewhere(model, self._worker_id)
+        return any(status.state == "warm" for status in holders)
+
+    async def take_lease(self, model: str, replica: int) -> bool:
+        """Claim the replica for this worker's slot; False if someone else holds it."""
+        if not await self._coordination.take_lease(model, replica):
+            return False
+        self._slots[model].replica = replica
+        return True
+
+    async def renew_leases(self) -> list[tuple[str, int]]:
+        """Extend every lease the slots hold; returns the (model, replica) lost for good, now dropped."""
+        held = [(name, slot.replica) for name, slot in self._slots.items() if slot.replica is not None]
+        lost_for_good = []
+        for model, replica in await self._coordination.renew_leases(held):
+            if not await self._coordination.take_lease(model, replica):
+                self._slots[model].replica = None
+                lost_for_good.append((model, replica))
+        return lost_for_good
+
+    async def release_lease(self, model: str) -> None:
+        """Give up the replica the model's slot holds, if any."""
+        slot = self._slots[model]
+        if slot.replica is not None:
+            await self._coordination.release_lease(model, slot.replica)
+            slot.replica = None
+
+    async def record_cost(self, model: str, operation: str, value: float) -> None:
+        """Keep one measurement of `operation` on this worker kind."""
+        await self._coordination.record_cost(model, operation, value)
+
+    async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> None:
+        """Tell everyone the model failed to load, until it may be retried."""
+        await self._coordination.record_failure(model, reason, backoff_s, in_a_row)
+
+    async def clear_failure(self, model: str) -> None:
+        """Forget the model's load failures."""
+        await self._coordination.clear_failure(model)
+
+    async def publish_limits(self, model: str) -> None:
+        """Publish what the loaded model accepts (when its engine says)."""
+        engine = self._slots[model].engine
+        limits: ModelLimits | None = engine.limits() if engine is not None else None
+        if limits is not None:
+            await self._coordination.publish_limits(model, limits)
+
+    async def consume_load_request(self, model: str) -> None:
+        """An operator's load request was carried out."""
+        await self._coordination.consume_load_request(model)
+
+    async def refuse_waiting(self, model: str, error: JobError) -> int:
+        """Answer the model's waiting jobs with `error`; returns how many."""
+        return await self._consumer.refuse_waiting(model, error)
+
+    async def load(self, model: str, expected_s: float | None) -> None:
+        """Bring the cold model to warm (it should take about `expected_s`)."""
+        await self._ensure_warm(model, expected_s)
+
+    async def wake(self, model: str, expected_s: float | None) -> None:
+        """Bring the sleeping model back to warm."""
+        await self._ensure_warm(model, expected_s)
+
+    async def sleep(self, model: str) -> None:
+        """Put the warm model to sleep."""
+        await self._slots[model].sleep()
+
+    async def unload(self, model: str) -> None:
+        """Unload the model (its lease is released apart)."""
+        await self._slots[model].unload()
+
+    def memory_bytes(self, model: str) -> int:
+        """What the model takes here now."""
+        return self._slots[model].memory_bytes()
+
+    async def _ensure_warm(self, model: str, expected_s: float | None) -> None:
+        slot = self._slots[model]
+        slot.expected_load_s = expected_s
+        await slot.ensure_warm()
