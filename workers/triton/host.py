@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import sysconfig
@@ -56,6 +57,8 @@ LISTEN_ADDRESS = "127.0.0.1"
 
 # How long Triton may take to finish unloading a model (its in-flight requests have ended).
 UNLOAD_TIMEOUT_S = 30.0
+# Tries at starting Triton when its binary is briefly "busy" (see _run_triton).
+TRITON_START_ATTEMPTS = 3
 
 
 def _still_loaded(index: list[dict[str, str]], name: str) -> bool:
@@ -97,8 +100,7 @@ class TritonHost:
             # bind waits for readiness in steps of a second.)
             strict_readiness=False,
         )
-        self._triton = Triton(config=config)
-        self._triton.run()
+        self._triton = _run_triton(config)
         logger.info(
             "triton started",
             extra={
@@ -220,3 +222,25 @@ class TritonHost:
         if self._triton is not None:
             self._triton.stop()
             self._triton = None
+
+
+def _run_triton(config: TritonConfig) -> Triton:
+    """Start a Triton server, trying again when its freshly copied binary is "busy".
+
+    PyTriton copies the server binary into a fresh workspace and executes it. A process forked by
+    another thread while that copy is open for writing inherits the open file, and the exec then
+    fails with ETXTBSY until that child has exec'd or exited, a fraction of a second later.
+    """
+    for attempt in range(1, TRITON_START_ATTEMPTS + 1):
+        triton = Triton(config=config)
+        try:
+            triton.run()
+            return triton
+        except OSError as exc:
+            if exc.errno != errno.ETXTBSY or attempt == TRITON_START_ATTEMPTS:
+                raise
+            logger.warning("triton's binary was busy (another process forked meanwhile); starting again")
+            with contextlib.suppress(Exception):
+                triton.stop()  # cleans the failed try's workspace
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")

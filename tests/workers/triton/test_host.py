@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
+from pytriton.triton import TritonConfig
 
 from tests.support.network import accepts, connection_refused, non_loopback_ipv4
 from tests.support.scripted_engine import ScriptedEngine
+from workers.triton import host
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 
@@ -76,3 +80,42 @@ def test_a_failed_bind_leaves_nothing_that_fails_the_next_one(triton: TritonHost
         errors.append(caught.value)
     assert type(errors[1]) is type(errors[0])
     assert "same name" not in str(errors[1])
+
+
+class _BusyOnce:
+    """Stands in for PyTriton's Triton: the first server's binary is "busy", as after a fork."""
+
+    made: ClassVar[list[_BusyOnce]] = []
+
+    def __init__(self, config: object) -> None:
+        self.stopped = False
+        _BusyOnce.made.append(self)
+
+    def run(self) -> None:
+        if len(_BusyOnce.made) == 1:
+            raise OSError(errno.ETXTBSY, "Text file busy")
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_busy_triton_binary_is_started_again_and_the_failed_try_cleaned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(host, "Triton", _BusyOnce)
+    _BusyOnce.made = []
+    started = host._run_triton(TritonConfig())
+    assert started is _BusyOnce.made[1]
+    assert _BusyOnce.made[0].stopped and not _BusyOnce.made[1].stopped
+
+
+def test_other_errors_starting_triton_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: object) -> None:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(host, "Triton", _BusyOnce)
+    monkeypatch.setattr(_BusyOnce, "run", refuse)
+    _BusyOnce.made = []
+    with pytest.raises(OSError, match="Permission denied"):
+        host._run_triton(TritonConfig())
+    assert len(_BusyOnce.made) == 1
