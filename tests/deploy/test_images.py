@@ -19,6 +19,8 @@ DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 # What an image needs of the repository; everything else stays out of the build context.
 SOURCES = {"pyproject.toml", "README.md", "switchboard", "router", "workers"}
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|KEY_SHA256|CREDENTIAL", re.IGNORECASE)
+NVIDIA_REGISTRY = "nvcr.io/nvidia/"
+NVIDIA_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"
 
 
 @dataclass
@@ -110,7 +112,13 @@ def test_images_start_a_real_command_and_bake_in_no_secret(dockerfile: Path) -> 
     _, stages = _stages(dockerfile)
     final = stages[-1]
     (entrypoint,) = final.all("ENTRYPOINT")
-    assert _exec_form(entrypoint) == ["tini", "--"]  # SIGTERM passed on, children reaped
+    argv = _exec_form(entrypoint)
+    assert argv[:2] == ["tini", "--"]  # SIGTERM passed on, children reaped
+    if final.base.startswith(NVIDIA_REGISTRY):
+        # NVIDIA's containers set up their CUDA environment in their own entrypoint, which execs the command.
+        assert argv[2:] == [NVIDIA_ENTRYPOINT]
+    else:
+        assert argv == ["tini", "--"]
     (cmd,) = final.all("CMD")
     command = cli_command(_exec_form(cmd))
     assert command.command == ("router" if dockerfile.stem == "router" else "worker")
@@ -152,3 +160,49 @@ def test_compose_builds_every_service_from_these_dockerfiles() -> None:
         assert compose["services"][name]["build"]["context"] == "."
         image = compose["services"][name]["image"].rsplit("/", 1)[-1].split(":")[0]
         assert image == dockerfile.stem
+
+
+TRTLLM_DOCKERFILE = DOCKER / "worker-trtllm.Dockerfile"
+# NVIDIA's TensorRT-LLM release container, at the release workers/engines/trtllm.py is written for.
+TRTLLM_RELEASE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
+
+
+def _requirements(install: str) -> list[str]:
+    """What a `uv pip install` line installs: its arguments that are neither options nor their values."""
+    words = shlex.split(install[install.index("uv pip install") :])[3:]
+    taking_value = {"--python", "--constraint", "-c", "--extra-index-url", "--index-strategy", "--index-url"}
+    requirements, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in taking_value:
+            skip = True
+        elif not word.startswith("-") and word != "&&":
+            requirements.append(word)
+    return requirements
+
+
+def test_the_trtllm_image_builds_on_nvidias_release_container_and_moves_none_of_its_packages() -> None:
+    _, stages = _stages(TRTLLM_DOCKERFILE)
+    assert {stage.base for stage in stages} == {TRTLLM_RELEASE}, "both stages on the one pinned release"
+    runs = stages[0].all("RUN")
+    (snapshot,) = [index for index, run in enumerate(runs) if "pip list --format=freeze" in run]
+    (install,) = [index for index, run in enumerate(runs) if "uv pip install" in run]
+    assert snapshot < install, "the container's packages are listed before anything is added"
+    written = re.search(r"--format=freeze.*?> (\S+)", runs[snapshot])
+    held = re.search(r"--constraint (\S+)", runs[install])
+    assert written and held and Path(written[1]).name == Path(held[1]).name
+    # The environment sees TensorRT-LLM and torch where the container put them.
+    assert re.search(r"uv venv --system-site-packages .* /opt/switchboard\b", runs[install])
+
+
+def test_the_trtllm_image_carries_no_vllm_and_the_pytriton_of_the_other_workers() -> None:
+    _, stages = _stages(TRTLLM_DOCKERFILE)
+    (install,) = [run for run in stages[0].all("RUN") if "uv pip install" in run]
+    requirements = _requirements(install)
+    assert "." in requirements, "the project itself, with no extra (the extras bring vLLM)"
+    assert not [r for r in requirements if "vllm" in r.lower() or r.startswith(".[")]
+    optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pytriton = {r for r in optional["gpu"] if r.startswith("nvidia-pytriton")}
+    assert pytriton and pytriton <= set(requirements), "PyTriton at the version the vLLM workers run"
+    assert all("==" in r for r in requirements if r != "."), "every package added is pinned"
