@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from switchboard.config import Settings
+from switchboard.config import Settings, load_settings
 from tests.support.deploy.compose_file import (
     EXAMPLE_ENV,
     REPO,
@@ -26,9 +27,13 @@ from tests.support.deploy.compose_file import (
 )
 from tests.support.deploy.product import cli_command, router_paths, settings_from
 from tests.support.deploy.schemas import compose_validator, schema_errors
+from workers.runtime.metrics_server import MetricsServer
 
-SWITCHBOARD_SERVICES = ("router", "worker", "worker-cpu")
-WORKERS = ("worker", "worker-cpu")
+SWITCHBOARD_SERVICES = ("router", "worker", "worker-cpu", "worker-trtllm")
+WORKERS = ("worker", "worker-cpu", "worker-trtllm")
+GPU_WORKERS = ("worker", "worker-trtllm")
+VLLM_WORKERS = ("worker", "worker-cpu")
+TRTLLM_CONFIG = "./deploy/compose/switchboard-trtllm.toml"
 # Past the drain, a worker still unloads its models and stops Triton before it exits.
 STOP_AFTER_DRAIN_S = 30.0
 
@@ -185,14 +190,80 @@ def test_workers_scale_and_drain_within_their_grace_period(compose: dict[str, An
     assert worker["init"] is True  # SIGTERM reaches the worker, which ends Triton and its engines
 
 
-def test_the_gpu_worker_reserves_a_gpu_and_the_cpu_worker_none(compose: dict[str, Any]) -> None:
-    devices = compose["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+def test_the_gpu_workers_reserve_a_gpu_and_the_cpu_worker_none(compose: dict[str, Any]) -> None:
+    for name in GPU_WORKERS:
+        devices = compose["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert "deploy" not in compose["services"]["worker-cpu"]
-    for profiles, expected in (({"gpu"}, "worker"), ({"cpu"}, "worker-cpu")):
+    for profiles, expected in (
+        ({"gpu"}, ["worker"]),
+        ({"cpu"}, ["worker-cpu"]),
+        ({"trtllm"}, ["worker-trtllm"]),
+        ({"gpu", "trtllm"}, ["worker", "worker-trtllm"]),
+    ):
         started = active_services(compose, profiles)
-        assert [name for name in started if name in WORKERS] == [expected]
+        assert [name for name in started if name in WORKERS] == expected
         assert {"redis", "router", "gateway"} <= set(started)
+
+
+def test_each_kind_of_worker_holds_only_the_models_of_its_engine(tmp_path: Path) -> None:
+    # The TensorRT-LLM configuration, alone: every model its worker may hold is a TensorRT-LLM one.
+    trtllm = load_compose({**EXAMPLE_ENV, "SWITCHBOARD_CONFIG": TRTLLM_CONFIG})
+    held = _settings(trtllm, "worker-trtllm").worker_models()
+    assert held and {model.engine for model in held} == {"trtllm"}
+    # The default configuration, for the vLLM workers: vLLM models only.
+    for name in VLLM_WORKERS:
+        held = _settings(load_compose(), name).worker_models()
+        assert held and {model.engine for model in held} == {"vllm"}
+    # Both kinds on one configuration: each worker told its models in .env.
+    both = tmp_path / "both.toml"
+    both.write_text(
+        '[[models]]\nname = "v"\npath = "/models/v"\n\n'
+        '[[models]]\nname = "t"\npath = "/models/t"\nengine = "trtllm"\n'
+    )
+    env = {
+        **EXAMPLE_ENV,
+        "SWITCHBOARD_CONFIG": str(both),
+        "SWITCHBOARD_VLLM_MODELS": '["v"]',
+        "SWITCHBOARD_TRTLLM_MODELS": '["t"]',
+    }
+    mixed = load_compose(env)
+    for name, engine in (("worker", "vllm"), ("worker-cpu", "vllm"), ("worker-trtllm", "trtllm")):
+        assert {model.engine for model in _settings(mixed, name).worker_models()} == {engine}
+
+
+def test_the_trtllm_configuration_serves_its_models_from_the_models_folder() -> None:
+    settings = load_settings(REPO / TRTLLM_CONFIG, environ={})
+    assert settings.models and all(model.path.startswith("/models/") for model in settings.models)
+    for model in settings.models:
+        assert model.engine == "trtllm"
+        # Set where the footprint must be predictable: the KV cache's cap, and the context it serves.
+        assert {"max_seq_len", "kv_cache_config"} <= set(model.engine_args)
+        assert "max_tokens" in model.engine_args["kv_cache_config"]
+
+
+async def test_the_trtllm_workers_healthcheck_asks_the_workers_metrics_port(compose: dict[str, Any]) -> None:
+    service = compose["services"]["worker-trtllm"]
+    check = service["healthcheck"]["test"]
+    url = re.search(r"http://[^'\"]+", " ".join(check))
+    assert url is not None and check[:2] == ["CMD", "python"]
+    settings = _settings(compose, "worker-trtllm")
+    assert _port_in(url.group()) == ("127.0.0.1", settings.worker.metrics_port)
+    assert settings.worker.metrics_host == "0.0.0.0"
+    # The path is one the worker's metrics server answers 200 on.
+    server = MetricsServer("127.0.0.1", 0, triton_metrics_url=lambda: None)
+    port = await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {urlsplit(url.group()).path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
+        status = (await reader.readline()).decode()
+        writer.close()
+    finally:
+        await server.stop()
+    assert status.split()[1] == "200", status
+    # Importing TensorRT-LLM at start is slow: the check does not count the first minutes.
+    assert duration_s(service["healthcheck"]["start_period"]) >= 120
 
 
 def test_the_observability_profile_is_wired_end_to_end(compose: dict[str, Any]) -> None:
@@ -241,7 +312,7 @@ def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
         pytest.skip(f"docker has no compose plugin here: {plugin.stderr.strip() or plugin.stdout.strip()}")
     env_file = tmp_path / "example.env"
     env_file.write_text("".join(f"{name}={value}\n" for name, value in EXAMPLE_ENV.items()))
-    for profiles in (["gpu"], ["cpu", "observability"]):
+    for profiles in (["gpu"], ["cpu", "observability"], ["gpu", "trtllm"]):
         flags = [arg for profile in profiles for arg in ("--profile", profile)]
         result = subprocess.run(
             [docker, "compose", "--env-file", str(env_file), *flags, "config", "--quiet"],

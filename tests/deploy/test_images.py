@@ -154,7 +154,7 @@ def test_compose_builds_every_service_from_these_dockerfiles() -> None:
         for name, service in compose["services"].items()
         if "build" in service
     }
-    assert set(built) == {"router", "worker", "worker-cpu"}
+    assert set(built) == {"router", "worker", "worker-cpu", "worker-trtllm"}
     for name, dockerfile in built.items():
         assert dockerfile in DOCKERFILES
         assert compose["services"][name]["build"]["context"] == "."
