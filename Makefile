@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install up test lint typecheck unit e2e bench bench-cold clean
+.PHONY: install up test lint typecheck unit e2e bench bench-cold gpu-check clean
 
 VENV := .venv/bin
 
@@ -33,6 +33,32 @@ bench: install
 
 bench-cold: install
 	$(VENV)/python bench/cold_start.py
+
+# The GPU check (tests/gpu; the README's "TensorRT-LLM workers" section). On a machine with an
+# NVIDIA GPU, Docker and the NVIDIA Container Toolkit: builds the TensorRT-LLM worker image and the
+# check's image on it (deploy/gpu-check/), then runs `pytest -m gpu tests/gpu` inside, on GPU $(GPU)
+# alone, with this tree mounted read-only. Where TensorRT-LLM is importable already (inside that
+# image, or a machine of your own with it and a GPU): the same pytest, in place.
+# SWITCHBOARD_GPU_MODEL=/path/to/hf-model-folder serves that model instead of the demo model;
+# SWITCHBOARD_GPU_ENGINE_ARGS='{"max_batch_size": 8}' changes the TensorRT-LLM engine arguments.
+GPU ?= 0
+SWITCHBOARD_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+TRTLLM_WORKER_IMAGE ?= switchboard/worker-trtllm:$(SWITCHBOARD_VERSION)
+GPU_CHECK_IMAGE ?= switchboard/gpu-check:$(SWITCHBOARD_VERSION)
+
+gpu-check:
+	@if python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("tensorrt_llm") is None)' 2>/dev/null; then \
+		echo "TensorRT-LLM is importable here: running the GPU check in place"; \
+		python3 -m pytest -p no:cacheprovider -s -m gpu tests/gpu; \
+	else \
+		docker build -f deploy/docker/worker-trtllm.Dockerfile -t $(TRTLLM_WORKER_IMAGE) . && \
+		docker build -f deploy/gpu-check/Dockerfile --build-arg WORKER_IMAGE=$(TRTLLM_WORKER_IMAGE) \
+			-t $(GPU_CHECK_IMAGE) . && \
+		docker run --rm --gpus device=$(GPU) --shm-size 8g --ulimit memlock=-1 --ulimit stack=67108864 \
+			-v "$(CURDIR):/src:ro" -e SWITCHBOARD_GPU_ENGINE_ARGS \
+			$(if $(SWITCHBOARD_GPU_MODEL),-v "$(abspath $(SWITCHBOARD_GPU_MODEL)):/models/gpu-check:ro" -e SWITCHBOARD_GPU_MODEL=/models/gpu-check) \
+			$(GPU_CHECK_IMAGE); \
+	fi
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

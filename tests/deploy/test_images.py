@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.support.deploy.compose_file import REPO, load_compose
+from tests.support.deploy.dockerfiles import dockerfile_stages, exec_form, uv_installs
 from tests.support.deploy.product import cli_command, settings_from
 
 DOCKER = REPO / "deploy" / "docker"
@@ -23,54 +22,13 @@ NVIDIA_REGISTRY = "nvcr.io/nvidia/"
 NVIDIA_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"
 
 
-@dataclass
-class Stage:
-    """One FROM ... of a Dockerfile and the instructions under it."""
-
-    base: str
-    name: str | None
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def all(self, keyword: str) -> list[str]:
-        return [argument for word, argument in self.instructions if word == keyword]
-
-
-def _stages(path: Path) -> tuple[dict[str, str], list[Stage]]:
-    """The build arguments declared before the first FROM (with defaults), and the stages."""
-    text = re.sub(r"\\\n", " ", path.read_text())  # continuation lines
-    args: dict[str, str] = {}
-    stages: list[Stage] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        word, _, argument = line.partition(" ")
-        word, argument = word.upper(), " ".join(argument.split())
-        if word == "FROM":
-            image, _, name = argument.partition(" AS ")
-            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], image)
-            stages.append(Stage(base=base, name=name or None))
-        elif stages:
-            stages[-1].instructions.append((word, argument))
-        elif word == "ARG":
-            name, _, default = argument.partition("=")
-            args[name] = default
-    return args, stages
-
-
 def _install_sh() -> str:
     return (REPO / "scripts" / "install.sh").read_text()
 
 
-def _exec_form(argument: str) -> list[str]:
-    value = json.loads(argument)
-    assert isinstance(value, list), f"not the exec form: {argument}"
-    return [str(part) for part in value]
-
-
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.stem)
 def test_images_are_multi_stage_non_root_and_pinned(dockerfile: Path) -> None:
-    _, stages = _stages(dockerfile)
+    _, stages = dockerfile_stages(dockerfile)
     assert len(stages) >= 2, "build in one stage, copy the environment into a clean one"
     final = stages[-1]
     assert final.name is None and stages[0].name is not None
@@ -87,7 +45,7 @@ def test_images_are_multi_stage_non_root_and_pinned(dockerfile: Path) -> None:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.stem)
 def test_images_install_the_way_install_sh_does(dockerfile: Path) -> None:
-    _, stages = _stages(dockerfile)
+    _, stages = dockerfile_stages(dockerfile)
     build = stages[0]
     copied = {part for argument in build.all("COPY") for part in argument.split()[:-1]}
     assert copied <= SOURCES
@@ -109,10 +67,10 @@ def test_images_install_the_way_install_sh_does(dockerfile: Path) -> None:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.stem)
 def test_images_start_a_real_command_and_bake_in_no_secret(dockerfile: Path) -> None:
-    _, stages = _stages(dockerfile)
+    _, stages = dockerfile_stages(dockerfile)
     final = stages[-1]
     (entrypoint,) = final.all("ENTRYPOINT")
-    argv = _exec_form(entrypoint)
+    argv = exec_form(entrypoint)
     assert argv[:2] == ["tini", "--"]  # SIGTERM passed on, children reaped
     if final.base.startswith(NVIDIA_REGISTRY):
         # NVIDIA's containers set up their CUDA environment in their own entrypoint, which execs the command.
@@ -120,7 +78,7 @@ def test_images_start_a_real_command_and_bake_in_no_secret(dockerfile: Path) -> 
     else:
         assert argv == ["tini", "--"]
     (cmd,) = final.all("CMD")
-    command = cli_command(_exec_form(cmd))
+    command = cli_command(exec_form(cmd))
     assert command.command == ("router" if dockerfile.stem == "router" else "worker")
     names = [
         word.split("=")[0]
@@ -167,23 +125,8 @@ TRTLLM_DOCKERFILE = DOCKER / "worker-trtllm.Dockerfile"
 TRTLLM_RELEASE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
 
 
-def _requirements(install: str) -> list[str]:
-    """What a `uv pip install` line installs: its arguments that are neither options nor their values."""
-    words = shlex.split(install[install.index("uv pip install") :])[3:]
-    taking_value = {"--python", "--constraint", "-c", "--extra-index-url", "--index-strategy", "--index-url"}
-    requirements, skip = [], False
-    for word in words:
-        if skip:
-            skip = False
-        elif word in taking_value:
-            skip = True
-        elif not word.startswith("-") and word != "&&":
-            requirements.append(word)
-    return requirements
-
-
 def test_the_trtllm_image_builds_on_nvidias_release_container_and_moves_none_of_its_packages() -> None:
-    _, stages = _stages(TRTLLM_DOCKERFILE)
+    _, stages = dockerfile_stages(TRTLLM_DOCKERFILE)
     assert {stage.base for stage in stages} == {TRTLLM_RELEASE}, "both stages on the one pinned release"
     runs = stages[0].all("RUN")
     (snapshot,) = [index for index, run in enumerate(runs) if "pip list --format=freeze" in run]
@@ -197,9 +140,10 @@ def test_the_trtllm_image_builds_on_nvidias_release_container_and_moves_none_of_
 
 
 def test_the_trtllm_image_carries_no_vllm_and_the_pytriton_of_the_other_workers() -> None:
-    _, stages = _stages(TRTLLM_DOCKERFILE)
+    _, stages = dockerfile_stages(TRTLLM_DOCKERFILE)
     (install,) = [run for run in stages[0].all("RUN") if "uv pip install" in run]
-    requirements = _requirements(install)
+    ((python, _, requirements),) = [(i.python, i.constraints, i.requirements) for i in uv_installs(install)]
+    assert python == "/opt/switchboard/bin/python"
     assert "." in requirements, "the project itself, with no extra (the extras bring vLLM)"
     assert not [r for r in requirements if "vllm" in r.lower() or r.startswith(".[")]
     optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
