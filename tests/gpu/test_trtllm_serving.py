@@ -193,10 +193,12 @@ def test_64_streams_with_random_disconnects_leave_no_job_hanging(served: GpuStac
     jobs = {
         outcome: total(after, "switchboard:worker_jobs_total", model=MODEL, outcome=outcome)
         - total(before, "switchboard:worker_jobs_total", model=MODEL, outcome=outcome)
-        for outcome in ("finished", "aborted", "failed")
+        for outcome in ("finished", "aborted", "skipped", "failed")
     }
     assert jobs["failed"] == 0, jobs
-    assert jobs["finished"] + jobs["aborted"] == STREAMS, jobs
+    # Each job ended once: answered, aborted in the engine (running or queued there), or never
+    # started because its client had left first.
+    assert jobs["finished"] + jobs["aborted"] + jobs["skipped"] == STREAMS, jobs
     # And it still serves.
     with client(served) as openai_client:
         assert stream_chat(openai_client, MODEL, max_tokens=8).finish_reason == "length"
