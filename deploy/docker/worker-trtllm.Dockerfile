@@ -7,7 +7,7 @@
 # TensorRT and MPI. The `tensorrt-llm` on PyPI is a stub that downloads the real wheel from NVIDIA's
 # index while it installs. The 1.2.1 release container is NVIDIA's build of TensorRT-LLM 1.2.1 on
 # nvcr.io/nvidia/pytorch:25.12-py3 (Ubuntu 24.04, Python 3.12, CUDA 13, torch
-# 2.10.0a0+b4e4ee81d3.nv25.12, TensorRT 10.14). We add Switchboard and PyTriton beside it, in a
+# 2.10.0a0+b4e4ee81d3.nv25.12, transformers 4.57). We add Switchboard and PyTriton beside it, in a
 # virtual environment that sees the container's packages, and hold every package the container
 # ships at its version (a constraint file written from the container itself): nothing we install
 # may move what TensorRT-LLM was built and tested with, and a conflict fails the build instead of
