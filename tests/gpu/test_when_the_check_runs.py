@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from switchboard.config import load_settings
-from switchboard.local.demo_model import build_demo_model
+from switchboard.local.demo_model import FORMAT_VERSION, MARKER_NAME
 from switchboard.local.toml_text import toml_text
 from tests.support.gpu import ENGINE_ARGS_ENV, NEEDS, asked_for, trtllm_model, unavailable_reason, vllm_model
 
@@ -59,7 +59,9 @@ def test_a_default_run_skips_the_check_at_once_and_says_how_to_run_it() -> None:
 def test_the_models_it_serves_are_valid_settings_and_take_the_arguments_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    demo = build_demo_model(tmp_path / "demo")
+    demo = tmp_path / "demo"  # a finished demo model, as far as its marker tells (nothing is built)
+    demo.mkdir()
+    (demo / MARKER_NAME).write_text(FORMAT_VERSION + "\n")
     monkeypatch.setenv(
         ENGINE_ARGS_ENV, json.dumps({"max_batch_size": 4, "kv_cache_config": {"max_tokens": 512}})
     )
