@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from switchboard.config import Settings, load_settings
+from switchboard.config import ConfigError, Settings, load_settings
 from tests.support.deploy.compose_file import (
     EXAMPLE_ENV,
     REPO,
@@ -49,6 +49,14 @@ def _config_source(compose: dict[str, Any], service: dict[str, Any], container_p
         if config["target"] == container_path:
             return REPO / compose["configs"][config["source"]]["file"]
     pytest.fail(f"nothing is mounted at {container_path}")
+
+
+def _compose_for(name: str) -> dict[str, Any]:
+    """The compose file as a filled-in .env gives it to `name`: the TensorRT-LLM worker with its own
+    configuration, as `COMPOSE_PROFILES=trtllm` asks for."""
+    if name == "worker-trtllm":
+        return load_compose({**EXAMPLE_ENV, "SWITCHBOARD_CONFIG": TRTLLM_CONFIG})
+    return load_compose()
 
 
 def _settings(compose: dict[str, Any], name: str) -> Settings:
@@ -97,7 +105,8 @@ def test_secrets_must_come_from_the_environment_file() -> None:
 
 
 @pytest.mark.parametrize("name", SWITCHBOARD_SERVICES)
-def test_each_service_runs_a_real_command_with_real_settings(compose: dict[str, Any], name: str) -> None:
+def test_each_service_runs_a_real_command_with_real_settings(name: str) -> None:
+    compose = _compose_for(name)
     service = compose["services"][name]
     args = cli_command(service["command"])
     assert args.command == ("router" if name == "router" else "worker")
@@ -138,7 +147,7 @@ def test_everyone_reaches_redis_where_it_listens(compose: dict[str, Any]) -> Non
     port = _option(redis["command"], "--port")
     assert port in redis["expose"]
     for name in SWITCHBOARD_SERVICES:
-        url = _settings(compose, name).redis.url
+        url = _settings(_compose_for(name), name).redis.url
         assert url is not None and _port_in(url) == ("redis", int(port))
     assert _option(redis["command"], "--requirepass") == EXAMPLE_ENV["REDIS_PASSWORD"]
     assert environment(redis) == {"REDISCLI_AUTH": EXAMPLE_ENV["REDIS_PASSWORD"]}  # redis-cli's own
@@ -175,7 +184,8 @@ def test_start_order_waits_for_health(compose: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", WORKERS)
-def test_workers_scale_and_drain_within_their_grace_period(compose: dict[str, Any], name: str) -> None:
+def test_workers_scale_and_drain_within_their_grace_period(name: str) -> None:
+    compose = _compose_for(name)
     worker = compose["services"][name]
     assert "container_name" not in worker and "ports" not in worker
     mounts = volume_mounts(worker)
@@ -208,9 +218,14 @@ def test_the_gpu_workers_reserve_a_gpu_and_the_cpu_worker_none(compose: dict[str
 
 def test_each_kind_of_worker_holds_only_the_models_of_its_engine(tmp_path: Path) -> None:
     # The TensorRT-LLM configuration, alone: every model its worker may hold is a TensorRT-LLM one.
-    trtllm = load_compose({**EXAMPLE_ENV, "SWITCHBOARD_CONFIG": TRTLLM_CONFIG})
-    held = _settings(trtllm, "worker-trtllm").worker_models()
+    held = _settings(_compose_for("worker-trtllm"), "worker-trtllm").worker_models()
     assert held and {model.engine for model in held} == {"trtllm"}
+    # On a configuration without its models, the TensorRT-LLM worker refuses to start, naming them,
+    # instead of taking the vLLM models.
+    with pytest.raises(
+        ConfigError, match=re.escape("worker.models names unknown models: tinyllama-1.1b-trt")
+    ):
+        _settings(load_compose(), "worker-trtllm")
     # The default configuration, for the vLLM workers: vLLM models only.
     for name in VLLM_WORKERS:
         held = _settings(load_compose(), name).worker_models()
@@ -242,7 +257,8 @@ def test_the_trtllm_configuration_serves_its_models_from_the_models_folder() -> 
         assert "max_tokens" in model.engine_args["kv_cache_config"]
 
 
-async def test_the_trtllm_workers_healthcheck_asks_the_workers_metrics_port(compose: dict[str, Any]) -> None:
+async def test_the_trtllm_workers_healthcheck_asks_the_workers_metrics_port() -> None:
+    compose = _compose_for("worker-trtllm")
     service = compose["services"]["worker-trtllm"]
     check = service["healthcheck"]["test"]
     url = re.search(r"http://[^'\"]+", " ".join(check))
