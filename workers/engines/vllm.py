@@ -22,6 +22,7 @@ from switchboard import tracing
 from switchboard.config import EngineProcess, ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
+from workers.engines.model_files import weights_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import engine_process_environment, process_tree, reap, resident_bytes
 from workers.engines.prompts import PromptBuilder, builds_quickly
@@ -272,7 +273,7 @@ class VllmEngine(Engine):
 
     def _cpu_estimate_bytes(self) -> int:
         kv_cache = self.model.engine_args.get("kv_cache_memory_bytes") or int(self._cpu_kvcache_gib * GIB)
-        return _weights_bytes(Path(self.model.path)) + int(kv_cache) + CPU_PROCESS_OVERHEAD_BYTES
+        return weights_bytes(Path(self.model.path)) + int(kv_cache) + CPU_PROCESS_OVERHEAD_BYTES
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -347,11 +348,3 @@ def _core_pids(llm: Any) -> list[int]:
     """The EngineCore processes vLLM started for `llm` (vLLM's process manager keeps them)."""
     manager = getattr(getattr(getattr(llm, "engine_core", None), "resources", None), "engine_manager", None)
     return [proc.pid for proc in getattr(manager, "processes", []) if proc.pid is not None]
-
-
-def _weights_bytes(model_dir: Path) -> int:
-    for pattern in ("*.safetensors", "*.bin", "*.pt"):
-        files = list(model_dir.glob(pattern))
-        if files:
-            return sum(f.stat().st_size for f in files)
-    return 0

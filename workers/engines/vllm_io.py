@@ -12,21 +12,16 @@ from typing import Any
 from switchboard.wire import FinishReason, SamplingParams, TokenLogprob, TopLogprob
 from workers.engines.base import Delta, InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
+from workers.engines.sampling import (
+    LOWEST_LOGPROB,
+    check_logit_bias,
+    completion_budget,
+    finite_logprob,
+    greedy_copies,
+    remaining_min_tokens,
+)
 
-# JSON has no -inf; OpenAI and vLLM's server send this for a token of probability zero.
-LOWEST_LOGPROB = -9999.0
-# Below this temperature vLLM samples greedily (its own threshold).
-GREEDY_BELOW = 1e-5
-
-
-def greedy_copies(sampling: SamplingParams) -> int:
-    """How many identical copies each generated choice stands for.
-
-    Greedy choices are all the same, and vLLM refuses to generate several of them; OpenAI answers
-    `n` > 1 at temperature 0 all the same, so one is generated and repeated.
-    """
-    greedy = sampling.temperature is not None and sampling.temperature < GREEDY_BELOW
-    return sampling.n if greedy else 1
+__all__ = ["LOWEST_LOGPROB", "OutputReader", "finish_reason", "greedy_copies", "vllm_sampling_params"]
 
 
 def vllm_sampling_params(
@@ -42,18 +37,9 @@ def vllm_sampling_params(
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
-    prompt_tokens = len(prompt.token_ids)
-    if sampling.max_tokens is None:
-        max_tokens = builder.limits.max_model_len - prompt_tokens
-    else:
-        builder.refuse_completion_too_long(prompt.prompt_tokens, sampling.max_tokens, prompt_param)
-        # A continued request has generated part of its allowance already (at least one is left:
-        # the worker that died would have sent the last chunk otherwise).
-        max_tokens = max(1, sampling.max_tokens - prompt.continuation_tokens)
-    min_tokens = sampling.min_tokens
-    if min_tokens is not None:
-        min_tokens = max(0, min_tokens - prompt.continuation_tokens)
-    _check_logit_bias(sampling.logit_bias, builder.limits.vocab_size)
+    max_tokens = completion_budget(sampling, prompt, builder, prompt_param)
+    min_tokens = remaining_min_tokens(sampling, prompt)
+    check_logit_bias(sampling.logit_bias, builder.limits.vocab_size)
     optional: dict[str, Any] = {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
@@ -89,19 +75,6 @@ def vllm_sampling_params(
         )
     except (ValueError, VLLMValidationError) as exc:
         raise InvalidEngineRequest(str(exc)) from exc
-
-
-def _check_logit_bias(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
-    if not logit_bias:
-        return
-    outside = sorted(token for token in logit_bias if not 0 <= token < vocab_size)
-    if outside:
-        raise InvalidEngineRequest(
-            f"logit_bias names token ids outside the model's vocabulary (0 to {vocab_size - 1}): "
-            f"{outside[:5]}.",
-            param="logit_bias",
-            code="invalid_value",
-        )
 
 
 class OutputReader:
@@ -181,10 +154,10 @@ class OutputReader:
         chosen = candidates.get(token_id)
         ranked = sorted(candidates.items(), key=lambda item: item[1].rank or math.inf)[:top_n]
         top = tuple(
-            TopLogprob(token=self._token_text(other, entry), logprob=_finite(entry.logprob))
+            TopLogprob(token=self._token_text(other, entry), logprob=finite_logprob(entry.logprob))
             for other, entry in ranked
         )
-        logprob = _finite(chosen.logprob) if chosen is not None else None
+        logprob = finite_logprob(chosen.logprob) if chosen is not None else None
         token = self._token_text(token_id, chosen) if chosen is not None else self._decode(token_id)
         return TokenLogprob(token=token, logprob=logprob, top=top)
 
@@ -194,10 +167,6 @@ class OutputReader:
 
     def _decode(self, token_id: int) -> str:
         return str(self._tokenizer.decode([token_id]))
-
-
-def _finite(logprob: float) -> float:
-    return max(logprob, LOWEST_LOGPROB) if not math.isnan(logprob) else LOWEST_LOGPROB
 
 
 def finish_reason(reason: str | None) -> FinishReason | None:
