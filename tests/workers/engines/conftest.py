@@ -1,4 +1,4 @@
-"""The demo model's real tokenizer and a prompt builder on it, shared by the engine test modules."""
+"""The demo model's files, its real tokenizer and a prompt builder on it, shared by the engine test modules."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from workers.engines.prompts import PromptBuilder
 SHORT_CONTEXT = 64
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo model's files (its tokenizer and chat template), built once per module."""
+    """The demo model's files (weights, tokenizer, chat template), built once per test run."""
     return Path(build_demo_model(tmp_path_factory.mktemp("demo") / "model"))
 
 
