@@ -14,24 +14,39 @@ logger = logging.getLogger(__name__)
 class EngineOptions:
     """Worker-level settings an engine starts with."""
 
-    __slots__ = ("cpu_kvcache_gib", "cpu_threads", "engine_process")
+    __slots__ = ("cpu_kvcache_gib", "cpu_threads", "engine_process", "memory_budget_bytes")
 
     def __init__(
-        self, *, cpu_threads: str | None, cpu_kvcache_gib: float, engine_process: EngineProcess
+        self,
+        *,
+        cpu_threads: str | None,
+        cpu_kvcache_gib: float,
+        engine_process: EngineProcess,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         # Cores the engine computes on (CPU builds; "0-3" or "0,2"), None to leave it to the engine.
         self.cpu_threads = cpu_threads
         self.cpu_kvcache_gib = cpu_kvcache_gib
         # "fork" (from the worker's pre-imported helper) or "spawn" (a new interpreter).
         self.engine_process: EngineProcess = engine_process
+        # What the worker's models may take together; None: the machine's default budget.
+        self.memory_budget_bytes = memory_budget_bytes
 
 
 def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
     """Import what starting these engines needs, once per process, so the first load skips it.
 
     Runs in a thread at worker start: vLLM's import alone takes several seconds, and so does the
-    fork server's (in its own process), from which engines are then forked in about 2 s.
+    fork server's (in its own process), from which engines are then forked in about 2 s. A worker
+    without TensorRT-LLM still serves its other models; loading a trtllm model then fails, saying why.
     """
+    if "trtllm" in engines:
+        from workers.engines.trtllm import import_runtime as import_trtllm
+
+        try:
+            import_trtllm()
+        except RuntimeError as exc:
+            logger.error("the TensorRT-LLM engine cannot start here", extra={"why": str(exc)})
     if "vllm" in engines:
         from workers.engines.vllm_runtime import import_runtime
 
@@ -62,8 +77,7 @@ def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
             engine_process=options.engine_process,
         )
     if model.engine == "trtllm":
-        raise NotImplementedError(
-            f"model {model.name!r}: the TensorRT-LLM engine is not available in this build yet; "
-            'use engine = "vllm"'
-        )
+        from workers.engines.trtllm import TrtllmEngine
+
+        return TrtllmEngine(model, memory_budget_bytes=options.memory_budget_bytes)
     raise ValueError(f"model {model.name!r}: unknown engine {model.engine!r}")

@@ -1,0 +1,450 @@
+"""TensorRT-LLM's LLM API (1.x, PyTorch backend: no engine build) behind the engine interface.
+
+The `LLM` object lives in the worker as a front end, like vLLM's AsyncLLM; TensorRT-LLM runs the
+model in an executor process it starts itself (through MPI), which `stop()` reaps with everything
+else the build started. Requests are submitted on the event loop's thread (TensorRT-LLM binds a
+result's queue to the loop it was made on) and their outputs read by `trtllm_io.TrtOutputReader`.
+
+Footprint: before the first load, `trtllm_args.LoadPlan.footprint_bytes`: the weights' files,
+plus the KV cache's ceiling, plus RUNTIME_OVERHEAD_BYTES (the executor's CUDA context,
+activations, CUDA graphs). The ceiling is what the model's `kv_cache_config` bounds it to
+(`max_gpu_total_bytes`, or `max_tokens` times the bytes of one token's keys and values), else
+DEFAULT_KV_CACHE_SHARE of the worker's memory budget, passed to TensorRT-LLM as
+`max_gpu_total_bytes` so that its own `free_gpu_memory_fraction` (a share of whatever happens to be
+free at load) never decides alone. Once started, what NVML reports for the engine's processes
+(where it can see them; the estimate otherwise). The worker's own CUDA context (TensorRT-LLM's
+front end makes one, once per process) is left to the budget's headroom.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import importlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psutil
+
+from switchboard import tracing
+from switchboard.config import ModelConfig
+from switchboard.wire import ModelLimits
+from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
+from workers.engines.gpu_memory import processes_gpu_bytes
+from workers.engines.phases import EnginePhases
+from workers.engines.process_env import process_tree, reap
+from workers.engines.prompts import BuiltPrompt, PromptBuilder, builds_quickly
+from workers.engines.trtllm_args import LoadPlan, UnsupportedModel, plan_load, refusal
+from workers.engines.trtllm_io import TrtOutputReader, TrtSampling, trtllm_sampling
+
+logger = logging.getLogger(__name__)
+
+RUNTIME_MODULE = "tensorrt_llm.llmapi"
+# After an abort, how long the engine may take to end the request before its stream is ended here.
+ABORT_GRACE_S = 5.0
+# How long stop() waits for the engine's processes to exit after TensorRT-LLM's shutdown.
+REAP_TIMEOUT_S = 10.0
+# How long a reading of the engine processes' GPU memory stands.
+MEASURED_REFRESH_S = 5.0
+
+_runtime_lock = threading.Lock()
+_runtime_imported = False
+# One build at a time per worker: the processes that appear during a build are that engine's.
+_build_lock = threading.Lock()
+# What an exhausted output iterator returns.
+_END = object()
+
+
+def import_runtime() -> Any:
+    """Import TensorRT-LLM's LLM API (seconds; once per process, from any thread); the module.
+
+    RuntimeError, saying so, where TensorRT-LLM is not installed.
+    """
+    global _runtime_imported
+    with _runtime_lock:
+        started = time.monotonic()
+        try:
+            runtime = importlib.import_module(RUNTIME_MODULE)
+        except ImportError as exc:
+            raise RuntimeError(
+                'TensorRT-LLM is not installed in this worker\'s environment (engine = "trtllm" '
+                f"needs the worker-trtllm image): {exc}"
+            ) from exc
+        if not _runtime_imported:
+            from transformers import AutoTokenizer  # noqa: F401
+
+            _runtime_imported = True
+            logger.info("engine runtime imported", extra={"seconds": round(time.monotonic() - started, 2)})
+        return runtime
+
+
+class _Running:
+    """One request in the engine: its result, and the abort watchdog's state."""
+
+    __slots__ = ("aborted", "expired", "iterator", "result", "step", "watchdog")
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        self.iterator = result.__aiter__()
+        self.step: asyncio.Future[Any] | None = None
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.aborted = False
+        self.expired = False
+
+    def close(self) -> None:
+        """The stream ended: stop the watchdog, and abort the request if the engine still runs it."""
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+        if not self.result.finished and not self.aborted:
+            self.aborted = True
+            with contextlib.suppress(Exception):  # an engine shutting down refuses aborts too
+                self.result.abort()
+
+
+class _Built:
+    """What a build made: the engine, its tokenizer and prompt builder, the processes it started."""
+
+    def __init__(self, llm: Any, tokenizer: Any, prompts: PromptBuilder, pids: list[int]) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.pids = pids
+
+
+class TrtllmEngine(Engine):
+    """One model in one TensorRT-LLM `LLM` (PyTorch backend), its executor in a process of its own."""
+
+    def __init__(self, model: ModelConfig, *, memory_budget_bytes: int | None = None) -> None:
+        super().__init__(model)
+        # The worker's budget (the default KV cache is a share of it); None: the machine's default.
+        self._memory_budget_bytes = memory_budget_bytes
+        self._plan: LoadPlan | None = None
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._prompts: PromptBuilder | None = None
+        self._engine_pids: list[int] = []
+        self._running: dict[str, _Running] = {}
+        self._measured: tuple[float, int | None] = (0.0, None)  # (monotonic time read, bytes)
+        self._sleep_enabled = False
+        self.start_seconds = 0.0
+        self.stop_seconds = 0.0
+        # Seconds of each part of the last start: import, tokenizer, construct.
+        self.start_phases: dict[str, float] = {}
+
+    # --- start and stop ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Build the `LLM` off the event loop; what it cannot serve is refused before any GPU work."""
+        if self._llm is not None:
+            raise RuntimeError(f"the engine of {self.model.name} is already started")
+        reason = refusal(self.model)
+        if reason is not None:
+            raise UnsupportedModel(reason)
+        started = time.monotonic()
+        build = asyncio.ensure_future(asyncio.to_thread(self._build))
+        try:
+            built = await asyncio.shield(build)
+        except asyncio.CancelledError:
+            # The thread cannot be interrupted: once it has built the engine, shut that down, so
+            # that no engine process outlives a cancelled start.
+            build.add_done_callback(self._discard_build)
+            raise
+        self._llm, self._tokenizer, self._prompts = built.llm, built.tokenizer, built.prompts
+        self._engine_pids = built.pids
+        self._sleep_enabled = "sleep_config" in self.model.engine_args and _can_release(built.llm)
+        self.start_seconds = time.monotonic() - started
+        args = getattr(built.llm, "args", None)
+        logger.info(
+            "engine started",
+            extra={
+                "model": self.model.name,
+                "seconds": round(self.start_seconds, 2),
+                "phases": self.start_phases,
+                "engine_pids": self._engine_pids,
+                **{
+                    name: getattr(args, name, None)
+                    for name in ("max_seq_len", "max_batch_size", "max_num_tokens")
+                },
+            },
+        )
+
+    def _build(self) -> _Built:
+        """Blocking: import, tokenizer, then the `LLM` (which loads the weights and starts its executor)."""
+        plan = self._load_plan()
+        phases: dict[str, float] = {}
+        mark = time.monotonic()
+        runtime = import_runtime()
+        phases["import"], mark = time.monotonic() - mark, time.monotonic()
+        from transformers import AutoTokenizer
+
+        trust_remote_code = bool(self.model.engine_args.get("trust_remote_code", False))
+        tokenizer = AutoTokenizer.from_pretrained(self.model.path, trust_remote_code=trust_remote_code)
+        phases["tokenizer"], mark = time.monotonic() - mark, time.monotonic()
+        kwargs = dict(plan.kwargs)
+        kwargs["kv_cache_config"] = runtime.KvCacheConfig(**kwargs["kv_cache_config"])
+        with _build_lock:
+            before = _child_pids()
+            try:
+                llm = runtime.LLM(model=self.model.path, tokenizer=tokenizer, **kwargs)
+            except BaseException as exc:
+                left = process_tree(sorted(_child_pids() - before))
+                killed = reap(left, REAP_TIMEOUT_S)
+                if killed:
+                    logger.warning("processes of a failed engine build killed", extra={"pids": killed})
+                if isinstance(exc, Exception):
+                    raise RuntimeError(f"TensorRT-LLM could not load {self.model.name}: {exc}") from exc
+                raise
+            pids = sorted(_child_pids() - before)
+        phases["construct"] = time.monotonic() - mark
+        self.start_phases = {name: round(seconds, 3) for name, seconds in phases.items()}
+        prompts = PromptBuilder(
+            tokenizer, model_name=self.model.name, max_model_len=plan.max_seq_len, vocab_size=plan.vocab_size
+        )
+        return _Built(llm, tokenizer, prompts, pids)
+
+    def _discard_build(self, build: asyncio.Future[_Built]) -> None:
+        if build.cancelled() or build.exception() is not None:
+            return
+        built = build.result()
+        threading.Thread(
+            target=_shut_down, args=(built.llm, built.pids), name="DiscardCancelledEngine", daemon=True
+        ).start()
+        logger.warning("engine start cancelled; shutting the engine down", extra={"model": self.model.name})
+
+    async def stop(self) -> None:
+        """Shut the engine down; returns when every process it started has exited. Idempotent."""
+        if self._llm is None:
+            return
+        llm, self._llm = self._llm, None
+        started = time.monotonic()
+        for request_id in list(self._running):
+            await self.abort(request_id)  # each stream ends within ABORT_GRACE_S
+        # TensorRT-LLM's shutdown joins its executor (seconds): off the loop, so other models'
+        # streams keep flowing.
+        await asyncio.to_thread(_shut_down, llm, self._engine_pids)
+        self._engine_pids = []
+        self._tokenizer = None
+        self._prompts = None
+        self._measured = (0.0, None)
+        del llm
+        gc.collect()
+        self.stop_seconds = time.monotonic() - started
+        logger.info(
+            "engine stopped", extra={"model": self.model.name, "seconds": round(self.stop_seconds, 2)}
+        )
+
+    # --- sleep --------------------------------------------------------------------------------
+
+    @property
+    def supports_sleep(self) -> bool:
+        """Where TensorRT-LLM can release its GPU memory (`LLM.release`/`resume`, newer than 1.2)
+        and the model opts in (`engine_args.sleep_config`). Before `start`, only if the runtime is
+        imported already (this never imports it)."""
+        if self._llm is not None:
+            return self._sleep_enabled
+        runtime = sys.modules.get(RUNTIME_MODULE)
+        llm_class = getattr(runtime, "LLM", None) if runtime is not None else None
+        return "sleep_config" in self.model.engine_args and _can_release(llm_class)
+
+    async def sleep(self) -> None:
+        """Release the GPU memory TensorRT-LLM tags (weights kept in host memory, KV cache dropped)."""
+        if not self._sleep_enabled:
+            await super().sleep()
+        for request_id in list(self._running):
+            await self.abort(request_id)
+        await asyncio.to_thread(self._llm.release)
+
+    async def wake(self) -> None:
+        """Map the released memory again and restore the weights."""
+        if not self._sleep_enabled:
+            await super().wake()
+        await asyncio.to_thread(self._llm.resume)
+
+    # --- what it occupies -----------------------------------------------------------------------
+
+    def footprint(self) -> Footprint:
+        """Started: the GPU memory of the engine's processes (NVML). Otherwise, or where NVML cannot
+        see them, the plan's estimate (see the module's docstring). Reads files: call it off the
+        event loop before the engine has started."""
+        if self._engine_pids:
+            measured = self._measured_bytes()
+            if measured:
+                return Footprint(device="cuda", memory_bytes=measured)
+        return Footprint(device="cuda", memory_bytes=self._load_plan().footprint_bytes)
+
+    def _measured_bytes(self) -> int | None:
+        now = time.monotonic()
+        read_at, measured = self._measured
+        if now - read_at >= MEASURED_REFRESH_S or measured is None:
+            measured = processes_gpu_bytes(p.pid for p in process_tree(self._engine_pids))
+            self._measured = (now, measured)
+        return measured
+
+    def _load_plan(self) -> LoadPlan:
+        if self._plan is None:
+            budget = self._memory_budget_bytes
+            if budget is None:
+                from workers.runtime.machine import machine_kind, memory_budget_bytes
+
+                budget = memory_budget_bytes(machine_kind(), None)
+            self._plan = plan_load(self.model, budget)
+        return self._plan
+
+    def limits(self) -> ModelLimits | None:
+        """The started model's context length (`max_seq_len`), vocabulary size and longest token."""
+        return self._prompts.limits if self._prompts is not None else None
+
+    # --- generation -----------------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+        """Stream deltas; a long prompt is built off the event loop, the request submitted on it."""
+        llm, builder = self._llm, self._prompts
+        if llm is None or builder is None:
+            raise RuntimeError(f"the engine of {self.model.name} is not started")
+        with tracing.span("switchboard.prompt_build"):
+            if builds_quickly(request):
+                prompt = builder.build(request)
+            else:
+                prompt = await asyncio.to_thread(builder.build, request)
+        prompt_param = "messages" if request.messages is not None else "prompt"
+        sampling = trtllm_sampling(request.sampling, prompt, builder, prompt_param=prompt_param)
+        params = self._sampling_params(sampling)
+        reader = TrtOutputReader(request.sampling, prompt, self._tokenizer, max_tokens=sampling.max_tokens)
+        phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
+        running = _Running(self._submit(llm, prompt, params))
+        self._running[request.request_id] = running
+        try:
+            while not reader.ended:
+                output = await self._next_output(running)
+                if output is None or output is _END:
+                    if output is None:
+                        logger.warning(
+                            "no final output after an abort; the stream is ended here",
+                            extra={"model": self.model.name, "request_id": request.request_id},
+                        )
+                    for delta in reader.cut_off():
+                        yield delta
+                    break
+                if phases is not None:
+                    phases.output()
+                for delta in reader.deltas(output):
+                    yield delta
+        finally:
+            if self._running.get(request.request_id) is running:
+                del self._running[request.request_id]
+            running.close()
+            if phases is not None:
+                phases.end()
+
+    def _sampling_params(self, sampling: TrtSampling) -> Any:
+        """TensorRT-LLM's SamplingParams (its own checks run in it: their ValueError is the client's)."""
+        runtime = import_runtime()
+        plan = self._load_plan()
+        kwargs = dict(sampling.kwargs)
+        if kwargs["n"] > plan.max_batch_size:
+            raise InvalidEngineRequest(
+                f"n must be at most {plan.max_batch_size} for this model (its max_batch_size).",
+                param="n",
+                code="invalid_value",
+            )
+        if sampling.guide is not None:
+            if not plan.structured_output:
+                raise InvalidEngineRequest(
+                    f"{self.model.name} has no structured output (its guided_decoding_backend is unset).",
+                    param="response_format",
+                )
+            kwargs["guided_decoding"] = runtime.GuidedDecodingParams(**sampling.guide)
+        if sampling.logit_bias:
+            kwargs["embedding_bias"] = _embedding_bias(sampling.logit_bias, plan.vocab_size)
+        try:
+            return runtime.SamplingParams(**kwargs)
+        except ValueError as exc:
+            raise InvalidEngineRequest(str(exc)) from exc
+
+    @staticmethod
+    def _submit(llm: Any, prompt: BuiltPrompt, params: Any) -> Any:
+        """Hand the request to the engine; on the loop's thread, where its result's queue belongs."""
+        return llm.generate_async(
+            {"prompt_token_ids": prompt.token_ids}, sampling_params=params, streaming=True
+        )
+
+    @staticmethod
+    async def _next_output(running: _Running) -> Any:
+        """The request's next output; _END when there is none; None when the watchdog gave up."""
+        if running.expired:
+            return None
+        running.step = asyncio.ensure_future(_next(running.iterator))
+        try:
+            return await running.step
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if running.expired and task is not None and task.cancelling() == 0:
+                return None
+            raise
+        finally:
+            running.step = None
+
+    async def abort(self, request_id: str) -> None:
+        """Abort in TensorRT-LLM; the stream ends with "abort" when its cancelled output arrives, or
+        ABORT_GRACE_S later without it. An unknown request is a no-op."""
+        running = self._running.get(request_id)
+        if running is None or running.aborted:
+            return
+        running.aborted = True
+        try:
+            running.result.abort()
+        except Exception:
+            logger.warning("the engine refused an abort", exc_info=True, extra={"request_id": request_id})
+        running.watchdog = asyncio.get_running_loop().call_later(ABORT_GRACE_S, _give_up, running)
+
+
+async def _next(iterator: Any) -> Any:
+    try:
+        return await iterator.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+def _give_up(running: _Running) -> None:
+    """The abort's grace period is over: end the stream without the engine's final output."""
+    if running.result.finished:
+        return
+    running.expired = True
+    if running.step is not None:
+        running.step.cancel()
+
+
+def _embedding_bias(logit_bias: dict[int, float], vocab_size: int) -> Any:
+    """OpenAI's logit_bias as TensorRT-LLM's `embedding_bias`: float32 over the whole vocabulary."""
+    import torch
+
+    bias = torch.zeros(vocab_size, dtype=torch.float32)
+    for token, value in logit_bias.items():
+        bias[token] = float(value)
+    return bias
+
+
+def _can_release(llm: Any) -> bool:
+    return llm is not None and hasattr(llm, "release") and hasattr(llm, "resume")
+
+
+def _child_pids() -> set[int]:
+    """This process's children now (the processes a build starts appear among them)."""
+    return {child.pid for child in psutil.Process().children()}
+
+
+def _shut_down(llm: Any, pids: list[int]) -> None:
+    """Blocking: TensorRT-LLM's shutdown, then every process of the engine waited for or killed."""
+    processes = process_tree(pids)
+    try:
+        llm.shutdown()
+    except Exception:
+        logger.exception("the engine's shutdown failed; its processes are killed")
+    survivors = reap(processes, REAP_TIMEOUT_S)
+    if survivors:
+        logger.warning("engine processes killed after shutdown", extra={"pids": survivors})
