@@ -35,7 +35,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: ModelName
     path: str
     engine: Literal["vllm", "trtllm"] = "vllm"
-    # Passed to the engine as they are (for vLLM: AsyncEngineArgs fields).
+    # Passed to the engine as they are (for vLLM: AsyncEngineArgs fields; for TensorRT-LLM: the
+    # LLM's TorchLlmArgs fields, over Switchboard's defaults: see workers/engines/trtllm_args.py).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
     # Seconds the model stays warm with nothing to do: 0 leaves as soon as it is idle, -1 never.
     keep_alive_s: Annotated[float, msgspec.Meta(ge=-1)] = 300.0
@@ -50,7 +51,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Memory the loaded model takes (GiB); measured after the first load when not declared.
     footprint_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
     # vLLM's parser for the model's own tool-call syntax ("hermes", "llama3_json", "mistral",
-    # "pythonic", ...): with one, `tool_choice: "auto"` lets the model decide to call tools.
+    # "pythonic", ...): with one, `tool_choice: "auto"` lets the model decide to call tools. The
+    # TensorRT-LLM engine parses no tool calls: a trtllm model with a parser fails to load.
     tool_call_parser: str | None = None
 
 

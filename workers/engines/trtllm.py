@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import importlib
 import logging
@@ -288,11 +289,7 @@ class TrtllmEngine(Engine):
     def _load_plan(self) -> LoadPlan:
         if self._plan is None:
             budget = self._memory_budget_bytes
-            if budget is None:
-                from workers.runtime.machine import machine_kind, memory_budget_bytes
-
-                budget = memory_budget_bytes(machine_kind(), None)
-            self._plan = plan_load(self.model, budget)
+            self._plan = plan_load(self.model, budget if budget is not None else _machine_budget_bytes())
         return self._plan
 
     def limits(self) -> ModelLimits | None:
@@ -427,6 +424,14 @@ def _embedding_bias(logit_bias: dict[int, float], vocab_size: int) -> Any:
     for token, value in logit_bias.items():
         bias[token] = float(value)
     return bias
+
+
+@functools.cache
+def _machine_budget_bytes() -> int:
+    """The worker's default memory budget (asks nvidia-smi: once per process, at the boot estimate)."""
+    from workers.runtime.machine import machine_kind, memory_budget_bytes
+
+    return memory_budget_bytes(machine_kind(), None)
 
 
 def _can_release(llm: Any) -> bool:
