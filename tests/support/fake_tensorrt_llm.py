@@ -114,6 +114,12 @@ class Faults:
     leave_processes: bool = False  # shutdown (or a failed build) leaves the executor process
 
 
+class TorchLlmArgs:
+    """`tensorrt_llm.llmapi.llm_args.TorchLlmArgs`: its fields are the arguments `LLM` accepts."""
+
+    model_fields: ClassVar[dict[str, Any]] = dict.fromkeys(TORCH_LLM_ARGS)
+
+
 class RequestError(RuntimeError):
     """A request the executor refused (`tensorrt_llm.executor.utils.RequestError`)."""
 
@@ -421,7 +427,7 @@ class LLM:
 
     def __init__(self, model: str, tokenizer: Any = None, **kwargs: Any) -> None:
         for name in kwargs:
-            if name not in TORCH_LLM_ARGS:
+            if name not in TorchLlmArgs.model_fields:
                 if name in TRT_BACKEND_ONLY_ARGS:
                     raise ValueError(f"{name} is not supported by the PyTorch backend")
                 raise ValueError(f"LLM got invalid argument: {name}")
@@ -668,6 +674,9 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Faults:
     modules = {
         "tensorrt_llm": root,
         "tensorrt_llm.llmapi": _module("tensorrt_llm.llmapi", **shared),
+        "tensorrt_llm.llmapi.llm_args": _module(
+            "tensorrt_llm.llmapi.llm_args", TorchLlmArgs=TorchLlmArgs, KvCacheConfig=KvCacheConfig
+        ),
         "tensorrt_llm.executor": _module(
             "tensorrt_llm.executor", CompletionOutput=CompletionOutput, RequestError=RequestError
         ),
@@ -679,6 +688,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Faults:
     }
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
-        if name != "tensorrt_llm":
-            setattr(root, name.rpartition(".")[2], module)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(modules[parent], child, module)
     return LLM.faults
