@@ -10,8 +10,9 @@ import psutil
 import pytest
 
 # Processes that outlive any one engine on purpose: multiprocessing's resource tracker, and the
-# vLLM fork server (started with the first forked engine, kept for the next ones).
-LASTING = ("resource_tracker", "forkserver")
+# worker's fork server (started with the first forked vLLM engine, kept for the next ones; it names
+# itself `switchboard::engine-fork-server`).
+LASTING = ("resource_tracker", "forkserver", "engine-fork-server")
 
 
 def descendants() -> set[int]:

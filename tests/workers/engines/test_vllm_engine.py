@@ -1,7 +1,9 @@
-"""A real vLLM CPU engine on the demo model: load, generate, unload, load again, and what it occupies.
+"""A real vLLM CPU engine on the demo model: what is vLLM's own (pinning, memory, the fork server).
 
-One engine at a time, each started and stopped inside its test (vLLM's output task belongs to the
-loop that drives the engine, and pytest-asyncio gives each test its own loop).
+What every engine must do (generate, abort, refuse, stop and start again, a cancelled start) is
+checked against vLLM by test_engine_contract.py. Here one engine at a time, each started and stopped
+inside its test (vLLM's output task belongs to the loop that drives the engine, and pytest-asyncio
+gives each test its own loop).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -23,11 +25,6 @@ from workers.engines.vllm import GIB, VllmEngine
 from workers.engines.vllm_runtime import import_runtime
 from workers.runtime.cpu_placement import available_cores
 
-try:
-    from switchboard.local.demo_model import build_demo_model
-except ImportError:  # before the demo model moved to switchboard.local
-    from switchboard.demo_model import build_demo_model  # type: ignore[no-redef]
-
 pytestmark = pytest.mark.e2e
 
 MIB = 1024**2
@@ -36,8 +33,8 @@ FRONTEND_GROWTH_LIMIT = 300 * MIB
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(build_demo_model(tmp_path_factory.mktemp("engine") / "demo-model"))
+def model_dir(demo_model_dir: Path) -> Path:
+    return demo_model_dir
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +109,7 @@ def test_no_sleep_mode_on_cpu(model_dir: Path) -> None:
     assert engine.supports_sleep is False
 
 
-async def test_load_unload_and_load_again(model_dir: Path) -> None:
+async def test_load_and_unload_return_the_memory(model_dir: Path) -> None:
     import_runtime()
     cores = engine_core_cores()
     engine = VllmEngine(demo(model_dir), cpu_threads=cores, cpu_kvcache_gib=1, engine_process="spawn")
@@ -124,9 +121,7 @@ async def test_load_unload_and_load_again(model_dir: Path) -> None:
     assert all(allowed_cores(pid) == cores.split("-")[0] for pid in engine_pids), "pinned to its core"
     assert engine.supports_sleep is False
     assert engine.footprint().memory_bytes > 1 * GIB  # resident: the engine with its 1 GiB KV cache
-    first = await greedy_text(engine, "a")
-    assert first[1] > 0
-    assert await greedy_text(engine, "b") == first, "greedy decoding is deterministic"
+    assert (await greedy_text(engine, "a"))[1] > 0
     rss_started = tree_rss()
 
     await engine.stop()
@@ -134,12 +129,6 @@ async def test_load_unload_and_load_again(model_dir: Path) -> None:
     rss_stopped = tree_rss()
     assert rss_started - rss_stopped > 1 * GIB, "the engine's memory (KV cache included) is returned"
     assert rss_stopped - rss_before_start < FRONTEND_GROWTH_LIMIT
-    await engine.stop()  # idempotent
-
-    await engine.start()
-    assert await greedy_text(engine, "c") == first, "the same weights answer the same after a reload"
-    await engine.stop()
-    assert not [pid for pid in engine._engine_pids if psutil.pid_exists(pid)]
 
 
 async def test_forked_engine_core(model_dir: Path) -> None:
@@ -194,39 +183,6 @@ def test_engines_are_not_forked_where_it_is_unverified() -> None:
             return False
 
     assert unsupported_reason(Gpu()) is not None
-
-
-def new_engine_processes(before: set[int]) -> list[int]:
-    """Processes below this one that were not there `before`, the resource tracker aside."""
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if process.pid not in before and "resource_tracker" not in " ".join(process.cmdline()):
-                found.append(process.pid)
-    return found
-
-
-async def test_a_cancelled_start_leaves_no_engine_behind(model_dir: Path) -> None:
-    import_runtime()
-    engine = VllmEngine(
-        demo(model_dir), cpu_threads=engine_core_cores(), cpu_kvcache_gib=1, engine_process="spawn"
-    )
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    start = asyncio.create_task(engine.start())
-    await poll_until(lambda: bool(new_engine_processes(before)), 60)  # the engine process exists
-    start.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await start
-    # The start runs to its end in its thread, then the engine it built is shut down.
-    await poll_until(lambda: not new_engine_processes(before), 90)
-
-
-async def poll_until(condition: Callable[[], bool], timeout_s: float) -> None:
-    for _ in range(int(timeout_s / 0.2)):
-        if condition():
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail(f"not so after {timeout_s:g} s")
 
 
 # A worker in miniature: one engine started, its EngineCore's pid printed, then nothing until killed.
