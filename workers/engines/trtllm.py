@@ -186,11 +186,13 @@ class TrtllmEngine(Engine):
         trust_remote_code = bool(self.model.engine_args.get("trust_remote_code", False))
         tokenizer = AutoTokenizer.from_pretrained(self.model.path, trust_remote_code=trust_remote_code)
         phases["tokenizer"], mark = time.monotonic() - mark, time.monotonic()
-        kwargs = dict(plan.kwargs)
-        kwargs["kv_cache_config"] = runtime.KvCacheConfig(**kwargs["kv_cache_config"])
         with _build_lock:
             before = _child_pids()
             try:
+                kwargs = {
+                    **plan.kwargs,
+                    "kv_cache_config": runtime.KvCacheConfig(**plan.kwargs["kv_cache_config"]),
+                }
                 llm = runtime.LLM(model=self.model.path, tokenizer=tokenizer, **kwargs)
             except BaseException as exc:
                 left = process_tree(sorted(_child_pids() - before))

@@ -316,10 +316,9 @@ class TrtOutputReader:
         if self._sampling.logprobs is None:
             return ()
         if self._prompt_logprobs is None:
-            positions: list[Any] = []
-            for completion in getattr(output, "outputs", ()) or ():
-                positions = list(completion.prompt_logprobs or ())
-                break
+            # Every choice shares the prompt: whichever has them (the first response's) will do.
+            completions = getattr(output, "outputs", None) or ()
+            positions = next((list(c.prompt_logprobs) for c in completions if c.prompt_logprobs), [])
             ids = self._prompt.token_ids[: self._prompt.prompt_tokens]
             self._prompt_logprobs = tuple(
                 self._position(token, positions[at - 1] if 0 < at <= len(positions) else None)

@@ -399,3 +399,14 @@ def test_a_final_output_with_nothing_new_still_ends_the_request() -> None:
     completion.finish_reason = "stop"
     (end,) = read.deltas(Output([completion], finished=True))
     assert (end.text, end.finish_reason, end.last, end.completion_tokens) == ("", "stop", True, 2)
+
+
+def test_echoed_logprobs_come_from_whichever_choice_carries_them() -> None:
+    read = reader(SamplingParams(logprobs=1, echo=True, n=2, temperature=1.0))
+    first, second = Completion(0), Completion(1)
+    second.grow("<5>", 5)  # the second choice answers first, with the prompt's log probabilities
+    second.logprobs = [{5: Logprob(-0.2, 1)}]
+    second.prompt_logprobs = [{2: Logprob(-1.0, 1)}, {3: Logprob(-0.5, 1)}, {5: Logprob(-0.2, 1)}]
+    (delta,) = read.deltas(Output([first, second]))
+    assert delta.index == 1 and delta.text == "Say:<5>"
+    assert [entry.logprob for entry in delta.logprobs] == [None, -1.0, -0.5, -0.2]
