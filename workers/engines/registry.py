@@ -41,7 +41,7 @@ def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
     without TensorRT-LLM still serves its other models; loading a trtllm model then fails, saying why.
     """
     if "trtllm" in engines:
-        from workers.engines.trtllm import import_runtime as import_trtllm
+        from workers.engines.trtllm_runtime import import_runtime as import_trtllm
 
         try:
             import_trtllm()

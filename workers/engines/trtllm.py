@@ -2,8 +2,10 @@
 
 The `LLM` object lives in the worker as a front end, like vLLM's AsyncLLM; TensorRT-LLM runs the
 model in an executor process it starts itself (through MPI), which `stop()` reaps with everything
-else the build started. Requests are submitted on the event loop's thread (TensorRT-LLM binds a
-result's queue to the loop it was made on) and their outputs read by `trtllm_io.TrtOutputReader`.
+else the build started (`trtllm_runtime`). Requests are submitted on the event loop's thread
+(TensorRT-LLM binds a result's queue to the loop it was made on) and their outputs read by
+`trtllm_io.TrtOutputReader`. An aborted request whose final output does not come within
+ABORT_GRACE_S is ended here (TensorRT-LLM's cancellation has had bugs that left results hanging).
 
 Footprint: before the first load, `trtllm_args.LoadPlan.footprint_bytes`: the weights' files,
 plus the KV cache's ceiling, plus RUNTIME_OVERHEAD_BYTES (the executor's CUDA context,
@@ -20,17 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
-import importlib
 import logging
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-
-import psutil
 
 from switchboard import tracing
 from switchboard.config import ModelConfig
@@ -38,50 +35,29 @@ from switchboard.wire import ModelLimits
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 from workers.engines.gpu_memory import processes_gpu_bytes
 from workers.engines.phases import EnginePhases
-from workers.engines.process_env import process_tree, reap
+from workers.engines.process_env import process_tree
 from workers.engines.prompts import BuiltPrompt, PromptBuilder, builds_quickly
 from workers.engines.trtllm_args import LoadPlan, UnsupportedModel, plan_load, refusal
 from workers.engines.trtllm_io import TrtOutputReader, TrtSampling, trtllm_sampling
+from workers.engines.trtllm_runtime import (
+    Built,
+    build,
+    can_release,
+    embedding_bias,
+    import_runtime,
+    imported_llm_class,
+    machine_budget_bytes,
+    shut_down,
+)
 
 logger = logging.getLogger(__name__)
 
-RUNTIME_MODULE = "tensorrt_llm.llmapi"
 # After an abort, how long the engine may take to end the request before its stream is ended here.
 ABORT_GRACE_S = 5.0
-# How long stop() waits for the engine's processes to exit after TensorRT-LLM's shutdown.
-REAP_TIMEOUT_S = 10.0
 # How long a reading of the engine processes' GPU memory stands.
 MEASURED_REFRESH_S = 5.0
-
-_runtime_lock = threading.Lock()
-_runtime_imported = False
-# One build at a time per worker: the processes that appear during a build are that engine's.
-_build_lock = threading.Lock()
 # What an exhausted output iterator returns.
 _END = object()
-
-
-def import_runtime() -> Any:
-    """Import TensorRT-LLM's LLM API (seconds; once per process, from any thread); the module.
-
-    RuntimeError, saying so, where TensorRT-LLM is not installed.
-    """
-    global _runtime_imported
-    with _runtime_lock:
-        started = time.monotonic()
-        try:
-            runtime = importlib.import_module(RUNTIME_MODULE)
-        except ImportError as exc:
-            raise RuntimeError(
-                'TensorRT-LLM is not installed in this worker\'s environment (engine = "trtllm" '
-                f"needs the worker-trtllm image): {exc}"
-            ) from exc
-        if not _runtime_imported:
-            from transformers import AutoTokenizer  # noqa: F401
-
-            _runtime_imported = True
-            logger.info("engine runtime imported", extra={"seconds": round(time.monotonic() - started, 2)})
-        return runtime
 
 
 class _Running:
@@ -105,16 +81,6 @@ class _Running:
             self.aborted = True
             with contextlib.suppress(Exception):  # an engine shutting down refuses aborts too
                 self.result.abort()
-
-
-class _Built:
-    """What a build made: the engine, its tokenizer and prompt builder, the processes it started."""
-
-    def __init__(self, llm: Any, tokenizer: Any, prompts: PromptBuilder, pids: list[int]) -> None:
-        self.llm = llm
-        self.tokenizer = tokenizer
-        self.prompts = prompts
-        self.pids = pids
 
 
 class TrtllmEngine(Engine):
@@ -147,17 +113,18 @@ class TrtllmEngine(Engine):
         if reason is not None:
             raise UnsupportedModel(reason)
         started = time.monotonic()
-        build = asyncio.ensure_future(asyncio.to_thread(self._build))
+        building = asyncio.ensure_future(asyncio.to_thread(self._build))
         try:
-            built = await asyncio.shield(build)
+            built = await asyncio.shield(building)
         except asyncio.CancelledError:
             # The thread cannot be interrupted: once it has built the engine, shut that down, so
             # that no engine process outlives a cancelled start.
-            build.add_done_callback(self._discard_build)
+            building.add_done_callback(self._discard_build)
             raise
         self._llm, self._tokenizer, self._prompts = built.llm, built.tokenizer, built.prompts
         self._engine_pids = built.pids
-        self._sleep_enabled = "sleep_config" in self.model.engine_args and _can_release(built.llm)
+        self.start_phases = built.phases
+        self._sleep_enabled = "sleep_config" in self.model.engine_args and can_release(built.llm)
         self.start_seconds = time.monotonic() - started
         args = getattr(built.llm, "args", None)
         logger.info(
@@ -174,48 +141,15 @@ class TrtllmEngine(Engine):
             },
         )
 
-    def _build(self) -> _Built:
-        """Blocking: import, tokenizer, then the `LLM` (which loads the weights and starts its executor)."""
-        plan = self._load_plan()
-        phases: dict[str, float] = {}
-        mark = time.monotonic()
-        runtime = import_runtime()
-        phases["import"], mark = time.monotonic() - mark, time.monotonic()
-        from transformers import AutoTokenizer
+    def _build(self) -> Built:
+        return build(self.model, self._load_plan())
 
-        trust_remote_code = bool(self.model.engine_args.get("trust_remote_code", False))
-        tokenizer = AutoTokenizer.from_pretrained(self.model.path, trust_remote_code=trust_remote_code)
-        phases["tokenizer"], mark = time.monotonic() - mark, time.monotonic()
-        with _build_lock:
-            before = _child_pids()
-            try:
-                kwargs = {
-                    **plan.kwargs,
-                    "kv_cache_config": runtime.KvCacheConfig(**plan.kwargs["kv_cache_config"]),
-                }
-                llm = runtime.LLM(model=self.model.path, tokenizer=tokenizer, **kwargs)
-            except BaseException as exc:
-                left = process_tree(sorted(_child_pids() - before))
-                killed = reap(left, REAP_TIMEOUT_S)
-                if killed:
-                    logger.warning("processes of a failed engine build killed", extra={"pids": killed})
-                if isinstance(exc, Exception):
-                    raise RuntimeError(f"TensorRT-LLM could not load {self.model.name}: {exc}") from exc
-                raise
-            pids = sorted(_child_pids() - before)
-        phases["construct"] = time.monotonic() - mark
-        self.start_phases = {name: round(seconds, 3) for name, seconds in phases.items()}
-        prompts = PromptBuilder(
-            tokenizer, model_name=self.model.name, max_model_len=plan.max_seq_len, vocab_size=plan.vocab_size
-        )
-        return _Built(llm, tokenizer, prompts, pids)
-
-    def _discard_build(self, build: asyncio.Future[_Built]) -> None:
-        if build.cancelled() or build.exception() is not None:
+    def _discard_build(self, building: asyncio.Future[Built]) -> None:
+        if building.cancelled() or building.exception() is not None:
             return
-        built = build.result()
+        built = building.result()
         threading.Thread(
-            target=_shut_down, args=(built.llm, built.pids), name="DiscardCancelledEngine", daemon=True
+            target=shut_down, args=(built.llm, built.pids), name="DiscardCancelledEngine", daemon=True
         ).start()
         logger.warning("engine start cancelled; shutting the engine down", extra={"model": self.model.name})
 
@@ -229,7 +163,7 @@ class TrtllmEngine(Engine):
             await self.abort(request_id)  # each stream ends within ABORT_GRACE_S
         # TensorRT-LLM's shutdown joins its executor (seconds): off the loop, so other models'
         # streams keep flowing.
-        await asyncio.to_thread(_shut_down, llm, self._engine_pids)
+        await asyncio.to_thread(shut_down, llm, self._engine_pids)
         self._engine_pids = []
         self._tokenizer = None
         self._prompts = None
@@ -250,9 +184,7 @@ class TrtllmEngine(Engine):
         imported already (this never imports it)."""
         if self._llm is not None:
             return self._sleep_enabled
-        runtime = sys.modules.get(RUNTIME_MODULE)
-        llm_class = getattr(runtime, "LLM", None) if runtime is not None else None
-        return "sleep_config" in self.model.engine_args and _can_release(llm_class)
+        return "sleep_config" in self.model.engine_args and can_release(imported_llm_class())
 
     async def sleep(self) -> None:
         """Release the GPU memory TensorRT-LLM tags (weights kept in host memory, KV cache dropped)."""
@@ -291,7 +223,7 @@ class TrtllmEngine(Engine):
     def _load_plan(self) -> LoadPlan:
         if self._plan is None:
             budget = self._memory_budget_bytes
-            self._plan = plan_load(self.model, budget if budget is not None else _machine_budget_bytes())
+            self._plan = plan_load(self.model, budget if budget is not None else machine_budget_bytes())
         return self._plan
 
     def limits(self) -> ModelLimits | None:
@@ -359,7 +291,7 @@ class TrtllmEngine(Engine):
                 )
             kwargs["guided_decoding"] = runtime.GuidedDecodingParams(**sampling.guide)
         if sampling.logit_bias:
-            kwargs["embedding_bias"] = _embedding_bias(sampling.logit_bias, plan.vocab_size)
+            kwargs["embedding_bias"] = embedding_bias(sampling.logit_bias, plan.vocab_size)
         try:
             return runtime.SamplingParams(**kwargs)
         except ValueError as exc:
@@ -416,42 +348,3 @@ def _give_up(running: _Running) -> None:
     running.expired = True
     if running.step is not None:
         running.step.cancel()
-
-
-def _embedding_bias(logit_bias: dict[int, float], vocab_size: int) -> Any:
-    """OpenAI's logit_bias as TensorRT-LLM's `embedding_bias`: float32 over the whole vocabulary."""
-    import torch
-
-    bias = torch.zeros(vocab_size, dtype=torch.float32)
-    for token, value in logit_bias.items():
-        bias[token] = float(value)
-    return bias
-
-
-@functools.cache
-def _machine_budget_bytes() -> int:
-    """The worker's default memory budget (asks nvidia-smi: once per process, at the boot estimate)."""
-    from workers.runtime.machine import machine_kind, memory_budget_bytes
-
-    return memory_budget_bytes(machine_kind(), None)
-
-
-def _can_release(llm: Any) -> bool:
-    return llm is not None and hasattr(llm, "release") and hasattr(llm, "resume")
-
-
-def _child_pids() -> set[int]:
-    """This process's children now (the processes a build starts appear among them)."""
-    return {child.pid for child in psutil.Process().children()}
-
-
-def _shut_down(llm: Any, pids: list[int]) -> None:
-    """Blocking: TensorRT-LLM's shutdown, then every process of the engine waited for or killed."""
-    processes = process_tree(pids)
-    try:
-        llm.shutdown()
-    except Exception:
-        logger.exception("the engine's shutdown failed; its processes are killed")
-    survivors = reap(processes, REAP_TIMEOUT_S)
-    if survivors:
-        logger.warning("engine processes killed after shutdown", extra={"pids": survivors})

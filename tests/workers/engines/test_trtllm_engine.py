@@ -22,7 +22,7 @@ from switchboard.config import ModelConfig
 from switchboard.wire import SamplingParams, StructuredOutput
 from tests.support import fake_tensorrt_llm as fake
 from tests.support.engine_processes import descendants, engine_processes, poll_until
-from workers.engines import gpu_memory, trtllm
+from workers.engines import gpu_memory, trtllm, trtllm_runtime
 from workers.engines.base import Delta, EngineRequest, InvalidEngineRequest
 from workers.engines.registry import EngineOptions, create_engine, import_runtimes
 from workers.engines.trtllm import TrtllmEngine
@@ -35,7 +35,7 @@ GIB = 1024**3
 def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[fake.Faults]:
     """The stand-in installed as `tensorrt_llm`, with short waits for aborts and exits."""
     monkeypatch.setattr(trtllm, "ABORT_GRACE_S", 0.5)
-    monkeypatch.setattr(trtllm, "REAP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(trtllm_runtime, "REAP_TIMEOUT_S", 1.0)
     yield fake.install(monkeypatch)
 
 
