@@ -24,76 +24,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import os
 import subprocess
 import sys
-import threading
 import time
 import types
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-import numpy as np
 import pytest
 
-from tests.support.fake_trtllm_model import ToyModel, UnsupportedGuide, guided_text, log_softmax, top_logprobs
+from tests.support.fake_trtllm_executor import Executor
+from tests.support.fake_trtllm_model import ToyModel
+from tests.support.fake_trtllm_types import (
+    TRT_BACKEND_ONLY_ARGS,
+    CompletionOutput,
+    Faults,
+    FinishReason,
+    GuidedDecodingParams,
+    KvCacheConfig,
+    RequestError,
+    Response,
+    SamplingParams,
+    TorchLlmArgs,
+)
 
 VERSION = "1.2.1+stand-in"
-# TorchLlmArgs fields (llm_args.py, 1.2): the arguments the PyTorch backend's LLM accepts.
-TORCH_LLM_ARGS = frozenset(
-    {
-        "model",
-        "tokenizer",
-        "tokenizer_mode",
-        "skip_tokenizer_init",
-        "trust_remote_code",
-        "tensor_parallel_size",
-        "dtype",
-        "revision",
-        "tokenizer_revision",
-        "pipeline_parallel_size",
-        "context_parallel_size",
-        "gpus_per_node",
-        "moe_expert_parallel_size",
-        "enable_attention_dp",
-        "max_batch_size",
-        "max_num_tokens",
-        "max_seq_len",
-        "max_beam_width",
-        "max_input_len",
-        "kv_cache_config",
-        "enable_chunked_prefill",
-        "guided_decoding_backend",
-        "scheduler_config",
-        "cuda_graph_config",
-        "disable_overlap_scheduler",
-        "attn_backend",
-        "moe_config",
-        "stream_interval",
-        "num_postprocess_workers",
-        "postprocess_tokenizer_dir",
-        "enable_iter_perf_stats",
-        "enable_iter_req_stats",
-        "return_perf_metrics",
-        "print_iter_log",
-        "otlp_traces_endpoint",
-        "load_format",
-        "speculative_config",
-        "lora_config",
-        "backend",
-        "sampler_type",
-        "enable_autotuner",
-        "torch_compile_config",
-        "batch_wait_timeout_ms",
-        "checkpoint_format",
-        "peft_cache_config",
-        "reasoning_parser",
-    }
-)
-# Fields of the TensorRT backend's args that `_validate_args_for_torch_backend` refuses.
-TRT_BACKEND_ONLY_ARGS = frozenset({"build_config", "enable_build_cache", "calib_config", "fast_build"})
 # BuildConfig's defaults, which the PyTorch backend inherits.
 DEFAULT_MAX_BATCH_SIZE = 2048
 DEFAULT_MAX_NUM_TOKENS = 8192
@@ -101,204 +55,6 @@ DEFAULT_MAX_NUM_TOKENS = 8192
 EXECUTOR_SCRIPT = (
     "import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    time.sleep(0.2)\n"
 )
-
-
-@dataclass
-class Faults:
-    """What tests make the stand-in do."""
-
-    build_seconds: float = 0.3  # weights and warm-up, after the executor process started
-    build_error: Exception | None = None  # raised by LLM(...) at the end of its build
-    step_seconds: float = 0.002  # one iteration of the executor
-    ignore_aborts: bool = False  # an aborted request never gets its final output
-    leave_processes: bool = False  # shutdown (or a failed build) leaves the executor process
-
-
-class TorchLlmArgs:
-    """`tensorrt_llm.llmapi.llm_args.TorchLlmArgs`: its fields are the arguments `LLM` accepts."""
-
-    model_fields: ClassVar[dict[str, Any]] = dict.fromkeys(TORCH_LLM_ARGS)
-
-
-class RequestError(RuntimeError):
-    """A request the executor refused (`tensorrt_llm.executor.utils.RequestError`)."""
-
-
-@dataclass(slots=True)
-class Logprob:
-    logprob: float
-    rank: int | None = None
-
-
-@dataclass(slots=True)
-class CompletionOutput:
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    cumulative_logprob: float | None = None
-    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
-    finish_reason: Literal["stop", "length", "timeout", "cancelled"] | None = None
-    stop_reason: int | str | None = None
-    _last_text_len: int = field(default=0, init=False, repr=False)
-    _last_token_ids_len: int = field(default=0, init=False, repr=False)
-    _last_logprobs_len: int = field(default=0, init=False, repr=False)
-
-    @property
-    def length(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def text_diff(self) -> str:
-        return self.text[self._last_text_len :]
-
-    @property
-    def token_ids_diff(self) -> list[int]:
-        return self.token_ids[self._last_token_ids_len :]
-
-    @property
-    def logprobs_diff(self) -> list[dict[int, Logprob]]:
-        return self.logprobs[self._last_logprobs_len :]
-
-
-@dataclass(slots=True, kw_only=True)
-class GuidedDecodingParams:
-    json: Any = None
-    regex: str | None = None
-    grammar: str | None = None
-    json_object: bool = False
-    structural_tag: str | None = None
-
-    def _validate(self) -> None:
-        guides = sum(bool(getattr(self, f.name)) for f in dataclasses.fields(self))
-        if guides > 1:
-            raise ValueError(f"Only one guide can be used for a request, but got {guides}.")
-
-
-@dataclass(kw_only=True)
-class SamplingParams:
-    end_id: int | None = None
-    pad_id: int | None = None
-    max_tokens: int = 32
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    embedding_bias: Any = None
-    n: int = 1
-    best_of: int | None = None
-    use_beam_search: bool = False
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    min_tokens: int | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    min_p: float | None = None
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    return_perf_metrics: bool = False
-    guided_decoding: GuidedDecodingParams | None = None
-    ignore_eos: bool = False
-    detokenize: bool = True
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    _stop_word_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.pad_id is None:
-            self.pad_id = self.end_id
-        self.best_of = self.best_of or self.n
-        self._validate()
-
-    def _validate(self) -> None:
-        assert self.best_of is not None
-        if self.best_of < self.n:
-            raise ValueError(f"best_of ({self.best_of}) cannot be less than n ({self.n})")
-        if self.best_of > 1 and self._greedy_decoding and not os.environ.get("TLLM_ALLOW_N_GREEDY_DECODING"):
-            raise ValueError("Greedy decoding in the LLM API does not allow multiple returns.")
-        if self.guided_decoding is not None:
-            self.guided_decoding._validate()
-        self.logprobs = self.logprobs and int(self.logprobs)
-        self.prompt_logprobs = self.prompt_logprobs and int(self.prompt_logprobs)
-
-    @property
-    def _greedy_decoding(self) -> bool:
-        unset = self.temperature is None and self.top_p is None and self.top_k is None
-        return not self.use_beam_search and (
-            unset or self.temperature == 0 or self.top_k == 1 or self.top_p == 0.0
-        )
-
-    def _setup(self, tokenizer: Any) -> SamplingParams:
-        if self.end_id is None:
-            self.end_id = tokenizer.eos_token_id
-            self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_id
-        if self.stop is not None:
-            stops = [self.stop] if isinstance(self.stop, str) else self.stop
-            self._stop_word_ids = [tokenizer.encode(s, add_special_tokens=False) for s in stops]
-        return self
-
-    def _get_stop_reasons_and_words(self) -> list[tuple[int | str, list[int]]]:
-        reasons: list[int | str] = list(self.stop_token_ids or ())
-        words = [[token] for token in self.stop_token_ids or ()]
-        if self.stop is not None:
-            reasons += [self.stop] if isinstance(self.stop, str) else self.stop
-            words += self._stop_word_ids or []
-        return list(zip(reasons, words, strict=False))
-
-
-class KvCacheConfig:
-    """A pydantic model in TensorRT-LLM: unknown fields and out-of-range values are refused."""
-
-    model_fields: ClassVar[dict[str, Any]] = {
-        "enable_block_reuse": True,
-        "max_tokens": None,
-        "max_attention_window": None,
-        "sink_token_length": None,
-        "free_gpu_memory_fraction": 0.9,
-        "host_cache_size": None,
-        "onboard_blocks": True,
-        "cross_kv_cache_fraction": None,
-        "secondary_offload_min_priority": None,
-        "event_buffer_max_size": 0,
-        "enable_partial_reuse": True,
-        "copy_on_partial_reuse": True,
-        "use_uvm": False,
-        "max_gpu_total_bytes": 0,
-        "dtype": "auto",
-        "tokens_per_block": 32,
-    }
-
-    def __init__(self, **data: Any) -> None:
-        unknown = sorted(set(data) - set(self.model_fields))
-        if unknown:
-            raise ValueError(f"KvCacheConfig: extra inputs are not permitted: {unknown}")
-        for name, default in self.model_fields.items():
-            setattr(self, name, data.get(name, default))
-        if self.free_gpu_memory_fraction is not None and not 0 <= self.free_gpu_memory_fraction <= 1:
-            raise ValueError("kv_cache_config.free_gpu_memory_fraction must be a float between 0 and 1")
-        if self.max_gpu_total_bytes < 0:
-            raise ValueError("kv_cache_config.max_gpu_total_bytes must be non-negative")
-
-
-class FinishReason:
-    """`tensorrt_llm.bindings.executor.FinishReason`."""
-
-    NOT_FINISHED, END_ID, STOP_WORDS, LENGTH, TIMED_OUT, CANCELLED = range(6)
-
-
-@dataclass
-class _Response:
-    """One response of the executor: new tokens of one sequence (`tllm.Response.result`)."""
-
-    sequence_index: int
-    output_token_ids: list[list[int]]
-    finish_reasons: list[int]
-    is_final: bool
-    log_probs: list[list[dict[int, Logprob]]] | None = None
-    prompt_logprobs: list[dict[int, Logprob]] | None = None
-    error: str | None = None
 
 
 class RequestOutput:
@@ -317,7 +73,7 @@ class RequestOutput:
         self._aborted = False
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-            self.aqueue: asyncio.Queue[_Response] | None = asyncio.Queue()
+            self.aqueue: asyncio.Queue[Response] | None = asyncio.Queue()
         except RuntimeError:  # made off the loop's thread: no async iteration (as the real one)
             self._loop, self.aqueue = None, None
 
@@ -356,13 +112,13 @@ class RequestOutput:
         self._handle_response(await self.aqueue.get())
         return self
 
-    def _deliver(self, response: _Response) -> None:
+    def _deliver(self, response: Response) -> None:
         """From the executor's thread, as the real result queue does it."""
         if self._loop is not None and self.aqueue is not None:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
                 self._loop.call_soon_threadsafe(self.aqueue.put_nowait, response)
 
-    def _handle_response(self, response: _Response) -> None:
+    def _handle_response(self, response: Response) -> None:
         if response.error is not None:
             raise RequestError(response.error)
         self._done = response.is_final
@@ -381,7 +137,7 @@ class RequestOutput:
                         self._done = True
                         break
 
-    def _handle_sequence(self, response: _Response) -> None:
+    def _handle_sequence(self, response: Response) -> None:
         output = self._outputs[response.sequence_index]
         output._last_token_ids_len = len(output.token_ids)
         output.token_ids.extend(response.output_token_ids[0])
@@ -460,7 +216,7 @@ class LLM:
         except BaseException:
             self._stop_process()
             raise
-        self._executor = _Executor(self, ToyModel(config.vocab_size), faults)
+        self._executor = Executor(self, ToyModel(config.vocab_size), faults)
         LLM.instances.append(self)
 
     def generate_async(
@@ -506,148 +262,6 @@ class LLM:
         if not self.faults.leave_processes:
             self._process.kill()
             self._process.wait()
-
-
-@dataclass
-class _Sequence:
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
-    forced: list[int] | None = None  # a guided document's tokens, then the end token
-    done: bool = False
-
-
-class _Executor:
-    """The executor process, as a thread: batches of at most max_batch_size sequences, one token per step."""
-
-    def __init__(self, llm: LLM, model: ToyModel, faults: Faults) -> None:
-        self._llm = llm
-        self._model = model
-        self._faults = faults
-        self._lock = threading.Lock()
-        self._waiting: deque[RequestOutput] = deque()
-        self._running: dict[int, tuple[RequestOutput, list[_Sequence], list[np.random.Generator]]] = {}
-        self._aborted: set[int] = set()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="FakeTrtExecutor", daemon=True)
-        self._thread.start()
-
-    def submit(self, result: RequestOutput) -> None:
-        with self._lock:
-            self._waiting.append(result)
-
-    def abort_request(self, request_id: int) -> None:
-        with self._lock:
-            self._aborted.add(request_id)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self._faults.step_seconds):
-            with self._lock:
-                self._step()
-
-    def _step(self) -> None:
-        for result in [r for r in self._waiting if r.id in self._aborted]:
-            self._waiting.remove(result)
-            self._cancel(result, [_Sequence() for _ in range(result.sampling_params.n)])
-        capacity = self._llm.args.max_batch_size - sum(len(s) for _, s, _ in self._running.values())
-        while self._waiting and self._waiting[0].sampling_params.n <= capacity:
-            result = self._waiting.popleft()
-            capacity -= result.sampling_params.n
-            self._admit(result)
-        for request_id, (result, sequences, rngs) in list(self._running.items()):
-            if request_id in self._aborted:
-                del self._running[request_id]
-                self._cancel(result, sequences)
-                continue
-            for index, sequence in enumerate(sequences):
-                if not sequence.done:
-                    self._advance(result, sequences, index, rngs[index])
-            if all(s.done for s in sequences):
-                del self._running[request_id]
-
-    def _admit(self, result: RequestOutput) -> None:
-        params = result.sampling_params
-        seed = params.seed if params.seed is not None else 0  # TensorRT-LLM's default seed
-        rngs = [np.random.default_rng([seed, index]) for index in range(params.n)]
-        sequences = [_Sequence() for _ in range(params.n)]
-        if len(result.prompt_token_ids) + params.max_tokens > self._llm.args.max_seq_len:
-            result._deliver(
-                _error(f"prompt and max_tokens exceed max_seq_len ({self._llm.args.max_seq_len})")
-            )
-            return
-        if params.guided_decoding is not None:
-            for sequence, rng in zip(sequences, rngs, strict=True):
-                try:
-                    text = guided_text(params.guided_decoding, rng)
-                except UnsupportedGuide as exc:
-                    result._deliver(_error(str(exc)))
-                    return
-                tokenizer = self._llm.tokenizer.tokenizer
-                sequence.forced = [*tokenizer.encode(text, add_special_tokens=False), params.end_id]
-        self._running[result.id] = (result, sequences, rngs)
-
-    def _advance(
-        self, result: RequestOutput, sequences: list[_Sequence], index: int, rng: np.random.Generator
-    ) -> None:
-        params = result.sampling_params
-        sequence = sequences[index]
-        context = [*result.prompt_token_ids, *sequence.tokens]
-        bias = None if params.embedding_bias is None else np.asarray(params.embedding_bias, dtype=np.float64)
-        early = params.min_tokens is not None and len(sequence.tokens) < params.min_tokens
-        banned = [params.end_id] if early and params.end_id is not None else []
-        token, logprobs = self._model.next_token(context, params, rng, bias=bias, banned=banned)
-        if sequence.forced is not None:
-            token = sequence.forced[len(sequence.tokens)]
-        sequence.tokens.append(token)
-        if params.logprobs:
-            ranked = top_logprobs(logprobs, params.logprobs, token)
-            sequence.logprobs.append({t: Logprob(lp, rank) for t, (lp, rank) in ranked.items()})
-        reason = FinishReason.NOT_FINISHED
-        if token == params.end_id and not params.ignore_eos:
-            reason = FinishReason.END_ID
-        elif any(words and sequence.tokens[-len(words) :] == words for words in params._stop_word_ids or ()):
-            reason = FinishReason.STOP_WORDS
-        elif len(sequence.tokens) >= params.max_tokens:
-            reason = FinishReason.LENGTH
-        sequence.done = reason != FinishReason.NOT_FINISHED
-        response = _Response(
-            sequence_index=index,
-            output_token_ids=[[token]],
-            finish_reasons=[reason],
-            is_final=all(s.done for s in sequences),
-            log_probs=[list(sequence.logprobs)] if params.logprobs else None,
-            prompt_logprobs=self._prompt_logprobs(result) if len(sequence.tokens) == 1 else None,
-        )
-        result._deliver(response)
-
-    def _prompt_logprobs(self, result: RequestOutput) -> list[dict[int, Logprob]] | None:
-        """From the context logits: entry t is the distribution after prompt token t (top k only)."""
-        k = result.sampling_params.prompt_logprobs
-        if not k:
-            return None
-        ids = result.prompt_token_ids
-        entries = []
-        for end in range(1, len(ids) + 1):
-            logprobs = log_softmax(self._model.logits(ids[:end]))
-            entries.append(
-                {t: Logprob(lp, rank) for t, (lp, rank) in top_logprobs(logprobs, k, None).items()}
-            )
-        return entries
-
-    def _cancel(self, result: RequestOutput, sequences: list[_Sequence]) -> None:
-        if self._faults.ignore_aborts:
-            return  # the request never ends
-        pending = [index for index, sequence in enumerate(sequences) if not sequence.done]
-        for position, index in enumerate(pending):
-            final = position == len(pending) - 1
-            result._deliver(_Response(index, [[]], [FinishReason.CANCELLED], is_final=final))
-
-
-def _error(message: str) -> _Response:
-    return _Response(0, [[]], [FinishReason.NOT_FINISHED], is_final=True, error=message)
 
 
 def _module(name: str, **names: Any) -> types.ModuleType:
