@@ -16,8 +16,10 @@ sources (`llmapi/llm.py`, `llmapi/llm_args.py`, `executor/result.py`, `sampling_
 - `SamplingParams` defaults `max_tokens` to 32 and refuses several greedy choices.
 Not modelled: penalties, beam search, prompt tuning, LoRA, disaggregated serving.
 
-`install(monkeypatch)` puts it in `sys.modules` as `tensorrt_llm` (and `.llmapi`, `.executor`,
-`.sampling_params`) and returns the Faults that tests turn on (build errors, aborts ignored, ...).
+`install(monkeypatch)` puts it in `sys.modules` as `tensorrt_llm` (and `.llmapi`,
+`.llmapi.llm_args`, `.executor`, `.sampling_params`) and returns the Faults that tests turn on
+(build errors, aborts ignored, processes left behind). Its data types are in fake_trtllm_types.py,
+its executor in fake_trtllm_executor.py, its "weights" in fake_trtllm_model.py.
 """
 
 from __future__ import annotations

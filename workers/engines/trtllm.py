@@ -92,6 +92,7 @@ class TrtllmEngine(Engine):
         self._memory_budget_bytes = memory_budget_bytes
         self._plan: LoadPlan | None = None
         self._llm: Any = None
+        self._runtime: Any = None  # the tensorrt_llm.llmapi module, once started
         self._tokenizer: Any = None
         self._prompts: PromptBuilder | None = None
         self._engine_pids: list[int] = []
@@ -122,6 +123,7 @@ class TrtllmEngine(Engine):
             building.add_done_callback(self._discard_build)
             raise
         self._llm, self._tokenizer, self._prompts = built.llm, built.tokenizer, built.prompts
+        self._runtime = import_runtime()  # imported by the build: at once
         self._engine_pids = built.pids
         self.start_phases = built.phases
         self._sleep_enabled = "sleep_config" in self.model.engine_args and can_release(built.llm)
@@ -274,8 +276,7 @@ class TrtllmEngine(Engine):
 
     def _sampling_params(self, sampling: TrtSampling) -> Any:
         """TensorRT-LLM's SamplingParams (its own checks run in it: their ValueError is the client's)."""
-        runtime = import_runtime()
-        plan = self._load_plan()
+        runtime, plan = self._runtime, self._load_plan()
         kwargs = dict(sampling.kwargs)
         if kwargs["n"] > plan.max_batch_size:
             raise InvalidEngineRequest(

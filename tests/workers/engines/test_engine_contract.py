@@ -67,7 +67,8 @@ def _vllm(model_dir: Path) -> Engine:
 def _trtllm(model_dir: Path) -> Engine:
     from workers.engines.trtllm import TrtllmEngine
 
-    args = {"max_seq_len": CONTEXT, "max_batch_size": BATCH}
+    # The demo model's weights are float32; TensorRT-LLM's attention kernels want 16-bit ones.
+    args = {"max_seq_len": CONTEXT, "max_batch_size": BATCH, "dtype": "bfloat16"}
     return TrtllmEngine(ModelConfig(name="demo", path=str(model_dir), engine="trtllm", engine_args=args))
 
 
