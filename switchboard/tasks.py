@@ -8,21 +8,45 @@ timer is written with `poll()`, which logs a failed step and goes on (saq's upke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Coroutine
+from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
 
+# A cancelled task can miss its cancellation: on Python 3.11, `asyncio.wait_for` (which redis-py
+# awaits around every command it sends) returns the result of an operation that finished just as
+# it was cancelled, and the cancellation is lost. A worker's controller stopped that way went on
+# passing until its stop step timed out, 80 s later. So a stop cancels again, this often, until
+# the task has ended.
+CANCEL_AGAIN_S = 0.5
+
+
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
-    """Cancel a background loop and wait until it has unwound (None is a no-op)."""
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    """Cancel a background loop and wait until it has unwound (None is a no-op); re-raise its error."""
+    if task is not None:
+        await cancel_until_done([task])
+        _raise_first_error([task])
+
+
+async def cancel_until_done(tasks: Collection[asyncio.Task[Any]]) -> None:
+    """Cancel `tasks`, again every CANCEL_AGAIN_S while any still runs, until every one has ended.
+
+    What the tasks raised is left in them. `asyncio.wait` does not raise the tasks' cancellation,
+    so a cancellation of the caller (a stop step's timeout) still reaches the caller.
+    """
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
+
+
+def _raise_first_error(tasks: Collection[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            raise cast(BaseException, task.exception())
 
 
 async def poll(
@@ -71,9 +95,8 @@ class TaskSet:
     async def stop(self) -> None:
         """Cancel every task of the set and wait until each has unwound; idempotent."""
         tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        try:
+            await cancel_until_done(tasks)
+            _raise_first_error(tasks)
+        finally:
+            self._tasks.difference_update(tasks)

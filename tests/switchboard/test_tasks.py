@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -47,3 +48,44 @@ async def test_stop_cancels_and_awaits_every_task_and_is_idempotent() -> None:
     await tasks.stop()
     assert sorted(unwound) == ["a", "b"] and len(tasks) == 0
     await tasks.stop()
+
+
+async def test_stop_ends_a_task_that_missed_its_first_cancellation() -> None:
+    # As Python 3.11's asyncio.wait_for does when its operation finishes as it is cancelled.
+    missed = 0
+
+    async def loop_that_loses_one_cancellation() -> None:
+        nonlocal missed
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                if missed:
+                    raise
+                missed += 1
+
+    tasks = TaskSet("test")
+    task = tasks.start(loop_that_loses_one_cancellation(), "loop")
+    await asyncio.sleep(0.02)
+    await asyncio.wait_for(tasks.stop(), timeout=5)
+    assert missed == 1 and task.cancelled() and len(tasks) == 0
+
+
+async def test_a_stop_that_is_itself_cancelled_says_so() -> None:
+    stubborn_for = asyncio.Event()
+    stubborn_for.set()
+
+    async def stubborn() -> None:
+        while stubborn_for.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+
+    tasks = TaskSet("test")
+    task = tasks.start(stubborn(), "stubborn")
+    await asyncio.sleep(0)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await tasks.stop()
+    assert not task.done()
+    stubborn_for.clear()
+    await asyncio.wait_for(task, timeout=5)
