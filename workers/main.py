@@ -257,6 +257,7 @@ class Worker:
             cpu_threads=cpu_threads,
             cpu_kvcache_gib=worker.cpu_kvcache_gib,
             engine_process=worker.engine_process,
+            memory_budget_bytes=self.memory_budget,
         )
 
     # --- running ----------------------------------------------------------------------------

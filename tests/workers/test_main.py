@@ -10,8 +10,11 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
-from tests.support.one_worker import settings
+from tests.support.jobs import make_job, result, submit
+from tests.support.one_worker import running, settings
 from tests.support.scripted_engine import Engines
+from workers.engines.base import Engine
+from workers.engines.registry import EngineOptions
 from workers.main import Worker
 from workers.runtime.metrics_server import MetricsServer
 
@@ -58,3 +61,29 @@ async def test_a_started_worker_advertises_and_a_stopped_one_withdraws_and_ends_
     left = [task for task in set(asyncio.all_tasks()) - before if task is not asyncio.current_task()]
     assert not [task for task in left if not task.done()], left
     await worker.stop()  # idempotent
+
+
+class _RecordingEngines(Engines):
+    """Scripted engines that remember the worker-level options each was made with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.options: list[EngineOptions] = []
+
+    def __call__(self, model: ModelConfig, options: EngineOptions) -> Engine:
+        self.options.append(options)
+        return super().__call__(model, options)
+
+
+async def test_engines_are_made_with_the_workers_configured_memory_budget(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    # TensorRT-LLM sizes its default KV cache as a share of this budget.
+    engines = _RecordingEngines()
+    config = settings(redis_server.url, [ModelConfig(name="tiny", path="unused")], memory_budget_gib=3.0)
+    async with running(Worker(config, engines)):
+        job = make_job("tiny", "fast 2")
+        await submit(redis, job)
+        await result(redis, job.id)
+    assert engines.options
+    assert {options.memory_budget_bytes for options in engines.options} == {3 * 1024**3}
