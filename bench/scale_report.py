@@ -1,0 +1,176 @@
+"""The scale benchmark's table (Markdown, for README) and picture (a hand-written SVG: Redis commands/s
+against workers x models, one curve per results file)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+
+COLUMNS = (
+    "workers × models",
+    "Redis cmd/s idle",
+    "Redis cmd/s load",
+    "Redis CPU idle / load",
+    "cmd/req load (above idle)",
+    "cmd/req closed",
+    "req/s closed",
+    "pass p50 / p99 ms",
+    "cold → load p50 / p99 ms",
+    "storms",
+    "Redis MiB",
+    "workers' CPU (cores)",
+)
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    """A number for the table (thousands separated), or a dash when there is none."""
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def table_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per grid point measured, then one per point skipped."""
+    rows = []
+    for point in results["points"]:
+        idle, load, closed = point["idle"], point["open_loop"], point["closed_loop"]
+        rows.append(
+            [
+                f"{point['workers']} × {point['models']}",
+                fmt(idle["commands_per_s"]),
+                fmt(load["commands_per_s"]),
+                f"{fmt(idle['redis_cpu'], 2)} / {fmt(load['redis_cpu'], 2)}",
+                fmt(load["commands_per_request_above_idle"]),
+                fmt(closed["commands_per_request"]),
+                fmt(closed["ok_per_s"]),
+                f"{fmt(load['pass_p50_ms'], 1)} / {fmt(load['pass_p99_ms'], 1)}",
+                f"{fmt(load['cold_wait_p50_ms'])} / {fmt(load['cold_wait_p99_ms'])}",
+                f"{point['load_storms']}",
+                fmt(point["redis_used_memory_peak"] / 1024**2, 1),
+                fmt(load["process_cpu"].get("workers"), 2),
+            ]
+        )
+    for skipped in results.get("skipped", []):
+        rows.append(
+            [f"{skipped['workers']} × {skipped['models']}", f"not run: {skipped['why']}"]
+            + [""] * (len(COLUMNS) - 2)
+        )
+    return rows
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The README table of one results file, with a line saying how it was measured."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    settings = results["settings"]
+    note = (
+        f"`{results['label']}` ({results['commit']}), {settings['rate']:g} req/s Poisson over Zipf({settings['zipf']:g}) "
+        f"for {settings['load_s']:g} s, closed loop {settings['closed_clients']} clients on the most popular model "
+        f"for {settings['closed_s']:g} s; {settings['front_doors']} front door(s), "
+        f"loads {settings['load_range_s'][0]:g}–{settings['load_range_s'][1]:g} s, keep-alive {settings['keep_alive_s']:g} s, "
+        f"{settings['max_loaded_models']} models per worker at once; {results['machine']['cpu_count']} cores."
+    )
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+# --- the picture -----------------------------------------------------------------------------------
+
+WIDTH, HEIGHT = 760, 480
+LEFT, RIGHT, TOP, BOTTOM = 80, 200, 50, 60
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """Powers of ten spanning [low, high]."""
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    return [10.0**power for power in range(first, last + 1)]
+
+
+def _tick_label(value: float) -> str:
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def svg_chart(runs: Sequence[dict[str, Any]]) -> str:
+    """Redis commands/s (log) against workers x models (log): under load solid, idle dashed, one
+    colour per results file; each point labelled with its workers x models."""
+    series = []
+    for run in runs:
+        points = sorted(run["points"], key=lambda p: (p["workers"] * p["models"], p["workers"]))
+        series.append((run["label"], points))
+    xs = [p["workers"] * p["models"] for _, points in series for p in points]
+    ys = [
+        max(p[phase]["commands_per_s"], 1.0)
+        for _, points in series
+        for p in points
+        for phase in ("idle", "open_loop")
+    ]
+    if not xs:
+        return _svg(["<text x='20' y='40'>no points measured</text>"])
+    x_ticks, y_ticks = _log_ticks(min(xs), max(xs)), _log_ticks(min(ys), max(ys))
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x_at(value: float) -> float:
+        low, high = math.log10(x_ticks[0]), math.log10(x_ticks[-1])
+        return LEFT + (math.log10(value) - low) / max(high - low, 1e-9) * plot_w
+
+    def y_at(value: float) -> float:
+        low, high = math.log10(y_ticks[0]), math.log10(y_ticks[-1])
+        return TOP + plot_h - (math.log10(max(value, 1.0)) - low) / max(high - low, 1e-9) * plot_h
+
+    parts = [
+        f"<text x='{LEFT}' y='28' font-size='16' font-weight='bold'>Redis commands/s against workers × models</text>",
+        f"<rect x='{LEFT}' y='{TOP}' width='{plot_w}' height='{plot_h}' fill='none' stroke='#444'/>",
+    ]
+    for tick in x_ticks:
+        x = x_at(tick)
+        parts.append(f"<line x1='{x:.1f}' y1='{TOP}' x2='{x:.1f}' y2='{TOP + plot_h}' stroke='#ddd'/>")
+        parts.append(
+            f"<text x='{x:.1f}' y='{TOP + plot_h + 18}' text-anchor='middle'>{_tick_label(tick)}</text>"
+        )
+    for tick in y_ticks:
+        y = y_at(tick)
+        parts.append(f"<line x1='{LEFT}' y1='{y:.1f}' x2='{LEFT + plot_w}' y2='{y:.1f}' stroke='#ddd'/>")
+        parts.append(f"<text x='{LEFT - 6}' y='{y + 4:.1f}' text-anchor='end'>{_tick_label(tick)}</text>")
+    parts.append(
+        f"<text x='{LEFT + plot_w / 2}' y='{HEIGHT - 15}' text-anchor='middle'>workers × models (configured model slots)</text>"
+    )
+    parts.append(
+        f"<text transform='translate(18 {TOP + plot_h / 2}) rotate(-90)' text-anchor='middle'>Redis commands/s</text>"
+    )
+    for index, (label, points) in enumerate(series):
+        colour = COLOURS[index % len(COLOURS)]
+        for phase, dash in (("open_loop", ""), ("idle", " stroke-dasharray='6 4'")):
+            coords = [(x_at(p["workers"] * p["models"]), y_at(p[phase]["commands_per_s"])) for p in points]
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+            parts.append(f"<polyline points='{path}' fill='none' stroke='{colour}' stroke-width='2'{dash}/>")
+            for (x, y), point in zip(coords, points, strict=True):
+                parts.append(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='{colour}'/>")
+                if phase == "open_loop":
+                    text = f"{point['workers']}×{point['models']}"
+                    parts.append(
+                        f"<text x='{x + 5:.1f}' y='{y - 6:.1f}' font-size='10' fill='{colour}'>{text}</text>"
+                    )
+        legend_y = TOP + 10 + index * 44
+        legend_x = LEFT + plot_w + 16
+        parts.append(
+            f"<line x1='{legend_x}' y1='{legend_y}' x2='{legend_x + 26}' y2='{legend_y}' stroke='{colour}' stroke-width='2'/>"
+        )
+        parts.append(f"<text x='{legend_x + 32}' y='{legend_y + 4}'>{escape(label)}: load</text>")
+        parts.append(
+            f"<line x1='{legend_x}' y1='{legend_y + 18}' x2='{legend_x + 26}' y2='{legend_y + 18}' stroke='{colour}' "
+            "stroke-width='2' stroke-dasharray='6 4'/>"
+        )
+        parts.append(f"<text x='{legend_x + 32}' y='{legend_y + 22}'>{escape(label)}: idle</text>")
+    return _svg(parts)
+
+
+def _svg(parts: list[str]) -> str:
+    head = (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{HEIGHT}' "
+        f"viewBox='0 0 {WIDTH} {HEIGHT}' font-family='sans-serif' font-size='12'>"
+    )
+    return (
+        "\n".join([head, f"<rect width='{WIDTH}' height='{HEIGHT}' fill='white'/>", *parts, "</svg>"]) + "\n"
+    )
