@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from scale_sim import EngineScript, ScaleEngines, current_worker, install
+from scale_sim import EngineScript, ScaleEngines, StandInNotUsed, current_worker, hosts_made, install
 
 from switchboard.config import Settings, load_settings
 from switchboard.logs import configure_logging
@@ -73,6 +73,9 @@ class Recorder:
 
     def time_passes(self) -> None:
         """Wrap `ModelController.step` to time it (a measurement only: the pass itself is untouched)."""
+        if not hasattr(ModelController, "step"):
+            logging.getLogger("scale_fleet").warning("ModelController has no step(): passes are not timed")
+            return
         original: Callable[[ModelController], Awaitable[None]] = ModelController.step
         passes = self.passes
 
@@ -125,6 +128,10 @@ async def run_fleet(spec: FleetSpec) -> None:
         EngineScript(load_s=spec.load_s, token_s=spec.token_s, memory_bytes=spec.memory_bytes)
     )
     fleet = [Worker(worker_settings(settings, models), engines) for models in spec.worker_models]
+    if hosts_made() != len(fleet):  # a real Triton per worker would not fit: stop before starting them
+        raise StandInNotUsed(
+            "workers.main.Worker did not build the in-process host: update bench/scale_sim.py"
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

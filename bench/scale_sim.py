@@ -167,6 +167,11 @@ class InProcessHost:
         return self._bound[triton_model]
 
 
+def hosts_made() -> int:
+    """In-process hosts alive now (one per simulated worker, once `install` took effect)."""
+    return len(_hosts)
+
+
 class InProcessJobClient:
     """Stands in for `TritonJobClient`: hands each encoded job to the bound callable, yields its chunks."""
 
@@ -189,7 +194,14 @@ class InProcessJobClient:
         """Nothing to close."""
 
 
+class StandInNotUsed(RuntimeError):
+    """The product no longer builds its Triton host or job client where `install` puts the stand-ins."""
+
+
 def install() -> None:
     """Make `workers.main.Worker` build the in-process host and its slots the in-process job client."""
+    for module, name in ((workers.main, "TritonHost"), (workers.models.slot, "TritonJobClient")):
+        if not hasattr(module, name):
+            raise StandInNotUsed(f"{module.__name__} has no {name} any more: update bench/scale_sim.py")
     workers.main.TritonHost = InProcessHost  # type: ignore[attr-defined,assignment]
     workers.models.slot.TritonJobClient = InProcessJobClient  # type: ignore[attr-defined,assignment]
