@@ -12,7 +12,7 @@ as the front doors. What is simulated: the engine (a scripted one: loads take a 
 from --load-range, tokens come at a fixed pace), the hop through the worker's Triton (the job goes
 straight into the product's Triton callable, `EngineCallable`, on the worker's event loop instead of
 over gRPC into a Triton process), and the machine: many workers share one OS process and its event
-loop (--workers-per-process), all processes share this machine's cores with Redis and the front doors.
+loop (--processes of them share the workers), all processes share this machine's cores with Redis and the front doors.
 
 Each grid point starts a fresh stack, then measures three phases: idle (nothing sent), open loop
 (Poisson arrivals at --rate over models drawn by Zipf popularity, with short keep-alives so models load
@@ -51,11 +51,11 @@ BASELINE = RESULTS / "scale-before.json"
 QUICK = {
     "workers": [2, 10],
     "models": [10, 300],
-    "settle_s": 1.0,
+    "settle_s": 0.5,
     "idle_s": 2.0,
-    "load_s": 5.0,
-    "drain_s": 3.0,
-    "closed_s": 3.0,
+    "load_s": 4.0,
+    "drain_s": 2.0,
+    "closed_s": 2.0,
 }
 FULL = {
     "workers": [2, 10, 50, 100],
@@ -66,6 +66,12 @@ FULL = {
     "drain_s": 8.0,
     "closed_s": 6.0,
 }
+
+# Simulated workers are CPU-bound when a process of them is this busy (cores), when the stack takes
+# this share of the machine's cores, or when their idle passes take this long.
+SATURATED_CPU = 0.75
+SATURATED_MACHINE = 0.8
+SATURATED_PASS_MS = 500.0
 
 
 def progress(text: str) -> None:
@@ -173,7 +179,7 @@ def run_point(workers: int, models: int, args: argparse.Namespace, log_dir: Path
     """Start one point's stack, measure it, stop it; its figures."""
     shape = Shape(
         front_doors=args.front_doors,
-        workers_per_process=args.workers_per_process,
+        processes=args.processes,
         models_per_worker=args.models_per_worker,
         max_loaded_models=args.max_loaded_models,
         keep_alive_s=args.keep_alive_s,
@@ -184,8 +190,24 @@ def run_point(workers: int, models: int, args: argparse.Namespace, log_dir: Path
     load_1m = round(os.getloadavg()[0], 2)
     with running_stack(workers, models, shape, log_dir / f"w{workers}-m{models}", progress) as stack:
         measured = asyncio.run(measure_phases(stack, models, args))
-    point = {"workers": workers, "models": models, "load_1m_before": load_1m}
-    return {**point, **figures(measured, stack.records)}
+    point = {"workers": workers, "models": models, "processes": len(stack.fleets), "load_1m_before": load_1m}
+    point |= figures(measured, stack.records)
+    point["saturated"] = saturated(point)
+    return point
+
+
+def saturated(point: dict[str, Any]) -> bool:
+    """Whether the simulated workers' processes were CPU-bound (their passes then come less often and
+    Redis sees less than real workers, one per process, would send)."""
+    load = point["open_loop"]
+    per_process = load["process_cpu"].get("workers", 0.0) / max(point["processes"], 1)
+    stack_cores = sum(load["process_cpu"].values()) + load["redis_cpu"]
+    idle_pass_ms = point["idle"]["pass_p50_ms"] or 0.0
+    return (
+        per_process >= SATURATED_CPU
+        or stack_cores >= SATURATED_MACHINE * (os.cpu_count() or 1)
+        or idle_pass_ms >= SATURATED_PASS_MS
+    )
 
 
 def git_label() -> tuple[str, str]:
@@ -225,7 +247,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-slots", type=int, default=30_000, help="skip points with more workers x models (default 30000)"
     )
     add("--front-doors", type=int, default=1, help="front door processes (default 1)")
-    add("--workers-per-process", type=int, default=50, help="simulated workers per OS process (default 50)")
+    add(
+        "--processes",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="OS processes the workers share (default: the cores)",
+    )
     add("--models-per-worker", type=int, default=0, help="models each worker may hold (default 0: all)")
     add("--max-loaded-models", type=int, default=4, help="models a worker holds at once (default 4)")
     add("--keep-alive-s", type=float, default=3.0, help="models' keep_alive_s (default 3)")

@@ -35,7 +35,7 @@ from workers.main import Worker
 
 # A worker's stop under load can take longer than a grid point should wait (see bench/README.md): past
 # this, the process leaves without it, after its records are written.
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 3.0
 CONTROLLER_LOGGER = "workers.controller.loop"
 
 

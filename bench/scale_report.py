@@ -38,7 +38,7 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
         idle, load, closed = point["idle"], point["open_loop"], point["closed_loop"]
         rows.append(
             [
-                f"{point['workers']} × {point['models']}",
+                f"{point['workers']} × {point['models']}" + (" *" if point.get("saturated") else ""),
                 fmt(idle["commands_per_s"]),
                 fmt(load["commands_per_s"]),
                 f"{fmt(idle['redis_cpu'], 2)} / {fmt(load['redis_cpu'], 2)}",
@@ -72,6 +72,11 @@ def markdown_table(results: dict[str, Any]) -> str:
         f"loads {settings['load_range_s'][0]:g}–{settings['load_range_s'][1]:g} s, keep-alive {settings['keep_alive_s']:g} s, "
         f"{settings['max_loaded_models']} models per worker at once; {results['machine']['cpu_count']} cores."
     )
+    if any(point.get("saturated") for point in results["points"]):
+        note += (
+            " *: the simulated workers' processes were CPU-bound, so they ran fewer passes than real workers"
+            " would: Redis load is understated there."
+        )
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 

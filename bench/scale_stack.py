@@ -41,7 +41,7 @@ class Shape:
     """What every point's stack looks like, apart from its numbers of workers and models."""
 
     front_doors: int
-    workers_per_process: int
+    processes: int  # OS processes that share the simulated workers (at most one per worker)
     models_per_worker: int  # models each worker may hold (0: all)
     max_loaded_models: int  # models a worker holds at once
     keep_alive_s: float
@@ -163,7 +163,9 @@ def _spawn_front_door(
     config: Path, redis_url: str, port: int, log_dir: Path, index: int, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "switchboard", "--log-level", "WARNING", "--config", str(config)]
-    argv += ["router", "--log-file", str(log_dir / f"front-door-{index + 1}.log")]
+    log_file = log_dir / f"front-door-{index + 1}.log"
+    log_file.write_bytes(b"")  # one run per file: the front door appends
+    argv += ["router", "--log-file", str(log_file)]
     child_env = {**env, "REDIS_URL": redis_url, "SWITCHBOARD_ROUTER__PORT": str(port)}
     with (log_dir / "console.log").open("ab") as console:
         return spawn_group(argv, child_env, stdout=console, cwd=REPO)
@@ -173,10 +175,11 @@ def _spawn_fleets(
     stack: Stack, workers: int, models: int, shape: Shape, config: Path, env: dict[str, str]
 ) -> None:
     allowed = allowed_models(workers, models, shape.models_per_worker)
-    processes = max(1, math.ceil(workers / shape.workers_per_process))
+    processes = max(1, min(shape.processes, workers))
     for index in range(processes):
         out = stack.log_dir / f"fleet-{index + 1}.json"
         out.unlink(missing_ok=True)
+        (stack.log_dir / f"fleet-{index + 1}.log").write_bytes(b"")  # one run per file: the fleet appends
         spec = FleetSpec(
             config=str(config),
             redis_url=stack.redis_url,
