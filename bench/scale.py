@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import platform
@@ -37,16 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from loadgen import percentile
 from scale_load import Load, Zipf
-from scale_metrics import cold_waits, holdings, load_storms, pass_stats, request_stats
-from scale_report import markdown_table, svg_chart
-from scale_samples import Sample, between, take
+from scale_metrics import figures, saturated
+from scale_report import describe, markdown_table, svg_chart
+from scale_samples import Sample, take
 from scale_stack import Shape, Stack, StackError, model_names, running_stack
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-BASELINE = RESULTS / "scale-before.json"
+# The results of the code before the control plane's change, drawn beside every later run's.
+BASELINE = {False: RESULTS / "scale-before.json", True: RESULTS / "scale-before-quick.json"}
 
 QUICK = {
     "workers": [2, 10],
@@ -66,12 +65,6 @@ FULL = {
     "drain_s": 8.0,
     "closed_s": 6.0,
 }
-
-# Simulated workers are CPU-bound when a process of them is this busy (cores), when the stack takes
-# this share of the machine's cores, or when their idle passes take this long.
-SATURATED_CPU = 0.75
-SATURATED_MACHINE = 0.8
-SATURATED_PASS_MS = 500.0
 
 
 def progress(text: str) -> None:
@@ -110,71 +103,6 @@ async def measure_phases(stack: Stack, models: int, args: argparse.Namespace) ->
     }
 
 
-def figures(measured: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every figure of one point from its samples, requests and the fleets' records."""
-    marks = measured["marks"]
-    phases: dict[str, dict[str, Any]] = {}
-    for (name, first, began), (_, last, ended) in itertools.pairwise(marks):
-        phases[name] = {
-            **between(first, last),
-            **pass_stats(records, began, ended),
-            "began": began,
-            "ended": ended,
-        }
-    idle, open_loop, closed = phases["idle"], phases["open_loop"], phases["closed_loop"]
-    open_loop.update(request_stats(measured["open_sent"], measured["open_s"]))
-    closed.update(request_stats(measured["closed_sent"], measured["closed_s"]))
-    for phase in (open_loop, closed):
-        answered = max(phase["ok"], 1)
-        phase["commands_per_request"] = round(phase["commands"] / answered, 1)
-        above_idle = phase["commands"] - idle["commands_per_s"] * phase["seconds"]
-        phase["commands_per_request_above_idle"] = round(max(above_idle, 0.0) / answered, 1)
-    held = holdings(records)
-    waits, never = cold_waits(measured["open_sent"], held)
-    waits_ms = sorted(wait * 1000 for wait in waits)
-    open_loop["cold_requests"] = len(waits)
-    open_loop["cold_never_loaded"] = never
-    open_loop["cold_wait_p50_ms"] = percentile(waits_ms, 50)
-    open_loop["cold_wait_p99_ms"] = percentile(waits_ms, 99)
-    open_loop["cold_wait_max_ms"] = round(waits_ms[-1], 1) if waits_ms else None
-    starts = [
-        span for spans in held.values() for span in spans if open_loop["began"] <= span.start < marks[-1][2]
-    ]
-    storms, replicas = load_storms(held)
-    return {
-        "idle": idle,
-        "open_loop": open_loop,
-        "closed_loop": closed,
-        "loads": len(starts),
-        "load_storms": len(storms),
-        "storms": storms,
-        "added_replicas": replicas,
-        "redis_used_memory_peak": marks[-1][1].used_memory_peak,
-        "fleet_cpu_s": round(sum(record["cpu_s"] for record in records), 2),
-    }
-
-
-def describe(point: dict[str, Any]) -> list[str]:
-    """Progress lines for a measured point."""
-    idle, load, closed = point["idle"], point["open_loop"], point["closed_loop"]
-    cpu = ", ".join(f"{part} {value:.2f}" for part, value in load["process_cpu"].items())
-    return [
-        f"idle: {idle['commands_per_s']:,.0f} Redis cmd/s, Redis CPU {idle['redis_cpu']:.2f}, "
-        f"{idle['passes_per_s']:.1f} passes/s (p50 {idle['pass_p50_ms']} ms)",
-        f"open loop: {load['ok']}/{load['requests']} ok ({load['failed']} failed, {load['unfinished']} unfinished), "
-        f"{load['commands_per_s']:,.0f} cmd/s, {load['commands_per_request_above_idle']:,.0f} cmd/req above idle, "
-        f"passes p50/p99 {load['pass_p50_ms']}/{load['pass_p99_ms']} ms, "
-        f"cold→load p50/p99 {load['cold_wait_p50_ms']}/{load['cold_wait_p99_ms']} ms over {load['cold_requests']}, "
-        f"{point['loads']} loads, {point['load_storms']} storms",
-        f"closed loop: {closed['ok_per_s']:.0f} req/s, {closed['commands_per_request']:,.0f} cmd/req, "
-        f"latency p50 {closed['latency_p50_ms']} ms",
-        f"CPU (cores) under load: {cpu}, Redis {load['redis_cpu']:.2f}; machine load before {point['load_1m_before']}; "
-        f"Redis peak memory {point['redis_used_memory_peak'] / 1024**2:.1f} MiB",
-        "top commands under load: "
-        + ", ".join(f"{k} {v:,.0f}/s" for k, v in load["top_commands_per_s"].items()),
-    ]
-
-
 def run_point(workers: int, models: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """Start one point's stack, measure it, stop it; its figures."""
     shape = Shape(
@@ -192,21 +120,19 @@ def run_point(workers: int, models: int, args: argparse.Namespace, log_dir: Path
         measured = asyncio.run(measure_phases(stack, models, args))
     point = {"workers": workers, "models": models, "processes": len(stack.fleets), "load_1m_before": load_1m}
     point |= figures(measured, stack.records)
-    point["saturated"] = saturated(point)
+    point["saturated"] = saturated(point, os.cpu_count() or 1)
     return point
 
 
-def saturated(point: dict[str, Any]) -> bool:
-    """Whether the simulated workers' processes were CPU-bound (their passes then come less often and
-    Redis sees less than real workers, one per process, would send)."""
-    load = point["open_loop"]
-    per_process = load["process_cpu"].get("workers", 0.0) / max(point["processes"], 1)
-    stack_cores = sum(load["process_cpu"].values()) + load["redis_cpu"]
-    idle_pass_ms = point["idle"]["pass_p50_ms"] or 0.0
+def what_runs(args: argparse.Namespace) -> str:
+    """What is real and what is simulated, in one paragraph for the output and the results."""
     return (
-        per_process >= SATURATED_CPU
-        or stack_cores >= SATURATED_MACHINE * (os.cpu_count() or 1)
-        or idle_pass_ms >= SATURATED_PASS_MS
+        f"Real: one redis-server, {args.front_doors} front door process(es) (`switchboard router`), and per "
+        "simulated worker the product's workers.main.Worker (model controller, job consumer, job runner, "
+        "result writer, heartbeat, takeover sweep, model slots). Simulated: the engine (scripted: loads of "
+        f"{args.load_range[0]:g}-{args.load_range[1]:g} s, {args.token_ms:g} ms per token), the Triton hop "
+        "(jobs go into the product's EngineCallable in process, not over gRPC into Triton), and the machines "
+        f"(the workers share {args.processes} OS process(es) and {os.cpu_count()} cores with everything else)."
     )
 
 
@@ -244,7 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--workers", type=int_list, help="simulated workers per point (default 2,10,50,100; quick 2,10)")
     add("--models", type=int_list, help="configured models per point (default 10,100,1000; quick 10,300)")
     add(
-        "--max-slots", type=int, default=30_000, help="skip points with more workers x models (default 30000)"
+        "--max-slots", type=int, default=10_000, help="skip points with more workers x models (default 10000)"
     )
     add("--front-doors", type=int, default=1, help="front door processes (default 1)")
     add(
@@ -284,7 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--baseline",
         type=Path,
-        help="results drawn with this run's (default bench/results/scale-before.json if present)",
+        help="results drawn with this run's (default bench/results/scale-before[-quick].json if present)",
     )
     add(
         "--compare",
@@ -334,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     results: dict[str, Any] = {"label": label, "commit": commit, "settings": settings, "machine": machine}
     results["points"], results["skipped"] = [], []
-    print(f"scale benchmark {label}: {len(grid)} points; logs in {log_dir}", flush=True)
+    results["what_runs"] = what_runs(args)
+    print(
+        f"scale benchmark {label}: {len(grid)} points; logs in {log_dir}\n{results['what_runs']}", flush=True
+    )
     started = time.monotonic()
     for number, (workers, models) in enumerate(grid, 1):
         print(f"[{number}/{len(grid)}] {workers} workers x {models} models", flush=True)
@@ -355,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"] = round(time.monotonic() - started, 1)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=1) + "\n")
-    baseline = args.baseline or (BASELINE if BASELINE.is_file() and output != BASELINE else None)
+    before = BASELINE[args.quick]
+    baseline = args.baseline or (before if before.is_file() and output != before else None)
     runs = ([json.loads(baseline.read_text())] if baseline else []) + [results]
     write_outputs(runs, output, output.with_suffix(""))
     print(f"took {results['seconds']:.0f} s")

@@ -6,12 +6,14 @@ load to its engine's stop). A request is *cold* when no worker holds its model a
 first cold request before a load is the one that load answers, and its *cold wait* is the time from
 sending it to that load's action. A *load storm* is a load of a model that starts while another
 worker's load of the same model is still in progress: two loads where one was wanted (the policy
-never adds a replica while one is loading).
+never adds a replica while one is loading). A point is *saturated* when the simulated workers were
+CPU-bound: they then run fewer passes than real workers would, and Redis sees less than it would.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,8 +21,14 @@ from typing import Any
 
 from loadgen import percentile
 from scale_load import Sent
+from scale_samples import between
 
 INFINITY = float("inf")
+# Simulated workers are CPU-bound when a process of them is this busy (cores), when the stack takes
+# this share of the machine's cores, or when their idle passes take this long.
+SATURATED_CPU = 0.75
+SATURATED_MACHINE = 0.8
+SATURATED_PASS_MS = 500.0
 
 
 @dataclass(frozen=True)
@@ -148,3 +156,61 @@ def request_stats(sent: Sequence[Sent], seconds: float) -> dict[str, Any]:
         "latency_p99_ms": percentile(ok, 99),
         "error_samples": errors[:3],
     }
+
+
+def figures(measured: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every figure of one point from its samples, requests and the fleets' records."""
+    marks = measured["marks"]
+    phases: dict[str, dict[str, Any]] = {}
+    for (name, first, began), (_, last, ended) in itertools.pairwise(marks):
+        phases[name] = {
+            **between(first, last),
+            **pass_stats(records, began, ended),
+            "began": began,
+            "ended": ended,
+        }
+    idle, open_loop, closed = phases["idle"], phases["open_loop"], phases["closed_loop"]
+    open_loop.update(request_stats(measured["open_sent"], measured["open_s"]))
+    closed.update(request_stats(measured["closed_sent"], measured["closed_s"]))
+    for phase in (open_loop, closed):
+        answered = max(phase["ok"], 1)
+        phase["commands_per_request"] = round(phase["commands"] / answered, 1)
+        above_idle = phase["commands"] - idle["commands_per_s"] * phase["seconds"]
+        phase["commands_per_request_above_idle"] = round(max(above_idle, 0.0) / answered, 1)
+    held = holdings(records)
+    waits, never = cold_waits(measured["open_sent"], held)
+    waits_ms = sorted(wait * 1000 for wait in waits)
+    open_loop["cold_requests"] = len(waits)
+    open_loop["cold_never_loaded"] = never
+    open_loop["cold_wait_p50_ms"] = percentile(waits_ms, 50)
+    open_loop["cold_wait_p99_ms"] = percentile(waits_ms, 99)
+    open_loop["cold_wait_max_ms"] = round(waits_ms[-1], 1) if waits_ms else None
+    starts = [
+        span for spans in held.values() for span in spans if open_loop["began"] <= span.start < marks[-1][2]
+    ]
+    storms, replicas = load_storms(held)
+    return {
+        "idle": idle,
+        "open_loop": open_loop,
+        "closed_loop": closed,
+        "loads": len(starts),
+        "load_storms": len(storms),
+        "storms": storms,
+        "added_replicas": replicas,
+        "redis_used_memory_peak": marks[-1][1].used_memory_peak,
+        "fleet_cpu_s": round(sum(record["cpu_s"] for record in records), 2),
+    }
+
+
+def saturated(point: dict[str, Any], cores: int) -> bool:
+    """Whether the simulated workers' processes were CPU-bound (their passes then come less often and
+    Redis sees less than real workers, one per process, would send)."""
+    load = point["open_loop"]
+    per_process = load["process_cpu"].get("workers", 0.0) / max(point["processes"], 1)
+    stack_cores = sum(load["process_cpu"].values()) + load["redis_cpu"]
+    idle_pass_ms = point["idle"]["pass_p50_ms"] or 0.0
+    return (
+        per_process >= SATURATED_CPU
+        or stack_cores >= SATURATED_MACHINE * cores
+        or idle_pass_ms >= SATURATED_PASS_MS
+    )

@@ -77,6 +77,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             " *: the simulated workers' processes were CPU-bound, so they ran fewer passes than real workers"
             " would: Redis load is understated there."
         )
+    if "what_runs" in results:
+        note += "\n\n" + results["what_runs"]
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 
@@ -179,3 +181,24 @@ def _svg(parts: list[str]) -> str:
     return (
         "\n".join([head, f"<rect width='{WIDTH}' height='{HEIGHT}' fill='white'/>", *parts, "</svg>"]) + "\n"
     )
+
+
+def describe(point: dict[str, Any]) -> list[str]:
+    """Progress lines for a measured point."""
+    idle, load, closed = point["idle"], point["open_loop"], point["closed_loop"]
+    cpu = ", ".join(f"{part} {value:.2f}" for part, value in load["process_cpu"].items())
+    return [
+        f"idle: {idle['commands_per_s']:,.0f} Redis cmd/s, Redis CPU {idle['redis_cpu']:.2f}, "
+        f"{idle['passes_per_s']:.1f} passes/s (p50 {idle['pass_p50_ms']} ms)",
+        f"open loop: {load['ok']}/{load['requests']} ok ({load['failed']} failed, {load['unfinished']} unfinished), "
+        f"{load['commands_per_s']:,.0f} cmd/s, {load['commands_per_request_above_idle']:,.0f} cmd/req above idle, "
+        f"passes p50/p99 {load['pass_p50_ms']}/{load['pass_p99_ms']} ms, "
+        f"cold→load p50/p99 {load['cold_wait_p50_ms']}/{load['cold_wait_p99_ms']} ms over {load['cold_requests']}, "
+        f"{point['loads']} loads, {point['load_storms']} storms",
+        f"closed loop: {closed['ok_per_s']:.0f} req/s, {closed['commands_per_request']:,.0f} cmd/req, "
+        f"latency p50 {closed['latency_p50_ms']} ms",
+        f"CPU (cores) under load: {cpu}, Redis {load['redis_cpu']:.2f}; machine load before {point['load_1m_before']}; "
+        f"Redis peak memory {point['redis_used_memory_peak'] / 1024**2:.1f} MiB",
+        "top commands under load: "
+        + ", ".join(f"{k} {v:,.0f}/s" for k, v in load["top_commands_per_s"].items()),
+    ]

@@ -6,7 +6,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from scale_load import Sent
-from scale_metrics import INFINITY, Holding, cold_waits, holdings, load_storms, pass_stats, request_stats
+from scale_metrics import (
+    INFINITY,
+    Holding,
+    cold_waits,
+    holdings,
+    load_storms,
+    pass_stats,
+    request_stats,
+    saturated,
+)
 
 
 def record(
@@ -94,3 +103,19 @@ def test_requests_are_told_apart_as_answered_failed_and_unfinished() -> None:
     stats = request_stats(requests, seconds=2.0)
     assert (stats["requests"], stats["ok"], stats["failed"], stats["unfinished"]) == (3, 1, 1, 1)
     assert stats["ok_per_s"] == 0.5
+
+
+def point(workers_cpu: float, processes: int, idle_pass_ms: float, others_cpu: float = 0.1) -> dict[str, Any]:
+    process_cpu = {"workers": workers_cpu, "front_doors": others_cpu, "bench": 0.0}
+    return {
+        "processes": processes,
+        "idle": {"pass_p50_ms": idle_pass_ms},
+        "open_loop": {"process_cpu": process_cpu, "redis_cpu": 0.0},
+    }
+
+
+def test_a_point_is_saturated_when_its_workers_or_the_machine_run_out_of_cpu() -> None:
+    assert not saturated(point(workers_cpu=0.6, processes=2, idle_pass_ms=20.0), cores=2)
+    assert saturated(point(workers_cpu=1.6, processes=2, idle_pass_ms=20.0), cores=2)  # 0.8 per process
+    assert saturated(point(workers_cpu=1.2, processes=2, idle_pass_ms=20.0, others_cpu=0.5), cores=2)
+    assert saturated(point(workers_cpu=0.2, processes=2, idle_pass_ms=800.0), cores=2)
