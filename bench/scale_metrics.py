@@ -24,10 +24,10 @@ from scale_load import Sent
 from scale_samples import between
 
 INFINITY = float("inf")
-# Simulated workers are CPU-bound when a process of them is this busy (cores), when the stack takes
-# this share of the machine's cores, or when their idle passes take this long.
+# Simulated workers are CPU-bound when a process of them is this busy (cores), when the machine (the
+# stack and anything else on it) is this busy, or when their passes take this long.
 SATURATED_CPU = 0.75
-SATURATED_MACHINE = 0.8
+SATURATED_MACHINE = 0.85
 SATURATED_PASS_MS = 500.0
 
 
@@ -203,14 +203,14 @@ def figures(measured: dict[str, Any], records: list[dict[str, Any]]) -> dict[str
 
 
 def saturated(point: dict[str, Any], cores: int) -> bool:
-    """Whether the simulated workers' processes were CPU-bound (their passes then come less often and
-    Redis sees less than real workers, one per process, would send)."""
-    load = point["open_loop"]
+    """Whether the simulated workers were short of CPU (their passes then come less often, and Redis
+    sees less than real workers, one per machine, would send)."""
+    idle, load = point["idle"], point["open_loop"]
     per_process = load["process_cpu"].get("workers", 0.0) / max(point["processes"], 1)
-    stack_cores = sum(load["process_cpu"].values()) + load["redis_cpu"]
-    idle_pass_ms = point["idle"]["pass_p50_ms"] or 0.0
+    busy_cores = max(phase.get("machine_cpu", 0.0) for phase in (idle, load))
+    pass_ms = max(phase["pass_p50_ms"] or 0.0 for phase in (idle, load))
     return (
         per_process >= SATURATED_CPU
-        or stack_cores >= SATURATED_MACHINE * cores
-        or idle_pass_ms >= SATURATED_PASS_MS
+        or busy_cores >= SATURATED_MACHINE * cores
+        or pass_ms >= SATURATED_PASS_MS
     )

@@ -20,7 +20,7 @@ COLUMNS = (
     "cold → load p50 / p99 ms",
     "storms",
     "Redis MiB",
-    "workers' CPU (cores)",
+    "CPU workers / machine",
 )
 
 
@@ -49,7 +49,7 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{fmt(load['cold_wait_p50_ms'])} / {fmt(load['cold_wait_p99_ms'])}",
                 f"{point['load_storms']}",
                 fmt(point["redis_used_memory_peak"] / 1024**2, 1),
-                fmt(load["process_cpu"].get("workers"), 2),
+                f"{fmt(load['process_cpu'].get('workers'), 2)} / {fmt(load.get('machine_cpu'), 2)}",
             ]
         )
     for skipped in results.get("skipped", []):
@@ -74,8 +74,8 @@ def markdown_table(results: dict[str, Any]) -> str:
     )
     if any(point.get("saturated") for point in results["points"]):
         note += (
-            " *: the simulated workers' processes were CPU-bound, so they ran fewer passes than real workers"
-            " would: Redis load is understated there."
+            " *: the simulated workers were short of CPU, so they ran fewer passes than real workers would:"
+            " Redis load is understated there (see bench/README.md)."
         )
     if "what_runs" in results:
         note += "\n\n" + results["what_runs"]
@@ -197,7 +197,8 @@ def describe(point: dict[str, Any]) -> list[str]:
         f"{point['loads']} loads, {point['load_storms']} storms",
         f"closed loop: {closed['ok_per_s']:.0f} req/s, {closed['commands_per_request']:,.0f} cmd/req, "
         f"latency p50 {closed['latency_p50_ms']} ms",
-        f"CPU (cores) under load: {cpu}, Redis {load['redis_cpu']:.2f}; machine load before {point['load_1m_before']}; "
+        f"CPU (cores) under load: {cpu}, Redis {load['redis_cpu']:.2f}, whole machine {load['machine_cpu']:.2f}; "
+        f"load average before {point['load_1m_before']}; "
         f"Redis peak memory {point['redis_used_memory_peak'] / 1024**2:.1f} MiB",
         "top commands under load: "
         + ", ".join(f"{k} {v:,.0f}/s" for k, v in load["top_commands_per_s"].items()),

@@ -30,6 +30,7 @@ class Sample:
     used_memory_peak: int
     connected_clients: int
     process_cpu_s: dict[str, float]  # by part of the stack (see `take`)
+    machine_cpu_s: float  # busy CPU seconds of the whole machine so far, everyone's work included
 
 
 async def take(conn: aioredis.Redis, pids: dict[str, list[int]]) -> Sample:
@@ -52,6 +53,7 @@ async def take(conn: aioredis.Redis, pids: dict[str, list[int]]) -> Sample:
         used_memory_peak=int(info["used_memory_peak"]),
         connected_clients=int(info["connected_clients"]),
         process_cpu_s=process_cpu,
+        machine_cpu_s=_machine_cpu_s(),
     )
 
 
@@ -63,6 +65,16 @@ def _cpu_s(pid: int) -> float:
         return 0.0
     # After the command name: state is field 3, utime and stime are fields 14 and 15.
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _machine_cpu_s() -> float:
+    """Busy CPU seconds of every core so far (all but idle and iowait), from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    ticks = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
 
 
 def between(first: Sample, last: Sample) -> dict[str, Any]:
@@ -84,5 +96,7 @@ def between(first: Sample, last: Sample) -> dict[str, Any]:
             part: round((last.process_cpu_s[part] - first.process_cpu_s.get(part, 0.0)) / seconds, 3)
             for part in last.process_cpu_s
         },
+        # Cores busy on the whole machine: the stack's, and whatever else runs there.
+        "machine_cpu": round((last.machine_cpu_s - first.machine_cpu_s) / seconds, 3),
         "top_commands_per_s": {name: round(count / seconds, 1) for name, count in top.items()},
     }

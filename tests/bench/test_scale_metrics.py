@@ -105,17 +105,17 @@ def test_requests_are_told_apart_as_answered_failed_and_unfinished() -> None:
     assert stats["ok_per_s"] == 0.5
 
 
-def point(workers_cpu: float, processes: int, idle_pass_ms: float, others_cpu: float = 0.1) -> dict[str, Any]:
-    process_cpu = {"workers": workers_cpu, "front_doors": others_cpu, "bench": 0.0}
+def point(workers_cpu: float, processes: int, pass_ms: float, machine_cpu: float = 1.0) -> dict[str, Any]:
+    process_cpu = {"workers": workers_cpu, "front_doors": 0.1, "bench": 0.0}
     return {
         "processes": processes,
-        "idle": {"pass_p50_ms": idle_pass_ms},
-        "open_loop": {"process_cpu": process_cpu, "redis_cpu": 0.0},
+        "idle": {"pass_p50_ms": 10.0, "machine_cpu": 0.5},
+        "open_loop": {"pass_p50_ms": pass_ms, "machine_cpu": machine_cpu, "process_cpu": process_cpu},
     }
 
 
 def test_a_point_is_saturated_when_its_workers_or_the_machine_run_out_of_cpu() -> None:
-    assert not saturated(point(workers_cpu=0.6, processes=2, idle_pass_ms=20.0), cores=2)
-    assert saturated(point(workers_cpu=1.6, processes=2, idle_pass_ms=20.0), cores=2)  # 0.8 per process
-    assert saturated(point(workers_cpu=1.2, processes=2, idle_pass_ms=20.0, others_cpu=0.5), cores=2)
-    assert saturated(point(workers_cpu=0.2, processes=2, idle_pass_ms=800.0), cores=2)
+    assert not saturated(point(workers_cpu=0.6, processes=2, pass_ms=20.0), cores=2)
+    assert saturated(point(workers_cpu=1.6, processes=2, pass_ms=20.0), cores=2)  # 0.8 per process
+    assert saturated(point(workers_cpu=0.6, processes=2, pass_ms=20.0, machine_cpu=1.9), cores=2)
+    assert saturated(point(workers_cpu=0.2, processes=2, pass_ms=800.0), cores=2)

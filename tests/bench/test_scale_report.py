@@ -20,6 +20,7 @@ def phase(commands_per_s: float) -> dict[str, Any]:
         "cold_wait_p50_ms": 60.0,
         "cold_wait_p99_ms": 300.0,
         "process_cpu": {"workers": 0.4},
+        "machine_cpu": 1.1,
     }
 
 
