@@ -37,7 +37,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from scale_load import Load, Zipf
-from scale_metrics import figures, saturated
+from scale_metrics import contended, figures, saturated
 from scale_report import describe, markdown_table, svg_chart
 from scale_samples import Sample, take
 from scale_stack import Shape, Stack, StackError, model_names, running_stack
@@ -121,7 +121,21 @@ def run_point(workers: int, models: int, args: argparse.Namespace, log_dir: Path
     point = {"workers": workers, "models": models, "processes": len(stack.fleets), "load_1m_before": load_1m}
     point |= figures(measured, stack.records)
     point["saturated"] = saturated(point, os.cpu_count() or 1)
+    point["contended"] = contended(point)
     return point
+
+
+def measured_point(workers: int, models: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """Run a point, again (up to --retries times) while other work on the machine took its cores;
+    the least contended run counts."""
+    runs = [run_point(workers, models, args, log_dir)]
+    while runs[-1]["contended"] and len(runs) <= args.retries:
+        others = max(runs[-1][phase]["others_cpu"] for phase in ("idle", "open_loop"))
+        progress(f"other work on the machine took {others:.2f} cores meanwhile: measuring again")
+        runs.append(run_point(workers, models, args, log_dir))
+    best = min(runs, key=lambda run: max(run[phase]["others_cpu"] for phase in ("idle", "open_loop")))
+    best["attempts"] = len(runs)
+    return best
 
 
 def what_runs(args: argparse.Namespace) -> str:
@@ -200,6 +214,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             type=float,
             help=f"seconds of the {name} phase (quick {QUICK[name + '_s']:g}, default {FULL[name + '_s']:g})",
         )
+    add("--retries", type=int, default=1, help="runs again of a point that other work contended (default 1)")
     add("--seed", type=int, default=1, help="random seed of the arrivals and model draws")
     add("--label", help="names the results (default: the short commit, -dirty with local changes)")
     add(
@@ -273,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             results["skipped"].append({"workers": workers, "models": models, "why": why})
             continue
         try:
-            point = run_point(workers, models, args, log_dir)
+            point = measured_point(workers, models, args, log_dir)
         except StackError as exc:
             print(f"error: {exc}", file=sys.stderr)
             results["skipped"].append({"workers": workers, "models": models, "why": f"failed: {exc}"})

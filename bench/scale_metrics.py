@@ -29,6 +29,9 @@ INFINITY = float("inf")
 SATURATED_CPU = 0.75
 SATURATED_MACHINE = 0.85
 SATURATED_PASS_MS = 500.0
+# A point is contended when other work on the machine (not the stack, not this benchmark) took this
+# many cores during its idle or open-loop phase.
+CONTENDED_CPU = 0.5
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,9 @@ def figures(measured: dict[str, Any], records: list[dict[str, Any]]) -> dict[str
             "began": began,
             "ended": ended,
         }
+    for phase in phases.values():
+        ours = sum(phase["process_cpu"].values()) + phase["redis_cpu"]
+        phase["others_cpu"] = round(max(0.0, phase["machine_cpu"] - ours), 3)
     idle, open_loop, closed = phases["idle"], phases["open_loop"], phases["closed_loop"]
     open_loop.update(request_stats(measured["open_sent"], measured["open_s"]))
     closed.update(request_stats(measured["closed_sent"], measured["closed_s"]))
@@ -214,3 +220,9 @@ def saturated(point: dict[str, Any], cores: int) -> bool:
         or busy_cores >= SATURATED_MACHINE * cores
         or pass_ms >= SATURATED_PASS_MS
     )
+
+
+def contended(point: dict[str, Any]) -> bool:
+    """Whether other work on the machine took cores the stack needed while it was measured."""
+    others: float = max(point["idle"]["others_cpu"], point["open_loop"]["others_cpu"])
+    return others >= CONTENDED_CPU

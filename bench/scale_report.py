@@ -38,7 +38,9 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
         idle, load, closed = point["idle"], point["open_loop"], point["closed_loop"]
         rows.append(
             [
-                f"{point['workers']} × {point['models']}" + (" *" if point.get("saturated") else ""),
+                f"{point['workers']} × {point['models']}"
+                + (" *" if point.get("saturated") else "")
+                + (" †" if point.get("contended") else ""),
                 fmt(idle["commands_per_s"]),
                 fmt(load["commands_per_s"]),
                 f"{fmt(idle['redis_cpu'], 2)} / {fmt(load['redis_cpu'], 2)}",
@@ -77,6 +79,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             " *: the simulated workers were short of CPU, so they ran fewer passes than real workers would:"
             " Redis load is understated there (see bench/README.md)."
         )
+    if any(point.get("contended") for point in results["points"]):
+        note += " †: other work on the machine took half a core or more while the point was measured."
     if "what_runs" in results:
         note += "\n\n" + results["what_runs"]
     return "\n".join(lines) + "\n\n" + note + "\n"
@@ -198,7 +202,7 @@ def describe(point: dict[str, Any]) -> list[str]:
         f"closed loop: {closed['ok_per_s']:.0f} req/s, {closed['commands_per_request']:,.0f} cmd/req, "
         f"latency p50 {closed['latency_p50_ms']} ms",
         f"CPU (cores) under load: {cpu}, Redis {load['redis_cpu']:.2f}, whole machine {load['machine_cpu']:.2f}; "
-        f"load average before {point['load_1m_before']}; "
+        f"others {load['others_cpu']:.2f}; load average before {point['load_1m_before']}; "
         f"Redis peak memory {point['redis_used_memory_peak'] / 1024**2:.1f} MiB",
         "top commands under load: "
         + ", ".join(f"{k} {v:,.0f}/s" for k, v in load["top_commands_per_s"].items()),

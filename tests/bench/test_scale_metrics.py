@@ -10,6 +10,7 @@ from scale_metrics import (
     INFINITY,
     Holding,
     cold_waits,
+    contended,
     holdings,
     load_storms,
     pass_stats,
@@ -119,3 +120,10 @@ def test_a_point_is_saturated_when_its_workers_or_the_machine_run_out_of_cpu() -
     assert saturated(point(workers_cpu=1.6, processes=2, pass_ms=20.0), cores=2)  # 0.8 per process
     assert saturated(point(workers_cpu=0.6, processes=2, pass_ms=20.0, machine_cpu=1.9), cores=2)
     assert saturated(point(workers_cpu=0.2, processes=2, pass_ms=800.0), cores=2)
+
+
+def test_a_point_is_contended_when_other_work_takes_half_a_core() -> None:
+    quiet = {"idle": {"others_cpu": 0.1}, "open_loop": {"others_cpu": 0.3}}
+    busy = {"idle": {"others_cpu": 0.1}, "open_loop": {"others_cpu": 0.7}}
+    assert not contended(quiet)
+    assert contended(busy)
