@@ -88,93 +88,106 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 # --- the picture -----------------------------------------------------------------------------------
 
-WIDTH, HEIGHT = 760, 480
-LEFT, RIGHT, TOP, BOTTOM = 80, 200, 50, 60
+WIDTH, HEIGHT = 860, 500
+LEFT, RIGHT, TOP, BOTTOM = 80, 250, 50, 60
+PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+PHASES = (("open_loop", "under load", ""), ("idle", "idle", " stroke-dasharray='6 4'"))
 
 
-def _log_ticks(low: float, high: float) -> list[float]:
-    """Powers of ten spanning [low, high]."""
-    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
-    return [10.0**power for power in range(first, last + 1)]
+class _LogAxes:
+    """Log-log axes over the values to draw, padded so that points and labels stay inside."""
 
+    def __init__(self, xs: Sequence[float], ys: Sequence[float]) -> None:
+        self.x_low, self.x_high = math.floor(math.log10(min(xs))), math.log10(max(xs)) + 0.35
+        self.y_low, self.y_high = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)) + 0.05)
 
-def _tick_label(value: float) -> str:
-    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+    def x(self, value: float) -> float:
+        return LEFT + (math.log10(value) - self.x_low) / (self.x_high - self.x_low) * PLOT_W
+
+    def y(self, value: float) -> float:
+        share = (math.log10(max(value, 1.0)) - self.y_low) / max(self.y_high - self.y_low, 1e-9)
+        return TOP + PLOT_H - share * PLOT_H
+
+    def grid(self) -> list[str]:
+        """Grid lines and tick labels at the powers of ten."""
+        parts = []
+        for power in range(self.x_low, math.floor(self.x_high) + 1):
+            x = self.x(10.0**power)
+            parts.append(f"<line x1='{x:.1f}' y1='{TOP}' x2='{x:.1f}' y2='{TOP + PLOT_H}' stroke='#ddd'/>")
+            parts.append(
+                f"<text x='{x:.1f}' y='{TOP + PLOT_H + 18}' text-anchor='middle'>{10**power:,}</text>"
+            )
+        for power in range(self.y_low, self.y_high + 1):
+            y = self.y(10.0**power)
+            parts.append(f"<line x1='{LEFT}' y1='{y:.1f}' x2='{LEFT + PLOT_W}' y2='{y:.1f}' stroke='#ddd'/>")
+            parts.append(f"<text x='{LEFT - 6}' y='{y + 4:.1f}' text-anchor='end'>{10**power:,}</text>")
+        return parts
 
 
 def svg_chart(runs: Sequence[dict[str, Any]]) -> str:
     """Redis commands/s (log) against workers x models (log): under load solid, idle dashed, one
-    colour per results file; each point labelled with its workers x models."""
-    series = []
-    for run in runs:
-        points = sorted(run["points"], key=lambda p: (p["workers"] * p["models"], p["workers"]))
-        series.append((run["label"], points))
-    xs = [p["workers"] * p["models"] for _, points in series for p in points]
-    ys = [
-        max(p[phase]["commands_per_s"], 1.0)
-        for _, points in series
-        for p in points
-        for phase in ("idle", "open_loop")
+    colour per results file; each point labelled with its workers x models, hollow where the
+    simulation was short of CPU or the machine busy with other work (its numbers understated)."""
+    series = [
+        (run["label"], sorted(run["points"], key=lambda p: (p["workers"] * p["models"], p["workers"])))
+        for run in runs
     ]
-    if not xs:
+    points = [p for _, run_points in series for p in run_points]
+    if not points:
         return _svg(["<text x='20' y='40'>no points measured</text>"])
-    x_ticks, y_ticks = _log_ticks(min(xs), max(xs)), _log_ticks(min(ys), max(ys))
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-
-    def x_at(value: float) -> float:
-        low, high = math.log10(x_ticks[0]), math.log10(x_ticks[-1])
-        return LEFT + (math.log10(value) - low) / max(high - low, 1e-9) * plot_w
-
-    def y_at(value: float) -> float:
-        low, high = math.log10(y_ticks[0]), math.log10(y_ticks[-1])
-        return TOP + plot_h - (math.log10(max(value, 1.0)) - low) / max(high - low, 1e-9) * plot_h
-
+    axes = _LogAxes(
+        [p["workers"] * p["models"] for p in points],
+        [max(p[phase]["commands_per_s"], 1.0) for p in points for phase, _, _ in PHASES],
+    )
     parts = [
         f"<text x='{LEFT}' y='28' font-size='16' font-weight='bold'>Redis commands/s against workers × models</text>",
-        f"<rect x='{LEFT}' y='{TOP}' width='{plot_w}' height='{plot_h}' fill='none' stroke='#444'/>",
+        f"<rect x='{LEFT}' y='{TOP}' width='{PLOT_W}' height='{PLOT_H}' fill='none' stroke='#444'/>",
+        *axes.grid(),
+        f"<text x='{LEFT + PLOT_W / 2}' y='{HEIGHT - 15}' text-anchor='middle'>"
+        "workers × models (configured model slots)</text>",
+        f"<text transform='translate(18 {TOP + PLOT_H / 2}) rotate(-90)' text-anchor='middle'>Redis commands/s</text>",
     ]
-    for tick in x_ticks:
-        x = x_at(tick)
-        parts.append(f"<line x1='{x:.1f}' y1='{TOP}' x2='{x:.1f}' y2='{TOP + plot_h}' stroke='#ddd'/>")
-        parts.append(
-            f"<text x='{x:.1f}' y='{TOP + plot_h + 18}' text-anchor='middle'>{_tick_label(tick)}</text>"
-        )
-    for tick in y_ticks:
-        y = y_at(tick)
-        parts.append(f"<line x1='{LEFT}' y1='{y:.1f}' x2='{LEFT + plot_w}' y2='{y:.1f}' stroke='#ddd'/>")
-        parts.append(f"<text x='{LEFT - 6}' y='{y + 4:.1f}' text-anchor='end'>{_tick_label(tick)}</text>")
-    parts.append(
-        f"<text x='{LEFT + plot_w / 2}' y='{HEIGHT - 15}' text-anchor='middle'>workers × models (configured model slots)</text>"
-    )
-    parts.append(
-        f"<text transform='translate(18 {TOP + plot_h / 2}) rotate(-90)' text-anchor='middle'>Redis commands/s</text>"
-    )
-    for index, (label, points) in enumerate(series):
+    for index, (label, run_points) in enumerate(series):
         colour = COLOURS[index % len(COLOURS)]
-        for phase, dash in (("open_loop", ""), ("idle", " stroke-dasharray='6 4'")):
-            coords = [(x_at(p["workers"] * p["models"]), y_at(p[phase]["commands_per_s"])) for p in points]
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
-            parts.append(f"<polyline points='{path}' fill='none' stroke='{colour}' stroke-width='2'{dash}/>")
-            for (x, y), point in zip(coords, points, strict=True):
-                parts.append(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='{colour}'/>")
-                if phase == "open_loop":
-                    text = f"{point['workers']}×{point['models']}"
-                    parts.append(
-                        f"<text x='{x + 5:.1f}' y='{y - 6:.1f}' font-size='10' fill='{colour}'>{text}</text>"
-                    )
-        legend_y = TOP + 10 + index * 44
-        legend_x = LEFT + plot_w + 16
-        parts.append(
-            f"<line x1='{legend_x}' y1='{legend_y}' x2='{legend_x + 26}' y2='{legend_y}' stroke='{colour}' stroke-width='2'/>"
-        )
-        parts.append(f"<text x='{legend_x + 32}' y='{legend_y + 4}'>{escape(label)}: load</text>")
-        parts.append(
-            f"<line x1='{legend_x}' y1='{legend_y + 18}' x2='{legend_x + 26}' y2='{legend_y + 18}' stroke='{colour}' "
-            "stroke-width='2' stroke-dasharray='6 4'/>"
-        )
-        parts.append(f"<text x='{legend_x + 32}' y='{legend_y + 22}'>{escape(label)}: idle</text>")
+        for phase, _, dash in PHASES:
+            parts += _curve(axes, run_points, phase, colour, dash)
+        parts += _legend(LEFT + PLOT_W + 16, TOP + 10 + index * 44, label, colour)
+    note_y = TOP + 10 + len(series) * 44
+    parts.append(
+        f"<circle cx='{LEFT + PLOT_W + 29}' cy='{note_y}' r='3.5' fill='white' stroke='#444' stroke-width='1.5'/>"
+    )
+    parts.append(f"<text x='{LEFT + PLOT_W + 48}' y='{note_y + 4}'>short of CPU or contended</text>")
     return _svg(parts)
+
+
+def _curve(axes: _LogAxes, points: Sequence[dict[str, Any]], phase: str, colour: str, dash: str) -> list[str]:
+    coords = [(axes.x(p["workers"] * p["models"]), axes.y(p[phase]["commands_per_s"])) for p in points]
+    path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+    parts = [f"<polyline points='{path}' fill='none' stroke='{colour}' stroke-width='2'{dash}/>"]
+    for number, ((x, y), point) in enumerate(zip(coords, points, strict=True)):
+        fill = "white" if point.get("saturated") or point.get("contended") else colour
+        parts.append(
+            f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='{fill}' stroke='{colour}' stroke-width='1.5'/>"
+        )
+        if phase == "open_loop":  # labels above and below in turn, so that neighbours do not overlap
+            label_y = y - 7 if number % 2 == 0 else y + 15
+            text = f"{point['workers']}×{point['models']}"
+            parts.append(
+                f"<text x='{x + 5:.1f}' y='{label_y:.1f}' font-size='10' fill='{colour}'>{text}</text>"
+            )
+    return parts
+
+
+def _legend(x: int, y: int, label: str, colour: str) -> list[str]:
+    parts = []
+    for row, (_, words, dash) in enumerate(PHASES):
+        line_y = y + row * 18
+        parts.append(
+            f"<line x1='{x}' y1='{line_y}' x2='{x + 26}' y2='{line_y}' stroke='{colour}' stroke-width='2'{dash}/>"
+        )
+        parts.append(f"<text x='{x + 32}' y='{line_y + 4}'>{escape(label)}: {words}</text>")
+    return parts
 
 
 def _svg(parts: list[str]) -> str:

@@ -72,6 +72,6 @@ def test_the_picture_draws_load_and_idle_for_every_results_file() -> None:
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 4  # two files, each a load and an idle curve
     labels = [text.text for text in svg.iter("{http://www.w3.org/2000/svg}text")]
-    assert "before: load" in labels
+    assert "before: under load" in labels
     assert "after: idle" in labels
     assert "10×300" in labels
