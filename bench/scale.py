@@ -2,7 +2,7 @@
 workers and configured models grow.
 
     python bench/scale.py --quick                   # 2,10 workers x 10,300 models, about a minute
-    python bench/scale.py                           # the bigger grid (several minutes)
+    python bench/scale.py                           # the bigger grid (about 8 minutes on 2 cores)
     python bench/scale.py --compare bench/results/scale-before.json bench/results/scale-after.json
 
 What is real: one redis-server; the front door(s) (`switchboard router` processes, the product's own);
@@ -11,8 +11,9 @@ job runner, result writer, heartbeat, takeover sweep and model slots, from the s
 as the front doors. What is simulated: the engine (a scripted one: loads take a time drawn per model
 from --load-range, tokens come at a fixed pace), the hop through the worker's Triton (the job goes
 straight into the product's Triton callable, `EngineCallable`, on the worker's event loop instead of
-over gRPC into a Triton process), and the machine: many workers share one OS process and its event
-loop (--processes of them share the workers), all processes share this machine's cores with Redis and the front doors.
+over gRPC into a Triton process), and the machines: the workers share a few OS processes
+(--processes, one per core by default) and their event loops, and everything shares this machine's
+cores.
 
 Each grid point starts a fresh stack, then measures three phases: idle (nothing sent), open loop
 (Poisson arrivals at --rate over models drawn by Zipf popularity, with short keep-alives so models load
@@ -74,11 +75,20 @@ def progress(text: str) -> None:
 
 async def measure_phases(stack: Stack, models: int, args: argparse.Namespace) -> dict[str, Any]:
     """Idle, open loop, closed loop on a running stack: the samples and requests of each."""
-    rng = random.Random(args.seed)
-    zipf = Zipf(model_names(models), args.zipf, rng)
-    hot = model_names(1)[0]
+    zipf = Zipf(model_names(models), args.zipf, random.Random(args.seed))
     load = Load(stack.base_urls, args.max_tokens, timeout_s=args.request_timeout_s + 5)
     pids = stack.pids()
+    try:
+        return await _phases(stack, load, zipf, pids, args)
+    finally:
+        await load.aclose()
+
+
+async def _phases(
+    stack: Stack, load: Load, zipf: Zipf, pids: dict[str, list[int]], args: argparse.Namespace
+) -> dict[str, Any]:
+    rng = random.Random(args.seed + 1)
+    hot = model_names(1)[0]
     async with aioredis.Redis.from_url(stack.redis_url) as conn:
         await asyncio.sleep(args.settle_s)
         marks: list[tuple[str, Sample, float]] = [("idle", await take(conn, pids), time.time())]
@@ -92,7 +102,6 @@ async def measure_phases(stack: Stack, models: int, args: argparse.Namespace) ->
         marks.append(("closed_loop", await take(conn, pids), time.time()))
         closed_s = await load.closed_loop(hot, args.closed_clients, args.closed_s)
         marks.append(("end", await take(conn, pids), time.time()))
-    await load.aclose()
     stack.check()
     return {
         "marks": marks,
