@@ -56,6 +56,7 @@ QUICK = {
     "load_s": 4.0,
     "drain_s": 2.0,
     "closed_s": 2.0,
+    "retries": 0,
 }
 FULL = {
     "workers": [2, 10, 50, 100],
@@ -65,6 +66,7 @@ FULL = {
     "load_s": 15.0,
     "drain_s": 8.0,
     "closed_s": 6.0,
+    "retries": 1,
 }
 
 
@@ -223,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             type=float,
             help=f"seconds of the {name} phase (quick {QUICK[name + '_s']:g}, default {FULL[name + '_s']:g})",
         )
-    add("--retries", type=int, default=1, help="runs again of a point that other work contended (default 1)")
+    add("--retries", type=int, help="runs again of a point that other work contended (quick 0, default 1)")
     add("--seed", type=int, default=1, help="random seed of the arrivals and model draws")
     add("--label", help="names the results (default: the short commit, -dirty with local changes)")
     add(
