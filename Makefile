@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install up test lint typecheck unit e2e bench bench-cold gpu-check clean
+.PHONY: install up test lint typecheck unit e2e bench bench-cold bench-scale gpu-check clean
 
 VENV := .venv/bin
 
@@ -33,6 +33,9 @@ bench: install
 
 bench-cold: install
 	$(VENV)/python bench/cold_start.py
+
+bench-scale: install
+	$(VENV)/python bench/scale.py
 
 # The GPU check (tests/gpu; the README's "TensorRT-LLM workers" section). On a machine with an
 # NVIDIA GPU, Docker and the NVIDIA Container Toolkit: builds the TensorRT-LLM worker image and the
