@@ -30,7 +30,13 @@ from workers.controller.loop import Backoff, ModelController
 from workers.controller.snapshot import SnapshotReader
 from workers.controller.view import WorkerLimits
 from workers.engines.base import Engine
-from workers.engines.registry import EngineOptions, create_engine, import_runtimes, prepare_model_files
+from workers.engines.registry import (
+    EngineOptions,
+    create_engine,
+    import_runtimes,
+    installed_engines,
+    prepare_model_files,
+)
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import ModelSlot
@@ -53,6 +59,10 @@ STOP_STEP_TIMEOUT_S = 20.0
 EngineFactory = Callable[[ModelConfig, EngineOptions], Engine]
 
 
+class CannotStart(RuntimeError):
+    """The settings give this worker nothing it could do; the message says what to change."""
+
+
 class Worker:
     """Owns the Triton host, the model slots, the consumer, the controller and the heartbeat."""
 
@@ -66,13 +76,13 @@ class Worker:
         """`engine_factory` makes an engine for a model; tests of the worker's own parts pass a scripted one.
         `owns_process`: the worker is the whole process (`switchboard worker`), and may place it."""
         if not settings.redis.url:
-            raise RuntimeError("the worker needs redis.url (or REDIS_URL) to be set")
+            raise CannotStart("the worker needs redis.url (or REDIS_URL) to be set")
         self.settings = settings
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.started = time.time()
         self.kind = settings.worker.kind or machine_kind()
         self.memory_budget = memory_budget_bytes(self.kind, settings.worker.memory_budget_gib)
-        self._models = settings.worker_models()
+        self._models = self._models_it_can_run(settings.worker_models(), engine_factory)
         self._engine_factory = engine_factory
         self._stop_requested = asyncio.Event()
         # One pool for the consumer's blocking reads, the writer's pipelines and the heartbeat.
@@ -132,7 +142,7 @@ class Worker:
             triton_metrics_port=self._host.metrics_port,
             metrics_port=self._metrics.port,
             kind=self.kind,
-            allowed=tuple(self.settings.worker.models),
+            allowed=self._allowed,
             max_loaded_models=self.settings.worker.max_loaded_models,
             memory_budget_bytes=self.memory_budget,
             memory_used_bytes=sum(slot.memory_bytes() for slot in held),
@@ -260,6 +270,37 @@ class Worker:
             memory_budget_bytes=self.memory_budget,
         )
 
+    def _models_it_can_run(
+        self, models: list[ModelConfig], engine_factory: EngineFactory
+    ) -> list[ModelConfig]:
+        """`models` less those whose engine this environment lacks (a vLLM image has no TensorRT-LLM).
+
+        Such a model is never loaded here, so its loads cannot fail here and hold it back for the
+        workers that can run it; the record's `allowed` names what this worker may hold.
+        """
+        self._allowed = tuple(self.settings.worker.models)
+        if engine_factory is not create_engine:  # scripted engines need no package
+            return models
+        installed = installed_engines()
+        lacking = [model for model in models if model.engine not in installed]
+        for model in lacking:
+            logger.warning(
+                f"{model.name} is left to other workers: its engine {model.engine!r} is not installed here",
+                extra={"model": model.name, "engine": model.engine},
+            )
+        if not lacking:
+            return models
+        runnable = [model for model in models if model.engine in installed]
+        if not runnable:
+            engines = sorted({model.engine for model in lacking})
+            raise CannotStart(
+                f"this worker can run none of its models: their engines ({', '.join(engines)}) are not "
+                "installed here; run it from an image that has them, or name the models it can run in "
+                "worker.models"
+            )
+        self._allowed = tuple(model.name for model in runnable)
+        return runnable
+
     # --- running ----------------------------------------------------------------------------
 
     async def _prepare_engines(self) -> None:
@@ -337,6 +378,10 @@ def run_worker(settings: Settings) -> None:
     guard = descendants_guard.start()
     configure_tracing("switchboard-worker")
     try:
-        asyncio.run(Worker(settings, owns_process=True).run())
+        try:
+            worker = Worker(settings, owns_process=True)
+        except CannotStart as exc:
+            raise SystemExit(f"switchboard worker: {exc}") from None
+        asyncio.run(worker.run())
     finally:
         guard.terminate()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
@@ -15,7 +16,7 @@ from tests.support.one_worker import running, settings
 from tests.support.scripted_engine import Engines
 from workers.engines.base import Engine
 from workers.engines.registry import EngineOptions
-from workers.main import Worker
+from workers.main import CannotStart, Worker
 from workers.runtime.metrics_server import MetricsServer
 
 
@@ -87,3 +88,20 @@ async def test_engines_are_made_with_the_workers_configured_memory_budget(
         await result(redis, job.id)
     assert engines.options
     assert {options.memory_budget_bytes for options in engines.options} == {3 * 1024**3}
+
+
+def test_models_of_an_engine_not_installed_are_left_to_other_workers(redis_server: PrivateRedis) -> None:
+    # This environment has vLLM and not TensorRT-LLM (the TensorRT-LLM image is the other way round).
+    models = [
+        ModelConfig(name="on-vllm", path="unused"),
+        ModelConfig(name="on-trt", path="unused", engine="trtllm"),
+    ]
+    worker = Worker(settings(redis_server.url, models))
+    assert [model.name for model in worker._models] == ["on-vllm"]
+    assert worker.record().allowed == ("on-vllm",)
+
+
+def test_a_worker_that_can_run_none_of_its_models_refuses_to_start(redis_server: PrivateRedis) -> None:
+    models = [ModelConfig(name="on-trt", path="unused", engine="trtllm")]
+    with pytest.raises(CannotStart, match=r"trtllm.*not installed here"):
+        Worker(settings(redis_server.url, models))

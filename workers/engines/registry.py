@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -31,6 +32,15 @@ class EngineOptions:
         self.engine_process: EngineProcess = engine_process
         # What the worker's models may take together; None: the machine's default budget.
         self.memory_budget_bytes = memory_budget_bytes
+
+
+# The package each engine needs in the worker's environment.
+ENGINE_PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
+
+
+def installed_engines() -> set[str]:
+    """The engines whose package this environment holds (looked up, not imported: imports take seconds)."""
+    return {engine for engine, package in ENGINE_PACKAGES.items() if importlib.util.find_spec(package)}
 
 
 def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
