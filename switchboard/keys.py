@@ -3,6 +3,19 @@
 Nothing else in the code spells a key name by hand: reliability tests audit these families, and a
 change of layout happens here alone. All keys live under one prefix so several deployments can
 share a Redis server.
+
+Hash tags (the part of a key inside `{}`, which alone decides a Redis Cluster's slot):
+- every key of one model carries the model's name as its tag (`sb:model:{<name>}:jobs`), so that a
+  cluster could later hold different models on different shards: the job stream, the replica
+  leases, the failure mark, the desired state, the measured costs and the limits;
+- every key of one job carries the job's id (`sb:job:{<id>}:out`): its result stream, cancel mark
+  and record, which its scripts (`cancel.lua`, `resume.lua`) touch together;
+- the deployment-wide keys have no tag: the workers index and records, the demand stream and the
+  demand index, the catalogue version, the API keys and their limits, the in-flight set, the dead
+  letters, the front doors' keys. A script touches at most one model's keys; those that reach past
+  them touch these deployment-wide keys or the job's own (`admit.lua`: the key's limits and the
+  in-flight set; `append_chunk.lua`: the job's keys). The enqueue script touches the model's keys
+  and the job's record only: the demand index and the pokes are separate commands of its pipeline.
 """
 
 from __future__ import annotations
@@ -58,6 +71,12 @@ MODEL_LIMITS_TTL_S = 30 * 24 * 3600
 DEMAND_MAXLEN = 256
 DEMAND_TTL_S = 3600
 
+# The demand index lives as long as the job streams it points to (each enqueue renews both).
+DEMAND_INDEX_TTL_S = JOB_STREAM_TTL_S
+
+# The catalogue version outlives the facts it versions (measured costs live COST_TTL_S).
+CATALOGUE_VERSION_TTL_S = COST_TTL_S
+
 
 # A request holds its in-flight slot at most this long past its deadline: a front door that dies
 # without releasing its slots loses them then.
@@ -94,19 +113,29 @@ def set_prefix(prefix: str) -> None:
     PREFIX = prefix
 
 
+def _model(model: str) -> str:
+    """The start of every key of `model`: its name is the hash tag they share."""
+    return f"{PREFIX}:model:{{{model}}}"
+
+
+def _job(job_id: str) -> str:
+    """The start of every key of one job: its id is the hash tag they share."""
+    return f"{PREFIX}:job:{{{job_id}}}"
+
+
 def job_stream(model: str) -> str:
     """The stream of jobs waiting for `model`, shared by every worker that serves it."""
-    return f"{PREFIX}:model:{model}:jobs"
+    return f"{_model(model)}:jobs"
 
 
 def result_stream(job_id: str) -> str:
     """The stream of result chunks of one job, read from its start by the front door."""
-    return f"{PREFIX}:job:{job_id}:out"
+    return f"{_job(job_id)}:out"
 
 
 def cancel_mark(job_id: str) -> str:
     """Set when the client has gone away; the worker stops generating for that job."""
-    return f"{PREFIX}:job:{job_id}:cancel"
+    return f"{_job(job_id)}:cancel"
 
 
 def dead_letter_stream() -> str:
@@ -131,37 +160,53 @@ def wake_stream(router_id: str) -> str:
 
 def replica_lease(model: str, replica: int) -> str:
     """Held (`SET NX PX`) by the worker that loads or holds replica `replica` of `model`."""
-    return f"{PREFIX}:model:{model}:replica:{replica}"
+    return f"{_model(model)}:replica:{replica}"
 
 
 def replica_lease_pattern(model: str) -> str:
     """Glob matching every replica lease of `model`."""
-    return f"{PREFIX}:model:{model}:replica:*"
+    return f"{_model(model)}:replica:*"
 
 
 def load_failure(model: str) -> str:
     """Set when the model's last load failed (a msgpack LoadFailure); expires when it may be retried."""
-    return f"{PREFIX}:model:{model}:failure"
+    return f"{_model(model)}:failure"
 
 
 def desired_state(model: str) -> str:
     """An operator's load or unload request for the model (a msgpack DesiredState)."""
-    return f"{PREFIX}:model:{model}:desired"
+    return f"{_model(model)}:desired"
 
 
 def measured_costs(model: str, kind: str, operation: str) -> str:
     """The last COST_SAMPLES durations (seconds) of `operation` (load, wake, sleep) on `kind` workers."""
-    return f"{PREFIX}:model:{model}:cost:{kind}:{operation}"
+    return f"{_model(model)}:cost:{kind}:{operation}"
 
 
 def model_limits(model: str) -> str:
     """What the model accepts (a msgpack ModelLimits), written by the worker that loaded it last."""
-    return f"{PREFIX}:model:{model}:limits"
+    return f"{_model(model)}:limits"
 
 
 def demand_stream() -> str:
     """Poked at enqueue and by admin requests, so that model controllers react at once."""
     return f"{PREFIX}:demand"
+
+
+def demand_index() -> str:
+    """Hash of the models with work: model name → the token of the last enqueue or operator request.
+
+    A model is in it while its job stream holds any job (waiting or running) and while an
+    operator's request for it lives; controllers read only these models' queues (and those they
+    hold), and remove an entry only if its token is unchanged (`lua/forget_demand.lua`).
+    """
+    return f"{PREFIX}:demand:models"
+
+
+def catalogue_version() -> str:
+    """A counter bumped whenever a slow-changing fact changes: a measured cost, a load failure, an
+    operator's desired state. Controllers keep those facts and read them again only when it moved."""
+    return f"{PREFIX}:catalogue:version"
 
 
 def api_keys() -> str:
@@ -196,7 +241,7 @@ def job_record(job_id: str) -> str:
     retried after a lost reply finds the record and queues nothing twice. It lives until the job's
     deadline plus RESULT_TTL_S, and goes with the job's result stream when that is deleted or kept.
     """
-    return f"{PREFIX}:job:{job_id}"
+    return _job(job_id)
 
 
 # A streamed answer read to its end stays this long, for a client whose connection broke just

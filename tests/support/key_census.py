@@ -1,9 +1,9 @@
 """What Redis holds once traffic has stopped, family by family (`switchboard.keys`), and what is stray.
 
 Families that describe the deployment live on: worker records and their index, replica leases, model
-state (limits, measured costs, load failures, desired state), the demand stream, API keys and their
-rate buckets, a running front door's heartbeat and wake stream, and each model's job stream, which
-must hold no job and nothing pending. What belongs to one request must be gone once it ended:
+state (limits, measured costs, load failures, desired state), the demand stream and index, the
+catalogue version, API keys and their rate buckets, a running front door's heartbeat and wake
+stream, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
 cancel marks ("removed when their job ends"), in-flight slots. Result streams and job records
 of a stream whose client left mid-way are kept for a resumption, with an expiry of at most
 `keys.RESULT_TTL_S` (600 s, too long to wait for here), so they are allowed only with that expiry;
@@ -37,6 +37,8 @@ FAMILIES = [
     ("front door wake", keys.wake_stream("*")),
     ("dead letters", keys.dead_letter_stream()),
     ("demand stream", keys.demand_stream()),
+    ("demand index", keys.demand_index()),
+    ("catalogue version", keys.catalogue_version()),
     ("api keys", keys.api_keys()),
     ("key rate", keys.key_rate("*")),
     ("key in flight", keys.key_in_flight("*")),
@@ -54,6 +56,8 @@ LONG_LIVED = {
     "front door alive",
     "front door wake",
     "demand stream",
+    "demand index",
+    "catalogue version",
     "api keys",
     "key rate",
 }

@@ -67,7 +67,7 @@ def test_the_prefix_is_set_once_for_every_family() -> None:
         assert keys.all_key_patterns() == ["prod:sb:*"]
     finally:
         keys.set_prefix("sb")
-    assert keys.job_stream("x") == "sb:model:x:jobs"
+    assert keys.job_stream("x") == "sb:model:{x}:jobs"
 
 
 @pytest.mark.parametrize("prefix", ["", "a b", "sb:", ":sb", "a::b", "x*"])
@@ -81,8 +81,41 @@ def test_loading_settings_puts_the_process_keys_under_their_prefix(tmp_path: Pat
     config = tmp_path / "switchboard.toml"
     config.write_text('[redis]\nkey_prefix = "prod:sb"\n')
     load_settings(config, environ={})
-    assert keys.job_stream("x") == "prod:sb:model:x:jobs"
+    assert keys.job_stream("x") == "prod:sb:model:{x}:jobs"
     load_settings(None, environ={"SWITCHBOARD_REDIS__KEY_PREFIX": "tenant-b"})
     assert keys.api_keys().startswith("tenant-b:")
     load_settings(None, environ={})
     assert keys.PREFIX == "sb"
+
+
+def hash_tag(key: str) -> str:
+    """The part of `key` that decides its Redis Cluster slot (the whole key without a tag)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key
+
+
+@pytest.mark.parametrize("model", ["tiny", "Qwen/Qwen3-0.6B", "a:b"])
+def test_every_key_of_a_model_shares_its_hash_tag(model: str) -> None:
+    model_keys = [
+        keys.job_stream(model),
+        keys.replica_lease(model, 0),
+        keys.replica_lease(model, 7),
+        keys.load_failure(model),
+        keys.desired_state(model),
+        keys.measured_costs(model, "H100", "load"),
+        keys.model_limits(model),
+    ]
+    assert {hash_tag(key) for key in model_keys} == {model}
+    assert hash_tag(keys.job_stream("other")) != model
+
+
+def test_every_key_of_a_job_shares_its_hash_tag() -> None:
+    job_keys = [keys.result_stream("j1"), keys.cancel_mark("j1"), keys.job_record("j1")]
+    assert {hash_tag(key) for key in job_keys} == {"j1"}
+
+
+def test_the_deployment_wide_keys_have_no_tag() -> None:
+    for key in (keys.demand_index(), keys.catalogue_version(), keys.demand_stream(), keys.workers_index()):
+        assert "{" not in key and key.startswith("sb:")
+    assert len({keys.demand_index(), keys.catalogue_version(), keys.demand_stream()}) == 3
