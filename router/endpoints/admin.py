@@ -1,13 +1,15 @@
 """Operator endpoints: where every model stands, and requests to load or unload one.
 
 The front door never calls a worker: status is read from Redis (`router.status.models`), and a load
-or unload request is a desired state that the workers' model controllers read, poked through the
-demand stream so that they act at once rather than on their next tick.
+or unload request is a desired state that the workers' model controllers read: it bumps the
+catalogue version (controllers read desired states again when it moved) and notes the model in the
+demand index with a poke, so that they look at it at once rather than on their next tick.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Literal
 
 import redis.asyncio as aioredis
@@ -20,7 +22,8 @@ from router.http.responses import json_response
 from router.openai.errors import RouteNotFoundError
 from router.status.models import ModelStatusList, ModelStatusReader
 from switchboard import keys
-from switchboard.demand import poke_demand
+from switchboard.catalogue import bump_catalogue
+from switchboard.demand import note_demand
 from switchboard.wire import DesiredState, encode
 
 # An admin key while auth is on. With auth off the front door is loopback-only (or its operator
@@ -62,7 +65,9 @@ async def _request(
     desired = DesiredState(action=action, at=time.time())
     pipe = redis.pipeline(transaction=False)
     pipe.set(keys.desired_state(name), encode(desired), ex=keys.DESIRED_TTL_S)
-    poke_demand(pipe, name)
+    # In this order: a controller that reads the demand index, then the version, sees the request.
+    bump_catalogue(pipe)
+    note_demand(pipe, name, uuid.uuid4().hex)
     await pipe.execute()
     return json_response(await status.read_one(name), status_code=202)
 

@@ -8,6 +8,7 @@ import uuid
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.demand import note_demand
 from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
 
 
@@ -25,10 +26,13 @@ def make_job(model: str, prompt: str, deadline_s: float = 60.0) -> Job:
 
 
 async def submit(redis: aioredis.Redis, *jobs: Job) -> None:
-    """Append jobs to their model's stream and poke the controllers, as an enqueue does."""
+    """Append jobs to their model's stream, note the model in the demand index and poke the
+    controllers, as an enqueue does."""
     for one in jobs:
-        await redis.xadd(keys.job_stream(one.model), {keys.JOB_FIELD: encode(one)})
-        await redis.xadd(keys.demand_stream(), {keys.MODEL_FIELD: one.model})
+        pipe = redis.pipeline(transaction=False)
+        pipe.xadd(keys.job_stream(one.model), {keys.JOB_FIELD: encode(one)})
+        note_demand(pipe, one.model, one.id)
+        await pipe.execute()
 
 
 async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> list[Chunk]:

@@ -3,6 +3,8 @@
 A lease per (model, replica number), taken with `SET NX PX` and renewed on every controller pass,
 makes a burst of requests start exactly one load and keeps two workers from adding the same
 replica; a worker that dies loses its leases by expiry. Every key comes from `switchboard.keys`.
+A change to a failure, a measured cost or an operator request bumps the catalogue version in the
+same round trip (`switchboard.catalogue`), so that every controller reads those facts again.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 import redis.asyncio as aioredis
 
 from switchboard import keys, lua
+from switchboard.catalogue import bump_catalogue
 from switchboard.wire import LoadFailure, ModelLimits, encode
 
 LEASE_TTL_MS = keys.REPLICA_LEASE_TTL_S * 1000
@@ -58,12 +61,18 @@ class Coordination:
             retry_at=now + backoff_s,
             failures_in_a_row=in_a_row,
         )
-        await self._redis.set(keys.load_failure(model), encode(failure), px=max(1, int(backoff_s * 1000)))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(keys.load_failure(model), encode(failure), px=max(1, int(backoff_s * 1000)))
+        bump_catalogue(pipe)
+        await pipe.execute()
         return failure
 
     async def clear_failure(self, model: str) -> None:
         """The model loaded: forget its failures."""
-        await self._redis.delete(keys.load_failure(model))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.delete(keys.load_failure(model))
+        bump_catalogue(pipe)
+        await pipe.execute()
 
     async def record_cost(self, model: str, operation: str, value: float) -> None:
         """Keep one measurement (seconds, or bytes for "memory") of `operation` on this worker kind."""
@@ -72,6 +81,7 @@ class Coordination:
         pipe.lpush(key, f"{value:.6g}")
         pipe.ltrim(key, 0, keys.COST_SAMPLES - 1)
         pipe.expire(key, keys.COST_TTL_S)
+        bump_catalogue(pipe)
         await pipe.execute()
 
     async def publish_limits(self, model: str, limits: ModelLimits) -> None:
@@ -80,7 +90,10 @@ class Coordination:
 
     async def consume_load_request(self, model: str) -> None:
         """An operator's load request was carried out: keep-alive rules the model again."""
-        await self._redis.delete(keys.desired_state(model))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.delete(keys.desired_state(model))
+        bump_catalogue(pipe)
+        await pipe.execute()
 
 
 def typical(samples: list[bytes]) -> float | None:

@@ -116,7 +116,7 @@ async def test_one_model_and_unknown_models(admin: httpx.AsyncClient) -> None:
 
 @pytest.mark.parametrize("action", ["load", "unload"])
 @pytest.mark.parametrize("name", [MODEL, OTHER])
-async def test_load_and_unload_leave_a_desired_state_and_poke_the_controllers(
+async def test_load_and_unload_leave_a_desired_state_note_the_model_and_poke_the_controllers(
     admin: httpx.AsyncClient, redis: aioredis.Redis, action: str, name: str
 ) -> None:
     before = time.time()
@@ -130,6 +130,9 @@ async def test_load_and_unload_leave_a_desired_state_and_poke_the_controllers(
     ((_, fields),) = await redis.xrange(keys.demand_stream())
     assert fields == {b"m": name.encode()}
     assert 0 < await redis.ttl(keys.demand_stream()) <= keys.DEMAND_TTL_S
+    # Controllers look at the model (the demand index) and read its desired state again (the version).
+    assert await redis.hkeys(keys.demand_index()) == [name.encode()]  # type: ignore[misc]
+    assert await redis.get(keys.catalogue_version()) == b"1"
 
 
 async def test_requests_for_unknown_models_or_actions_are_refused(

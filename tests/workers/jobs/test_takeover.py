@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.demand import note_demand
 from switchboard.wire import Chunk, Job, SamplingParams, Usage, encode
 from tests.support.jobs import result
 from tests.support.one_worker import MODEL, Worker, job
@@ -46,6 +47,7 @@ async def taken_by_dead_worker(redis: aioredis.Redis, one: Job, *sent: Chunk, ta
         fields[TAKEN_FIELD] = str(taken).encode()
     pipe = redis.pipeline(transaction=True)  # so that the live worker cannot read it first
     pipe.xadd(STREAM, fields)  # type: ignore[arg-type]
+    note_demand(pipe, MODEL, one.id)  # as its enqueue did
     pipe.xreadgroup(keys.JOB_GROUP, DEAD, {STREAM: ">"}, count=1)
     await pipe.execute()
     for position, chunk in enumerate(sent, start=1):
