@@ -2,7 +2,8 @@
 
 One script (`lua/jobs_waiting.lua`) answers for every reader: the worker's controller, the status
 page and the front door's metrics. The admission check counts the same way inside its own script,
-which must stay atomic.
+which must stay atomic. The controller runs it once per model (`add_each_to`), so that no call
+touches two models' keys.
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
 
 from switchboard import keys, lua
 
 
 @dataclass(frozen=True)
 class QueueDepth:
-    """One model's queue: jobs no worker has taken, and the stream entry id of the oldest ('' if none)."""
+    """One model's queue: jobs no worker has taken, the stream entry id of the oldest ('' if none),
+    and the jobs its stream holds in all (taken ones included: 0 when the model has no work)."""
 
     waiting: int
     oldest_id: str
+    length: int = 0
 
     def oldest_waiting_s(self, now: float) -> float:
         """Seconds the oldest waiting job has waited at `now` (its entry id is its enqueue time in ms)."""
@@ -41,6 +45,17 @@ class JobsWaiting:
         """Queue the read on `pipe`; `decode_depths` turns its reply into the models' depths."""
         await self._script(keys=_streams(models), args=[keys.JOB_GROUP], client=pipe)
 
+    def add_each_to(self, pipe: Pipeline, models: Sequence[str]) -> None:
+        """Queue one call per model on `pipe`, by SHA (run it with `lua.run_pipeline`); `decode_each`
+        turns their replies into the models' depths."""
+        for stream in _streams(models):
+            lua.add_script(pipe, self._script, [stream], [keys.JOB_GROUP])
+
+    @property
+    def script(self) -> AsyncScript:
+        """The script, for `lua.run_pipeline` to load when Redis lost it."""
+        return self._script
+
     async def read(self, models: Sequence[str]) -> dict[str, QueueDepth]:
         """Each model's queue depth, in one round trip."""
         return decode_depths(models, await self._script(keys=_streams(models), args=[keys.JOB_GROUP]))
@@ -49,9 +64,14 @@ class JobsWaiting:
 def decode_depths(models: Sequence[str], reply: Any) -> dict[str, QueueDepth]:
     """The script's reply, by model (in the order of `models`)."""
     return {
-        model: QueueDepth(waiting=int(waiting), oldest_id=_text(oldest))
-        for model, (waiting, oldest) in zip(models, reply, strict=True)
+        model: QueueDepth(waiting=int(waiting), oldest_id=_text(oldest), length=int(length))
+        for model, (waiting, oldest, length) in zip(models, reply, strict=True)
     }
+
+
+def decode_each(models: Sequence[str], replies: Sequence[Any]) -> dict[str, QueueDepth]:
+    """The replies of `add_each_to`'s calls, by model (in the order of `models`)."""
+    return decode_depths(models, [reply[0] for reply in replies])
 
 
 def _streams(models: Sequence[str]) -> list[str]:

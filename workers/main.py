@@ -227,6 +227,7 @@ class Worker:
             self._models,
             self._slots,
             kind=self.kind,
+            memory_budget_bytes=self.memory_budget,
             expected_footprint=self._placement.expected_footprint,
         )
         limits = WorkerLimits(

@@ -1,10 +1,11 @@
--- For each job stream: how many jobs no worker has taken, and the entry id of the oldest of them.
+-- For each job stream: how many jobs no worker has taken, the entry id of the oldest of them, and
+-- how many jobs it holds in all (waiting or taken).
 --
 -- KEYS     the job streams (keys.job_stream), one per model
 -- ARGV[1]  the workers' consumer group (keys.JOB_GROUP)
 --
--- Returns one {waiting, oldest entry id} per stream, in the order of KEYS; the id is '' when no job
--- waits. A taken job is pending in the group until it ends, then acknowledged and deleted, so
+-- Returns one {waiting, oldest entry id, length} per stream, in the order of KEYS; the id is '' when
+-- no job waits. A taken job is pending in the group until it ends, then acknowledged and deleted, so
 -- waiting = length - pending (never below 0); a stream no worker has joined yet has no group, and
 -- every entry in it waits. The admission script (admit.lua) counts a stream's waiting jobs the same
 -- way inside its own atomic check.
@@ -30,6 +31,6 @@ for i, key in ipairs(KEYS) do
       if #first > 0 then oldest = first[1][1] end
     end
   end
-  out[i] = {waiting, oldest}
+  out[i] = {waiting, oldest, length}
 end
 return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from switchboard import keys
-from switchboard.queue_depth import JobsWaiting, QueueDepth, decode_depths
+from switchboard import keys, lua
+from switchboard.queue_depth import JobsWaiting, QueueDepth, decode_depths, decode_each
 
 
 async def _enqueue(redis: aioredis.Redis, model: str, count: int) -> list[str]:
@@ -17,8 +17,8 @@ async def test_a_stream_no_worker_joined_has_every_entry_waiting(redis: aioredis
     ids = await _enqueue(redis, "tiny", 3)
     depths = await JobsWaiting(redis).read(["tiny", "absent"])
     assert depths == {
-        "tiny": QueueDepth(waiting=3, oldest_id=ids[0]),
-        "absent": QueueDepth(waiting=0, oldest_id=""),
+        "tiny": QueueDepth(waiting=3, oldest_id=ids[0], length=3),
+        "absent": QueueDepth(waiting=0, oldest_id="", length=0),
     }
 
 
@@ -28,11 +28,13 @@ async def test_taken_jobs_do_not_wait_and_the_oldest_is_the_first_not_taken(redi
     await redis.xgroup_create(stream, keys.JOB_GROUP, id="0")
     await redis.xreadgroup(keys.JOB_GROUP, "worker", {stream: ">"}, count=2)
     depths = await JobsWaiting(redis).read(["tiny"])
-    assert depths["tiny"] == QueueDepth(waiting=2, oldest_id=ids[2])
+    assert depths["tiny"] == QueueDepth(waiting=2, oldest_id=ids[2], length=4)
     # A job that ends is acknowledged and deleted: it neither waits nor counts as taken.
     await redis.xack(stream, keys.JOB_GROUP, ids[0])
     await redis.xdel(stream, ids[0])
-    assert (await JobsWaiting(redis).read(["tiny"]))["tiny"] == QueueDepth(waiting=2, oldest_id=ids[2])
+    assert (await JobsWaiting(redis).read(["tiny"]))["tiny"] == QueueDepth(
+        waiting=2, oldest_id=ids[2], length=3
+    )
 
 
 async def test_all_taken_means_none_waiting(redis: aioredis.Redis) -> None:
@@ -40,7 +42,8 @@ async def test_all_taken_means_none_waiting(redis: aioredis.Redis) -> None:
     await _enqueue(redis, "tiny", 2)
     await redis.xgroup_create(stream, keys.JOB_GROUP, id="0")
     await redis.xreadgroup(keys.JOB_GROUP, "worker", {stream: ">"})
-    assert (await JobsWaiting(redis).read(["tiny"]))["tiny"] == QueueDepth(waiting=0, oldest_id="")
+    # Taken jobs still count in the stream's length: its model has work.
+    assert (await JobsWaiting(redis).read(["tiny"]))["tiny"] == QueueDepth(waiting=0, oldest_id="", length=2)
 
 
 async def test_the_read_joins_a_pipeline(redis: aioredis.Redis) -> None:
@@ -49,7 +52,25 @@ async def test_the_read_joins_a_pipeline(redis: aioredis.Redis) -> None:
     pipe.ping()
     await JobsWaiting(redis).add_to(pipe, ["tiny"])
     replies = await pipe.execute()
-    assert decode_depths(["tiny"], replies[1]) == {"tiny": QueueDepth(waiting=1, oldest_id=ids[0])}
+    assert decode_depths(["tiny"], replies[1]) == {"tiny": QueueDepth(waiting=1, oldest_id=ids[0], length=1)}
+
+
+async def test_one_call_per_model_runs_by_its_sha_and_is_loaded_again_when_redis_lost_it(
+    redis: aioredis.Redis,
+) -> None:
+    ids = await _enqueue(redis, "tiny", 2)
+    jobs_waiting = JobsWaiting(redis)
+    models = ["tiny", "absent"]
+    expected = {
+        "tiny": QueueDepth(waiting=2, oldest_id=ids[0], length=2),
+        "absent": QueueDepth(waiting=0, oldest_id="", length=0),
+    }
+    for _ in range(2):
+        await redis.script_flush()  # as after a Redis restart: the next run loads the script
+        replies = await lua.run_pipeline(
+            redis, lambda pipe: jobs_waiting.add_each_to(pipe, models), [jobs_waiting.script]
+        )
+        assert decode_each(models, replies) == expected
 
 
 def test_the_oldest_job_waited_since_its_entry_id() -> None:

@@ -27,6 +27,9 @@ from workers.models.slot import ModelSlot
 
 logger = logging.getLogger(__name__)
 
+# A poke's field as redis-py reads it: the model it is about.
+_MODEL = keys.MODEL_FIELD.encode()
+
 
 class ControllerEffects(Protocol):
     """Every side effect of the controller loop; the slot transitions raise `LoadFailed` as the slots do."""
@@ -36,8 +39,11 @@ class ControllerEffects(Protocol):
     async def follow_demand(self) -> None:
         """Start following the demand stream from its current end."""
 
-    async def wait_for_demand(self, timeout_ms: int) -> None:
-        """Return on a poke of the demand stream, or after `timeout_ms`."""
+    async def wait_for_demand(self, timeout_ms: int) -> list[str]:
+        """The models named by the pokes of the demand stream ("" for any), or [] after `timeout_ms`."""
+
+    def may_hold(self, model: str) -> bool:
+        """Whether this worker could ever hold `model` (a poke about any other is not for it)."""
 
     async def poke(self) -> None:
         """Wake every worker's controller: something changed that may call for a decision."""
@@ -134,8 +140,8 @@ class WorkerEffects:
         if newest:
             self._demand_last_id = cast(bytes, newest[0][0])
 
-    async def wait_for_demand(self, timeout_ms: int) -> None:
-        """Return on a poke of the demand stream, or after `timeout_ms`."""
+    async def wait_for_demand(self, timeout_ms: int) -> list[str]:
+        """The models named by the pokes of the demand stream ("" for any), or [] after `timeout_ms`."""
         try:
             response = await self._poke_redis.xread(
                 {keys.demand_stream(): self._demand_last_id}, block=timeout_ms
@@ -143,9 +149,16 @@ class WorkerEffects:
         except (ConnectionError, OSError, aioredis.RedisError):
             logger.warning("waiting for demand failed; retrying", exc_info=True)
             await asyncio.sleep(timeout_ms / 1000)
-            return
+            return []
+        named: list[str] = []
         for _, entries in stream_entries(response):
             self._demand_last_id = entries[-1][0]
+            named += [fields.get(_MODEL, b"").decode() for _, fields in entries]
+        return named
+
+    def may_hold(self, model: str) -> bool:
+        """Whether this worker could ever hold `model` (a poke about any other is not for it)."""
+        return self._snapshot.may_hold(model)
 
     async def poke(self) -> None:
         """Wake every worker's controller: something changed that may call for a decision."""

@@ -4,8 +4,9 @@ One task per worker. Each pass renews this worker's replica leases, reads the sn
 pure policy (`decide`) what to do, logs each committed action once with its reason, and starts the
 slot transitions. Everything outside the loop (Redis, the slots, the consumer) goes through one
 `ControllerEffects`. A pass runs on every tick and whenever the demand stream is poked (an enqueue, an
-operator request, a transition that ended somewhere). Loads run one at a time on a worker; each is
-timed, and the time is kept in Redis per model and worker kind for every later decision.
+operator request, a transition that ended somewhere) about a model this worker could hold, or about
+any. Loads run one at a time on a worker; each is timed, and the time is kept in Redis per model and
+worker kind for every later decision.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class ModelController:
         self._worker_id = worker_id
         self._limits = limits
         self._backoff = backoff
-        self._tick_ms = max(1, int(tick_s * 1000))
+        self._tick_s = tick_s
         self._preload_pending = {m.name for m in models if m.preload}
         self._transitions: dict[str, asyncio.Future[None]] = {}
         self._announcements: set[asyncio.Future[None]] = set()
@@ -97,18 +98,40 @@ class ModelController:
             await asyncio.gather(*self._transitions.values(), return_exceptions=True)
 
     async def _run(self) -> None:
+        trigger = "tick"
         while True:
             started = asyncio.get_running_loop().time()
             try:
-                await self.step()
+                await self._timed_step(trigger)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 logger.exception("a controller pass failed; going on")
-            await self._effects.wait_for_demand(self._tick_ms)
+            trigger = await self._wait(started)
             # Every enqueue pokes: under load, the pokes of a moment share one pass instead of
             # costing every worker a snapshot per request.
             await asyncio.sleep(started + MIN_PASS_INTERVAL_S - asyncio.get_running_loop().time())
+
+    async def _wait(self, started: float) -> str:
+        """Wait for a poke about a model this worker could hold (or about any), or for the tick after
+        `started`; returns which came ("poke" or "tick")."""
+        loop = asyncio.get_running_loop()
+        tick_at = started + self._tick_s
+        while True:
+            left_ms = int((tick_at - loop.time()) * 1000)
+            if left_ms <= 0:
+                return "tick"
+            named = await self._effects.wait_for_demand(left_ms)
+            if any(model == "" or self._effects.may_hold(model) for model in named):
+                return "poke"
+
+    async def _timed_step(self, trigger: str) -> None:
+        started = time.perf_counter()
+        try:
+            await self.step()
+        finally:
+            metrics.CONTROLLER_PASSES.labels(trigger).inc()
+            metrics.CONTROLLER_PASS_TIME.observe(time.perf_counter() - started)
 
     async def step(self) -> None:
         """One pass: renew leases, read the snapshot, decide, commit."""

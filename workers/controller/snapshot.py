@@ -1,30 +1,36 @@
 """Read what one decision needs from Redis and from this worker's slots, and shape it as a `View`.
 
-Two round trips per pass: one pipeline (queue depth and oldest waiting job of every model, via a
-script; replica leases; failed loads; operator requests; measured costs; the live workers), then
-the live workers' records. Job bodies are never read.
+A pass weighs only the models that can matter to it: those with work (the demand index), those
+held here, and those the configuration asks for (min_replicas, a preload not yet done), less those
+this worker could never hold. What it costs follows what is active, not what is configured:
+
+1. the demand index, then the catalogue version (one round trip; in that order, see
+   `switchboard.demand`);
+2. the weighed models' queues (one script call per model) and replica leases, and the facts
+   (`workers.controller.catalogue`) of those whose facts are not kept at this version;
+3. only when a model cold here has demand: the live workers' records (the only decisions that use
+   other workers' state are loads of such a model);
+4. only when a model noted in the index was found without work: its removal.
+
+Job bodies are never read.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
-from switchboard import keys
+from switchboard import keys, lua
 from switchboard.config import ModelConfig
-from switchboard.queue_depth import JobsWaiting, decode_depths
-from switchboard.wire import (
-    DesiredState,
-    SlotStatus,
-    WorkerRecord,
-    desired_state_decoder,
-    load_failure_decoder,
-    worker_decoder,
-)
+from switchboard.demand import DemandIndex
+from switchboard.queue_depth import JobsWaiting, QueueDepth, decode_each
+from switchboard.wire import DesiredState, SlotStatus, WorkerRecord, worker_decoder
+from workers.controller.catalogue import Catalogue, ModelFacts
 from workers.controller.coordination import typical
 from workers.controller.view import ModelView, View, WorkerLimits
 from workers.models.slot import ModelSlot
@@ -48,8 +54,17 @@ class LocalFacts:
     backoff_until: dict[str, float]
 
 
+@dataclass(frozen=True)
+class _Read:
+    """What a pass read about one weighed model."""
+
+    queue: QueueDepth
+    leases: list[bytes | None]
+    facts: ModelFacts
+
+
 class SnapshotReader:
-    """Builds the controller's View of the models one worker may hold."""
+    """Builds the controller's View of the models one worker weighs now."""
 
     def __init__(
         self,
@@ -58,54 +73,109 @@ class SnapshotReader:
         slots: Mapping[str, ModelSlot],
         *,
         kind: str,
+        memory_budget_bytes: int,
         expected_footprint: Callable[[ModelConfig, list[bytes]], int],
     ) -> None:
         self._redis = redis
         self._models = models
+        self._configured = {model.name: model for model in models}
         self._slots = slots
-        self._kind = kind
+        self._memory_budget_bytes = memory_budget_bytes
         self._expected_footprint = expected_footprint
         self._jobs_waiting = JobsWaiting(redis)
+        self._demand = DemandIndex(redis)
+        self._catalogue = Catalogue(kind)
+
+    def may_hold(self, model: str) -> bool:
+        """Whether this worker could ever hold `model`: it may serve it, and it fits its whole budget."""
+        config = self._configured.get(model)
+        if config is None:
+            return False
+        facts = self._catalogue.get(model)
+        footprint = self._expected_footprint(config, facts.memory if facts is not None else [])
+        return footprint <= self._memory_budget_bytes
 
     async def read(self, local: LocalFacts) -> View:
-        """One consistent-enough snapshot of demand, holders and costs."""
+        """One consistent-enough snapshot of the demand, holders and costs of the models weighed now."""
         now = time.time()
-        raw = await self._read_shared(now)
-        records = await self._live_records(raw.pop("workers"), local.worker_id)
-        views = tuple(
-            self._model_view(model, raw["models"][model.name], records, local, now) for model in self._models
-        )
+        pipe = self._redis.pipeline(transaction=False)
+        self._demand.add_read_to(pipe)
+        pipe.get(keys.catalogue_version())
+        index_reply, version = await pipe.execute()
+        noted = self._demand.decode(index_reply)
+        self._catalogue.at_version(version, now)
+        weighed = self._weighed(noted, local)
+        reads = await self._read_models(weighed)
+        records: list[WorkerRecord] = []
+        if any(self._cold_with_demand(model, reads[model.name], local, now) for model in weighed):
+            records = await self._live_records(local.worker_id)
+        views = tuple(self._model_view(model, reads[model.name], records, local, now) for model in weighed)
+        await self._forget_idle(noted, reads, now)
         return View(now=now, limits=local.limits, models=views)
 
-    async def _read_shared(self, now: float) -> dict[str, Any]:
-        pipe = self._redis.pipeline(transaction=False)
-        names = [model.name for model in self._models]
-        await self._jobs_waiting.add_to(pipe, names)
-        pipe.zrangebyscore(keys.workers_index(), now - keys.WORKER_TTL_S, "+inf")
-        for model in self._models:
-            pipe.mget([keys.replica_lease(model.name, n) for n in range(_replicas_tracked(model))])
-            pipe.get(keys.load_failure(model.name))
-            pipe.get(keys.desired_state(model.name))
-            for operation in ("load", "wake", "memory"):
-                pipe.lrange(keys.measured_costs(model.name, self._kind, operation), 0, -1)
-        results = await pipe.execute()
-        depths, workers, per_model = decode_depths(names, results[0]), results[1], results[2:]
-        models: dict[str, dict[str, Any]] = {}
-        fields = ("leases", "failure", "desired", "load", "wake", "memory")
-        for index, model in enumerate(self._models):
-            values = per_model[index * len(fields) : (index + 1) * len(fields)]
-            models[model.name] = dict(zip(fields, values, strict=True))
-            models[model.name]["queue"] = depths[model.name]
-        return {"models": models, "workers": workers}
+    def _weighed(self, noted: Mapping[str, bytes], local: LocalFacts) -> list[ModelConfig]:
+        """The models this pass looks at: held here, or asked for and possible here."""
+        held = {name for name, slot in self._slots.items() if slot.state != "cold"} | local.starting
+        return [
+            model
+            for model in self._models
+            if model.name in held
+            or (
+                (model.name in noted or model.min_replicas > 0 or model.name in local.preload_pending)
+                and self.may_hold(model.name)
+            )
+        ]
+
+    async def _read_models(self, models: Sequence[ModelConfig]) -> dict[str, _Read]:
+        """The queues and leases of `models`, and the facts of those not kept: one round trip."""
+        if not models:
+            return {}
+        names = [model.name for model in models]
+        unknown = self._catalogue.missing(names)
+
+        def fill(pipe: Pipeline) -> None:
+            self._jobs_waiting.add_each_to(pipe, names)
+            for model in models:
+                pipe.mget([keys.replica_lease(model.name, n) for n in range(_replicas_tracked(model))])
+            self._catalogue.add_reads_to(pipe, unknown)
+
+        replies = await lua.run_pipeline(self._redis, fill, [self._jobs_waiting.script])
+        count = len(names)
+        queues = decode_each(names, replies[:count])
+        leases = replies[count : 2 * count]
+        self._catalogue.keep(unknown, replies[2 * count :])
+        return {
+            name: _Read(queue=queues[name], leases=lease, facts=cast(ModelFacts, self._catalogue.get(name)))
+            for name, lease in zip(names, leases, strict=True)
+        }
+
+    def _cold_with_demand(self, model: ModelConfig, read: _Read, local: LocalFacts, now: float) -> bool:
+        """Whether this pass may weigh loading `model` here, the one decision that needs other workers."""
+        if self._slots[model.name].state != "cold" or model.name in local.starting:
+            return False
+        desired = read.facts.desired_now(now)
+        asked = model.name in local.preload_pending or (desired is not None and desired.action == "load")
+        replicas = sum(1 for lease in read.leases if lease is not None)
+        return read.queue.waiting > 0 or asked or replicas < model.min_replicas
+
+    async def _forget_idle(self, noted: Mapping[str, bytes], reads: Mapping[str, _Read], now: float) -> None:
+        """Remove from the demand index the models read with no job and no operator request."""
+        idle = [
+            (name, token)
+            for name, token in noted.items()
+            if name in reads and reads[name].queue.length == 0 and reads[name].facts.desired_now(now) is None
+        ]
+        await self._demand.forget(idle)
 
     async def holders_elsewhere(self, model: str, own_id: str) -> list[SlotStatus]:
         """The slots other live workers advertise for `model`."""
-        since = time.time() - keys.WORKER_TTL_S
-        worker_ids = await self._redis.zrangebyscore(keys.workers_index(), since, "+inf")
-        records = await self._live_records(cast(list[bytes], worker_ids), own_id)
+        records = await self._live_records(own_id)
         return [s for record in records for s in record.slots if s.model == model]
 
-    async def _live_records(self, worker_ids: list[bytes], own_id: str) -> list[WorkerRecord]:
+    async def _live_records(self, own_id: str) -> list[WorkerRecord]:
+        """The records of the other live workers."""
+        since = time.time() - keys.WORKER_TTL_S
+        worker_ids = cast(list[bytes], await self._redis.zrangebyscore(keys.workers_index(), since, "+inf"))
         others = [w for w in worker_ids if w.decode() != own_id]
         if not others:
             return []
@@ -115,23 +185,23 @@ class SnapshotReader:
     def _model_view(
         self,
         model: ModelConfig,
-        raw: dict[str, Any],
+        read: _Read,
         records: list[WorkerRecord],
         local: LocalFacts,
         now: float,
     ) -> ModelView:
         slot = self._slots[model.name]
         elsewhere = [s for record in records for s in record.slots if s.model == model.name]
-        leases: list[bytes | None] = raw["leases"]
-        failure = load_failure_decoder.decode(raw["failure"]) if raw["failure"] else None
-        desired = desired_state_decoder.decode(raw["desired"]) if raw["desired"] else None
+        leases = read.leases
+        failure = read.facts.failure
+        desired = read.facts.desired_now(now)
         state = slot.state
         if state == "cold" and model.name in local.starting:
             state = "loading"
         held_here = state != "cold"
         footprint = slot.memory_bytes() if held_here else 0
         if footprint == 0:
-            footprint = self._expected_footprint(model, raw["memory"])
+            footprint = self._expected_footprint(model, read.facts.memory)
         replicas = sum(1 for lease in leases if lease is not None)
         return ModelView(
             name=model.name,
@@ -147,8 +217,8 @@ class SnapshotReader:
             warm_since=slot.warm_since,
             idle_since=slot.idle_since,
             memory_bytes=footprint,
-            waiting=raw["queue"].waiting,
-            oldest_waiting_s=raw["queue"].oldest_waiting_s(now),
+            waiting=read.queue.waiting,
+            oldest_waiting_s=read.queue.oldest_waiting_s(now),
             replicas=replicas,
             loading_replicas=_loading(elsewhere) + (1 if state == "loading" else 0),
             jobs_per_s=sum(s.jobs_per_s for s in elsewhere if s.state == "warm")
@@ -160,8 +230,8 @@ class SnapshotReader:
                 desired, model.name in local.preload_pending, replicas == 0 or state == "sleeping"
             ),
             unload_requested_at=desired.at if desired and desired.action == "unload" else None,
-            load_s=typical(raw["load"]),
-            wake_s=typical(raw["wake"]),
+            load_s=typical(read.facts.load),
+            wake_s=typical(read.facts.wake),
         )
 
 

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from switchboard import keys
+from switchboard.demand import DemandIndex
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import TaskSet, poll
 from switchboard.wire import JobError
@@ -63,6 +64,7 @@ class JobConsumer:
         self._worker_id = worker_id
         self._slots = slots
         self._by_stream = {keys.job_stream(name): slot for name, slot in slots.items()}
+        self._demand = DemandIndex(redis)
         self._max_jobs = max_concurrent_jobs
         self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
         self._takeover_check_s = takeover_check_s
@@ -198,9 +200,15 @@ class JobConsumer:
         self._on_failure()
 
     async def _sweep(self) -> None:
-        """Put the jobs of dead workers back in line (every `takeover_check_s`)."""
+        """Put the jobs of dead workers back in line (every `takeover_check_s`).
+
+        Only the streams of models with work are looked at: a job left pending keeps its stream
+        from being empty, and so its model in the demand index.
+        """
         running = {entry.entry_id for entry in self._entries.values()}
-        await self._takeover.sweep(list(self._by_stream), running)
+        noted = await self._demand.read()
+        streams = [stream for stream, slot in self._by_stream.items() if slot.name in noted]
+        await self._takeover.sweep(streams, running)
 
     async def _read_once(self, streams: list[str], free: int) -> None:
         try:

@@ -80,6 +80,19 @@ MODEL_EVICTIONS = Counter(
     registry=REGISTRY,
 )
 
+CONTROLLER_PASS_TIME = Histogram(
+    "switchboard:controller_pass_seconds",
+    "How long one pass of a worker's model controller took (its Redis reads and its decision).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY,
+)
+CONTROLLER_PASSES = Counter(
+    "switchboard:controller_passes",
+    "Passes of a worker's model controller, by what started them (tick, or a poke about a model it may hold).",
+    ["trigger"],
+    registry=REGISTRY,
+)
+
 
 class SlotCollector(Collector):
     """Residency, running jobs and memory of each model slot of the workers in this process, read

@@ -10,6 +10,7 @@ keep-alive), which the end-to-end tests then confirm with real vLLM engines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -20,6 +21,7 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.metrics import REGISTRY
 from switchboard.wire import JobError, load_failure_decoder
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import KIND, running, settings, until
@@ -48,8 +50,12 @@ class RecordingEffects:
     async def follow_demand(self) -> None:
         pass
 
-    async def wait_for_demand(self, timeout_ms: int) -> None:
+    async def wait_for_demand(self, timeout_ms: int) -> list[str]:
         await asyncio.sleep(timeout_ms / 1000)
+        return []
+
+    def may_hold(self, model: str) -> bool:
+        return any(m.name == model for m in self.view.models)
 
     async def poke(self) -> None:
         pass
@@ -244,6 +250,69 @@ async def test_nothing_to_do_applies_no_effect_and_logs_no_action(caplog: pytest
     await one_pass(effects)
     assert effects.applied == []
     assert logged_whys(caplog) == []
+
+
+class PokedEffects(RecordingEffects):
+    """Recording effects whose demand stream carries the given pokes, one at a time, then nothing."""
+
+    def __init__(self, view: View, pokes: list[str]) -> None:
+        super().__init__(view)
+        self.pokes = pokes
+        self.poked = asyncio.Event()
+        self.passes = 0
+
+    async def read_view(self, local: LocalFacts) -> View:
+        self.passes += 1
+        return self.view
+
+    def poke_about(self, *models: str) -> None:
+        self.pokes += models
+        self.poked.set()
+
+    async def wait_for_demand(self, timeout_ms: int) -> list[str]:
+        if not self.pokes:
+            self.poked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.poked.wait(), timeout_ms / 1000)
+        await asyncio.sleep(0.01)
+        return [self.pokes.pop(0)] if self.pokes else []
+
+
+def passes(trigger: str) -> float:
+    return REGISTRY.get_sample_value("switchboard:controller_passes_total", {"trigger": trigger}) or 0.0
+
+
+async def test_only_pokes_about_a_model_this_worker_may_hold_start_a_pass() -> None:
+    effects = PokedEffects(
+        View(now=NOW, limits=LIMITS, models=(warm("tiny", idle_for=1.0),)), ["elsewhere"] * 20
+    )
+    loop = ModelController(
+        effects=effects, models=[], worker_id="w-1", limits=LIMITS, backoff=Backoff(2.0, 60.0), tick_s=30.0
+    )
+    pokes_before, ticks_before = passes("poke"), passes("tick")
+    await loop.start()
+    try:
+        await until(lambda: not effects.pokes, 5, "the pokes are read")
+        assert effects.passes == 1, "the first pass only"
+        effects.poke_about("elsewhere", "tiny")
+        await until(lambda: effects.passes == 2, 5, "a pass for the model it holds")
+        effects.poke_about("")  # a poke about any model
+        await until(lambda: effects.passes == 3, 5, "a pass for any model")
+    finally:
+        await loop.stop()
+    assert (passes("tick") - ticks_before, passes("poke") - pokes_before) == (1, 2)
+
+
+async def test_the_tick_still_passes_without_pokes() -> None:
+    effects = PokedEffects(View(now=NOW, limits=LIMITS, models=()), ["elsewhere"] * 100)
+    loop = ModelController(
+        effects=effects, models=[], worker_id="w-1", limits=LIMITS, backoff=Backoff(2.0, 60.0), tick_s=0.2
+    )
+    await loop.start()
+    try:
+        await until(lambda: effects.passes >= 3, 5, "passes on the tick")
+    finally:
+        await loop.stop()
 
 
 @pytest.fixture
