@@ -2,8 +2,10 @@
 
 Requests are counted by model and HTTP status, and timed from the moment the request arrived: to
 the first result chunk (time to first token), to the last byte (end to end), and per output token
-between the two. The queue's depth and the age of its oldest job are read from Redis when scraped
-(one script call for all models), so every front door reports the same queues.
+between the two. The queue's depth and the age of its oldest job are read from Redis when scraped,
+so every front door reports the same queues: the demand index, then one script call for the models
+with work (every other model has none waiting), so a scrape costs what is active, not what is
+configured.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 
+from switchboard.demand import DemandIndex
 from switchboard.metrics import REGISTRY, REQUEST_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from switchboard.queue_depth import JobsWaiting
 
@@ -76,6 +79,11 @@ OLDEST_WAITING = Gauge(
 
 async def queue_depths(redis: aioredis.Redis, models: list[str]) -> dict[str, tuple[int, float]]:
     """Per model: jobs no worker has taken, and the age (seconds) of the oldest of them."""
-    depths = await JobsWaiting(redis).read(models)
+    noted = await DemandIndex(redis).read()
+    with_work = [model for model in models if model in noted]
+    depths = await JobsWaiting(redis).read(with_work) if with_work else {}
     now = time.time()
-    return {model: (depth.waiting, depth.oldest_waiting_s(now)) for model, depth in depths.items()}
+    return {
+        model: (depths[model].waiting, depths[model].oldest_waiting_s(now)) if model in depths else (0, 0.0)
+        for model in models
+    }

@@ -1,0 +1,24 @@
+"""The queue gauges' read: the models with work are read, every other model waits for nothing."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from router.telemetry.metrics import queue_depths
+from switchboard import keys
+from switchboard.demand import note_demand
+
+
+async def test_only_the_models_with_work_are_read(redis: aioredis.Redis) -> None:
+    pipe = redis.pipeline(transaction=False)
+    for _ in range(2):
+        pipe.xadd(keys.job_stream("busy"), {keys.JOB_FIELD: b"x"})
+    note_demand(pipe, "busy", "job-2")
+    await pipe.execute()
+    before = (await redis.info("commandstats")).get("cmdstat_xlen", {}).get("calls", 0)
+    depths = await queue_depths(redis, [f"m{n}" for n in range(500)] + ["busy"])
+    after = (await redis.info("commandstats"))["cmdstat_xlen"]["calls"]
+    assert after - before == 1, "one model with work, one queue read"
+    waiting, oldest_s = depths["busy"]
+    assert waiting == 2 and oldest_s >= 0
+    assert depths["m7"] == (0, 0.0) and len(depths) == 501
