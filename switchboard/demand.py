@@ -5,8 +5,9 @@ operator request that noted it. Controllers read the queues of these models (and
 hold), nothing else, so what a pass costs follows what is active, not what is configured. The
 rule it keeps: a model whose job stream holds any job is in the index.
 
-- An enqueue notes the model after appending the job, in the same pipeline (`note_demand`); an
-  operator's load or unload request notes it too. Each note writes a fresh token.
+- An enqueue notes the model after appending the job, in the same script (`lua/enqueue.lua`, under
+  the job's id); an operator's load or unload request notes it too (`note_demand`). Each note
+  writes a token of its own.
 - A job put back in line is appended before its old entry is deleted, in one script: its stream
   never looks empty meanwhile, so its model stays in the index.
 - A controller that finds a model's stream empty (and no operator request for it) removes the

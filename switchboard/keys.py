@@ -12,10 +12,12 @@ Hash tags (the part of a key inside `{}`, which alone decides a Redis Cluster's 
   and record, which its scripts (`cancel.lua`, `resume.lua`) touch together;
 - the deployment-wide keys have no tag: the workers index and records, the demand stream and the
   demand index, the catalogue version, the API keys and their limits, the in-flight set, the dead
-  letters, the front doors' keys. A script touches at most one model's keys; those that reach past
-  them touch these deployment-wide keys or the job's own (`admit.lua`: the key's limits and the
-  in-flight set; `append_chunk.lua`: the job's keys). The enqueue script touches the model's keys
-  and the job's record only: the demand index and the pokes are separate commands of its pipeline.
+  letters, the front doors' keys. No script touches two models' keys; those that reach past one
+  model's touch the job's own keys or these deployment-wide ones (`enqueue.lua`: the job's record,
+  the demand index and stream, the front door's wake stream; `admit.lua`: the API key's limits and
+  the in-flight set; `append_chunk.lua`: the job's keys). In a Redis Cluster those writes would
+  leave the scripts for commands pipelined beside them (`lua.run_pipeline`); today they stay inside,
+  where they are atomic with the job's append and cost no reply of their own.
 """
 
 from __future__ import annotations

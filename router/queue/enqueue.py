@@ -1,6 +1,6 @@
-"""Put a job on its model's stream in one round trip (`switchboard/lua/enqueue.lua`, then the model's
-note in the demand index), and count the readers of its results (`resume.lua`, and a reader that
-leaves)."""
+"""Put a job on its model's stream in one round trip (`switchboard/lua/enqueue.lua`, which also notes
+the model in the demand index), and count the readers of its results (`resume.lua`, and a reader
+that leaves)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import time
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from switchboard import keys, lua
 from switchboard.cancel_marks import CancelMarks
-from switchboard.demand import note_demand
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job, LoadFailure, chunk_decoder, encode, load_failure_decoder
 
@@ -48,21 +46,32 @@ class JobQueue:
     async def submit(self, job: Job, *, wake_stream: str | None = None) -> LoadFailure | None:
         """Append the job to its model's stream, unless the model's last load failed: then its failure.
 
-        One round trip: the script that queues the job and writes its record (`keys.job_record`),
-        then the model's note in the demand index with the controllers' poke, and the poke of
-        `wake_stream`, if given. Submitting a job again queues nothing.
+        Its record (`keys.job_record`) is written, its model noted in the demand index, and the
+        demand stream (and `wake_stream`, if given) poked, in the same round trip. Submitting a job
+        again queues nothing.
         """
-        script_keys = [keys.load_failure(job.model), keys.job_stream(job.model), keys.job_record(job.id)]
-        args = [encode(job), keys.JOB_STREAM_TTL_S, job.tenant or "", record_ttl_s(job)]
-
-        def fill(pipe: Pipeline) -> None:
-            lua.add_script(pipe, self._enqueue, script_keys, args)
-            note_demand(pipe, job.model, job.id)
-            if wake_stream is not None:
-                pipe.xadd(wake_stream, {keys.WAKE_FIELD: ""}, maxlen=1)
-                pipe.expire(wake_stream, keys.WAKE_TTL_S)
-
-        failure = (await lua.run_pipeline(self._redis, fill, [self._enqueue]))[0]
+        script_keys = [
+            keys.load_failure(job.model),
+            keys.job_stream(job.model),
+            keys.job_record(job.id),
+            keys.demand_index(),
+            keys.demand_stream(),
+        ]
+        if wake_stream is not None:
+            script_keys.append(wake_stream)
+        args: list[bytes | str | int] = [
+            encode(job),
+            keys.JOB_STREAM_TTL_S,
+            job.model,
+            job.id,
+            keys.DEMAND_INDEX_TTL_S,
+            keys.DEMAND_MAXLEN,
+            keys.DEMAND_TTL_S,
+            keys.WAKE_TTL_S,
+            job.tenant or "",
+            record_ttl_s(job),
+        ]
+        failure = await self._enqueue(keys=script_keys, args=args)
         return None if failure is None else load_failure_decoder.decode(failure)
 
     async def resume(self, job_id: str, after: str) -> Resumption | None:

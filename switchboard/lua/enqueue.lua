@@ -1,19 +1,33 @@
--- Put a job on its model's stream (router.queue.enqueue), unless the model's last load failed.
+-- Put a job on its model's stream in one round trip (router.queue.enqueue).
 --
 -- A model whose last load failed takes no job: the failure's payload comes back instead, and the
--- request is answered at once. Otherwise the job goes on its stream with its record. A job whose
--- record exists is queued already: redis-py retries a command whose reply a broken connection
--- lost, and the retry must not queue the job twice. The script touches one model's keys and the
--- job's record; the demand index and the pokes follow it in the same pipeline.
+-- request is answered at once. Otherwise the job goes on its stream with its record, its model is
+-- noted in the demand index under the job's id (after the job: see switchboard.demand), and the
+-- model controllers are poked; the front door's own reader is poked only when KEYS[6] is given
+-- (when it is blocked and must pick up the new result stream). A job whose record exists is queued
+-- already: redis-py retries a command whose reply a broken connection lost, and the retry must not
+-- queue the job twice.
+--
+-- Keys: one model's (KEYS[1], KEYS[2]), the job's record, and deployment-wide ones (the demand
+-- index and stream, the front door's wake stream); never another model's.
 --
 -- KEYS[1]  the model's failure mark (keys.load_failure)
 -- KEYS[2]  the model's job stream (keys.job_stream); its entry's field 'job' (keys.JOB_FIELD)
 -- KEYS[3]  the job record (keys.job_record): fields 'tenant' and 'readers' (keys.TENANT_FIELD,
 --          keys.READERS_FIELD)
+-- KEYS[4]  the demand index (keys.demand_index): model name → token of its last note
+-- KEYS[5]  the demand stream (keys.demand_stream); its entry's field 'm' (keys.MODEL_FIELD)
+-- KEYS[6]  optional: the front door's wake stream (keys.wake_stream); field 'w' (keys.WAKE_FIELD)
 -- ARGV[1]  the encoded job
 -- ARGV[2]  the job stream's TTL (seconds)
--- ARGV[3]  the API key that sent the job ("" without keys)
--- ARGV[4]  the job record's TTL (seconds)
+-- ARGV[3]  the model's name
+-- ARGV[4]  the job's id (the token of the model's note)
+-- ARGV[5]  the demand index's TTL (seconds)
+-- ARGV[6]  the demand stream's approximate MAXLEN
+-- ARGV[7]  the demand stream's TTL (seconds)
+-- ARGV[8]  the wake stream's TTL (seconds)
+-- ARGV[9]  the API key that sent the job ("" without keys)
+-- ARGV[10] the job record's TTL (seconds)
 --
 -- Returns the model's load failure (encoded LoadFailure), or nil once the job is queued.
 local failure = redis.call('GET', KEYS[1])
@@ -23,8 +37,16 @@ end
 if redis.call('EXISTS', KEYS[3]) == 1 then
     return false
 end
-redis.call('HSET', KEYS[3], 'tenant', ARGV[3], 'readers', 1)
-redis.call('EXPIRE', KEYS[3], ARGV[4])
+redis.call('HSET', KEYS[3], 'tenant', ARGV[9], 'readers', 1)
+redis.call('EXPIRE', KEYS[3], ARGV[10])
 redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
+redis.call('EXPIRE', KEYS[4], ARGV[5])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'm', ARGV[3])
+redis.call('EXPIRE', KEYS[5], ARGV[7])
+if KEYS[6] then
+    redis.call('XADD', KEYS[6], 'MAXLEN', '1', '*', 'w', '')
+    redis.call('EXPIRE', KEYS[6], ARGV[8])
+end
 return false

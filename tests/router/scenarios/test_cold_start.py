@@ -66,9 +66,8 @@ async def test_an_enqueue_notes_its_model_and_pokes_the_controllers_in_the_same_
         await client.post("/v1/chat/completions", json=BODY)
     assert await redis.xlen(keys.job_stream(MODEL)) == 1
     assert 0 < await redis.ttl(keys.job_stream(MODEL)) <= keys.JOB_STREAM_TTL_S
-    # (On a Redis that had not loaded the script yet, the round trip runs twice, pokes included.)
-    pokes = [fields for _, fields in await redis.xrange(keys.demand_stream())]
-    assert pokes and all(fields == {b"m": MODEL.encode()} for fields in pokes)
+    ((_, fields),) = await redis.xrange(keys.demand_stream())
+    assert fields == {b"m": MODEL.encode()}
     assert 0 < await redis.ttl(keys.demand_stream()) <= keys.DEMAND_TTL_S
     ((_, entry),) = await redis.xrange(keys.job_stream(MODEL))
     queued = job_decoder.decode(entry[keys.JOB_FIELD.encode()])
@@ -96,8 +95,7 @@ async def test_a_failure_mark_is_a_503_at_once_and_nothing_is_enqueued(
         }
     }
     assert not await redis.exists(keys.job_stream(MODEL))
-    # The note and the poke travel in the enqueue's round trip whatever its script answers: the
-    # controllers find no job for the model and forget the note.
+    assert not await redis.exists(keys.demand_stream(), keys.demand_index())
 
 
 async def test_the_openai_client_sees_the_failed_load(
