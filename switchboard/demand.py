@@ -1,17 +1,17 @@
 """Demand: which models have work (the demand index), and the poke that wakes the controllers.
 
 The index (`keys.demand_index`) maps each model with work to the token of the last enqueue or
-operator request that noted it. Controllers read the queues of these models (and of those they
-hold), nothing else, so what a pass costs follows what is active, not what is configured. The
+operator's load request that noted it. Controllers read the queues of these models (and of those
+they hold), nothing else, so what a pass costs follows what is active, not what is configured. The
 rule it keeps: a model whose job stream holds any job is in the index.
 
 - An enqueue notes the model after appending the job, in the same script (`lua/enqueue.lua`, under
-  the job's id); an operator's load or unload request notes it too (`note_demand`). Each note
-  writes a token of its own.
+  the job's id); an operator's load request notes it too (`note_demand`). Each note writes a token
+  of its own.
 - A job put back in line is appended before its old entry is deleted, in one script: its stream
   never looks empty meanwhile, so its model stays in the index.
-- A controller that finds a model's stream empty (and no operator request for it) removes the
-  entry only if its token is still the one it read before it looked at the stream
+- A controller that finds a model's stream empty (and no operator's load request for it) removes
+  the entry only if its token is still the one it read before it looked at the stream
   (`DemandIndex.forget`). An enqueue that raced with it wrote a new token after its job, and so
   either keeps the entry or adds it again.
 

@@ -199,7 +199,7 @@ def demand_index() -> str:
     """Hash of the models with work: model name → the token of the last enqueue or operator request.
 
     A model is in it while its job stream holds any job (waiting or running) and while an
-    operator's request for it lives; controllers read only these models' queues (and those they
+    operator's load request for it lives; controllers read only these models' queues (and those they
     hold), and remove an entry only if its token is unchanged (`lua/forget_demand.lua`).
     """
     return f"{PREFIX}:demand:models"

@@ -2,8 +2,9 @@
 
 The front door never calls a worker: status is read from Redis (`router.status.models`), and a load
 or unload request is a desired state that the workers' model controllers read: it bumps the
-catalogue version (controllers read desired states again when it moved) and notes the model in the
-demand index with a poke, so that they look at it at once rather than on their next tick.
+catalogue version (controllers read desired states again when it moved) and pokes them, so that
+they act at once rather than on their next tick; a load request also notes the model in the demand
+index, so that workers that do not hold it look at it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from router.openai.errors import RouteNotFoundError
 from router.status.models import ModelStatusList, ModelStatusReader
 from switchboard import keys
 from switchboard.catalogue import bump_catalogue
-from switchboard.demand import note_demand
+from switchboard.demand import note_demand, poke_demand
 from switchboard.wire import DesiredState, encode
 
 # An admin key while auth is on. With auth off the front door is loopback-only (or its operator
@@ -67,7 +68,10 @@ async def _request(
     pipe.set(keys.desired_state(name), encode(desired), ex=keys.DESIRED_TTL_S)
     # In this order: a controller that reads the demand index, then the version, sees the request.
     bump_catalogue(pipe)
-    note_demand(pipe, name, uuid.uuid4().hex)
+    if action == "load":
+        note_demand(pipe, name, uuid.uuid4().hex)  # weighed by every worker that may hold it
+    else:
+        poke_demand(pipe, name)  # only its holders act, and they weigh what they hold
     await pipe.execute()
     return json_response(await status.read_one(name), status_code=202)
 

@@ -43,6 +43,11 @@ class ModelFacts:
             return None
         return self.desired
 
+    def load_asked(self, now: float) -> bool:
+        """Whether an operator's load request for the model lives (it keeps the model noted)."""
+        desired = self.desired_now(now)
+        return desired is not None and desired.action == "load"
+
 
 class Catalogue:
     """This worker's copy of the facts of the models it weighs, valid for one catalogue version."""

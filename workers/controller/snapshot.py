@@ -10,7 +10,8 @@ this worker could never hold. What it costs follows what is active, not what is 
    (`workers.controller.catalogue`) of those whose facts are not kept at this version;
 3. only when a model cold here has demand: the live workers' records (the only decisions that use
    other workers' state are loads of such a model);
-4. only when a model noted in the index was found without work: its removal.
+4. only when a model noted in the index was found without work (no job, no operator's load
+   request): its removal.
 
 Job bodies are never read.
 """
@@ -153,17 +154,16 @@ class SnapshotReader:
         """Whether this pass may weigh loading `model` here, the one decision that needs other workers."""
         if self._slots[model.name].state != "cold" or model.name in local.starting:
             return False
-        desired = read.facts.desired_now(now)
-        asked = model.name in local.preload_pending or (desired is not None and desired.action == "load")
+        asked = model.name in local.preload_pending or read.facts.load_asked(now)
         replicas = sum(1 for lease in read.leases if lease is not None)
         return read.queue.waiting > 0 or asked or replicas < model.min_replicas
 
     async def _forget_idle(self, noted: Mapping[str, bytes], reads: Mapping[str, _Read], now: float) -> None:
-        """Remove from the demand index the models read with no job and no operator request."""
+        """Remove from the demand index the models read with no job and no operator's load request."""
         idle = [
             (name, token)
             for name, token in noted.items()
-            if name in reads and reads[name].queue.length == 0 and reads[name].facts.desired_now(now) is None
+            if name in reads and reads[name].queue.length == 0 and not reads[name].facts.load_asked(now)
         ]
         await self._demand.forget(idle)
 

@@ -13,16 +13,20 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.catalogue import bump_catalogue
 from switchboard.config import ModelConfig
+from switchboard.demand import note_demand, poke_demand
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.metrics import REGISTRY
-from switchboard.wire import JobError, load_failure_decoder
+from switchboard.wire import DesiredState, JobError, encode, load_failure_decoder
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import KIND, running, settings, until
 from tests.support.scripted_engine import Engines
@@ -375,6 +379,45 @@ async def test_a_one_model_worker_swaps_between_two_models_and_answers_every_req
             assert (await result(redis, one.id))[-1].finish_reason == "length", model
         assert engines.starts("tiny-a") == 2 and engines.starts("tiny-b") == 2
         assert engines.stops("tiny-a") == 2 and engines.stops("tiny-b") == 1
+
+
+async def operator_request(redis: aioredis.Redis, model: str, action: str) -> None:
+    """What `POST /admin/models/{model}/{action}` writes (router.endpoints.admin)."""
+    pipe = redis.pipeline(transaction=False)
+    desired = DesiredState(action=action, at=time.time())  # type: ignore[arg-type]
+    pipe.set(keys.desired_state(model), encode(desired), ex=keys.DESIRED_TTL_S)
+    bump_catalogue(pipe)
+    if action == "load":
+        note_demand(pipe, model, uuid.uuid4().hex)
+    else:
+        poke_demand(pipe, model)
+    await pipe.execute()
+
+
+async def test_an_operator_loads_a_model_nobody_asked_for_among_many_then_unloads_it(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    engines = Engines()
+    models = [ModelConfig(name=f"m{n}", path="unused") for n in range(200)]
+    async with running(Worker(settings(redis_url, models), engines)):
+        await asyncio.sleep(0.5)  # a few idle passes first
+        await operator_request(redis, "m123", "load")
+        await until(lambda: engines.starts("m123") == 1, 10, "the model loads with no job waiting")
+        await until(lambda: not redis_sync_exists(redis_url, keys.desired_state("m123")), 10, "request done")
+        await operator_request(redis, "m123", "unload")
+        await until(lambda: engines.stops("m123") == 1, 10, "the model unloads")
+        await until(lambda: not redis_sync_hlen(redis_url, keys.demand_index()), 10, "nothing left noted")
+        assert sum(engines.starts(model.name) for model in models) == 1
+
+
+def redis_sync_exists(url: str, key: str) -> bool:
+    with redis.Redis.from_url(url) as client:
+        return bool(client.exists(key))
+
+
+def redis_sync_hlen(url: str, key: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        return int(client.hlen(key))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("measured_load_s", "second_replica"), [(0.2, True), (1000.0, False)])

@@ -170,26 +170,41 @@ async def operator_request(redis: aioredis.Redis, model: str, action: str, at: f
     pipe = redis.pipeline(transaction=False)
     pipe.set(keys.desired_state(model), encode(DesiredState(action=action, at=at)), ex=keys.DESIRED_TTL_S)  # type: ignore[arg-type]
     bump_catalogue(pipe)
-    note_demand(pipe, model, f"operator-{at}")
+    if action == "load":
+        note_demand(pipe, model, f"operator-{at}")
     await pipe.execute()
 
 
-async def test_an_operator_request_keeps_its_model_weighed_until_it_expires(redis: aioredis.Redis) -> None:
-    snapshot = reader(redis, configured(5))
+async def test_an_operators_load_request_keeps_its_model_weighed_until_it_is_done_or_expires(
+    redis: aioredis.Redis,
+) -> None:
+    snapshot = reader(redis, configured(5), held=["m1"])
     await snapshot.read(local())
     await operator_request(redis, "m2", "load", at=time.time())
     view = await snapshot.read(local())
-    assert [model.name for model in view.models] == ["m2"]
+    assert [model.name for model in view.models] == ["m1", "m2"]
     assert view.model("m2").load_requested
     assert "m2" in await DemandIndex(redis).read(), "no job, but the request keeps it noted"
-    # A request whose key has expired (which bumps nothing) no longer counts.
-    await operator_request(redis, "m4", "unload", at=time.time() - keys.DESIRED_TTL_S - 1)
-    await redis.delete(keys.desired_state("m2"))  # carried out: consumed, the version bumped
+    await redis.delete(keys.desired_state("m2"))  # carried out: consumed, and the version bumped
     pipe = redis.pipeline(transaction=False)
     bump_catalogue(pipe)
     await pipe.execute()
     await snapshot.read(local())
     assert await DemandIndex(redis).read() == {}
+    # A request whose key has expired (which bumps nothing) no longer counts.
+    await operator_request(redis, "m3", "load", at=time.time() - keys.DESIRED_TTL_S - 1)
+    assert [model.name for model in (await snapshot.read(local())).models] == ["m1", "m3"]
+    assert await DemandIndex(redis).read() == {}
+
+
+async def test_an_operators_unload_request_reaches_the_holder_without_a_note(redis: aioredis.Redis) -> None:
+    snapshot = reader(redis, configured(5), held=["m1"])
+    assert (await snapshot.read(local())).model("m1").unload_requested_at is None
+    at = time.time()
+    await operator_request(redis, "m1", "unload", at=at)
+    view = await snapshot.read(local())
+    assert [model.name for model in view.models] == ["m1"]
+    assert view.model("m1").unload_requested_at == at
 
 
 async def test_a_model_this_worker_could_never_hold_is_not_weighed(redis: aioredis.Redis) -> None:
