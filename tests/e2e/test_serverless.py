@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from switchboard import keys
+from switchboard.catalogue import bump_catalogue
 from switchboard.local.demo_model import config_entry
 from switchboard.wire import worker_decoder
 from tests.support.stack import Stack
@@ -240,11 +241,15 @@ def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiti
     env = {"SWITCHBOARD_WORKER__MAX_CONCURRENT_JOBS": "2", "SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}
     with start_stack(config, workers=2, env=env) as stack:
         stack.wait_serving("tiny")
-        # The load time this kind of worker "measured" before: under the test's control.
+        # The load time this kind of worker "measured" before: under the test's control, written
+        # as a measurement is, with the catalogue version bumped for the controllers to read it.
         redis_client = redis.Redis.from_url(stack.redis_url)
         costs = keys.measured_costs("tiny", KIND, "load")
-        redis_client.delete(costs)
-        redis_client.lpush(costs, *[measured_load_s] * 5)
+        pipe = redis_client.pipeline()
+        pipe.delete(costs)
+        pipe.lpush(costs, *[measured_load_s] * 5)
+        bump_catalogue(pipe)  # type: ignore[arg-type]
+        pipe.execute()
 
         async def backlog() -> list[str]:
             async with openai.AsyncOpenAI(

@@ -88,10 +88,13 @@ class SnapshotReader:
         self._catalogue = Catalogue(kind)
 
     def may_hold(self, model: str) -> bool:
-        """Whether this worker could ever hold `model`: it may serve it, and it fits its whole budget."""
+        """Whether this worker could ever hold `model`: it may serve it, and it fits its whole budget
+        (or it holds it already)."""
         config = self._configured.get(model)
         if config is None:
             return False
+        if self._slots[model].state != "cold":
+            return True
         facts = self._catalogue.get(model)
         footprint = self._expected_footprint(config, facts.memory if facts is not None else [])
         return footprint <= self._memory_budget_bytes

@@ -214,6 +214,7 @@ async def test_a_model_this_worker_could_never_hold_is_not_weighed(redis: aiored
     assert not snapshot.may_hold("huge") and not snapshot.may_hold("unknown") and snapshot.may_hold("m0")
     assert (await snapshot.read(local())).models == ()
     assert "huge" in await DemandIndex(redis).read(), "left for the workers that may hold it"
+    assert reader(redis, models, held=["huge"]).may_hold("huge"), "what it holds, it may hold"
 
 
 async def test_other_workers_are_read_only_when_a_model_cold_here_has_demand(redis: aioredis.Redis) -> None:
