@@ -41,8 +41,11 @@ redis.call('HSET', KEYS[3], 'tenant', ARGV[9], 'readers', 1)
 redis.call('EXPIRE', KEYS[3], ARGV[10])
 redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
-redis.call('EXPIRE', KEYS[4], ARGV[5])
+-- The index's lifetime is renewed when a model joins it: a model stays in it only while its stream
+-- holds jobs, so models keep joining it while there is traffic at all.
+if redis.call('HSET', KEYS[4], ARGV[3], ARGV[4]) == 1 then
+    redis.call('EXPIRE', KEYS[4], ARGV[5])
+end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'm', ARGV[3])
 redis.call('EXPIRE', KEYS[5], ARGV[7])
 if KEYS[6] then

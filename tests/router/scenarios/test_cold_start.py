@@ -73,6 +73,7 @@ async def test_an_enqueue_notes_its_model_and_pokes_the_controllers_in_the_same_
     queued = job_decoder.decode(entry[keys.JOB_FIELD.encode()])
     noted = await redis.hgetall(keys.demand_index())  # type: ignore[misc]
     assert noted == {MODEL.encode(): queued.id.encode()}, "the model is noted under its job's id"
+    assert 0 < await redis.ttl(keys.demand_index()) <= keys.DEMAND_INDEX_TTL_S
 
 
 @pytest.mark.parametrize("stream", [False, True])
