@@ -340,9 +340,7 @@ class Worker:
 
     async def _unload_on_stop(self, slot: ModelSlot) -> None:
         await slot.unload()
-        if slot.replica is not None:
-            await self._coordination.release_lease(slot.name, slot.replica)
-            slot.replica = None
+        await self._coordination.release_slot_lease(slot)
 
     async def _close_redis(self) -> None:
         await self._poke_redis.aclose()

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from switchboard import keys, lua
 from switchboard.catalogue import bump_catalogue
 from switchboard.wire import LoadFailure, ModelLimits, encode
+from workers.models.slot import ModelSlot
 
 LEASE_TTL_MS = keys.REPLICA_LEASE_TTL_S * 1000
 
@@ -49,6 +50,12 @@ class Coordination:
     async def release_lease(self, model: str, replica: int) -> None:
         """Give the replica up (after an unload or a failed load)."""
         await self._release(keys=[keys.replica_lease(model, replica)], args=[self._worker_id])
+
+    async def release_slot_lease(self, slot: ModelSlot) -> None:
+        """Give up the replica `slot` holds, if any, and forget it there."""
+        if slot.replica is not None:
+            await self.release_lease(slot.name, slot.replica)
+            slot.replica = None
 
     async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> LoadFailure:
         """Tell every front door and worker that `model` failed to load; it expires when it may be retried."""

@@ -202,10 +202,7 @@ class WorkerEffects:
 
     async def release_lease(self, model: str) -> None:
         """Give up the replica the model's slot holds, if any."""
-        slot = self._slots[model]
-        if slot.replica is not None:
-            await self._coordination.release_lease(model, slot.replica)
-            slot.replica = None
+        await self._coordination.release_slot_lease(self._slots[model])
 
     async def record_cost(self, model: str, operation: str, value: float) -> None:
         """Keep one measurement of `operation` on this worker kind."""
