@@ -129,7 +129,7 @@ class Worker:
 
     def record(self) -> WorkerRecord:
         """How this worker advertises itself."""
-        held = [slot for slot in self._slots.values() if slot.state != "cold" and not self._draining]
+        held = [] if self._draining else self._slots.held()
         return WorkerRecord(
             id=self.id,
             host=socket.gethostname(),
@@ -257,7 +257,7 @@ class Worker:
 
     def _create_engine(self, model: ModelConfig) -> Engine:
         """A new engine for `model`, computing on a share of the cores no other held model uses."""
-        held = [name for name, slot in self._slots.items() if slot.state != "cold"]
+        held = [slot.name for slot in self._slots.held()]
         return self._engine_factory(
             model, self._engine_options(self._placement.cpu_threads(model.name, held))
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Protocol, cast
 
 import redis.asyncio as aioredis
@@ -23,7 +23,7 @@ from workers.controller.coordination import Coordination
 from workers.controller.snapshot import LocalFacts, SnapshotReader
 from workers.controller.view import View
 from workers.jobs.consume import JobConsumer
-from workers.models.slot import ModelSlot
+from workers.models.slots import Slots
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class WorkerEffects:
         *,
         redis: aioredis.Redis,
         poke_redis: aioredis.Redis,
-        slots: Mapping[str, ModelSlot],
+        slots: Slots,
         consumer: JobConsumer,
         coordination: Coordination,
         snapshot: SnapshotReader,
@@ -127,6 +127,8 @@ class WorkerEffects:
         self._redis = redis
         self._poke_redis = poke_redis
         self._slots = slots
+        # Models whose lease this controller took (their slot may still be cold, its load not begun).
+        self._leased: set[str] = set()
         self._consumer = consumer
         self._coordination = coordination
         self._snapshot = snapshot
@@ -188,11 +190,17 @@ class WorkerEffects:
         if not await self._coordination.take_lease(model, replica):
             return False
         self._slots[model].replica = replica
+        self._leased.add(model)
         return True
 
     async def renew_leases(self) -> list[tuple[str, int]]:
         """Extend every lease the slots hold; returns the (model, replica) lost for good, now dropped."""
-        held = [(name, slot.replica) for name, slot in self._slots.items() if slot.replica is not None]
+        # A lease is taken before its load starts: the slots leased since are looked at too.
+        self._leased = {name for name in self._leased if self._slots[name].replica is not None}
+        leased = self._leased | self._slots.held_names()
+        held = [
+            (name, replica) for name in sorted(leased) if (replica := self._slots[name].replica) is not None
+        ]
         lost_for_good = []
         for model, replica in await self._coordination.renew_leases(held):
             if not await self._coordination.take_lease(model, replica):

@@ -34,7 +34,7 @@ from switchboard.wire import DesiredState, SlotStatus, WorkerRecord, worker_deco
 from workers.controller.catalogue import Catalogue, ModelFacts
 from workers.controller.coordination import typical
 from workers.controller.view import ModelView, View, WorkerLimits
-from workers.models.slot import ModelSlot
+from workers.models.slots import Slots
 
 # Replica numbers looked at when a model sets no max_replicas.
 REPLICAS_TRACKED = 16
@@ -71,7 +71,7 @@ class SnapshotReader:
         self,
         redis: aioredis.Redis,
         models: list[ModelConfig],
-        slots: Mapping[str, ModelSlot],
+        slots: Slots,
         *,
         kind: str,
         memory_budget_bytes: int,
@@ -80,6 +80,9 @@ class SnapshotReader:
         self._redis = redis
         self._models = models
         self._configured = {model.name: model for model in models}
+        self._position = {model.name: position for position, model in enumerate(models)}
+        # Weighed on every pass: the configuration keeps replicas of them warm.
+        self._kept_warm = {model.name for model in models if model.min_replicas > 0}
         self._slots = slots
         self._memory_budget_bytes = memory_budget_bytes
         self._expected_footprint = expected_footprint
@@ -119,16 +122,14 @@ class SnapshotReader:
 
     def _weighed(self, noted: Mapping[str, bytes], local: LocalFacts) -> list[ModelConfig]:
         """The models this pass looks at: held here, or asked for and possible here."""
-        held = {name for name, slot in self._slots.items() if slot.state != "cold"} | local.starting
-        return [
-            model
-            for model in self._models
-            if model.name in held
-            or (
-                (model.name in noted or model.min_replicas > 0 or model.name in local.preload_pending)
-                and self.may_hold(model.name)
-            )
-        ]
+        held = self._slots.held_names() | local.starting
+        # Only these few names are looked at, never every model configured.
+        asked = held | noted.keys() | local.preload_pending | self._kept_warm
+        candidates = sorted(
+            (self._configured[name] for name in asked if name in self._configured),
+            key=lambda model: self._position[model.name],
+        )
+        return [model for model in candidates if model.name in held or self.may_hold(model.name)]
 
     async def _read_models(self, models: Sequence[ModelConfig]) -> dict[str, _Read]:
         """The queues and leases of `models`, and the facts of those not kept: one round trip."""

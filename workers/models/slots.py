@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 
 from switchboard.config import ModelConfig
@@ -37,10 +38,14 @@ class Slots(Mapping[str, ModelSlot]):
                 host_started=host_started,
                 create_engine=create_engine,
                 read_barrier=self.read_barrier,
-                on_change=self.changed.set,
+                on_change=functools.partial(self._slot_changed, model.name),
             )
             for model in models
         }
+        # The slots that are not cold, kept as they change: a pass, a heartbeat and the consumer
+        # look at these few, not at every model configured.
+        self._position = {model.name: position for position, model in enumerate(models)}
+        self._held: set[str] = set()
 
     def __getitem__(self, name: str) -> ModelSlot:
         return self._slots[name]
@@ -51,10 +56,25 @@ class Slots(Mapping[str, ModelSlot]):
     def __len__(self) -> int:
         return len(self._slots)
 
+    def held(self) -> list[ModelSlot]:
+        """The slots that are not cold (loading, warm, asleep, unloading), in configuration order."""
+        return [self._slots[name] for name in sorted(self._held, key=self._position.__getitem__)]
+
+    def held_names(self) -> set[str]:
+        """The names of the slots that are not cold."""
+        return set(self._held)
+
     def warm(self) -> list[ModelSlot]:
         """The slots whose job streams the consumer reads now (the event `changed` is set when
         this may have changed; the reader clears it before it looks)."""
-        return [slot for slot in self._slots.values() if slot.wants_jobs]
+        return [slot for slot in self.held() if slot.wants_jobs]
+
+    def _slot_changed(self, name: str) -> None:
+        if self._slots[name].state == "cold":
+            self._held.discard(name)
+        else:
+            self._held.add(name)
+        self.changed.set()
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:

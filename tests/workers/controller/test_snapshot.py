@@ -49,8 +49,15 @@ class Slot:
         return 0.0
 
 
+class FakeSlots(dict[str, Slot]):
+    """What the snapshot reads of the worker's slots: each by name, and the names of those held."""
+
+    def held_names(self) -> set[str]:
+        return {name for name, slot in self.items() if slot.state != "cold"}
+
+
 def reader(redis: aioredis.Redis, models: Sequence[ModelConfig], held: Sequence[str] = ()) -> SnapshotReader:
-    slots = {model.name: Slot(state="warm" if model.name in held else "cold") for model in models}
+    slots = FakeSlots({model.name: Slot(state="warm" if model.name in held else "cold") for model in models})
     return SnapshotReader(
         redis,
         list(models),
