@@ -18,7 +18,7 @@ import uvicorn
 from router.app import create_app
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
-from switchboard.wire import Chunk, Job, SlotStatus, WorkerRecord, encode, job_decoder
+from switchboard.wire import Chunk, Job, SlotStatus, Usage, WorkerRecord, encode, job_decoder
 
 MODEL = "tiny"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
@@ -102,11 +102,20 @@ async def next_job(redis: aioredis.Redis, model: str = MODEL, timeout_s: float =
         while True:
             response = await redis.xread({keys.job_stream(model): last_id}, block=100)
             for _, entries in response or ():
-                return job_decoder.decode(entries[0][1][b"job"])
+                return job_decoder.decode(entries[0][1][keys.JOB_FIELD.encode()])
 
 
 async def write_chunks(redis: aioredis.Redis, job_id: str, *chunks: Chunk) -> None:
     """Append result chunks as a worker's result writer does."""
     for chunk in chunks:
-        await redis.xadd(keys.result_stream(job_id), {"c": encode(chunk)})
+        await redis.xadd(keys.result_stream(job_id), {keys.CHUNK_FIELD: encode(chunk)})
     await redis.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
+
+
+async def answer_ok(redis: aioredis.Redis, job_id: str) -> None:
+    """Answer the job in one chunk, "ok", as a worker that served it would."""
+    await write_chunks(
+        redis,
+        job_id,
+        Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
+    )

@@ -19,8 +19,14 @@ from switchboard import api_keys, keys
 from switchboard.config import ApiKey, ConfigError, ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.ports import free_port
-from switchboard.wire import Chunk, Usage
-from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for, write_chunks
+from tests.support.front_door_harness import (
+    BODY,
+    MODEL,
+    answer_ok,
+    next_job,
+    serving,
+    settings_for,
+)
 from tests.support.network import accepts
 
 OTHER = "other"
@@ -104,11 +110,7 @@ async def test_a_key_sees_and_uses_only_its_models(
     )
     job = await next_job(redis)
     assert job.tenant == "user"
-    await write_chunks(
-        redis,
-        job.id,
-        Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
-    )
+    await answer_ok(redis, job.id)
     assert (await request).status_code == 200
     # Its slot is back: nothing is in flight.
     assert not await redis.zcard(keys.in_flight())

@@ -10,8 +10,7 @@ import redis.asyncio as aioredis
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.wire import Chunk, Usage
-from tests.support.front_door_harness import BODY, next_job, serving, settings_for, write_chunks
+from tests.support.front_door_harness import BODY, answer_ok, next_job, serving, settings_for
 
 SECRET = api_keys.new_secret()
 HEADERS = {"Authorization": f"Bearer {SECRET}"}
@@ -63,11 +62,7 @@ async def test_a_client_that_leaves_frees_its_parallel_slot_at_once(
         await redis.delete(keys.job_stream(job.model))  # the cancelled job, which no worker took
         again = asyncio.create_task(client.post("/v1/chat/completions", json=BODY, headers=HEADERS))
         answered = await next_job(redis)
-        await write_chunks(
-            redis,
-            answered.id,
-            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
-        )
+        await answer_ok(redis, answered.id)
         assert (await again).status_code == 200
 
 
@@ -77,11 +72,7 @@ async def test_a_response_sent_in_full_is_not_disturbed(
     async with serving(settings_for(redis_server.url)) as client:
         request = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
         job = await next_job(redis)
-        await write_chunks(
-            redis,
-            job.id,
-            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
-        )
+        await answer_ok(redis, job.id)
         response = await request
     assert response.status_code == 200
     assert not await redis.exists(keys.cancel_mark(job.id))

@@ -23,6 +23,7 @@ from tests.support.front_door_harness import (
     BODY,
     MODEL,
     advertise,
+    answer_ok,
     next_job,
     record_load_times,
     serving,
@@ -338,11 +339,7 @@ async def test_a_warm_model_reads_no_status_on_the_hot_path(
             request = asyncio.create_task(client.post("/v1/chat/completions", json={**BODY, "stream": True}))
             job = await next_job(redis)
             await redis.delete(keys.job_stream(MODEL))
-            await write_chunks(
-                redis,
-                job.id,
-                Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
-            )
+            await answer_ok(redis, job.id)
             response = await request
             assert response.status_code == 200
             assert not any(line.startswith(":") for line in response.text.splitlines())

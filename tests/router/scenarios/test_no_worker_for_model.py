@@ -11,16 +11,15 @@ from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.readiness import NO_WORKER_FOR_MODEL
-from switchboard.wire import Chunk, Usage
 from tests.support.front_door_harness import (
     BODY,
     MODEL,
     advertise,
+    answer_ok,
     next_job,
     serving,
     settings_for,
     worker_record,
-    write_chunks,
 )
 
 OTHER = "other"
@@ -62,11 +61,7 @@ async def test_a_model_no_live_worker_may_hold_is_a_503_at_once(
             raise AssertionError("the model is still not served 5 s after a worker that may hold it came up")
         request = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
         job = await next_job(redis)
-        await write_chunks(
-            redis,
-            job.id,
-            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
-        )
+        await answer_ok(redis, job.id)
         assert (await request).status_code == 200
 
 
@@ -77,9 +72,5 @@ async def test_with_no_live_worker_at_all_a_job_waits_for_the_first_one(
     async with serving(settings_for(redis_server.url, models=MODELS)) as client:
         request = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
         job = await next_job(redis)
-        await write_chunks(
-            redis,
-            job.id,
-            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
-        )
+        await answer_ok(redis, job.id)
         assert (await request).status_code == 200

@@ -8,8 +8,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.wire import Chunk, Usage
-from tests.support.front_door_harness import BODY, next_job, serving, settings_for, write_chunks
+from tests.support.front_door_harness import BODY, answer_ok, next_job, serving, settings_for
 
 
 async def test_a_front_door_beats_while_it_runs_and_its_jobs_name_it(
@@ -21,11 +20,7 @@ async def test_a_front_door_beats_while_it_runs_and_its_jobs_name_it(
         assert job.router_id is not None
         alive = keys.router_alive(job.router_id)
         assert 0 < await redis.ttl(alive) <= keys.ROUTER_TTL_S
-        await write_chunks(
-            redis,
-            job.id,
-            Chunk(text="ok", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)),
-        )
+        await answer_ok(redis, job.id)
         assert (await request).status_code == 200
         await asyncio.sleep(keys.ROUTER_TTL_S + 0.5)  # refreshed, not merely set once
         assert await redis.exists(alive)
