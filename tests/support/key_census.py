@@ -13,6 +13,7 @@ a key without any expiry in those families, or of a family `switchboard.keys` do
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -98,7 +99,12 @@ def take_census(redis_url: str) -> Census:
         for pattern in keys.all_key_patterns():
             for key in client.scan_iter(match=pattern, count=1000):
                 family = family_of(key)
-                ttl = client.ttl(key)
+                # Milliseconds: a key in its last second reads TTL 0 yet still expires by itself, and
+                # one that expired between the scan and this read (-2) is simply gone.
+                pttl = client.pttl(key)
+                if pttl == -2:
+                    continue
+                ttl = -1 if pttl == -1 else math.ceil(pttl / 1000)
                 if family is None:
                     census.strays.append(f"{key} (unknown family, ttl {ttl})")
                     continue
