@@ -4,7 +4,9 @@ A blocking read per request would tie up a Redis connection each; instead one ta
 ``XREAD BLOCK`` over every in-flight job's result stream (plus this process's wake stream) and hands
 each chunk, with its entry id, to the request waiting for it. Streams are read from their start (or,
 for a resumed stream, from after the entry its client saw last), so a chunk written before the
-request subscribed is not lost.
+request subscribed is not lost. One job may have several readers here (clients resuming one stream,
+say from two tabs), each from its own point: its stream is read from the earliest of them, and each
+gets the chunks past its own.
 
 The loop also notices a Redis that restarted (its run id changed): a job whose result stream, or
 whose place in the queue, did not survive the restart can never finish, and its request is failed
@@ -40,6 +42,12 @@ RUN_ID_CHECK_S = 5.0
 
 START = "0-0"
 _CHUNK = keys.CHUNK_FIELD.encode()
+
+
+def entry_order(entry_id: bytes) -> tuple[int, int]:
+    """A result stream entry id (`<ms>-<seq>`) as something that sorts as Redis orders entries."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
 
 
 class ResultsLost(Exception):
@@ -97,7 +105,8 @@ class ResultReader:
         self._health = health
         self._wake_key = keys.wake_stream(router_id).encode()
         self._wake_last_id = b"0-0"
-        self._subscriptions: dict[bytes, Subscription] = {}
+        # Result stream key → its job's subscriptions in this process (one per reader).
+        self._subscriptions: dict[bytes, list[Subscription]] = {}
         # Jobs whose subscription ended, with how long their results (and record) are kept: deleted
         # at once (None), or expiring after that many seconds.
         self._ended: list[tuple[str, int | None]] = []
@@ -118,7 +127,7 @@ class ResultReader:
         """Start delivering the chunks of `job_id` (a job of `model`) that follow entry `after`;
         `streamed`: they go to a streamed response (see `Subscription.streamed`)."""
         subscription = Subscription(job_id, model, after, streamed=streamed)
-        self._subscriptions[subscription.stream_key] = subscription
+        self._subscriptions.setdefault(subscription.stream_key, []).append(subscription)
         self._has_work.set()
         return subscription
 
@@ -129,14 +138,23 @@ class ResultReader:
         if subscription.released:
             return
         subscription.released = True
-        self._subscriptions.pop(subscription.stream_key, None)
+        others = self._drop(subscription)
         keep_s: int | None = None
-        if keep:
+        if keep or others:  # another reader here still reads the job's results
             keep_s = keys.RESULT_TTL_S
         elif subscription.read_to_end and subscription.streamed:
             keep_s = keys.FINISHED_RESULT_TTL_S
         self._ended.append((subscription.job_id, keep_s))
         self._has_work.set()
+
+    def _drop(self, subscription: Subscription) -> int:
+        """Take `subscription` out of those read; how many others of its job are left."""
+        others = self._subscriptions.get(subscription.stream_key, [])
+        if subscription in others:
+            others.remove(subscription)
+        if not others:
+            self._subscriptions.pop(subscription.stream_key, None)
+        return len(others)
 
     async def wake(self) -> None:
         """Make a blocked read return, so that it picks up a new subscription at once."""
@@ -147,8 +165,8 @@ class ResultReader:
 
     @property
     def in_flight(self) -> int:
-        """How many jobs this process is waiting on."""
-        return len(self._subscriptions)
+        """How many readers of jobs' results this process serves (a job read by several counts each)."""
+        return sum(len(subscriptions) for subscriptions in self._subscriptions.values())
 
     def start(self, tasks: TaskSet) -> None:
         """Start the reader loop as a task of `tasks` (its blocking XREAD does not fit `poll`)."""
@@ -187,7 +205,11 @@ class ResultReader:
             await self._check_restart()
             self._check_run_id_at = loop.time() + RUN_ID_CHECK_S
         streams = {self._wake_key: self._wake_last_id}
-        streams.update((key, sub.last_id) for key, sub in self._subscriptions.items())
+        # A stream is read from the earliest point any of its readers needs.
+        streams.update(
+            (key, min((sub.last_id for sub in subs), key=entry_order))
+            for key, subs in self._subscriptions.items()
+        )
         self.blocked = True
         try:
             response = await self._redis.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
@@ -220,7 +242,7 @@ class ResultReader:
         previous, self._run_id = self._run_id, run_id
         if previous is None or previous == run_id:
             return
-        subscriptions = list(self._subscriptions.values())
+        subscriptions = [sub for subs in self._subscriptions.values() for sub in subs]
         pipe = self._redis.pipeline(transaction=False)
         for subscription in subscriptions:
             pipe.exists(subscription.stream_key)
@@ -235,7 +257,7 @@ class ResultReader:
             if has_results or (has_job_stream and not started):
                 continue
             lost += 1
-            self._subscriptions.pop(subscription.stream_key, None)
+            self._drop(subscription)
             subscription.fail(ResultsLost(subscription.job_id))
         logger.warning(
             "redis restarted", extra={"run_id": run_id, "in_flight": len(subscriptions), "lost": lost}
@@ -245,12 +267,21 @@ class ResultReader:
         if stream_key == self._wake_key:
             self._wake_last_id = entries[-1][0]
             return
-        subscription = self._subscriptions.get(stream_key)
-        if subscription is None:  # unsubscribed while the read was in flight
+        subscriptions = self._subscriptions.get(stream_key)
+        if not subscriptions:  # unsubscribed while the read was in flight
             return
-        for entry_id, fields in entries:
+        chunks = [(entry_id, chunk_decoder.decode(fields[_CHUNK])) for entry_id, fields in entries]
+        # A copy: a subscription that takes its last chunk leaves the list.
+        for subscription in list(subscriptions):
+            self._deliver(subscription, chunks)
+
+    def _deliver(self, subscription: Subscription, chunks: list[tuple[bytes, Chunk]]) -> None:
+        """Hand `subscription` the chunks past its own point (the read began at the earliest reader's)."""
+        after = entry_order(subscription.last_id)
+        for entry_id, chunk in chunks:
+            if entry_order(entry_id) <= after:
+                continue
             subscription.last_id = entry_id
-            chunk = chunk_decoder.decode(fields[_CHUNK])
             subscription.deliver(entry_id.decode(), chunk)
             if chunk.is_last:
                 # Nothing follows: stop reading the stream; it is deleted on the next pass (its
