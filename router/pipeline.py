@@ -114,8 +114,14 @@ class Pipeline:
     async def _resumed(
         self, job: Job, caller: Caller, resume: ResumePoint, relay: ChatRelay | CompletionRelay
     ) -> Stream:
-        """The rest of a streamed answer whose client lost its connection; nothing new is queued."""
-        run, earlier = await self._runs.resume(job, caller.name, resume.entry_id)
+        """The rest of a streamed answer whose client lost its connection; nothing new is queued.
+
+        A resume is a request: admitted against its key's limits first (429, and nothing of the job
+        read or counted, when refused), then only the key that sent the job may read it (404)."""
+        observer = JobObserver(job, resumed=True)
+        with observer.phase("switchboard.admission"):
+            ticket = await self._admission.admit_resume(job, caller)
+        run, earlier = await self._runs.resume(job, ticket, resume.entry_id, observer)
         relay.replay(earlier)
         return await stream_response(run, relay, self._router, self._status)
 

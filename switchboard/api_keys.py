@@ -4,6 +4,11 @@ Secrets are long random tokens (`secrets.token_urlsafe(32)`, 256 bits), so a pla
 enough to store them: there is no password to guess. `switchboard keys` keeps them in one Redis
 hash (`keys.api_keys()`: SHA-256 → the `ApiKey` record as JSON, readable with redis-cli); the
 config can list more as `[[auth.keys]]`. Both sides of the product read them through this module.
+
+A key is known by its SHA-256: what it owns (the jobs it sent) is its own by that. Its name is what
+people read in messages, logs and traces, so one name means one key for good: a new key may not
+take a reserved name (`RESERVED_NAMES`), nor the name of a key that exists or was removed (those
+are kept in `keys.retired_key_names()`), compared without regard to case.
 """
 
 from __future__ import annotations
@@ -26,12 +31,37 @@ logger = logging.getLogger(__name__)
 # Recognisable in logs and secret scanners, like OpenAI's `sk-`.
 SECRET_PREFIX = "sb-"
 
+# The name of the admin key given outside the config (`auth.admin_key_sha256`); and what a request
+# is called while auth is off (a loopback front door with no key).
+ADMIN_KEY_NAME = "admin"
+OPEN_ACCESS_NAME = "anonymous"
+RESERVED_NAMES = frozenset({ADMIN_KEY_NAME, OPEN_ACCESS_NAME})
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(ApiKey)
 
 
 class KeyExistsError(ValueError):
-    """A key of that name exists already."""
+    """A key of that name exists already, existed once, or the name is reserved."""
+
+
+def check_name_free(name: str, *, taken: set[str], retired: set[str]) -> None:
+    """KeyExistsError unless a new key may be called `name`: not reserved, not the name of a key in
+    `taken` (existing) or `retired` (removed), whatever the case of its letters."""
+    folded = name.casefold()
+    if folded in RESERVED_NAMES:
+        raise KeyExistsError(
+            f"the name {name!r} is reserved (it names the admin key given as auth.admin_key_sha256, "
+            "or requests while auth is off); choose another name"
+        )
+    if folded in {n.casefold() for n in taken}:
+        raise KeyExistsError(f"a key named {name!r} exists already; choose another name")
+    if folded in {n.casefold() for n in retired}:
+        raise KeyExistsError(
+            f"a key named {name!r} existed and was removed; names are not reused, so that logs and "
+            "traces that name it mean one key. Choose another name (say, with a suffix: "
+            f"{name}-2)"
+        )
 
 
 def new_secret() -> str:
@@ -98,20 +128,37 @@ class KeyStore:
         admin: bool = False,
         taken_names: set[str] | None = None,
     ) -> tuple[str, ApiKey]:
-        """Make and store a new key; returns its secret (shown once, never stored) and its record."""
-        if name in {k.name for k in self.all()} | (taken_names or set()):
-            raise KeyExistsError(f"a key named {name!r} exists already; remove it first")
+        """Make and store a new key; returns its secret (shown once, never stored) and its record.
+
+        KeyExistsError if `name` is reserved, or names a key stored, in `taken_names` (the config's),
+        or removed. The check and the write are one transaction: two `keys add` of one name at once
+        store one key.
+        """
         secret, record = make_key(
             name, models=models, rpm=rpm, tpm=tpm, max_parallel=max_parallel, admin=admin
         )
-        self._redis.hset(keys.api_keys(), record.sha256, encode_record(record))
+        with self._redis.pipeline() as pipe:
+            pipe.watch(keys.api_keys(), keys.retired_key_names())
+            stored: dict[bytes, bytes] = pipe.hgetall(keys.api_keys())  # type: ignore[assignment]
+            retired: set[bytes] = pipe.smembers(keys.retired_key_names())  # type: ignore[assignment]
+            check_name_free(
+                name,
+                taken={k.name for k in decode_stored(stored)} | (taken_names or set()),
+                retired={n.decode(errors="replace") for n in retired},
+            )
+            pipe.multi()
+            pipe.hset(keys.api_keys(), record.sha256, encode_record(record))
+            pipe.execute()  # WatchError if another `keys add` or `keys remove` ran meanwhile
         return secret, record
 
     def remove(self, name: str) -> bool:
-        """Remove the key called `name`; False if there is none."""
+        """Remove the key called `name`, whose name no new key may take; False if there is none."""
         hashes = [k.sha256 for k in self.all() if k.name == name]
         if hashes:
-            self._redis.hdel(keys.api_keys(), *hashes)
+            pipe = self._redis.pipeline()
+            pipe.hdel(keys.api_keys(), *hashes)
+            pipe.sadd(keys.retired_key_names(), name)
+            pipe.execute()
         return bool(hashes)
 
 

@@ -99,6 +99,10 @@ TENANT_FIELD = "tenant"
 READERS_FIELD = "readers"
 RESUMES_FIELD = "resumes"
 DONE_FIELD = "done"
+# ... and times a streamed client left it mid-stream: a job is given up once the resume grace of the
+# last one passes with no reader back (`lua/give_up.lua`). Its `tenant` is the identity of the key
+# (the SHA-256 of its secret), never its name, which another key could take.
+LEAVES_FIELD = "leaves"
 # A demand poke: the model it is about ("" for any).
 MODEL_FIELD = "m"
 # A wake poke of a front door's result reader carries nothing.
@@ -217,6 +221,14 @@ def api_keys() -> str:
     Operator data: it has no expiry, and only `switchboard keys` writes it.
     """
     return f"{PREFIX}:api-keys"
+
+
+def retired_key_names() -> str:
+    """Set of the names of removed API keys, which a new key may not take (`switchboard keys`).
+
+    Operator data, like `api_keys`: it has no expiry.
+    """
+    return f"{PREFIX}:api-keys:retired-names"
 
 
 def key_rate(name: str) -> str:

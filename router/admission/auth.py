@@ -34,12 +34,16 @@ logger = logging.getLogger(__name__)
 
 # Open whatever auth says: probes of load balancers and orchestrators carry no key.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-ADMIN_KEY_NAME = "admin"
+ADMIN_KEY_NAME = api_keys.ADMIN_KEY_NAME
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """The key a request came with, and what that key may do; `name` is None while auth is off."""
+    """The key a request came with, and what that key may do; `name` is None while auth is off.
+
+    `key_sha256` is the key's identity: what it owns (its jobs) is the key's by that, never by
+    `name`, which names the key in messages and logs and which a removed key leaves behind.
+    """
 
     name: str | None
     # Models the key may use; empty: every model.
@@ -48,6 +52,13 @@ class Caller:
     tpm: int | None = None
     max_parallel: int | None = None
     admin: bool = False
+    # The SHA-256 of the key's secret, as stored; None while auth is off.
+    key_sha256: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """Who a job this caller sends belongs to: its key's identity ("" while auth is off)."""
+        return self.key_sha256 or ""
 
     def may_use(self, model: str) -> bool:
         """Whether the key may send requests to `model`."""
@@ -71,6 +82,7 @@ def caller_for(key: ApiKey) -> Caller:
         tpm=key.tpm,
         max_parallel=key.max_parallel,
         admin=key.admin,
+        key_sha256=key.sha256,
     )
 
 
@@ -111,8 +123,9 @@ class KeyTable:
         self._always_on = auth_always_on(settings)
         self._configured = {bytes.fromhex(k.sha256): caller_for(k) for k in settings.auth.keys}
         if settings.auth.admin_key_sha256:
-            admin = Caller(name=ADMIN_KEY_NAME, admin=True)
-            self._configured[bytes.fromhex(settings.auth.admin_key_sha256)] = admin
+            sha256 = settings.auth.admin_key_sha256
+            admin = Caller(name=ADMIN_KEY_NAME, admin=True, key_sha256=sha256)
+            self._configured[bytes.fromhex(sha256)] = admin
         # SHA-256 (raw bytes) → caller.
         self._callers: dict[bytes, Caller] = dict(self._configured)
         self._stored_count = 0

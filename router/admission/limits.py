@@ -16,6 +16,11 @@ skewed clocks agree:
 A refusal is a 429 with Retry-After (from the bucket for rate limits) and commits nothing.
 `Ticket.release` gives the slots back and settles the tokens; `JobRun.close` calls it on every
 path a job ends by.
+
+A client resuming a stream (`Last-Event-ID`) is admitted the same way (`admit_resume`): it takes a
+request, an in-flight slot of its own (each reader of one job holds one) and tokens, or is refused
+before anything of the job is read. Only the queue bound does not apply: nothing is queued. What it
+is charged is `router.admission.charges`' rule.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 
 import redis.asyncio as aioredis
 
@@ -46,16 +52,25 @@ def estimate_tokens(job: Job, completion_tokens: int) -> int:
     prompt_tokens = math.ceil(sum(len(m.content or "") for m in job.messages or ()) / 4)
     for prompt in job.prompts or ():
         prompt_tokens += math.ceil(len(prompt) / 4) if isinstance(prompt, str) else len(prompt)
+    return prompt_tokens + estimate_completion_tokens(job, completion_tokens)
+
+
+def estimate_completion_tokens(job: Job, completion_tokens: int) -> int:
+    """Tokens a job's answer will likely hold: max_tokens or `completion_tokens` for each choice."""
     choices = job.sampling.n * len(job.prompts or (None,))
-    return prompt_tokens + choices * (job.sampling.max_tokens or completion_tokens)
+    return choices * (job.sampling.max_tokens or completion_tokens)
 
 
 class Ticket:
-    """An admitted request's hold on the limits; `release` gives it back (idempotent)."""
+    """An admitted request's hold on the limits; `release` gives it back (idempotent).
 
-    def __init__(self, admission: Admission, job_id: str, caller: Caller, reserved_tokens: int) -> None:
+    `slot` names its in-flight slots: the job's id for a queued job, one of its own for each client
+    resuming the job's stream.
+    """
+
+    def __init__(self, admission: Admission, slot: str, caller: Caller, reserved_tokens: int) -> None:
         self._admission = admission
-        self.job_id = job_id
+        self.slot = slot
         self.caller = caller
         self.reserved_tokens = reserved_tokens
         self._released = False
@@ -79,11 +94,29 @@ class Admission:
         self._release_script = lua.register(redis, "release")
 
     async def admit(self, job: Job, caller: Caller) -> Ticket:
-        """A ticket for `job`, or a 429 saying which limit it met and when to retry.
+        """A ticket for queueing `job`, or a 429 saying which limit it met and when to retry.
 
         A caller cancelled meanwhile (its client left) holds nothing: what the script took is given back.
         """
-        admitting = asyncio.ensure_future(self._admit(job, caller))
+        tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
+        return await self._admitted(job, caller, slot=job.id, tokens=tokens, max_queue_depth=None)
+
+    async def admit_resume(self, job: Job, caller: Caller) -> Ticket:
+        """A ticket for one more reader of `job`'s stream (resumed with `Last-Event-ID`), or a 429.
+
+        It reserves the tokens of the job's answer (`charges.DeliveredShare` settles them with what
+        it delivers), and holds a slot of its own, so that each reader counts in flight.
+        """
+        tokens = (
+            estimate_completion_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
+        )
+        slot = f"{job.id}:resume:{uuid.uuid4().hex[:12]}"
+        return await self._admitted(job, caller, slot=slot, tokens=tokens, max_queue_depth=-1)
+
+    async def _admitted(
+        self, job: Job, caller: Caller, *, slot: str, tokens: int, max_queue_depth: int | None
+    ) -> Ticket:
+        admitting = asyncio.ensure_future(self._admit(job, caller, slot, tokens, max_queue_depth))
         try:
             return await asyncio.shield(admitting)
         except asyncio.CancelledError:
@@ -91,8 +124,9 @@ class Admission:
                 await (await admitting).release(0)
             raise
 
-    async def _admit(self, job: Job, caller: Caller) -> Ticket:
-        tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
+    async def _admit(
+        self, job: Job, caller: Caller, slot: str, tokens: int, max_queue_depth: int | None
+    ) -> Ticket:
         slot_ttl_ms = math.ceil((job.deadline - time.time() + keys.SLOT_GRACE_S) * 1000)
         name = caller.name or ""
         refusal = await self._admit_script(
@@ -103,28 +137,28 @@ class Admission:
                 keys.job_stream(job.model),
             ],
             args=[
-                job.id,
+                slot,
                 max(slot_ttl_ms, 1000),
                 caller.rpm or 0,
                 caller.tpm or 0,
                 tokens,
                 caller.max_parallel or 0,
                 self._limits.max_in_flight,
-                self._limits.max_queue_depth,
+                self._limits.max_queue_depth if max_queue_depth is None else max_queue_depth,
                 keys.JOB_GROUP,
             ],
         )
         if refusal is not None:
             what, retry_after_s, detail = (part.decode() for part in refusal)
             raise self._refused(what, float(retry_after_s), int(detail), job, caller, tokens)
-        return Ticket(self, job.id, caller, tokens)
+        return Ticket(self, slot, caller, tokens)
 
     async def release(self, ticket: Ticket, refund_tokens: int) -> None:
         """Give a ticket's slots back and its unused tokens (`Ticket.release` calls this)."""
         name = ticket.caller.name or ""
         await self._release_script(
             keys=[keys.key_rate(name), keys.key_in_flight(name), keys.in_flight()],
-            args=[ticket.job_id, refund_tokens, ticket.caller.tpm or 0],
+            args=[ticket.slot, refund_tokens, ticket.caller.tpm or 0],
         )
 
     def _refused(

@@ -16,7 +16,9 @@ from router.intake.job import JOB_ID_PATTERN, created_of
 from router.openai.errors import InvalidRequestError
 from switchboard.wire import Job
 
-_EVENT_ID = re.compile(rf"(?P<job_id>{JOB_ID_PATTERN}):(?P<entry_id>[0-9]+-[0-9]+)")
+_EVENT_ID = re.compile(rf"(?P<job_id>{JOB_ID_PATTERN}):(?P<ms>[0-9]{{1,20}})-(?P<seq>[0-9]{{1,20}})")
+# Each half of a stream entry id is an unsigned 64-bit number: past it, Redis refuses the id.
+_ENTRY_PART_MAX = 2**64 - 1
 
 
 class ResumePoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,10 +37,10 @@ def resume_point(last_event_id: str | None, *, stream: bool) -> ResumePoint | No
     if not stream or last_event_id is None or not last_event_id.strip():
         return None
     match = _EVENT_ID.fullmatch(last_event_id.strip())
-    if match is None:
+    if match is None or max(int(match["ms"]), int(match["seq"])) > _ENTRY_PART_MAX:
         raise InvalidRequestError(
             f"Last-Event-ID {last_event_id[:100]!r} is not an event id of this server "
             "(`<job id>:<entry id>`, as sent in each event's `id:` line).",
             code="invalid_last_event_id",
         )
-    return ResumePoint(job_id=match["job_id"], entry_id=match["entry_id"])
+    return ResumePoint(job_id=match["job_id"], entry_id=f"{int(match['ms'])}-{int(match['seq'])}")

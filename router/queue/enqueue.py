@@ -1,6 +1,10 @@
 """Put a job on its model's stream in one round trip (`switchboard/lua/enqueue.lua`, which also notes
 the model in the demand index), and count the readers of its results (`resume.lua`, and a reader
-that leaves)."""
+that leaves), giving up a job whose streamed client did not come back (`give_up.lua`).
+
+A job belongs to the key that sent it, by the key's identity (`Caller.owner`, the SHA-256 of its
+secret): its record's `tenant`. Only that key may resume its stream.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ logger = logging.getLogger(__name__)
 class Resumption(msgspec.Struct, frozen=True, kw_only=True):
     """A job's stream as a client resuming it finds it."""
 
-    tenant: str  # the API key that sent the job ("" without keys)
     earlier: list[Chunk]  # the chunks the client had already
+
+
+class UnknownEntry(Exception):
+    """A resumed stream names no entry of its job's results: no event ever carried that id."""
 
 
 def _field(fields: list[bytes], name: bytes) -> bytes:
@@ -41,12 +48,14 @@ class JobQueue:
         # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
         self._enqueue = lua.register(redis, "enqueue")
         self._resume = lua.register(redis, "resume")
+        self._give_up = lua.register(redis, "give_up")
         self._cancel_marks = CancelMarks(redis)
 
-    async def submit(self, job: Job, *, wake_stream: str | None = None) -> LoadFailure | None:
+    async def submit(self, job: Job, *, owner: str, wake_stream: str | None = None) -> LoadFailure | None:
         """Append the job to its model's stream, unless the model's last load failed: then its failure.
 
-        Its record (`keys.job_record`) is written, its model noted in the demand index, and the
+        Its record (`keys.job_record`) is written, naming `owner` (the identity of the key that sent
+        it, `Caller.owner`), its model noted in the demand index, and the
         demand stream (and `wake_stream`, if given) poked, in the same round trip. Submitting a job
         again queues nothing.
         """
@@ -68,59 +77,79 @@ class JobQueue:
             keys.DEMAND_MAXLEN,
             keys.DEMAND_TTL_S,
             keys.WAKE_TTL_S,
-            job.tenant or "",
+            owner,
             record_ttl_s(job),
         ]
         failure = await self._enqueue(keys=script_keys, args=args)
         return None if failure is None else load_failure_decoder.decode(failure)
 
-    async def resume(self, job_id: str, after: str) -> Resumption | None:
-        """Count one more reader of `job_id`'s results; who sent the job and the chunks up to entry
-        `after`, or None when its results are not kept (an unknown job, or one whose results were
-        deleted or expired)."""
+    async def resume(self, job_id: str, after: str, *, owner: str) -> Resumption | None:
+        """Count one more reader of `job_id`'s results, for the key `owner`; the chunks up to entry
+        `after` (a valid stream id). None, counting nobody, when its results are not kept (an
+        unknown job, or one whose results were deleted or expired) or the job is another key's;
+        UnknownEntry when `after` is no entry of its results."""
         found = await self._resume(
-            keys=[keys.job_record(job_id), keys.result_stream(job_id)], args=[keys.RESULT_TTL_S, after]
+            keys=[keys.job_record(job_id), keys.result_stream(job_id)],
+            args=[keys.RESULT_TTL_S, after, owner],
         )
-        if found is None:
+        outcome = found[0].decode()
+        if outcome == "gone":
             return None
-        tenant, entries = found
-        chunks = [chunk_decoder.decode(_field(fields, keys.CHUNK_FIELD.encode())) for _, fields in entries]
-        return Resumption(tenant=tenant.decode(), earlier=chunks)
+        if outcome == "unknown_entry":
+            raise UnknownEntry(after)
+        chunk_field = keys.CHUNK_FIELD.encode()
+        return Resumption(
+            earlier=[chunk_decoder.decode(_field(fields, chunk_field)) for _, fields in found[1]]
+        )
 
     async def cancel(self, job_id: str) -> None:
         """Leave a cancel mark (unless the job ended): the worker running it stops generating for it."""
         await self._cancel_marks.leave(job_id)
 
-    async def leave(self, job_id: str, *, cancel: bool, keep_results: bool) -> None:
-        """A job whose reader left before its end: its cancel mark (if `cancel`), and its result
-        stream and record deleted, or kept until they expire for a client that resumes the stream
-        (`keep_results`: the reader is counted out of the job's readers)."""
+    async def leave(self, job_id: str) -> None:
+        """A job whose reader left before its end, and which nobody may resume: its cancel mark, and
+        its result stream and record deleted."""
         pipe = self._redis.pipeline(transaction=False)
-        if cancel:
-            await self._cancel_marks.leave(job_id, client=pipe)
-        if keep_results:
-            pipe.hincrby(keys.job_record(job_id), keys.READERS_FIELD, -1)
-            pipe.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
-            pipe.expire(keys.job_record(job_id), keys.RESULT_TTL_S)
-        else:
-            pipe.unlink(keys.result_stream(job_id), keys.job_record(job_id))
+        await self._cancel_marks.leave(job_id, client=pipe)
+        pipe.unlink(keys.result_stream(job_id), keys.job_record(job_id))
         await pipe.execute()
 
-    def cancel_later(self, job_id: str, *, after_s: float) -> None:
-        """Leave the cancel mark after `after_s`, unless a client is reading the job's results by then
-        (it resumed the stream, through this front door or another). A mark still waiting when the
-        front door stops is dropped with its task set: its job runs on to its end, since a front door
-        stops mostly to be replaced, and its clients then resume through another one."""
-        self._tasks.start(self._cancel_later(job_id, after_s), "cancel mark after the resume grace")
+    async def step_away(self, job_id: str) -> int:
+        """A streamed reader that left mid-stream, whose client may resume it: counted out of the job's
+        readers, its results kept until they expire (or the job is given up). Returns the job's
+        leaves so far, which `give_up` compares to tell whether another reader left since."""
+        record = keys.job_record(job_id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hincrby(record, keys.READERS_FIELD, -1)
+        pipe.hincrby(record, keys.LEAVES_FIELD, 1)
+        pipe.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
+        pipe.expire(record, keys.RESULT_TTL_S)
+        _, leaves, _, _ = await pipe.execute()
+        return int(leaves)
 
-    async def _cancel_later(self, job_id: str, after_s: float) -> None:
+    async def give_up(self, job_id: str, *, leaves: int) -> bool:
+        """Cancel the job and delete its results and record at once, unless a reader is back or one
+        left after the `leaves`th (its own grace runs); whether it was given up."""
+        given_up = await self._give_up(
+            keys=[keys.job_record(job_id), keys.result_stream(job_id), keys.cancel_mark(job_id)],
+            args=[leaves, keys.CANCEL_TTL_S],
+        )
+        return bool(given_up)
+
+    def give_up_later(self, job_id: str, *, leaves: int, after_s: float) -> None:
+        """`give_up` after `after_s`, the resume grace, if no client is reading the job's results by then
+        (it resumed the stream, through this front door or another). A give-up still waiting when the
+        front door stops is dropped with its task set: its job runs on to its end and its results
+        expire, since a front door stops mostly to be replaced, and its clients then resume through
+        another one."""
+        self._tasks.start(self._give_up_later(job_id, leaves, after_s), "give up after the resume grace")
+
+    async def _give_up_later(self, job_id: str, leaves: int, after_s: float) -> None:
         await asyncio.sleep(after_s)
         try:
-            readers = int(await self._redis.hget(keys.job_record(job_id), keys.READERS_FIELD) or 0)  # type: ignore[misc]
-            if readers <= 0:
-                await self.cancel(job_id)
+            await self.give_up(job_id, leaves=leaves)
         except RedisError:
-            logger.warning("could not leave a cancel mark", extra={"job_id": job_id})
+            logger.warning("could not give up a job nobody reads", extra={"job_id": job_id})
 
 
 def record_ttl_s(job: Job) -> int:

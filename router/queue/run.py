@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
 
+from router.admission.charges import Charge, DeliveredShare, UsedTokens
 from router.admission.limits import Ticket
 from router.openai.errors import (
+    InvalidRequestError,
     JobTimeoutError,
     ModelLoadFailedError,
     ModelLoadingError,
@@ -25,7 +27,7 @@ from router.openai.errors import (
     ResultsLostError,
     StreamNotFoundError,
 )
-from router.queue.enqueue import JobQueue
+from router.queue.enqueue import JobQueue, UnknownEntry
 from router.queue.results import START, ResultReader, ResultsLost, Subscription
 from router.status.models import ModelStatusReader
 from router.telemetry.job_observer import JobObserver
@@ -44,9 +46,10 @@ LOST_RETRY_S = 1.0
 class JobRun:
     """The chunks of one enqueued job; `close()` ends it, leaving a cancel mark if it is unfinished.
 
-    A streamed run (`mark_resumable`) that ends mid-stream keeps its result stream, and its cancel
-    mark waits `resume_grace_s` for a client that resumes the stream (`Last-Event-ID`), maybe
-    through another front door; one read to its end keeps it `keys.FINISHED_RESULT_TTL_S`.
+    A streamed run (`mark_resumable`) that ends mid-stream keeps its result stream, and the job
+    waits `resume_grace_s` for a client that resumes the stream (`Last-Event-ID`), maybe through
+    another front door; past that with no reader it is given up: cancelled, and its results deleted
+    at once. One read to its end keeps them `keys.FINISHED_RESULT_TTL_S`.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class JobRun:
         ticket: Ticket | None,
         resume_grace_s: float = 0.0,
         observer: JobObserver | None = None,
+        charge: Charge | None = None,
     ) -> None:
         self.job = job
         self._subscription = subscription
@@ -72,8 +76,8 @@ class JobRun:
         self._resume_grace_s = resume_grace_s
         self._observer = observer
         self.resumable = False
-        # Tokens the job used, from its last chunk: what its key's tpm is settled with.
-        self._used_tokens: int | None = None
+        # What its key's tpm is settled with once it ends (`router.admission.charges`).
+        self._charge = charge or UsedTokens()
         # The job's deadline on the event loop's clock, which timeouts use.
         loop = asyncio.get_running_loop()
         self._deadline = loop.time() + (job.deadline - time.time())
@@ -113,15 +117,11 @@ class JobRun:
         unfinished = not self._subscription.finished
         if self._observer is not None:
             self._observer.closed(finished=not unfinished)
-        # A client that saw part of a stream may come back for the rest: keep it until it expires.
+        # A client that saw part of a stream may come back for the rest: keep it for the grace.
         resumable = unfinished and self.resumable and self._subscription.taken_id != START
         self._reader.unsubscribe(self._subscription, keep=resumable)
-        cancel = unfinished
-        if resumable and self._resume_grace_s > 0:
-            self._queue.cancel_later(self.job.id, after_s=self._resume_grace_s)
-            cancel = False
         # Shielded: a client that left cancels this task, and the mark and the release must still happen.
-        await asyncio.shield(self._finish(left=unfinished, cancel=cancel, keep_results=resumable))
+        await asyncio.shield(self._finish(left=unfinished, resumable=resumable))
 
     async def _next(self, limit: float, *, before_deadline: bool) -> Chunk | None:
         try:
@@ -135,8 +135,7 @@ class JobRun:
         self.started = True
         if self._observer is not None:
             self._observer.chunk(chunk)
-        if chunk.usage is not None:
-            self._used_tokens = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+        self._charge.chunk(chunk)
         return chunk
 
     async def _deadline_error(self) -> OpenAIError:
@@ -167,20 +166,31 @@ class JobRun:
             retry_after_s=UNKNOWN_LOAD_RETRY_S if remaining_s is None else remaining_s,
         )
 
-    async def _finish(self, *, left: bool, cancel: bool, keep_results: bool) -> None:
+    async def _finish(self, *, left: bool, resumable: bool) -> None:
         if left:
             # At once rather than on the reader's next pass, which a blocked read may hold back.
             try:
-                await self._queue.leave(self.job.id, cancel=cancel, keep_results=keep_results)
+                await self._leave(resumable=resumable)
             except RedisError:
                 logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})
-        if self._ticket is None:  # a resumed stream: its job's ticket went with its first reader
+        if self._ticket is None:
             return
         try:
-            await self._ticket.release(self._used_tokens)
+            await self._ticket.release(self._charge.tokens)
         except RedisError:
             # Its slots expire on their own past the job's deadline.
             logger.warning("could not release the job's admission slots", extra={"job_id": self.job.id})
+
+    async def _leave(self, *, resumable: bool) -> None:
+        """Tell the job's other parts that this reader left before its end."""
+        if not resumable:
+            await self._queue.leave(self.job.id)
+            return
+        leaves = await self._queue.step_away(self.job.id)
+        if self._resume_grace_s > 0:
+            self._queue.give_up_later(self.job.id, leaves=leaves, after_s=self._resume_grace_s)
+        else:
+            await self._queue.give_up(self.job.id, leaves=leaves)
 
 
 class JobRuns:
@@ -212,7 +222,10 @@ class JobRuns:
         wake = self._reader.wake_key if self._reader.blocked else None
         try:
             with observer.phase("switchboard.enqueue"):
-                failure = await self._queue.submit(observer.traced(job), wake_stream=wake)
+                # The job is its key's, by the key's identity: only that key may resume its stream.
+                failure = await self._queue.submit(
+                    observer.traced(job), owner=ticket.caller.owner, wake_stream=wake
+                )
             if failure is not None:
                 raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())
         except BaseException as exc:
@@ -224,29 +237,57 @@ class JobRuns:
             raise
         return self._run(job, subscription, ticket, observer)
 
-    async def resume(self, job: Job, tenant: str | None, after: str) -> tuple[JobRun, list[Chunk]]:
+    async def resume(
+        self, job: Job, ticket: Ticket, after: str, observer: JobObserver
+    ) -> tuple[JobRun, list[Chunk]]:
         """The rest of `job`'s results, from after entry `after` (a stream resumed with
-        `Last-Event-ID`), and the chunks up to it, which the client had; a 404 if its result stream
-        is gone, or the job was sent with another key than `tenant`'s. No new job is queued."""
-        found = await self._queue.resume(job.id, after)
-        if found is None or found.tenant != (tenant or ""):
-            # Another key's job reads as an unknown one: its existence is not revealed.
-            raise StreamNotFoundError(
-                f"No results of job {job.id} are kept for this key: it is unknown, its results "
-                f"expired ({keys.RESULT_TTL_S} s after their last chunk, {keys.FINISHED_RESULT_TTL_S} s "
-                "after a stream was read to its end), or it was sent with another API key. Send the "
-                "request again without Last-Event-ID."
-            )
+        `Last-Event-ID`), for the admitted reader holding `ticket`, and the chunks up to it, which the
+        client had. A 404 if its result stream is gone, or the job was sent with another key than
+        the ticket's; a 400 if `after` is no entry of it. No new job is queued. Whatever refuses the
+        reader gives its ticket back, and counts it as no reader of the job."""
+        try:
+            earlier = await self._earlier_chunks(job.id, after, owner=ticket.caller.owner)
+        except BaseException:
+            observer.closed(finished=False)
+            await asyncio.shield(self._abandon(job.id, ticket, cancel=False))
+            raise
         subscription = self._reader.subscribe(job.id, job.model, after, streamed=True)
         if self._reader.blocked:
             # Without the poke, the reader's next pass (within BLOCK_MS) picks the subscription up.
             with contextlib.suppress(RedisError):
                 await self._reader.wake()
-        observer = JobObserver(job, resumed=True)
-        return self._run(job, subscription, None, observer), found.earlier
+        return self._run(job, subscription, ticket, observer, DeliveredShare(earlier)), earlier
+
+    async def _earlier_chunks(self, job_id: str, after: str, *, owner: str) -> list[Chunk]:
+        """The chunks of job `job_id` up to entry `after`, counting one more reader of it; a 404 or a
+        400 (counting nobody) for a job whose results are gone or are another key's, or an `after`
+        that is no entry of them."""
+        try:
+            found = await self._queue.resume(job_id, after, owner=owner)
+        except UnknownEntry:
+            raise InvalidRequestError(
+                f"Last-Event-ID {job_id}:{after} names no event of that answer. Send the `id:` of the "
+                "last event received, or send the request again without Last-Event-ID.",
+                code="invalid_last_event_id",
+            ) from None
+        if found is None:
+            # Another key's job reads as an unknown one: its existence is not revealed.
+            raise StreamNotFoundError(
+                f"No results of job {job_id} are kept for this key: it is unknown, its results "
+                f"expired ({keys.RESULT_TTL_S} s after their last chunk, {keys.FINISHED_RESULT_TTL_S} s "
+                "after a stream was read to its end, at once when its client did not come back "
+                "within the resume grace), or it was sent with another API key. Send the request "
+                "again without Last-Event-ID."
+            )
+        return found.earlier
 
     def _run(
-        self, job: Job, subscription: Subscription, ticket: Ticket | None, observer: JobObserver
+        self,
+        job: Job,
+        subscription: Subscription,
+        ticket: Ticket,
+        observer: JobObserver,
+        charge: Charge | None = None,
     ) -> JobRun:
         return JobRun(
             job,
@@ -258,10 +299,11 @@ class JobRuns:
             ticket=ticket,
             resume_grace_s=self._settings.resume_grace_s,
             observer=observer,
+            charge=charge,
         )
 
     async def _abandon(self, job_id: str, ticket: Ticket, *, cancel: bool) -> None:
-        """Give back the ticket of a job that nobody waits for (nothing was generated for it)."""
+        """Give back the ticket of a request that nobody waits for (nothing was delivered for it)."""
         try:
             if cancel:
                 await self._queue.cancel(job_id)

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey, Settings
@@ -31,7 +31,11 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser("keys", help="API keys: add (prints the key once), list, remove")
     actions = parser.add_subparsers(dest="keys_command", required=True)
     add = actions.add_parser("add", help="make a key, store its SHA-256 in Redis and print the key once")
-    add.add_argument("name", help="who or what the key is for (letters, digits, '.', '_', '@', '-')")
+    add.add_argument(
+        "name",
+        help="who or what the key is for (letters, digits, '.', '_', '@', '-'); not 'admin' or "
+        "'anonymous', nor the name of a key that exists or was removed",
+    )
     add.add_argument(
         "--models",
         dest="key_models",
@@ -89,6 +93,11 @@ def _add(store: api_keys.KeyStore, args: argparse.Namespace, settings: Settings)
     except ValueError as exc:
         _say(str(exc))
         return 1
+    except WatchError:
+        _say(
+            "another `switchboard keys` command changed the keys meanwhile; nothing was stored, run it again"
+        )
+        return 1
     print(secret, flush=True)
     _say(
         f"key {record.name!r} stored in Redis (key prefix {keys.PREFIX!r}): {_limits(record)}. "
@@ -111,7 +120,10 @@ def _limits_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def _remove(store: api_keys.KeyStore, name: str, settings: Settings) -> int:
     if store.remove(name):
-        _say(f"key {name!r} removed; front doors stop accepting it within {settings.auth.cache_s:g} s")
+        _say(
+            f"key {name!r} removed; front doors stop accepting it within {settings.auth.cache_s:g} s. "
+            "Its name is not given to a new key."
+        )
         return 0
     if any(k.name == name for k in settings.auth.keys):
         _say(f"key {name!r} is listed in the config file ([[auth.keys]]); remove it there")
@@ -123,6 +135,8 @@ def _remove(store: api_keys.KeyStore, name: str, settings: Settings) -> int:
 def _print_toml(args: argparse.Namespace, settings: Settings) -> int:
     _warn_unknown_models(args.key_models, settings)
     try:
+        # Redis is not asked (there may be none): the config's own names are checked.
+        api_keys.check_name_free(args.name, taken={k.name for k in settings.auth.keys}, retired=set())
         secret, record = api_keys.make_key(args.name, **_limits_of(args))
     except ValueError as exc:
         _say(str(exc))

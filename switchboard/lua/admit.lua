@@ -5,14 +5,15 @@
 -- KEYS[2]  the key's in-flight set (keys.key_in_flight): job ids scored by when their slot expires
 -- KEYS[3]  everyone's in-flight set (keys.in_flight), the same way
 -- KEYS[4]  the model's job stream (keys.job_stream)
--- ARGV[1]  the job's id
+-- ARGV[1]  the slot's name: the job's id, or a resumed stream's own (each reader holds a slot)
 -- ARGV[2]  the slots' time to live (milliseconds)
 -- ARGV[3]  the key's requests per minute (0: no limit)
 -- ARGV[4]  the key's tokens per minute (0: no limit)
 -- ARGV[5]  the tokens to reserve
 -- ARGV[6]  the key's requests in flight at most (0: no limit)
 -- ARGV[7]  requests in flight across the front doors at most (limits.max_in_flight)
--- ARGV[8]  jobs waiting on the model's stream at most (limits.max_queue_depth)
+-- ARGV[8]  jobs waiting on the model's stream at most (limits.max_queue_depth); -1: no bound (a
+--          resumed stream queues nothing)
 -- ARGV[9]  the workers' consumer group (keys.JOB_GROUP)
 --
 -- Returns nil when admitted, or {what, retry after (s), detail} when refused (what: rpm, tpm,
@@ -55,15 +56,18 @@ local in_flight = redis.call('ZCARD', KEYS[3])
 if in_flight >= tonumber(ARGV[7]) then
     return {'in_flight', '0', tostring(in_flight)}
 end
-local waiting = redis.call('XLEN', KEYS[4])
-if waiting > 0 then
-    local ok, pending = pcall(redis.call, 'XPENDING', KEYS[4], ARGV[9])
-    if ok then
-        waiting = waiting - pending[1]
+local max_queue_depth = tonumber(ARGV[8])
+if max_queue_depth >= 0 then
+    local waiting = redis.call('XLEN', KEYS[4])
+    if waiting > 0 then
+        local ok, pending = pcall(redis.call, 'XPENDING', KEYS[4], ARGV[9])
+        if ok then
+            waiting = waiting - pending[1]
+        end
     end
-end
-if waiting >= tonumber(ARGV[8]) then
-    return {'queue', '0', tostring(waiting)}
+    if waiting >= max_queue_depth then
+        return {'queue', '0', tostring(waiting)}
+    end
 end
 local ttl_ms = tonumber(ARGV[2])
 local expires = now + ttl_ms / 1000

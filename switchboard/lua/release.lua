@@ -4,7 +4,7 @@
 -- KEYS[1]  the key's token buckets (keys.key_rate), a hash: 'tok' left, 'at' when last filled
 -- KEYS[2]  the key's in-flight set (keys.key_in_flight)
 -- KEYS[3]  everyone's in-flight set (keys.in_flight)
--- ARGV[1]  the job's id
+-- ARGV[1]  the slot's name (the job's id, or a resumed stream's own)
 -- ARGV[2]  the tokens to give back (negative: to take)
 -- ARGV[3]  the key's tokens per minute (0: no limit)
 --

@@ -41,6 +41,7 @@ FAMILIES = [
     ("demand index", keys.demand_index()),
     ("catalogue version", keys.catalogue_version()),
     ("api keys", keys.api_keys()),
+    ("retired key names", keys.retired_key_names()),
     ("key rate", keys.key_rate("*")),
     ("key in flight", keys.key_in_flight("*")),
     ("in flight", keys.in_flight()),
@@ -60,6 +61,7 @@ LONG_LIVED = {
     "demand index",
     "catalogue version",
     "api keys",
+    "retired key names",
     "key rate",
 }
 # Kept for a resumption, with an expiry of at most this long.

@@ -182,3 +182,35 @@ async def test_an_admission_retried_after_a_lost_reply_takes_nothing_twice(redis
     await admission.admit(one, caller)  # redis-py ran the script again on a fresh connection
     assert await redis.zcard(keys.in_flight()) == 1
     await admission.admit(job(), Caller(name="alice", rpm=2))  # the bucket still has the second request
+
+
+async def test_each_resumed_reader_of_a_job_holds_a_slot_of_its_own(redis: aioredis.Redis) -> None:
+    admission = Admission(redis, LimitsConfig(max_queue_depth=1))
+    caller = Caller(name="alice", max_parallel=2)
+    one = job()
+    await redis.xadd(keys.job_stream(MODEL), {"job": b"x"})  # the queue is full: a resume queues nothing
+    readers = [await admission.admit_resume(one, caller) for _ in range(2)]
+    assert len({ticket.slot for ticket in readers}) == 2
+    assert await redis.zcard(keys.key_in_flight("alice")) == 2
+    error = await refused_resume(admission, one, caller)
+    assert "2 requests in flight" in error.message
+    await readers[0].release(None)
+    await admission.admit_resume(one, caller)
+
+
+async def test_a_resume_takes_a_request_and_reserves_only_its_answers_tokens(redis: aioredis.Redis) -> None:
+    admission = Admission(redis, LimitsConfig())
+    caller = Caller(name="alice", rpm=2, tpm=100)
+    one = job(prompt="x" * 400, max_tokens=60)  # 100 prompt tokens: a queued job would take them all
+    ticket = await admission.admit_resume(one, caller)
+    assert ticket.reserved_tokens == 60
+    await ticket.release(0)  # refused afterwards (another key's job): its tokens all come back
+    await admission.admit_resume(one, caller)
+    error = await refused_resume(admission, one, caller)
+    assert error.error_type == "requests"
+
+
+async def refused_resume(admission: Admission, one: Job, caller: Caller) -> TooManyRequestsError:
+    with pytest.raises(TooManyRequestsError) as caught:
+        await admission.admit_resume(one, caller)
+    return caught.value

@@ -14,10 +14,13 @@ from router.front_door import FrontDoor
 from router.intake.job import chat_job
 from router.openai.chat import ChatCompletionRequest
 from router.queue.enqueue import JobQueue
+from router.queue.results import ResultReader, Subscription
+from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.wire import Chunk, LoadFailure, encode
+from switchboard.tasks import TaskSet
+from switchboard.wire import Chunk, LoadFailure, Usage, encode
 from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for
 
 
@@ -57,7 +60,8 @@ async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
 async def test_a_stream_kept_for_resumption_expires_even_if_its_writer_set_no_expiry(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
-    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=0.1)
+    # A grace longer than the test: past it, a stream nobody resumed is deleted at once.
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=30)
     async with serving(settings) as client, asyncio.timeout(30):
         async with client.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:
             job = await next_job(redis)
@@ -72,3 +76,41 @@ async def test_a_stream_kept_for_resumption_expires_even_if_its_writer_set_no_ex
             await asyncio.sleep(0.02)
         assert 0 < await redis.ttl(keys.result_stream(job.id)) <= keys.RESULT_TTL_S
         assert await redis.xlen(keys.job_stream(MODEL)) == 1
+
+
+async def test_readers_of_one_job_each_get_the_chunks_past_their_own_point(redis: aioredis.Redis) -> None:
+    reader = ResultReader(redis, "door", RedisHealth(redis))
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    job_id = "f" * 32
+    first = await redis.xadd(keys.result_stream(job_id), {"c": encode(Chunk(text="a"))})
+    try:
+        # Three readers: one from the start, two resumed after the first chunk (say, two tabs).
+        subscriptions = [
+            reader.subscribe(job_id, MODEL),
+            reader.subscribe(job_id, MODEL, first.decode(), streamed=True),
+            reader.subscribe(job_id, MODEL, first.decode(), streamed=True),
+        ]
+        assert reader.in_flight == 3
+        await reader.wake()
+        for text in ("b", "c"):
+            await redis.xadd(keys.result_stream(job_id), {"c": encode(Chunk(text=text))})
+        await redis.xadd(
+            keys.result_stream(job_id),
+            {"c": encode(Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=3)))},
+        )
+        got = [await texts_until_last(subscription) for subscription in subscriptions]
+        assert got == [["a", "b", "c", ""], ["b", "c", ""], ["b", "c", ""]]
+        assert reader.in_flight == 0
+    finally:
+        await tasks.stop()
+
+
+async def texts_until_last(subscription: Subscription) -> list[str]:
+    texts = []
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        _, chunk = await subscription.get(deadline)
+        texts.append(chunk.text)
+        if chunk.is_last:
+            return texts

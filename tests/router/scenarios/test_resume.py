@@ -11,10 +11,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from switchboard import api_keys, keys
-from switchboard.config import ApiKey
+from switchboard.config import ApiKey, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Job, Usage
 from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for, write_chunks
@@ -227,3 +229,210 @@ async def test_a_stream_resumes_only_for_the_key_that_sent_its_request(
     assert as_bob.json()["error"]["code"] == "stream_not_found"
     assert as_alice.status_code == 200
     assert text_of(seen) + text_of(await events(aiter_lines(as_alice.text))) == "".join(WORDS)
+
+
+# Hostile callers: a resume is a request like any other (admission, ownership, readers).
+
+
+def with_key(settings: Settings, name: str, **limits: int) -> str:
+    """Add a key called `name` with `limits` (rpm, tpm, max_parallel) to `settings`; its secret."""
+    secret = api_keys.new_secret()
+    settings.auth.keys = [*settings.auth.keys, ApiKey(name=name, sha256=api_keys.digest(secret), **limits)]
+    return secret
+
+
+def bearer(secret: str, last_event_id: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {secret}"}
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = last_event_id
+    return headers
+
+
+async def abandoned(
+    client: httpx.AsyncClient, redis: aioredis.Redis, secret: str, *, body: dict[str, object] = STREAM
+) -> tuple[Job, list[tuple[str, str]], asyncio.Task[str]]:
+    """A stream sent with `secret` whose client left after two events: its job, what the client saw,
+    and the worker still writing it (slowly)."""
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=bearer(secret)) as response:
+        assert response.status_code == 200
+        job = await next_job(redis)
+        worker = asyncio.create_task(slow_worker(redis, job, every_s=0.3))
+        seen = await events(response.aiter_lines(), count=2)
+    await until_record(redis, job.id, "readers", 0)  # the client's leaving was counted
+    return job, seen, worker
+
+
+async def commands_run(redis: aioredis.Redis) -> set[str]:
+    """The Redis commands run since the last CONFIG RESETSTAT (scripts' own commands included)."""
+    stats = await redis.info("commandstats")
+    return {name.removeprefix("cmdstat_").split("|")[0] for name in stats}
+
+
+async def test_a_resume_is_held_to_its_keys_requests_in_flight(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """A key limited to one request in flight ran several resumed streams at once."""
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=5.0)
+    secret = with_key(settings, "alice", max_parallel=1)
+    async with serving(settings) as client, asyncio.timeout(30):
+        job, seen, worker = await abandoned(client, redis, secret)
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=STREAM, headers=bearer(secret, seen[-1][0])
+        ) as reading:
+            assert reading.status_code == 200
+            lines = reading.aiter_lines()  # one iterator: a dropped one would close the response
+            first = await events(lines, count=1)
+            second = await client.post(
+                "/v1/chat/completions", json=STREAM, headers=bearer(secret, seen[-1][0])
+            )
+            assert second.status_code == 429, second.text
+            assert "1 requests in flight" in second.json()["error"]["message"]
+            # The refused resume is not a reader of the job, and did not count as a resumption.
+            assert await redis.hget(keys.job_record(job.id), "readers") == b"1"  # type: ignore[misc]
+            assert await redis.hget(keys.job_record(job.id), "resumes") == b"1"  # type: ignore[misc]
+            rest = first + await events(lines)
+        await worker
+    assert text_of(seen) + text_of(rest) == "".join(WORDS)
+    assert not await redis.zcard(keys.key_in_flight("alice")), "the resume gave its slot back"
+
+
+@pytest.mark.parametrize(
+    ("limits", "max_tokens", "error_type"),
+    [({"rpm": 1}, 3, "requests"), ({"tpm": 600}, 2048, "tokens")],
+    ids=["rpm", "tpm"],
+)
+async def test_a_key_past_its_rate_limit_cannot_resume_and_its_refusal_touches_nothing(
+    redis: aioredis.Redis,
+    redis_server: PrivateRedis,
+    limits: dict[str, int],
+    max_tokens: int,
+    error_type: str,
+) -> None:
+    """A key spent by its first request (one request a minute; or 2,048 tokens against 600 a minute)
+    resumed its stream over and over, and received the answer many times within the minute."""
+    settings = settings_for(redis_server.url, 5.0, first_byte_budget_s=0.1, resume_grace_s=5.0)
+    secret = with_key(settings, "alice", **limits)
+    body = {**STREAM, "max_tokens": max_tokens}
+    async with serving(settings) as client, asyncio.timeout(30):
+        job, seen, worker = await abandoned(client, redis, secret, body=body)
+        worker.cancel()  # it writes no more: what runs in Redis from now on is the resumes' doing
+        await redis.config_resetstat()
+        for _ in range(5):
+            refused = await client.post(
+                "/v1/chat/completions", json=body, headers=bearer(secret, seen[-1][0])
+            )
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["type"] == error_type
+            assert int(refused.headers["Retry-After"]) >= 1
+        ran = await commands_run(redis)
+        record = await redis.hgetall(keys.job_record(job.id))  # type: ignore[misc]
+    # Nothing but admission ran: no reader counted, no result read, no expiry renewed.
+    assert record.get(b"readers") == b"0" and b"resumes" not in record
+    assert not ran & {"xrange", "hincrby", "expire"}, ran
+
+
+async def test_several_readers_of_one_job_on_one_front_door_each_get_the_whole_rest(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """Three readers resuming one job through one front door: one got the answer, two hung."""
+    settings = settings_for(redis_server.url, 5.0, first_byte_budget_s=0.1, resume_grace_s=5.0)
+    async with serving(settings) as client, asyncio.timeout(30):
+        async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+            job = await next_job(redis)
+            worker = asyncio.create_task(slow_worker(redis, job, every_s=0.2))
+            seen = await events(response.aiter_lines(), count=3)
+        # Each resumes where it was: one after the first event, two after the third.
+        points = [seen[0][0], seen[2][0], seen[2][0]]
+        readers = [
+            asyncio.create_task(
+                client.post("/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": point})
+            )
+            for point in points
+        ]
+        answers = await asyncio.gather(*readers)
+        assert await worker == "stop"
+    for answer, had in zip(answers, [seen[:1], seen, seen], strict=True):
+        assert answer.status_code == 200
+        rest = await events(aiter_lines(answer.text))
+        assert text_of(had) + text_of(rest) == "".join(WORDS)
+        assert rest[-1][1] == "[DONE]"
+
+
+async def test_a_resume_refused_as_another_keys_job_is_no_reader_of_it(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """Bob's refused resume of Alice's job counted as a reader: her abandoned job ran to its end."""
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=0.5)
+    alice, bob = with_key(settings, "alice"), with_key(settings, "bob")
+    async with serving(settings) as client, asyncio.timeout(30):
+        _, seen, worker = await abandoned(client, redis, alice)
+        as_bob = await client.post("/v1/chat/completions", json=STREAM, headers=bearer(bob, seen[-1][0]))
+        assert as_bob.status_code == 404
+        assert as_bob.json()["error"]["code"] == "stream_not_found"
+        assert await worker == "abort", "nobody read Alice's job: it was cancelled after its grace"
+
+
+async def test_a_job_belongs_to_its_keys_identity_not_its_name(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """A key stored under the name `admin` (as `switchboard keys add admin` used to allow) replayed the
+    admin key's streams."""
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=5.0)
+    admin = api_keys.new_secret()
+    settings.auth.admin_key_sha256 = api_keys.digest(admin)
+    impostor = api_keys.new_secret()
+    record = ApiKey(name="admin", sha256=api_keys.digest(impostor))
+    await redis.hset(keys.api_keys(), record.sha256, api_keys.encode_record(record))  # type: ignore[misc]
+    async with serving(settings) as client, asyncio.timeout(30):
+        _, seen, worker = await abandoned(client, redis, admin)
+        replay = await client.post("/v1/chat/completions", json=STREAM, headers=bearer(impostor, seen[-1][0]))
+        assert replay.status_code == 404, "same name, another key: not its job"
+        as_admin = await client.post("/v1/chat/completions", json=STREAM, headers=bearer(admin, seen[-1][0]))
+        await worker
+    assert as_admin.status_code == 200
+    assert text_of(seen) + text_of(await events(aiter_lines(as_admin.text))) == "".join(WORDS)
+
+
+async def test_a_last_event_id_out_of_range_or_naming_no_event_is_a_400_in_our_words(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    async with (
+        serving(settings_for(redis_server.url, first_byte_budget_s=0.1)) as client,
+        asyncio.timeout(30),
+    ):
+        async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+            job = await next_job(redis)
+            await slow_worker(redis, job, every_s=0)
+            await events(response.aiter_lines())
+        answers = {
+            point: await client.post("/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": point})
+            for point in [f"{job.id}:{'9' * 25}-0", f"{job.id}:0-{'9' * 25}", f"{job.id}:1-1"]
+        }
+        await redis.delete(keys.result_stream(job.id))
+        gone = await client.post(
+            "/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": f"{job.id}:1-1"}
+        )
+    for point, answer in answers.items():
+        assert answer.status_code == 400, (point, answer.text)
+        error = answer.json()["error"]
+        assert error["code"] == "invalid_last_event_id"
+        assert "Last-Event-ID" in error["message"]
+        for redis_words in ("ERR", "script", "f_", "Invalid stream ID"):
+            assert redis_words not in error["message"], error["message"]
+    assert gone.status_code == 404
+    assert gone.json()["error"]["code"] == "stream_not_found"
+
+
+async def test_an_abandoned_stream_is_trimmed_once_its_grace_passes(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """An abandoned stream kept its results (~170 KB for a long answer) for RESULT_TTL_S."""
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=0.5)
+    secret = with_key(settings, "alice")
+    async with serving(settings) as client, asyncio.timeout(30):
+        job, _, worker = await abandoned(client, redis, secret)
+        worker.cancel()  # nothing writes a chunk after the client left
+        assert await redis.exists(keys.result_stream(job.id), keys.job_record(job.id)) == 2
+        await asyncio.sleep(0.8)  # past the grace: given up at once, not kept for RESULT_TTL_S
+        assert await redis.exists(keys.cancel_mark(job.id))
+        assert not await redis.exists(keys.result_stream(job.id), keys.job_record(job.id))

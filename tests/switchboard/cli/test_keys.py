@@ -106,3 +106,32 @@ def test_without_redis_the_command_says_where_keys_can_live(
     assert cli.main(["keys", "list"]) == 0  # the config's keys, and where the others would live
     out, err = capsys.readouterr()
     assert out.startswith("NAME") and "--toml" in err
+
+
+@pytest.mark.parametrize("name", ["admin", "Admin", "anonymous"])
+def test_a_reserved_name_is_refused(run: Run, name: str) -> None:
+    """A key called `admin` was made by anyone allowed to run `keys add`, and named like the admin key."""
+    for toml in ([], ["--toml"]):
+        code, out, err = run("keys", "add", name, *toml)
+        assert code == 1 and out == ""
+        assert f"the name {name!r} is reserved" in err
+    assert run("keys", "list")[1].splitlines()[1:] == []
+
+
+def test_the_name_of_a_removed_key_is_never_given_again(run: Run, redis_server: PrivateRedis) -> None:
+    first = run("keys", "add", "alice")[1].strip()
+    code, _, err = run("keys", "remove", "alice")
+    assert code == 0 and "not given to a new key" in err
+    for name in ("alice", "ALICE"):
+        code, out, err = run("keys", "add", name)
+        assert code == 1 and out == ""
+        assert "existed and was removed" in err and "alice-2" in err.lower()
+    assert run("keys", "add", "alice-2")[0] == 0
+    with sync_redis.Redis.from_url(redis_server.url) as client:
+        assert api_keys.digest(first).encode() not in client.hgetall(keys.api_keys())
+
+
+def test_names_differing_only_in_case_are_one_name(run: Run) -> None:
+    assert run("keys", "add", "alice")[0] == 0
+    code, _, err = run("keys", "add", "Alice")
+    assert code == 1 and "exists already" in err

@@ -1,0 +1,72 @@
+"""What a request is charged against its key's tokens per minute, once it ends.
+
+A queued job is charged the tokens its engine reports (`UsedTokens`): prompt and completion.
+
+A resumed stream (`Last-Event-ID`) delivers again part of an answer whose job was charged when it
+was queued. It is charged for what it delivers (`DeliveredShare`), so that resuming one answer over
+and over costs what asking for it again would, and one honest reconnection costs only the part it
+receives:
+
+- at admission it reserves the answer's estimate (`limits.estimate_completion_tokens`; its prompt is
+  not processed again), and is refused like any request while the bucket lacks it;
+- read to the job's end, it is settled with its share of the job's completion tokens, in proportion
+  to the characters it relayed (chunks carry text, not token counts; the job's last chunk tells how
+  many tokens the whole answer held);
+- ending any other way (its client left, the job failed, its deadline passed) it keeps what it
+  reserved, as a queued job without usage does: leaving before the end must not be the cheap way
+  to read an answer.
+
+The reserved estimate can exceed what the bucket holds (a long answer under a small limit): it is
+admitted once with a full bucket, as a queued job is, and the bucket pays it back over the minute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Protocol
+
+from switchboard.wire import Chunk
+
+
+class Charge(Protocol):
+    """Follows the chunks a request hands out; `tokens` is what it is charged, None: its reservation."""
+
+    @property
+    def tokens(self) -> int | None: ...
+
+    def chunk(self, chunk: Chunk) -> None:
+        """Called for every chunk the request hands out, in order."""
+
+
+class UsedTokens:
+    """A queued job: the prompt and completion tokens of its last chunk's usage."""
+
+    def __init__(self) -> None:
+        self.tokens: int | None = None
+
+    def chunk(self, chunk: Chunk) -> None:
+        if chunk.usage is not None:
+            self.tokens = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+
+
+class DeliveredShare:
+    """A resumed stream: its share of the job's completion tokens, by the characters it relayed
+    after the `earlier` chunks its client had."""
+
+    def __init__(self, earlier: Iterable[Chunk]) -> None:
+        self._earlier = sum(size(chunk) for chunk in earlier)
+        self._delivered = 0
+        self.tokens: int | None = None
+
+    def chunk(self, chunk: Chunk) -> None:
+        self._delivered += size(chunk)
+        if chunk.usage is not None:
+            share = self._delivered / (self._earlier + self._delivered)
+            self.tokens = math.ceil(chunk.usage.completion_tokens * share)
+
+
+def size(chunk: Chunk) -> int:
+    """How much of an answer a chunk holds: its characters, and at least 1 (it holds a token or more)."""
+    calls = sum(len(call.name) + len(call.arguments) for call in chunk.tool_calls)
+    return max(1, len(chunk.text) + calls)
