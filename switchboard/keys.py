@@ -249,7 +249,8 @@ def in_flight() -> str:
 def job_record(job_id: str) -> str:
     """Hash of what the front doors share about one job: `tenant` (the key that sent it, "" without
     keys), `readers` (clients reading its results right now) and `resumes` (times a client resumed
-    its stream with `Last-Event-ID`).
+    its stream with `Last-Event-ID`); `leaves` (times a streamed client left it mid-stream) and
+    `done` once its last chunk was written.
 
     Written when the job is queued, in the same script, which it also makes idempotent: a queueing
     retried after a lost reply finds the record and queues nothing twice. It lives until the job's

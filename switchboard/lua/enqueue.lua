@@ -26,7 +26,7 @@
 -- ARGV[6]  the demand stream's approximate MAXLEN
 -- ARGV[7]  the demand stream's TTL (seconds)
 -- ARGV[8]  the wake stream's TTL (seconds)
--- ARGV[9]  the API key that sent the job ("" without keys)
+-- ARGV[9]  the API key that sent the job, by its identity (`Caller.owner`; "" without keys)
 -- ARGV[10] the job record's TTL (seconds)
 --
 -- Returns the model's load failure (encoded LoadFailure), or nil once the job is queued.
