@@ -28,7 +28,7 @@ fi
 # --- uv ---------------------------------------------------------------------------------------
 if ! command -v uv >/dev/null; then
   say "Installing uv"
-  "$PYTHON" -m pip install --quiet --user uv 2>/dev/null || "$PYTHON" -m pip install --quiet uv
+  "$PYTHON" -m pip install --quiet --user uv==0.13.9 2>/dev/null || "$PYTHON" -m pip install --quiet uv==0.13.9
   export PATH="$HOME/.local/bin:$PATH"
 fi
 
@@ -39,20 +39,19 @@ if [ -z "$EXTRA" ]; then
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then EXTRA=gpu; else EXTRA=cpu; fi
 fi
 
-# torch's CPU build is not on PyPI. Use a local wheel folder where one is configured for pip
-# (find-links), otherwise PyTorch's own CPU index for torch alone.
-TORCH_ARGS=()
+# Everything is installed from uv.lock (scripts/lock.sh writes it): the versions and file hashes
+# it records, each package from the one index it names (torch's CPU build from PyTorch's CPU index,
+# everything else from PyPI). Where pip is configured with a local folder of wheels (find-links)
+# that holds the locked torch CPU wheel, that file is installed instead of a download, and only
+# if its hash is the one the lock records.
+[ -f uv.lock ] || die "uv.lock is missing (scripts/lock.sh writes it)"
+local_wheels=""
 if [ "$EXTRA" = cpu ]; then
+  torch_version="$("$PYTHON" -c 'import tomllib; print(next(p["version"] for p in tomllib.load(open("uv.lock", "rb"))["package"] if p["name"] == "torch" and "+cpu" in p["version"]))')"
   links="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-$("$PYTHON" -m pip config get global.find-links 2>/dev/null || true)}}"
-  local_wheel=""
   for dir in $links; do
-    if compgen -G "${dir#file://}/torch-2.13.0+cpu-*.whl" >/dev/null; then local_wheel="${dir#file://}"; fi
+    if compgen -G "${dir#file://}/torch-$torch_version-*.whl" >/dev/null; then local_wheels="${dir#file://}"; fi
   done
-  if [ -n "$local_wheel" ]; then
-    TORCH_ARGS=(--find-links "$local_wheel")
-  else
-    TORCH_ARGS=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
-  fi
 fi
 
 # --- the environment ---------------------------------------------------------------------------
@@ -61,11 +60,23 @@ if [ ! -x .venv/bin/python ]; then
   uv venv --quiet --python "$PYTHON" .venv
 fi
 stamp=".venv/.switchboard-install-$EXTRA"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  say "Installing Python packages (engine build: $EXTRA; a first install downloads about 1 GB)"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ uv.lock -nt "$stamp" ]; then
+  say "Installing Python packages from uv.lock (engine build: $EXTRA; a first install downloads about 1 GB)"
+  # --locked: install what uv.lock records, never resolve anew, and refuse a lock out of step with
+  # pyproject.toml (scripts/lock.sh brings it up to date).
   # --compile-bytecode: uv writes no .pyc files otherwise, and where PYTHONDONTWRITEBYTECODE is set
   # every process would compile vLLM, torch and transformers from source on every start.
-  uv pip install --python .venv/bin/python --compile-bytecode "${TORCH_ARGS[@]}" -e ".[$EXTRA,dev]"
+  if [ -n "$local_wheels" ]; then
+    # The lock as a requirements file (every line pinned, with its hashes), synced with the local
+    # folder searched beside PyPI; then the project itself, editable.
+    requirements=".venv/switchboard-requirements.txt"
+    uv export --quiet --locked --no-emit-project --extra "$EXTRA" --extra dev --output-file "$requirements"
+    uv pip sync --python .venv/bin/python --compile-bytecode --require-hashes \
+      --find-links "$local_wheels" "$requirements"
+    uv pip install --python .venv/bin/python --compile-bytecode --no-deps -e .
+  else
+    uv sync --locked --compile-bytecode --extra "$EXTRA" --extra dev
+  fi
   touch "$stamp"
 else
   say "Python packages are up to date (.venv)"
