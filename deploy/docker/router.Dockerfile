@@ -1,20 +1,21 @@
 # syntax=docker/dockerfile:1
 # The front door (Litestar + msgspec): no engine, no GPU. Built from the repository root:
 #   docker build -f deploy/docker/router.Dockerfile -t switchboard/router .
-# Installed the way scripts/install.sh installs: uv, from pyproject.toml, bytecode compiled at
-# install (every start would compile the sources otherwise).
+# Installed the way scripts/install.sh installs: uv, exactly what uv.lock records (hashes checked,
+# each package from the one index the lock names), bytecode compiled at install (every start would
+# compile the sources otherwise). The base image is pinned by digest (deploy/images.lock).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-RUN python -m pip install --no-cache-dir uv==0.13.8
+RUN python -m pip install --no-cache-dir uv==0.13.9
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml uv.lock README.md ./
 COPY switchboard switchboard
 COPY router router
 COPY workers workers
-ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/switchboard
 RUN uv venv --python /usr/local/bin/python /opt/switchboard \
-    && uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode .
+    && uv sync --locked --no-editable --no-cache --compile-bytecode
 
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \

@@ -1,23 +1,23 @@
 # syntax=docker/dockerfile:1
 # A worker on a machine without a GPU: PyTriton with vLLM's CPU build on torch's CPU build.
 #   docker build -f deploy/docker/worker-cpu.Dockerfile -t switchboard/worker-cpu .
-# Installed the way scripts/install.sh installs the `cpu` extra: uv, pyproject.toml's overrides
-# (numpy<2 for PyTriton, no torchvision/torchaudio), torch's CPU wheel from PyTorch's CPU index,
-# bytecode compiled at install (an engine start imports vLLM three times over without it).
+# Installed the way scripts/install.sh installs the `cpu` extra: uv, exactly what uv.lock records
+# (hashes checked; pyproject.toml's overrides: numpy<2 for PyTriton, no torchvision/torchaudio),
+# torch's CPU wheel from PyTorch's CPU index and nothing else from there (the lock names one index
+# per package), bytecode compiled at install (an engine start imports vLLM three times over
+# without it). The base image is pinned by digest (deploy/images.lock).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-RUN python -m pip install --no-cache-dir uv==0.13.8
+RUN python -m pip install --no-cache-dir uv==0.13.9
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml uv.lock README.md ./
 COPY switchboard switchboard
 COPY router router
 COPY workers workers
-ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/switchboard
 RUN uv venv --python /usr/local/bin/python /opt/switchboard \
-    && uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode \
-        --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match \
-        ".[cpu]"
+    && uv sync --locked --no-editable --no-cache --compile-bytecode --extra cpu
 
 FROM ${PYTHON_IMAGE}
 # libnuma: vLLM's CPU kernels place memory per NUMA node.

@@ -2,20 +2,21 @@
 # A worker on an NVIDIA GPU: PyTriton with vLLM's GPU build. The CUDA libraries come with the
 # wheels (torch, vLLM); the host gives the driver (NVIDIA Container Toolkit).
 #   docker build -f deploy/docker/worker-gpu.Dockerfile -t switchboard/worker-gpu .
-# Installed the way scripts/install.sh installs the `gpu` extra: uv, pyproject.toml, bytecode
-# compiled at install.
+# Installed the way scripts/install.sh installs the `gpu` extra: uv, exactly what uv.lock records
+# (hashes checked), bytecode compiled at install. The base image is pinned by digest
+# (deploy/images.lock).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-RUN python -m pip install --no-cache-dir uv==0.13.8
+RUN python -m pip install --no-cache-dir uv==0.13.9
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml uv.lock README.md ./
 COPY switchboard switchboard
 COPY router router
 COPY workers workers
-ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/switchboard
 RUN uv venv --python /usr/local/bin/python /opt/switchboard \
-    && uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode ".[gpu]"
+    && uv sync --locked --no-editable --no-cache --compile-bytecode --extra gpu
 
 FROM ${PYTHON_IMAGE}
 # gcc and the C headers: Triton (the kernel compiler vLLM uses) builds small launchers at run time.

@@ -1,11 +1,13 @@
-"""compose.yaml: valid by the Compose specification, and naming only what the product has."""
+"""compose.yaml: valid by the Compose specification, naming only what the product has, hardened."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,9 +25,11 @@ from tests.support.deploy.compose_file import (
     environment,
     load_compose,
     raw_compose,
+    secret_files,
+    secret_value,
     volume_mounts,
 )
-from tests.support.deploy.product import cli_command, router_paths, settings_from
+from tests.support.deploy.product import cli_command, reads_redis_url_file, router_paths, settings_from
 from tests.support.deploy.schemas import compose_validator, schema_errors
 from workers.runtime.metrics_server import MetricsServer
 
@@ -36,6 +40,9 @@ VLLM_WORKERS = ("worker", "worker-cpu")
 TRTLLM_CONFIG = "./deploy/compose/switchboard-trtllm.toml"
 # Past the drain, a worker still unloads its models and stops Triton before it exits.
 STOP_AFTER_DRAIN_S = 30.0
+# What .env holds that no command line, container environment or image may show.
+SECRETS = ("REDIS_PASSWORD", "REDIS_URL", "GRAFANA_ADMIN_PASSWORD")
+CADDYFILE = REPO / "deploy" / "compose" / "Caddyfile"
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +67,39 @@ def _compose_for(name: str) -> dict[str, Any]:
 
 
 def _settings(compose: dict[str, Any], name: str) -> Settings:
-    """What the service's `switchboard` process runs with: its config file and its environment."""
+    """What the service's `switchboard` process runs with: its config file, its environment and the
+    secrets mounted for it (written where its variables name them, as the container has them)."""
     service = compose["services"][name]
     args = cli_command(service["command"])
     assert args.config is not None, f"{name} runs without --config"
-    return settings_from(environment(service), _config_source(compose, service, str(args.config)))
+    with tempfile.TemporaryDirectory() as folder:
+        variables = environment(service)
+        for target, secret in secret_files(compose, service).items():
+            local = Path(folder) / Path(target).name
+            local.write_text(secret_value(compose, secret, EXAMPLE_ENV))
+            variables = {key: str(local) if value == target else value for key, value in variables.items()}
+        return settings_from(variables, _config_source(compose, service, str(args.config)))
+
+
+def _redis_url(compose: dict[str, Any], name: str) -> str:
+    """The Redis URL the service's process reads: the secret mounted where REDIS_URL_FILE points."""
+    service = compose["services"][name]
+    mounted = secret_files(compose, service)
+    return secret_value(compose, mounted[environment(service)["REDIS_URL_FILE"]], EXAMPLE_ENV)
+
+
+def _redis_config(redis: dict[str, Any]) -> dict[str, str]:
+    """Redis's configuration as its command hands it over: on standard input, a here-document."""
+    assert redis["command"][:2] == ["sh", "-c"]
+    body = re.search(r"exec redis-server - <<EOF\n(.*?)\nEOF", redis["command"][2], re.DOTALL)
+    assert body is not None, "redis-server reads its configuration from standard input"
+    return dict(line.strip().partition(" ")[::2] for line in body[1].splitlines() if line.strip())
 
 
 def _port_in(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     assert parts.hostname and parts.port, url
     return parts.hostname, parts.port
-
-
-def _option(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]
 
 
 def test_the_compose_file_validates_against_the_compose_specification(compose: dict[str, Any]) -> None:
@@ -92,16 +117,59 @@ def test_the_schema_check_refuses_what_compose_refuses(compose: dict[str, Any]) 
 
 
 def test_secrets_must_come_from_the_environment_file() -> None:
-    for missing in ("REDIS_PASSWORD", "SWITCHBOARD_ADMIN_KEY_SHA256"):
-        env = {name: value for name, value in EXAMPLE_ENV.items() if name != missing}
-        with pytest.raises(InterpolationError, match=missing):
-            load_compose(env)
+    env = {name: value for name, value in EXAMPLE_ENV.items() if name != "SWITCHBOARD_ADMIN_KEY_SHA256"}
+    with pytest.raises(InterpolationError, match="SWITCHBOARD_ADMIN_KEY_SHA256"):
+        load_compose(env)
     text = (REPO / "compose.yaml").read_text()
-    assert EXAMPLE_ENV["REDIS_PASSWORD"] not in text
+    for name in SECRETS:
+        assert EXAMPLE_ENV[name] not in text
+    # Every secret compose hands over is one of .env's variables, named (empty) in env.example.
+    example = (REPO / "deploy" / "compose" / "env.example").read_text()
+    sources = {secret["environment"] for secret in raw_compose()["secrets"].values()}
+    assert sources == set(SECRETS)
+    for name in sources:
+        assert re.search(rf"^{name}=", example, re.MULTILINE), f"env.example does not name {name}"
+    assert re.search(r"^REDIS_PASSWORD=$", example, re.MULTILINE)
+    assert re.search(r"^GRAFANA_ADMIN_PASSWORD=$", example, re.MULTILINE), "no default password"
     for name in SWITCHBOARD_SERVICES:
         env = environment(raw_compose()["services"][name])
-        assert env["REDIS_URL"].startswith("redis://:${REDIS_PASSWORD:?")
+        assert "REDIS_URL" not in env
         assert env["SWITCHBOARD_AUTH__ADMIN_KEY_SHA256"].startswith("${SWITCHBOARD_ADMIN_KEY_SHA256:?")
+
+
+def _strings(node: Any) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, list):
+        return [text for item in node for text in _strings(item)]
+    if isinstance(node, dict):
+        return [text for item in node.values() for text in _strings(item)]
+    return [str(node)]
+
+
+@pytest.mark.parametrize("name", sorted(raw_compose()["services"]))
+def test_no_secret_is_on_a_command_line_or_in_an_environment(compose: dict[str, Any], name: str) -> None:
+    service = compose["services"][name]
+    shown = _strings(
+        [service.get(key) for key in ("command", "entrypoint", "environment", "labels", "healthcheck")]
+    )
+    for secret in SECRETS:
+        assert not [text for text in shown if EXAMPLE_ENV[secret] in text], f"{name} shows {secret}"
+    assert not [text for text in shown if "requirepass" in text and "/run/secrets/" not in text]
+    assert "REDISCLI_AUTH" not in environment(service)
+
+
+def test_secrets_are_mounted_as_files_where_their_readers_look(compose: dict[str, Any]) -> None:
+    for name in SWITCHBOARD_SERVICES:
+        mounted = secret_files(compose, compose["services"][name])
+        assert mounted[environment(compose["services"][name])["REDIS_URL_FILE"]] == "redis-url"
+    redis = compose["services"]["redis"]
+    assert secret_files(compose, redis) == {"/run/secrets/redis-password": "redis-password"}
+    assert _redis_config(redis)["requirepass"] == '"$(cat /run/secrets/redis-password)"'
+    grafana = compose["services"]["grafana"]
+    password_file = environment(grafana)["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    assert secret_files(compose, grafana) == {password_file: "grafana-admin-password"}
+    assert secret_value(compose, "redis-url", EXAMPLE_ENV) == EXAMPLE_ENV["REDIS_URL"]
 
 
 @pytest.mark.parametrize("name", SWITCHBOARD_SERVICES)
@@ -111,7 +179,9 @@ def test_each_service_runs_a_real_command_with_real_settings(name: str) -> None:
     args = cli_command(service["command"])
     assert args.command == ("router" if name == "router" else "worker")
     settings = _settings(compose, name)  # every variable is a setting, and reaches it
-    assert settings.redis.url == f"redis://:{EXAMPLE_ENV['REDIS_PASSWORD']}@redis:6379/0"
+    assert _redis_url(compose, name) == f"redis://:{EXAMPLE_ENV['REDIS_PASSWORD']}@redis:6379/0"
+    if reads_redis_url_file():
+        assert settings.redis.url == _redis_url(compose, name)
     assert settings.auth.admin_key_sha256 == EXAMPLE_ENV["SWITCHBOARD_ADMIN_KEY_SHA256"]
     assert environment(service)["OTEL_SERVICE_NAME"] == f"switchboard-{args.command}"
 
@@ -131,42 +201,118 @@ def test_the_router_listens_where_the_gateway_and_its_healthcheck_reach_it(compo
     assert urlsplit(url.group()).path in router_paths()
 
     caddyfile = (REPO / compose["configs"]["caddyfile"]["file"]).read_text()
-    listen = re.search(r"^:(\d+) \{", caddyfile, re.MULTILINE)
     upstream = re.search(r"dynamic a \{\s*name (\S+)\s*port (\d+)", caddyfile)
-    assert listen is not None and upstream is not None
+    assert upstream is not None
     assert (upstream[1], int(upstream[2])) == ("router", settings.router.port)
     gateway = compose["services"]["gateway"]
-    assert [p.split(":")[-1] for p in gateway["ports"]] == [listen[1]]
     ready = gateway["healthcheck"]["test"][-1]
-    assert _port_in(ready) == ("127.0.0.1", int(listen[1]))
+    health_site = re.search(r"^http://127\.0\.0\.1:(\d+) \{(.*?)^\}", caddyfile, re.MULTILINE | re.DOTALL)
+    assert health_site is not None and "handle /readyz" in health_site[2]
+    assert _port_in(ready) == ("127.0.0.1", int(health_site[1]))
     assert urlsplit(ready).path == "/readyz" and "/readyz" in router_paths()
+
+
+def test_the_gateway_serves_tls_and_plain_http_only_redirects(compose: dict[str, Any]) -> None:
+    caddyfile = CADDYFILE.read_text()
+    https_port = re.search(r"^\s*https_port (\d+)$", caddyfile, re.MULTILINE)
+    http_port = re.search(r"^\s*http_port (\d+)$", caddyfile, re.MULTILINE)
+    assert https_port and http_port
+    gateway = compose["services"]["gateway"]
+    published = {port.split(":")[-1]: port.split(":")[0] for port in gateway["ports"]}
+    assert published == {https_port[1]: "443", http_port[1]: "80"}
+    sites = dict(re.findall(r"^(\S+) \{(.*?)^\}", caddyfile, re.MULTILINE | re.DOTALL))
+    (tls_site,) = [body for address, body in sites.items() if address.startswith("https://")]
+    assert re.search(r"^\s*tls \{\$SWITCHBOARD_TLS:internal\}$", tls_site, re.MULTILINE)
+    assert "import routers" in tls_site
+    # Plain HTTP on the published port: a redirect to HTTPS, nothing else.
+    assert sites["http://"].split() == ["redir", "https://{host}:{$SWITCHBOARD_HTTPS_PORT:443}{uri}", "308"]
+    assert environment(gateway)["SWITCHBOARD_HTTPS_PORT"] == published.get(https_port[1]) == "443"
+    # The only other site listens on the container's loopback (the health check), unpublished.
+    others = set(sites) - {"{", "(routers)", "http://"} - {a for a in sites if a.startswith("https://")}
+    assert others == {"http://127.0.0.1:8081"} and "bind 127.0.0.1" in sites["http://127.0.0.1:8081"]
+
+
+def test_caddy_accepts_the_caddyfile_and_serves_only_redirects_in_clear() -> None:
+    caddy = shutil.which("caddy")
+    if caddy is None:
+        pytest.skip("no caddy here (apt-get install caddy) to adapt the Caddyfile")
+    adapted = subprocess.run(
+        [caddy, "adapt", "--config", str(CADDYFILE), "--adapter", "caddyfile"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    servers = json.loads(adapted.stdout)["apps"]["http"]["servers"]
+    by_listen = {tuple(server["listen"]): server for server in servers.values()}
+    assert set(by_listen) == {(":8443",), (":8080",), ("127.0.0.1:8081",)}
+    clear = by_listen[(":8080",)]["routes"]
+    handlers = [handler for route in clear for handler in route["handle"]]
+    assert handlers == [
+        {
+            "handler": "static_response",
+            "headers": {"Location": ["https://{http.request.host}:443{http.request.uri}"]},
+            "status_code": 308,
+        }
+    ]
 
 
 def test_everyone_reaches_redis_where_it_listens(compose: dict[str, Any]) -> None:
     redis = compose["services"]["redis"]
-    port = _option(redis["command"], "--port")
-    assert port in redis["expose"]
+    config = _redis_config(redis)
+    port = config["port"]
+    assert port in redis["expose"] and config["bind"] == "0.0.0.0"
     for name in SWITCHBOARD_SERVICES:
-        url = _settings(_compose_for(name), name).redis.url
-        assert url is not None and _port_in(url) == ("redis", int(port))
-    assert _option(redis["command"], "--requirepass") == EXAMPLE_ENV["REDIS_PASSWORD"]
-    assert environment(redis) == {"REDISCLI_AUTH": EXAMPLE_ENV["REDIS_PASSWORD"]}  # redis-cli's own
-    assert f"redis-cli -p {port} ping" in redis["healthcheck"]["test"][1]
+        compose_for = _compose_for(name)
+        assert _port_in(_redis_url(compose_for, name)) == ("redis", int(port))
+        if reads_redis_url_file():
+            assert _settings(compose_for, name).redis.url == _redis_url(compose_for, name)
+    # The password Redis asks for is the one in the routers' and workers' URL.
+    assert f":{EXAMPLE_ENV['REDIS_PASSWORD']}@" in _redis_url(compose, "router")
+    assert secret_value(compose, "redis-password", EXAMPLE_ENV) == EXAMPLE_ENV["REDIS_PASSWORD"]
+    assert environment(redis) == {}
+    check = redis["healthcheck"]["test"][1]
+    assert f"redis-cli -p {port} ping" in check
+    assert 'REDISCLI_AUTH="$(cat /run/secrets/redis-password)"' in check  # redis-cli's own variable
 
 
 def test_redis_keeps_queued_jobs_on_a_volume_within_a_memory_cap(compose: dict[str, Any]) -> None:
     redis = compose["services"]["redis"]
-    argv = redis["command"]
-    assert _option(argv, "--appendonly") == "yes"
-    assert _option(argv, "--maxmemory-policy") == "noeviction"
-    data = _option(argv, "--dir")
-    assert ("redis-data", data, False) in volume_mounts(redis)
+    config = _redis_config(redis)
+    assert config["appendonly"] == "yes"
+    assert config["maxmemory-policy"] == "noeviction"
+    assert ("redis-data", config["dir"], False) in volume_mounts(redis)
     assert "redis-data" in compose["volumes"]
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-    maxmemory = re.fullmatch(r"(\d+)([kmg])b?", _option(argv, "--maxmemory"))
+    maxmemory = re.fullmatch(r"(\d+)([kmg])b?", config["maxmemory"])
     limit = re.fullmatch(r"(\d+)([kmg])", redis["deploy"]["resources"]["limits"]["memory"])
     assert maxmemory and limit
     assert int(maxmemory[1]) * units[maxmemory[2]] < int(limit[1]) * units[limit[2]]
+
+
+@pytest.mark.parametrize("name", sorted(raw_compose()["services"]))
+def test_every_service_is_hardened_and_limited(compose: dict[str, Any], name: str) -> None:
+    service = compose["services"][name]
+    assert service.get("cap_drop") == ["ALL"] and not service.get("cap_add")
+    assert "no-new-privileges:true" in service.get("security_opt", [])
+    assert service.get("read_only") is True and not service.get("privileged")
+    limits = service.get("deploy", {}).get("resources", {}).get("limits", {})
+    assert float(limits["cpus"]) > 0 and limits["memory"] and int(limits["pids"]) > 0, limits
+    # A read-only root: writes go to volumes or memory, each named.
+    writable = {target for _, target, readonly in volume_mounts(service) if not readonly}
+    writable |= {entry.split(":")[0] for entry in service.get("tmpfs", [])}
+    assert "/tmp" in writable
+    assert service.get("network_mode") != "host" and service.get("pid") != "host"
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_workers_keep_what_their_engines_need(name: str) -> None:
+    worker = _compose_for(name)["services"][name]
+    assert worker["shm_size"] == "2gb"  # PyTriton's tensors
+    tmpfs = {entry.split(":")[0]: entry.partition(":")[2].split(",") for entry in worker["tmpfs"]}
+    # Compiled kernels are loaded back from these: not `noexec`, Docker's default for a tmpfs.
+    assert "exec" in tmpfs["/tmp"] and "exec" in tmpfs["/home/switchboard"]
+    assert "uid=10001" in tmpfs["/home/switchboard"]  # the images' user
+    assert ("model-cache", "/home/switchboard/.cache", False) in volume_mounts(worker)
 
 
 def test_start_order_waits_for_health(compose: dict[str, Any]) -> None:
@@ -204,7 +350,7 @@ def test_the_gpu_workers_reserve_a_gpu_and_the_cpu_worker_none(compose: dict[str
     for name in GPU_WORKERS:
         devices = compose["services"][name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    assert "deploy" not in compose["services"]["worker-cpu"]
+    assert "reservations" not in compose["services"]["worker-cpu"]["deploy"]["resources"]
     for profiles, expected in (
         ({"gpu"}, ["worker"]),
         ({"cpu"}, ["worker-cpu"]),
@@ -317,6 +463,18 @@ def test_grafana_provisions_the_dashboards_folder(compose: dict[str, Any]) -> No
         host, port = _port_in(source["url"])
         published = [p.rsplit(":", 1)[-1] for p in compose["services"][host]["ports"]]
         assert str(port) in published
+
+
+def test_grafana_has_no_default_login_and_no_anonymous_access(compose: dict[str, Any]) -> None:
+    env = environment(compose["services"]["grafana"])
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env  # only the __FILE form: from the secret
+    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"].startswith("/run/secrets/")
+    assert raw_compose()["secrets"]["grafana-admin-password"] == {"environment": "GRAFANA_ADMIN_PASSWORD"}
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert "GF_AUTH_ANONYMOUS_ORG_ROLE" not in env
+    # Published on the host's loopback only.
+    assert all(port.startswith("127.0.0.1:") for port in compose["services"]["grafana"]["ports"])
 
 
 def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:

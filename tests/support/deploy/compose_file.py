@@ -17,10 +17,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE_PATH = REPO / "compose.yaml"
 
-# What a filled-in .env (deploy/compose/env.example) gives: a password and an admin key's hash.
+# What a filled-in .env (deploy/compose/env.example) gives: passwords, the Redis URL, an admin key's hash.
 EXAMPLE_ENV = {
     "COMPOSE_PROFILES": "gpu",
     "REDIS_PASSWORD": "examplepassword",
+    "REDIS_URL": "redis://:examplepassword@redis:6379/0",
+    "GRAFANA_ADMIN_PASSWORD": "examplegrafanapassword",
     "SWITCHBOARD_ADMIN_KEY_SHA256": "0" * 64,
 }
 
@@ -125,3 +127,22 @@ def volume_mounts(service: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
         else:
             mounts.append((volume.get("source", ""), volume["target"], bool(volume.get("read_only"))))
     return mounts
+
+
+def secret_files(compose: Mapping[str, Any], service: Mapping[str, Any]) -> dict[str, str]:
+    """Container path → name of the compose secret mounted there, for each of a service's secrets."""
+    files = {}
+    for secret in service.get("secrets", []):
+        source = secret if isinstance(secret, str) else secret["source"]
+        target = source if isinstance(secret, str) else secret.get("target", source)
+        assert source in compose.get("secrets", {}), f"no top-level secret {source}"
+        files[target if target.startswith("/") else f"/run/secrets/{target}"] = source
+    return files
+
+
+def secret_value(compose: Mapping[str, Any], name: str, env: Mapping[str, str]) -> str:
+    """What compose puts in the secret `name`, given .env's variables `env`."""
+    secret = compose["secrets"][name]
+    if "environment" in secret:
+        return env[secret["environment"]]
+    return (REPO / secret["file"]).read_text()

@@ -5,9 +5,10 @@ what only a container has replaced by its local equivalent:
 
 - host names of the services (and `0.0.0.0`) become 127.0.0.1, and each port a service `expose`s
   becomes a free local port, wherever the command, the environment or a mounted config names it;
-- container paths of volumes and configs become folders and files under `root` (named volumes
-  shared between services and replicas, as Docker shares them; configs copied with the same
-  replacements); the image's home (`~/.cache`) is the `model-cache` volume;
+- container paths of volumes, configs and secrets become folders and files under `root` (named
+  volumes shared between services and replicas, as Docker shares them; configs and secrets, the
+  latter from `environ` as compose takes them from .env, written with the same replacements); the
+  image's home (`~/.cache`) is the `model-cache` volume;
 - `switchboard` is this interpreter's `python -m switchboard`, `python` this interpreter;
 - a replica is one more process with the same command and environment (`--scale`);
 - a stop is SIGTERM to the main process alone (what tini does), then SIGKILL past the service's
@@ -31,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from switchboard.ports import free_port
-from tests.support.deploy.compose_file import REPO, duration_s, environment, volume_mounts
+from tests.support.deploy.compose_file import (
+    REPO,
+    duration_s,
+    environment,
+    secret_files,
+    secret_value,
+    volume_mounts,
+)
 
 LOOPBACK = "127.0.0.1"
 HOME = "/home/switchboard"
@@ -69,8 +77,10 @@ class LocalCompose:
         root: Path,
         services: Sequence[str],
         scale: Mapping[str, int] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.compose = compose
+        self.environ = dict(environ or {})
         self.root = root
         self.services = list(services)
         self.scale = dict(scale or {})
@@ -96,11 +106,19 @@ class LocalCompose:
                 paths[target].mkdir(parents=True, exist_ok=True)
         for config in service.get("configs", []):
             paths[config["target"]] = self.root / "configs" / name / Path(config["target"]).name
+        secrets = secret_files(self.compose, service)
+        for target in secrets:
+            paths[target] = self.root / "secrets" / name / Path(target).name
         for config in service.get("configs", []):
             source = REPO / self.compose["configs"][config["source"]]["file"]
             local = paths[config["target"]]
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(self._rewrite(source.read_text(), name, paths))
+        for target, secret in secrets.items():
+            local = paths[target]
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(self._rewrite(secret_value(self.compose, secret, self.environ), name, paths))
+            local.chmod(0o600)
         return paths
 
     def _rewrite(self, text: str, name: str, paths: Mapping[str, Path] | None = None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from functools import cache
@@ -16,8 +17,19 @@ from switchboard.cli.main import ADMIN_KEY_ENV, parse_args
 from switchboard.config import ENV_PREFIX, Settings, load_settings
 from switchboard.logs import LOG_LABEL_ENV
 
-# Variables the product reads that are not settings: the Redis URL, and the CLI's own.
-PRODUCT_VARIABLES = {"REDIS_URL", ADMIN_KEY_ENV, LOG_LABEL_ENV}
+# Variables the product reads that are not settings: the Redis URL (or the file that holds it), and
+# the CLI's own.
+PRODUCT_VARIABLES = {"REDIS_URL", "REDIS_URL_FILE", ADMIN_KEY_ENV, LOG_LABEL_ENV}
+
+
+@cache
+def reads_redis_url_file() -> bool:
+    """Whether the product reads the Redis URL from the file REDIS_URL_FILE names."""
+    with tempfile.TemporaryDirectory() as folder:
+        url_file = Path(folder) / "redis-url"
+        url_file.write_text("redis://:probe@example:1/0")
+        settings = load_settings(None, environ={"REDIS_URL_FILE": str(url_file)})
+        return settings.redis.url == "redis://:probe@example:1/0"
 
 
 @cache
@@ -61,6 +73,10 @@ def settings_from(env: Mapping[str, str], config_path: Path | None) -> Settings:
     for name, value in ours.items():
         if name == "REDIS_URL":
             assert settings.redis.url == value
+            continue
+        if name == "REDIS_URL_FILE":
+            if reads_redis_url_file() and "REDIS_URL" not in ours:
+                assert settings.redis.url == Path(value).read_text().strip()
             continue
         if name in PRODUCT_VARIABLES:
             continue

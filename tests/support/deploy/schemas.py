@@ -35,8 +35,10 @@ def _kubernetes_registry() -> Registry:
 
 
 def kubernetes_schema_path(api_version: str, kind: str) -> Path:
-    """Where the schema of one Kubernetes kind lies (`apps/v1` Deployment: deployment-apps-v1.json)."""
-    group_version = api_version.replace("/", "-")
+    """Where the schema of one Kubernetes kind lies (`apps/v1` Deployment: deployment-apps-v1.json;
+    `networking.k8s.io/v1` NetworkPolicy: networkpolicy-networking-v1.json)."""
+    group, _, version = api_version.rpartition("/")
+    group_version = f"{group.split('.')[0]}-{version}" if group else version
     return KUBERNETES_SCHEMAS / f"{kind.lower()}-{group_version}.json"
 
 
