@@ -26,7 +26,7 @@ ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:1.2.1
 FROM ${TRTLLM_IMAGE} AS build
 # The container's packages as they are, before anything is added: the versions to hold.
 RUN python3 -m pip list --format=freeze --disable-pip-version-check > /tmp/trtllm-environment.txt \
-    && python3 -m pip install --no-cache-dir --target /opt/uv uv==0.13.8
+    && python3 -m pip install --no-cache-dir --target /opt/uv uv==0.13.9
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY switchboard switchboard

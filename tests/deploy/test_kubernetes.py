@@ -1,4 +1,5 @@
-"""deploy/k8s: valid Kubernetes objects once composed, consistent with the product, scaled to zero by KEDA."""
+"""deploy/k8s: valid Kubernetes objects once composed, consistent with the product, scaled to zero by
+KEDA, fenced by network policies, with no secret on a command line or in an environment."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import yaml
 from switchboard import keys
 from switchboard.config import Settings
 from tests.support.deploy.compose_file import REPO
-from tests.support.deploy.product import cli_command, router_paths, settings_from
+from tests.support.deploy.product import cli_command, reads_redis_url_file, router_paths, settings_from
 from tests.support.deploy.schemas import SCHEMAS, kubernetes_schema_path, kubernetes_validator, schema_errors
 
 K8S = REPO / "deploy" / "k8s"
@@ -89,8 +90,22 @@ def _environment(container: Object) -> dict[str, str]:
     return env
 
 
+def _secret_files(pod: Object, container: Object) -> dict[str, str]:
+    """Container path → key of `switchboard-secrets`, for each file of a Secret volume it mounts."""
+    volumes = {volume["name"]: volume for volume in pod.get("volumes", [])}
+    files = {}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes.get(mount["name"], {}).get("secret")  # claim templates are no pod volume
+        if secret is not None:
+            assert secret["secretName"] == "switchboard-secrets"
+            for item in secret["items"]:
+                files[f"{mount['mountPath']}/{item['path']}"] = item["key"]
+    return files
+
+
 def _settings(objects: list[Object], kind: str, name: str, tmp_path: Path) -> Settings:
-    """What the container's `switchboard` process runs with: the ConfigMap's file and its variables."""
+    """What the container's `switchboard` process runs with: the ConfigMap's file, its variables and
+    the Secret's files (written where its variables name them)."""
     pod = _one(objects, kind, name)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     args = cli_command(container["args"])
@@ -101,7 +116,30 @@ def _settings(objects: list[Object], kind: str, name: str, tmp_path: Path) -> Se
     config_map = _one(objects, "ConfigMap", volume["configMap"]["name"])
     config_path = tmp_path / f"{name}.toml"
     config_path.write_text(config_map["data"][Path(args.config).name])
-    return settings_from(_environment(container), config_path)
+    variables = _environment(container)
+    for path, key in _secret_files(pod, container).items():
+        local = tmp_path / f"{name}-{key}"
+        local.write_text(EXAMPLE_SECRET[key])
+        variables = {
+            variable: str(local) if value == path else value for variable, value in variables.items()
+        }
+    return settings_from(variables, config_path)
+
+
+def _redis_url(objects: list[Object], name: str) -> str:
+    """The Redis URL the Deployment's process reads: the Secret's file REDIS_URL_FILE names."""
+    pod = _one(objects, "Deployment", name)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return EXAMPLE_SECRET[_secret_files(pod, container)[_environment(container)["REDIS_URL_FILE"]]]
+
+
+def _redis_config(container: Object) -> dict[str, str]:
+    """Redis's configuration as its command hands it over: on standard input, a here-document."""
+    assert container["args"][:2] == ["sh", "-c"]
+    script = container["args"][2].replace("$$", "$")  # Kubernetes' escape of `$`
+    body = re.search(r"exec redis-server - <<EOF\n(.*?)\nEOF", script, re.DOTALL)
+    assert body is not None, "redis-server reads its configuration from standard input"
+    return dict(line.strip().partition(" ")[::2] for line in body[1].splitlines() if line.strip())
 
 
 def test_kubectl_kustomize_composes_the_same_objects(manifests: list[Object]) -> None:
@@ -123,7 +161,14 @@ def test_every_built_in_object_validates_against_the_kubernetes_schema(manifests
         assert kubernetes_schema_path(document["apiVersion"], document["kind"]).is_file()
         validator = kubernetes_validator(document["apiVersion"], document["kind"])
         assert schema_errors(validator, document) == [], document["metadata"]["name"]
-    assert kinds == {"ConfigMap", "Service", "Deployment", "StatefulSet", "PodDisruptionBudget"}
+    assert kinds == {
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "StatefulSet",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    }
 
 
 def test_the_schema_check_refuses_a_broken_object(manifests: list[Object]) -> None:
@@ -159,7 +204,9 @@ def test_containers_run_real_commands_with_real_settings(
     args = cli_command(container["args"])
     assert args.command == name.removeprefix("switchboard-")
     settings = _settings(manifests, kind, name, tmp_path)
-    assert settings.redis.url == EXAMPLE_SECRET["redis-url"]
+    assert _redis_url(manifests, name) == EXAMPLE_SECRET["redis-url"]
+    if reads_redis_url_file():
+        assert settings.redis.url == EXAMPLE_SECRET["redis-url"]
 
 
 def test_probes_reach_real_paths_on_the_port_the_router_listens_on(
@@ -181,26 +228,42 @@ def test_probes_reach_real_paths_on_the_port_the_router_listens_on(
 def test_redis_is_persistent_password_protected_and_probed(manifests: list[Object], tmp_path: Path) -> None:
     statefulset = _one(manifests, "StatefulSet", "switchboard-redis")
     container = _container(manifests, "StatefulSet", "switchboard-redis")
-    args = container["args"]
-    assert args[args.index("--appendonly") + 1] == "yes"
-    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
-    data = args[args.index("--dir") + 1]
+    config = _redis_config(container)
+    assert config["appendonly"] == "yes"
+    assert config["maxmemory-policy"] == "noeviction"
     (claim,) = statefulset["spec"]["volumeClaimTemplates"]
-    assert {"name": claim["metadata"]["name"], "mountPath": data} in container["volumeMounts"]
-    # Every variable the container gets is used: in its arguments, or by redis-cli in the probes.
-    env = _environment(container)
-    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
-    assert set(env) == {"REDIS_PASSWORD", "REDISCLI_AUTH"}
-    port = args[args.index("--port") + 1]
+    assert {"name": claim["metadata"]["name"], "mountPath": config["dir"]} in container["volumeMounts"]
+    # The password is read from the Secret's file, by Redis and by redis-cli in the probes.
+    files = _secret_files(statefulset["spec"]["template"]["spec"], container)
+    (password_file,) = [path for path, key in files.items() if key == "redis-password"]
+    assert config["requirepass"] == f'"$(cat {password_file})"'
+    assert "env" not in container
+    port = config["port"]
     for probe in ("readinessProbe", "livenessProbe"):
-        assert f"redis-cli -p {port} ping" in container[probe]["exec"]["command"][-1]
+        check = container[probe]["exec"]["command"][-1]
+        assert f'REDISCLI_AUTH="$(cat {password_file})" redis-cli -p {port} ping' in check
     service = _one(manifests, "Service", "switchboard-redis")
     (service_port,) = service["spec"]["ports"]
-    # The router and the workers reach Redis where it listens.
+    # The router and the workers reach Redis where it listens, with its password.
     for name in ("switchboard-router", "switchboard-worker"):
-        url = _settings(manifests, "Deployment", name, tmp_path).redis.url
-        assert url is not None and f"@{service['metadata']['name']}:{service_port['port']}/" in url
+        url = _redis_url(manifests, name)
+        assert (
+            f":{EXAMPLE_SECRET['redis-password']}@{service['metadata']['name']}:{service_port['port']}/"
+            in url
+        )
     assert str(service_port["port"]) == port
+
+
+def test_no_secret_is_on_a_command_line_or_in_an_environment(manifests: list[Object]) -> None:
+    for container in _containers(manifests):
+        for variable in container.get("env", []):
+            reference = variable.get("valueFrom", {}).get("secretKeyRef")
+            if reference is not None:
+                # The admin key's hash is no secret (it cannot be turned back into the key).
+                assert reference["key"] == "admin-key-sha256", f"{container['name']}: {variable['name']}"
+        words = " ".join(container.get("command", []) + container.get("args", []))
+        assert "--requirepass" not in words and "$(REDIS_PASSWORD)" not in words
+        assert not [value for value in EXAMPLE_SECRET.values() if value in words]
 
 
 def test_pod_disruption_budgets_cover_router_and_workers(manifests: list[Object]) -> None:
@@ -267,9 +330,12 @@ def test_keda_reads_the_password_redis_is_started_with(manifests: list[Object]) 
     authentication = _one(manifests, "TriggerAuthentication", "switchboard-redis")["spec"]
     (target,) = authentication["secretTargetRef"]
     assert target["parameter"] == "password"
-    redis = _container(manifests, "StatefulSet", "switchboard-redis")
-    (password,) = [v for v in redis["env"] if v["name"] == "REDIS_PASSWORD"]
-    assert password["valueFrom"]["secretKeyRef"] == {"name": target["name"], "key": target["key"]}
+    pod = _one(manifests, "StatefulSet", "switchboard-redis")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    files = _secret_files(pod, container)
+    password_file = re.search(r"\$\(cat (\S+)\)", _redis_config(container)["requirepass"])
+    assert password_file is not None
+    assert (target["name"], target["key"]) == ("switchboard-secrets", files[password_file[1]])
 
 
 def test_images_are_the_ones_deploy_docker_builds(manifests: list[Object]) -> None:
@@ -280,3 +346,131 @@ def test_images_are_the_ones_deploy_docker_builds(manifests: list[Object]) -> No
             assert image.removeprefix("switchboard/") in built and tag
         else:
             assert re.search(r"\d+\.\d+", tag), f"pin {container['image']}"
+
+
+def _policies(manifests: list[Object]) -> list[Object]:
+    return [document for document in manifests if document["kind"] == "NetworkPolicy"]
+
+
+def _selects(policy: Object, labels: dict[str, str]) -> bool:
+    selector = policy["spec"]["podSelector"]
+    assert set(selector) <= {"matchLabels"}, "only matchLabels selectors are read here"
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def _pod_labels(manifests: list[Object]) -> dict[str, dict[str, str]]:
+    return {
+        document["metadata"]["name"]: document["spec"]["template"]["metadata"]["labels"]
+        for document in manifests
+        if document["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def _peers(policy: Object, direction: str) -> list[tuple[Object, list[Object]]]:
+    """(peer, ports) of each rule of a policy, `from` for ingress, `to` for egress."""
+    side = "from" if direction == "ingress" else "to"
+    return [
+        (peer, rule.get("ports", []))
+        for rule in policy["spec"].get(direction, [])
+        for peer in rule.get(side, [{}])  # a rule with no peers allows every peer
+    ]
+
+
+def test_everything_is_denied_unless_a_policy_allows_it(manifests: list[Object]) -> None:
+    policies = _policies(manifests)
+    deny = [
+        policy
+        for policy in policies
+        if policy["spec"]["podSelector"] == {}
+        and set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        and not policy["spec"].get("ingress")
+        and not policy["spec"].get("egress")
+    ]
+    assert len(deny) == 1, "one default-deny policy selects every pod of the namespace"
+    for name, labels in _pod_labels(manifests).items():
+        own = [policy for policy in policies if policy["spec"]["podSelector"] and _selects(policy, labels)]
+        assert len(own) == 1, f"{name}: one policy of its own says what it may do"
+        assert set(own[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    # DNS, for every pod, and nothing else in that policy.
+    (dns,) = [policy for policy in policies if policy["metadata"]["name"] == "switchboard-dns"]
+    assert dns["spec"]["podSelector"] == {} and dns["spec"]["policyTypes"] == ["Egress"]
+    ((peer, ports),) = [(peer, ports) for peer, ports in _peers(dns, "egress")]
+    assert peer["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+    assert {(port["protocol"], port["port"]) for port in ports} == {("UDP", 53), ("TCP", 53)}
+
+
+def _own_policy(manifests: list[Object], name: str) -> Object:
+    labels = _pod_labels(manifests)[name]
+    (policy,) = [p for p in _policies(manifests) if p["spec"]["podSelector"] and _selects(p, labels)]
+    return policy
+
+
+def _named(peer: Object) -> str:
+    """Who a peer is: a pod of this namespace by its name label, or a namespace by its name."""
+    if "namespaceSelector" in peer:
+        assert "podSelector" not in peer
+        return "namespace " + peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+    return peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+
+
+def test_each_pod_talks_only_to_whom_it_must(manifests: list[Object]) -> None:
+    router = _own_policy(manifests, "switchboard-router")
+    worker = _own_policy(manifests, "switchboard-worker")
+    redis = _own_policy(manifests, "switchboard-redis")
+    ports = {
+        name: {port["name"]: port["containerPort"] for port in _container(manifests, kind, name)["ports"]}
+        for kind, name in (
+            ("Deployment", "switchboard-router"),
+            ("Deployment", "switchboard-worker"),
+            ("StatefulSet", "switchboard-redis"),
+        )
+    }
+
+    def allowed(policy: Object, direction: str, pod: str | None = None) -> set[tuple[str, object]]:
+        found = set()
+        for peer, peer_ports in _peers(policy, direction):
+            assert peer_ports, "every rule names its ports"
+            for port in peer_ports:
+                number = ports[pod][port["port"]] if isinstance(port["port"], str) and pod else port["port"]
+                found.add((_named(peer), number))
+        return found
+
+    # The router: requests from the ingress controller, scrapes from Prometheus; out, Redis alone.
+    router_port = ports["switchboard-router"]["http"]
+    assert allowed(router, "ingress", "switchboard-router") == {
+        ("namespace ingress-nginx", router_port),
+        ("namespace monitoring", router_port),
+    }
+    assert allowed(router, "egress") == {("switchboard-redis", 6379)}
+    # Workers: only Prometheus' scrapes of the metrics port in; out, Redis alone.
+    assert allowed(worker, "ingress", "switchboard-worker") == {
+        ("namespace monitoring", ports["switchboard-worker"]["metrics"])
+    }
+    assert allowed(worker, "egress") == {("switchboard-redis", 6379)}
+    # Redis: the router, the workers and KEDA's operator in; nothing out.
+    assert allowed(redis, "ingress", "switchboard-redis") == {
+        ("switchboard-router", 6379),
+        ("switchboard-worker", 6379),
+        ("namespace keda", 6379),
+    }
+    assert redis["spec"]["egress"] == []
+
+
+def test_the_ingress_example_serves_the_router_over_tls(manifests: list[Object]) -> None:
+    ingress = yaml.safe_load((K8S / "ingress.yaml").read_text())
+    assert schema_errors(kubernetes_validator(ingress["apiVersion"], ingress["kind"]), ingress) == []
+    spec = ingress["spec"]
+    (tls,) = spec["tls"]
+    (rule,) = spec["rules"]
+    assert rule["host"] in tls["hosts"] and tls["secretName"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/force-ssl-redirect"] == "true"
+    (path,) = rule["http"]["paths"]
+    service = _one(manifests, "Service", "switchboard-router")
+    backend = path["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {port["name"] for port in service["spec"]["ports"]}
+    # The ingress controller's namespace is the one the router's policy lets in.
+    controller = "namespace ingress-nginx"
+    assert controller in {
+        _named(peer) for peer, _ in _peers(_own_policy(manifests, "switchboard-router"), "ingress")
+    }
