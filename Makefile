@@ -1,10 +1,14 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install up test lint typecheck unit e2e bench bench-cold bench-scale gpu-check clean
+.PHONY: install lock up test lint typecheck unit e2e bench bench-cold bench-scale gpu-check clean
 
 VENV := .venv/bin
 
 install:
 	@scripts/install.sh
+
+# After changing a dependency in pyproject.toml: write uv.lock anew (commit it; every install uses it).
+lock:
+	@scripts/lock.sh
 
 up: install
 	@$(VENV)/switchboard up

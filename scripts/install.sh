@@ -8,8 +8,9 @@ say() { printf '\033[1m• %s\033[0m\n' "$*"; }
 die() { printf 'install: %s\n' "$*" >&2; exit 1; }
 
 PYTHON="${PYTHON:-python3}"
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-  || die "Python 3.11 or newer is needed (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11"
+# uv.lock is resolved for CPython 3.11 on Linux x86-64 (pyproject.toml's tool.uv.environments).
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+  || die "Python 3.11 is needed (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11"
 
 # --- redis-server (the queue; tests and `switchboard up` start private ones) -----------------
 if ! command -v redis-server >/dev/null; then
