@@ -33,9 +33,9 @@ CROSS_INDEX = re.compile(r"unsafe-best-match|unsafe-first-match|extra-index-url|
 
 
 def _uv() -> str:
-    """The uv of the environment (pyproject's dev extra), or the one install.sh put on PATH."""
-    beside = Path(sys.executable).parent / "uv"
-    found = str(beside) if beside.is_file() else shutil.which("uv")
+    """The uv of the environment (pyproject's dev extra), or the one install.sh installed."""
+    candidates = [Path(sys.executable).parent / "uv", Path.home() / ".local" / "bin" / "uv"]
+    found = next((str(path) for path in candidates if path.is_file()), None) or shutil.which("uv")
     if found is None:
         pytest.skip("no uv here (`make install` installs it)")
     return found
