@@ -3,7 +3,8 @@
 #   docker build -f deploy/docker/router.Dockerfile -t switchboard/router .
 # Installed the way scripts/install.sh installs: uv, exactly what uv.lock records (hashes checked,
 # each package from the one index the lock names), bytecode compiled at install (every start would
-# compile the sources otherwise). The base image is pinned by digest (deploy/images.lock).
+# compile the sources otherwise). The base image's digest pin: deploy/images.lock
+# (scripts/pin-images.sh).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

@@ -5,7 +5,7 @@
 # (hashes checked; pyproject.toml's overrides: numpy<2 for PyTriton, no torchvision/torchaudio),
 # torch's CPU wheel from PyTorch's CPU index and nothing else from there (the lock names one index
 # per package), bytecode compiled at install (an engine start imports vLLM three times over
-# without it). The base image is pinned by digest (deploy/images.lock).
+# without it). The base image's digest pin: deploy/images.lock (scripts/pin-images.sh).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

@@ -3,8 +3,8 @@
 # wheels (torch, vLLM); the host gives the driver (NVIDIA Container Toolkit).
 #   docker build -f deploy/docker/worker-gpu.Dockerfile -t switchboard/worker-gpu .
 # Installed the way scripts/install.sh installs the `gpu` extra: uv, exactly what uv.lock records
-# (hashes checked), bytecode compiled at install. The base image is pinned by digest
-# (deploy/images.lock).
+# (hashes checked), bytecode compiled at install. The base image's digest pin:
+# deploy/images.lock (scripts/pin-images.sh).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
