@@ -20,11 +20,20 @@ from router.endpoints.metrics import metrics
 from router.front_door import FrontDoor
 from router.http.disconnect import cancel_on_disconnect
 from router.http.responses import json_response
-from router.openai.errors import InvalidRequestError, MethodNotAllowedError, OpenAIError, RouteNotFoundError
-from router.telemetry.requests import observe_requests
+from router.openai.errors import (
+    ClientClosedRequestError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    OpenAIError,
+    RouteNotFoundError,
+)
+from router.telemetry.requests import client_left, observe_requests
+from router.telemetry.summarized_log import SummarizedLog
 from switchboard.config import Settings
 
 logger = logging.getLogger(__name__)
+# Clients leave all the time (and an attacker at will): a line now and then, not one each.
+_departures = SummarizedLog(logger, level=logging.INFO)
 
 # The parts of the front door (`FrontDoor`'s attributes) that handlers may ask for by name.
 PARTS = ("settings", "redis", "models", "health", "status", "limits", "runs", "reader", "pipeline")
@@ -89,6 +98,8 @@ def _openai_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     error: OpenAIError
+    if client_left(request.scope):
+        return _client_gone(request, exc)
     if isinstance(exc, NotFoundException):
         error = RouteNotFoundError(f"No endpoint {request.method} {request.url.path}.")
     elif isinstance(exc, MethodNotAllowedException):
@@ -102,6 +113,18 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     return _openai_error(request, error)
 
 
+def _client_gone(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """The client left while its request was read or handled: a 499 that nobody receives (what it
+    broke, such as the body being read, is not the server's failure)."""
+    _departures.event(
+        "client_left",
+        "clients left before their answers (499)",
+        path=request.url.path,
+        error=str(exc) or type(exc).__name__,
+    )
+    return _openai_error(request, ClientClosedRequestError("The client closed the request."))
+
+
 def _redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
     logger.warning("redis error", extra={"path": request.url.path, "error": str(exc)})
     front_door: FrontDoor = request.app.state.front_door
@@ -109,5 +132,7 @@ def _redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[b
 
 
 def _unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    if client_left(request.scope):
+        return _client_gone(request, exc)
     logger.exception("unhandled error", exc_info=exc, extra={"path": request.url.path})
     return _openai_error(request, OpenAIError("The server had an error while processing your request."))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import redis
 import uvicorn
+from litestar import Litestar
 from redis.exceptions import RedisError
 
 from router.admission.auth import check_exposure
 from router.app import create_app
+from router.http.connections import ConnectionLimits, guarded_protocol
 from switchboard import keys
 from switchboard.config import Settings
 from switchboard.tracing import configure_tracing
@@ -24,13 +26,24 @@ def serve(settings: Settings) -> None:
     # With open access allowed there is nothing to refuse; the app logs its warning as it starts.
     if stored_keys is not None and not settings.router.allow_open_access:
         check_exposure(settings, stored_keys)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.router.host,
-        port=settings.router.port,
+    uvicorn.Server(server_config(create_app(settings), settings)).run()
+
+
+def server_config(app: Litestar, settings: Settings, *, port: int | None = None) -> uvicorn.Config:
+    """uvicorn's settings for the front door: its address, and the limits on slow and idle clients
+    (`router.http.connections`); `port` overrides the configured one (0: any free port)."""
+    router = settings.router
+    return uvicorn.Config(
+        app,
+        host=router.host,
+        port=router.port if port is None else port,
         access_log=False,
         log_level="warning",
-        timeout_keep_alive=30,
+        http=guarded_protocol(ConnectionLimits.of(router)),
+        # No WebSocket endpoint: an upgrade request is answered as plain HTTP.
+        ws="none",
+        # uvicorn declares whole seconds but only ever waits with it: fractions work.
+        timeout_keep_alive=router.keep_alive_timeout_s,  # type: ignore[arg-type]
     )
 
 

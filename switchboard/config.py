@@ -98,6 +98,23 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # `/readyz` is ready once Redis answers, whether or not a worker is alive: for deployments that
     # scale workers to zero, where the request that makes a worker start must reach a front door.
     ready_without_workers: bool = False
+    # Slow clients. A request's headers must arrive within this many seconds of its first byte (a
+    # new connection's first request: of the connection's opening), or it gets a 408 and is closed.
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # An upload that sends nothing for this long is closed (a 499: the client's doing). Responses
+    # are never timed: a long stream is not cut.
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # A kept-alive connection with no request for this long is closed.
+    keep_alive_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Connections open at once. Past it an idle kept-alive one is closed to make room, or else the
+    # new one is answered 503 at once and closed. Lowered at start to what the process's open-file
+    # limit (`ulimit -n`) leaves room for.
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    # Host names (or addresses) a front door without API keys answers to besides loopback ones
+    # (`localhost`, 127.0.0.0/8, ::1): with no key, a request naming another Host, or sent from a web
+    # page of another origin, is refused (403), so that no web page can use it (DNS rebinding,
+    # cross-site forms). Beyond loopback (allow_open_access) an empty list accepts every Host.
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]

@@ -6,6 +6,10 @@ and the worker would generate for nobody. Once the handler has read the whole re
 middleware listens for the disconnect itself and cancels the handler, whose cleanup (`JobRun.close`:
 a cancel mark, the slots released) then runs. Once a response has started, it is left alone: a
 streamed response hears the disconnect itself, stops and closes its job.
+
+A client that leaves before the last byte of its response is noted in the request's scope
+(`router.telemetry.requests.client_left`): the error handlers and the request metrics then speak of a 499 (nginx's "client
+closed request"), never of a 500, whatever the handler was doing when the body it read stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import logging
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
+
+from router.telemetry.requests import note_client_left
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,7 @@ class _Request:
         self._body_read = asyncio.Event()
         self._disconnected = asyncio.Event()
         self._response_started = False
+        self._response_complete = False
 
     async def run(self) -> None:
         handler = asyncio.create_task(self._handle())
@@ -69,7 +76,7 @@ class _Request:
             return {"type": "http.disconnect"}
         message = await self._receive()
         if message["type"] == "http.disconnect":
-            self._disconnected.set()
+            self._client_left()
         elif message["type"] == "http.request" and not message.get("more_body", False):
             self._body_read.set()
         return message
@@ -77,6 +84,8 @@ class _Request:
     async def _app_send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self._response_started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self._response_complete = True  # a disconnect from now on is the server's own answer's end
         await self._send(message)
 
     async def _watch(self, handler: asyncio.Task[None]) -> None:
@@ -84,8 +93,13 @@ class _Request:
         message = await self._receive()
         if message["type"] != "http.disconnect":
             return
-        self._disconnected.set()
+        self._client_left()
         # Once a response has started, the response itself hears the disconnect: a stream stops
         # and runs its cleanup. (Servers also answer `http.disconnect` once a response is complete.)
         if not self._response_started:
             handler.cancel()
+
+    def _client_left(self) -> None:
+        self._disconnected.set()
+        if not self._response_complete:
+            note_client_left(self._scope)

@@ -297,3 +297,36 @@ class StreamNotFoundError(OpenAIError):
     status_code = 404
     error_type = "invalid_request_error"
     default_code = "stream_not_found"
+
+
+class RequestTimeoutError(OpenAIError):
+    """The request's headers did not arrive in time (408); the connection is closed."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+class HeadersTooLargeError(OpenAIError):
+    """The request's headers are larger than the front door reads (431); the connection is closed."""
+
+    status_code = 431
+    error_type = "invalid_request_error"
+    default_code = "request_header_fields_too_large"
+
+
+class TooManyConnectionsError(RetryLaterError):
+    """The front door holds as many connections as it may (503 with Retry-After); this one is closed."""
+
+    default_code = "too_many_connections"
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__("The server has too many open connections.", retry_after_s)
+
+
+class ClientClosedRequestError(OpenAIError):
+    """The client left before its answer (nginx's 499): counted as the client's doing, never sent."""
+
+    status_code = 499
+    error_type = "invalid_request_error"
+    default_code = "client_closed_request"

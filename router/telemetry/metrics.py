@@ -75,6 +75,19 @@ OLDEST_WAITING = Gauge(
     ["model"],
     registry=REGISTRY,
 )
+CONNECTIONS_OPEN = Gauge(
+    "switchboard:connections_open",
+    "HTTP connections open at this front door (at most router.max_connections).",
+    registry=REGISTRY,
+)
+CONNECTIONS_CLOSED = Counter(
+    "switchboard:connections_closed",
+    "Connections the front door closed on its own, by reason: header_timeout, header_too_large, "
+    "body_timeout, over_capacity (refused with a 503), idle_evicted (an idle keep-alive connection "
+    "closed to make room).",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 
 async def queue_depths(redis: aioredis.Redis, models: list[str]) -> dict[str, tuple[int, float]]:

@@ -24,6 +24,10 @@ from switchboard import tracing
 OBSERVED_PREFIX = "/v1/"
 # The model lookup's path holds the model's name: its span is named after the route instead.
 MODELS_ROUTE = "/v1/models"
+# nginx's "client closed request": the client left before its response's last byte.
+CLIENT_CLOSED = 499
+# The scope's key for that (set by `router.http.disconnect`, which hears the client leave).
+_CLIENT_LEFT = "switchboard.client_left"
 
 
 @dataclass(slots=True)
@@ -57,6 +61,16 @@ def note_model(model: str) -> None:
         request.model = model
 
 
+def note_client_left(scope: Scope) -> None:
+    """The request's client left before its response's last byte."""
+    scope[_CLIENT_LEFT] = True  # type: ignore[literal-required]
+
+
+def client_left(scope: Scope) -> bool:
+    """Whether the request's client left before its response's last byte (a 499, not our failure)."""
+    return bool(scope.get(_CLIENT_LEFT))
+
+
 def observe_requests(app: ASGIApp) -> ASGIApp:
     """Wrap `app`: one server span per API request, and its count by model and status."""
 
@@ -87,6 +101,8 @@ def observe_requests(app: ASGIApp) -> ASGIApp:
                     await app(scope, receive, observed_send)
         finally:
             _current.reset(token)
+            if client_left(scope):
+                request.status = CLIENT_CLOSED  # whatever the handler answered to nobody
             _finished(request, span)
 
     return middleware
@@ -114,8 +130,8 @@ def _start_span(scope: Scope, request: RequestObservation) -> Any:
 
 
 def _finished(request: RequestObservation, span: Any) -> None:
-    # No response started: the client left first (nginx's 499), or the server failed.
-    status = request.status or 499
+    # No response started: the client left first, or the server failed.
+    status = request.status or CLIENT_CLOSED
     REQUESTS.labels(request.model, str(status)).inc()
     if request.generated:
         E2E_LATENCY.labels(request.model).observe(time.perf_counter() - request.started)

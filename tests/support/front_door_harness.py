@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 import uvicorn
 
 from router.app import create_app
+from router.server import server_config
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
 from switchboard.wire import Chunk, Job, SlotStatus, Usage, WorkerRecord, encode, job_decoder
@@ -46,9 +47,8 @@ def settings_for(
 @contextlib.asynccontextmanager
 async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """The front door on a real HTTP port, in this test's event loop, and a client for it."""
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
-    )
+    # The front door's own server settings (its limits on slow clients among them), on any free port.
+    server = uvicorn.Server(server_config(create_app(settings), settings, port=0))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():  # it failed to start: show why instead of waiting forever
