@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -10,6 +11,7 @@ import redis.asyncio as aioredis
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.metrics import REGISTRY
 from tests.support.front_door_harness import BODY, answer_ok, next_job, serving, settings_for
 
 SECRET = api_keys.new_secret()
@@ -77,3 +79,53 @@ async def test_a_response_sent_in_full_is_not_disturbed(
     assert response.status_code == 200
     assert not await redis.exists(keys.cancel_mark(job.id))
     assert not await redis.zcard(keys.in_flight())
+
+
+def requests_counted(model: str, status: int) -> float:
+    return (
+        REGISTRY.get_sample_value("switchboard:requests_total", {"model": model, "status": str(status)})
+        or 0.0
+    )
+
+
+async def test_a_client_that_abandons_its_upload_is_a_499_not_a_500(redis_server: PrivateRedis) -> None:
+    async with serving(settings_for(redis_server.url)) as client:
+        before = {status: requests_counted("", status) for status in (499, 500)}
+        reader, writer = await asyncio.open_connection(client.base_url.host, client.base_url.port)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model": '
+        )
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the handler is reading the body
+        writer.close()
+        assert await eventually(lambda: requests_counted("", 499) == before[499] + 1)
+        assert requests_counted("", 500) == before[500]
+
+
+async def test_a_client_that_leaves_mid_stream_is_a_499(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    async with serving(settings_for(redis_server.url, first_byte_budget_s=0.1)) as client:
+        before = requests_counted(BODY["model"], 499)
+
+        async def leave_mid_stream() -> None:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json={**BODY, "stream": True}
+            ) as response:
+                async for _ in response.aiter_lines():
+                    await asyncio.sleep(3600)
+
+        leaving = asyncio.create_task(leave_mid_stream())
+        job = await next_job(redis)
+        await asyncio.sleep(0.3)  # past the first-byte budget: the stream's headers are out
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        assert await eventually(lambda: requests_counted(BODY["model"], 499) == before + 1)
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.02)
+    return True
