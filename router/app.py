@@ -27,7 +27,7 @@ from router.openai.errors import (
     OpenAIError,
     RouteNotFoundError,
 )
-from router.telemetry.requests import client_left, observe_requests
+from router.telemetry.requests import client_left, current_request, observe_requests
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard.config import Settings
 
@@ -126,7 +126,16 @@ def _client_gone(request: Request[Any, Any, Any], exc: Exception) -> Response[by
 
 
 def _redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
-    logger.warning("redis error", extra={"path": request.url.path, "error": str(exc)})
+    # The client gets a generic 503; where Redis is and what it said are for this log only.
+    observed = current_request()
+    logger.warning(
+        "redis error",
+        extra={
+            "path": request.url.path,
+            "job_id": observed.job_id if observed else "",
+            "error": str(exc) or type(exc).__name__,
+        },
+    )
     front_door: FrontDoor = request.app.state.front_door
     return _openai_error(request, front_door.health.unavailable(exc))
 

@@ -28,18 +28,20 @@ class ModelTable:
         """Every model this front door routes."""
         return list(self._models)
 
-    def require(self, name: str) -> ModelConfig:
-        """The model's configuration, or a 404 in OpenAI's shape."""
+    def require(self, name: str, caller: Caller | None = None) -> ModelConfig:
+        """The model's configuration, or a 404 in OpenAI's shape that lists the models `caller` may
+        use (none without a caller: nobody learns of models their key may not use)."""
         model = self._models.get(name)
         if model is None:
-            raise ModelNotFoundError(name, self.names())
+            visible = [known for known in self._models if caller.may_use(known)] if caller else []
+            raise ModelNotFoundError(name, visible)
         note_model(name)
         return model
 
     def resolve(self, name: str, caller: Caller) -> ModelConfig:
         """The model's configuration: a 404 unless it is routed here, then a 403 unless the caller's
         key may use it."""
-        model = self.require(name)
+        model = self.require(name, caller)
         caller.require_model(name)
         return model
 

@@ -1,20 +1,33 @@
-"""Health checks: `/healthz` (the process serves HTTP) and `/readyz` (it can take work)."""
+"""Health checks: `/healthz` (the process serves HTTP) and `/readyz` (it can take work).
+
+Both are open to anyone (probes carry no key), so neither says more than a probe needs nor costs
+Redis anything per call: `/readyz` shares one read of the worker records a second with every other
+caller, names models only to a caller whose key may use them (every model while auth is off), and
+never repeats Redis's own words or address.
+"""
 
 from __future__ import annotations
 
-from litestar import Response, get
+import logging
+from typing import Any
+
+from litestar import Request, Response, get
 from redis.exceptions import RedisError
 
+from router.admission.auth import caller_of
 from router.admission.models import ModelTable
 from router.http.responses import Health, json_response
-from router.openai.errors import ServiceUnavailableError
+from router.openai.errors import OpenAIError, ServiceUnavailableError
 from router.status.models import ModelStatusReader, may_serve
 from router.status.redis_health import RedisHealth
 from switchboard.config import Settings
 from switchboard.readiness import NO_LIVE_WORKER, NO_WORKER_FOR_MODEL, REDIS_UNREACHABLE
 
-# A probe reads the worker records afresh (a worker that just started is seen at once).
-READYZ_MAX_AGE_S = 0.0
+logger = logging.getLogger(__name__)
+
+# Probes share one read of the live workers' records this recent: a flood of them costs Redis
+# nothing more, and a worker that just started is seen within this.
+READYZ_MAX_AGE_S = 1.0
 
 
 @get("/healthz")
@@ -25,6 +38,7 @@ async def healthz() -> Response[bytes]:
 
 @get("/readyz")
 async def readyz(
+    request: Request[Any, Any, Any],
     settings: Settings,
     models: ModelTable,
     health: RedisHealth,
@@ -33,16 +47,15 @@ async def readyz(
 ) -> Response[bytes]:
     """Ready when Redis answers and at least one worker is alive (or without any, with
     `router.ready_without_workers`); with `?model=NAME`, when some live worker may hold that model.
-    The body tells, per model, whether a live worker may hold it."""
+    The body tells, per model the caller's key may use, whether a live worker may hold it."""
     if not health.up:
-        raise ServiceUnavailableError(
-            "Redis is unreachable; the front door retries it.", code=REDIS_UNREACHABLE
-        )
+        raise _redis_unreachable()
     try:
         records = await status.live_workers(READYZ_MAX_AGE_S)
     except RedisError as exc:
         health.unavailable(exc)  # marks Redis down on a lost connection
-        raise ServiceUnavailableError(f"Redis is unreachable: {exc}", code=REDIS_UNREACHABLE) from exc
+        logger.warning("readyz could not read the worker records", extra={"error": str(exc)})
+        raise _redis_unreachable() from exc
     if not records and not settings.router.ready_without_workers:
         raise ServiceUnavailableError(
             "No worker is alive yet; start one with `switchboard worker`.", code=NO_LIVE_WORKER
@@ -53,5 +66,19 @@ async def readyz(
             raise ServiceUnavailableError(
                 f"No live worker may hold the model `{model}`.", code=NO_WORKER_FOR_MODEL
             )
-    served = {name: may_serve(records, name) for name in models.names()}
+    shown = await _models_shown(request, models)
+    served = {name: may_serve(records, name) for name in shown} if shown else None
     return json_response(Health(status="ready", workers=len(records), models=served))
+
+
+async def _models_shown(request: Request[Any, Any, Any], models: ModelTable) -> list[str]:
+    """The models the request's key may use; none without a known key while auth is on."""
+    try:
+        caller = await caller_of(request)
+    except (OpenAIError, RedisError):
+        return []
+    return [name for name in models.names() if caller.may_use(name)]
+
+
+def _redis_unreachable() -> ServiceUnavailableError:
+    return ServiceUnavailableError("Redis is unreachable; the front door retries it.", code=REDIS_UNREACHABLE)

@@ -71,9 +71,10 @@ class ModelNotFoundError(OpenAIError):
     error_type = "invalid_request_error"
     default_code = "model_not_found"
 
-    def __init__(self, model: str, available: list[str]) -> None:
-        names = ", ".join(available) or "none"
-        super().__init__(f"The model `{model}` does not exist. Models served here: {names}.", param="model")
+    def __init__(self, model: str, visible: list[str]) -> None:
+        # `visible`: the models the caller may use, never the others (nor any, to an unknown caller).
+        listed = f" Models you may use here: {', '.join(visible)}." if visible else ""
+        super().__init__(f"The model `{model}` does not exist.{listed}", param="model")
 
 
 class RouteNotFoundError(OpenAIError):
@@ -253,13 +254,14 @@ class RedisFullError(RetryLaterError):
 
 
 class RedisUnavailableError(RetryLaterError):
-    """Redis cannot be reached: nothing was queued (503 with Retry-After)."""
+    """Redis cannot be reached: nothing was queued (503 with Retry-After). Where it is and what it
+    said stay in the front door's log."""
 
     default_code = "redis_unavailable"
 
-    def __init__(self, reason: str, retry_after_s: float) -> None:
+    def __init__(self, retry_after_s: float) -> None:
         super().__init__(
-            f"Redis is unavailable (the job queue cannot be reached: {reason.rstrip('.')}).",
+            "Redis is unavailable (the job queue cannot be reached).",
             retry_after_s,
             then="Nothing was queued; retry in {} s.",
         )

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keep_alive, keys
 from switchboard.config import ModelConfig
+from switchboard.demand import DemandIndex
 from switchboard.queue_depth import JobsWaiting, decode_depths
 from switchboard.wire import (
     LoadFailure,
@@ -132,6 +133,8 @@ class ModelStatusReader:
         self._recent: dict[str, tuple[float, asyncio.Task[ModelStatus]]] = {}
         # Every request checks that some live worker may hold its model: they share one read a second.
         self._workers: tuple[float, asyncio.Task[list[WorkerRecord]]] | None = None
+        # Metrics scrapes share one read of the queues too.
+        self._depths: tuple[float, asyncio.Task[QueueDepths]] | None = None
 
     async def read(self, names: Sequence[str], *, with_costs: bool = True) -> list[ModelStatus]:
         """The status of each of `names` (configured models), in that order."""
@@ -183,6 +186,15 @@ class ModelStatusReader:
         # Shielded: a caller that goes away must not cancel the read the others wait on.
         return await asyncio.shield(self._workers[1])
 
+    async def queue_depths(self, max_age_s: float) -> QueueDepths:
+        """`queue_depths` of every configured model, read at most once per `max_age_s` for every
+        caller: the metrics are open to anyone, and a flood of scrapes must cost Redis nothing more."""
+        loop = asyncio.get_running_loop()
+        if self._depths is None or loop.time() - self._depths[0] > max_age_s:
+            self._depths = (loop.time(), loop.create_task(queue_depths(self._redis, list(self._models))))
+        # Shielded: a caller that goes away must not cancel the read the others wait on.
+        return await asyncio.shield(self._depths[1])
+
     async def _read_live_workers(self) -> list[WorkerRecord]:
         since = time.time() - keys.WORKER_TTL_S
         worker_ids = await self._redis.zrangebyscore(keys.workers_index(), since, "+inf")
@@ -218,6 +230,23 @@ class ModelStatusReader:
             if samples:
                 costs.setdefault(name, {})[kind] = [float(s) for s in samples]
         return costs
+
+
+# Per model: jobs no worker has taken yet, and the age (seconds) of the oldest of them.
+QueueDepths = dict[str, tuple[int, float]]
+
+
+async def queue_depths(redis: aioredis.Redis, models: list[str]) -> QueueDepths:
+    """Per model, its queue: the demand index, then one script call for the models with work (every
+    other model has none waiting), so a read costs what is active, not what is configured."""
+    noted = await DemandIndex(redis).read()
+    with_work = [model for model in models if model in noted]
+    depths = await JobsWaiting(redis).read(with_work) if with_work else {}
+    now = time.time()
+    return {
+        model: (depths[model].waiting, depths[model].oldest_waiting_s(now)) if model in depths else (0, 0.0)
+        for model in models
+    }
 
 
 def may_serve(records: Sequence[WorkerRecord], model: str) -> bool:

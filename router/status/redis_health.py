@@ -3,7 +3,8 @@
 A connection error anywhere (a request, the result reader) marks Redis down; from then on requests
 are answered 503 with Retry-After without trying Redis, and a probe pings it every PROBE_EVERY_S
 until it answers, then marks it up again: the front door recovers by itself. `unavailable` is the
-one place a RedisError becomes the client's 503.
+one place a RedisError becomes the client's 503, whose text never carries Redis's address or
+its error message (those go to the log).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class RedisHealth:
     def require_up(self) -> None:
         """Raise the 503 for a request that needs Redis while it is known to be down."""
         if self._down_reason is not None:
-            raise RedisUnavailableError(self._down_reason, RETRY_AFTER_S)
+            raise RedisUnavailableError(RETRY_AFTER_S)
 
     def mark_down(self, exc: BaseException) -> None:
         """Record that Redis could not be reached; the probe pings it from now on."""
@@ -66,13 +67,14 @@ class RedisHealth:
 
     def unavailable(self, exc: RedisError) -> ServiceUnavailableError:
         """The 503 for a Redis that failed a request; a lost connection marks Redis down, so that the
-        next requests are answered at once."""
+        next requests are answered at once. Its text is generic: Redis's address and its own words
+        are for the log (the caller logs them), not for whoever sent the request."""
         if is_redis_full(exc):
             return RedisFullError(REDIS_FULL_RETRY_S)
         if is_connection_error(exc):
             self.mark_down(exc)
-            return RedisUnavailableError(str(exc), RETRY_AFTER_S)
-        return ServiceUnavailableError(f"The job queue is unavailable: {exc}. Retry shortly.")
+            return RedisUnavailableError(RETRY_AFTER_S)
+        return ServiceUnavailableError("The job queue is unavailable. Retry shortly.")
 
     async def _probe(self) -> None:
         if self._down_reason is None:

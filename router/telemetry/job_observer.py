@@ -39,6 +39,7 @@ class JobObserver:
         request = current_request()
         if request is not None:
             request.model = job.model
+            request.job_id = job.id
             request.generated = not resumed
         self._arrived = request.started if request is not None else time.perf_counter()
         self._first: float | None = None

@@ -2,22 +2,15 @@
 
 Requests are counted by model and HTTP status, and timed from the moment the request arrived: to
 the first result chunk (time to first token), to the last byte (end to end), and per output token
-between the two. The queue's depth and the age of its oldest job are read from Redis when scraped,
-so every front door reports the same queues: the demand index, then one script call for the models
-with work (every other model has none waiting), so a scrape costs what is active, not what is
-configured.
+between the two. The queue's depth and the age of its oldest job are read from Redis when scraped
+(`router.status.models.queue_depths`), so every front door reports the same queues.
 """
 
 from __future__ import annotations
 
-import time
-
-import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 
-from switchboard.demand import DemandIndex
 from switchboard.metrics import REGISTRY, REQUEST_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
-from switchboard.queue_depth import JobsWaiting
 
 REQUESTS = Counter(
     "switchboard:requests",
@@ -88,15 +81,3 @@ CONNECTIONS_CLOSED = Counter(
     ["reason"],
     registry=REGISTRY,
 )
-
-
-async def queue_depths(redis: aioredis.Redis, models: list[str]) -> dict[str, tuple[int, float]]:
-    """Per model: jobs no worker has taken, and the age (seconds) of the oldest of them."""
-    noted = await DemandIndex(redis).read()
-    with_work = [model for model in models if model in noted]
-    depths = await JobsWaiting(redis).read(with_work) if with_work else {}
-    now = time.time()
-    return {
-        model: (depths[model].waiting, depths[model].oldest_waiting_s(now)) if model in depths else (0, 0.0)
-        for model in models
-    }

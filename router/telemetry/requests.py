@@ -36,8 +36,9 @@ class RequestObservation:
 
     started: float = field(default_factory=time.perf_counter)
     started_ns: int = 0
-    # Set once the request names a configured model.
+    # Set once the request names a configured model, and once it has a job.
     model: str = ""
+    job_id: str = ""
     status: int = 0
     # Whether the request carried a job whose answer took time (end-to-end latency is recorded).
     generated: bool = False

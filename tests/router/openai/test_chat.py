@@ -290,9 +290,9 @@ def test_model_not_found_error() -> None:
     assert isinstance(error, OpenAIError)
 
 
-def test_model_not_found_with_no_models() -> None:
+def test_model_not_found_names_no_model_the_caller_may_not_use() -> None:
     error = ModelNotFoundError("x", [])
-    assert "none" in error.message
+    assert error.message == "The model `x` does not exist."
 
 
 def test_error_body_encodes_to_openai_shape() -> None:

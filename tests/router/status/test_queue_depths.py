@@ -1,11 +1,12 @@
-"""The queue gauges' read: the models with work are read, every other model waits for nothing."""
+"""The queues' read: the models with work are read, every other model waits for nothing; scrapes share it."""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from router.telemetry.metrics import queue_depths
+from router.status.models import ModelStatusReader, queue_depths
 from switchboard import keys
+from switchboard.config import ModelConfig
 from switchboard.demand import note_demand
 
 
@@ -22,3 +23,15 @@ async def test_only_the_models_with_work_are_read(redis: aioredis.Redis) -> None
     waiting, oldest_s = depths["busy"]
     assert waiting == 2 and oldest_s >= 0
     assert depths["m7"] == (0, 0.0) and len(depths) == 501
+
+
+async def test_scrapes_within_the_max_age_share_one_read(redis: aioredis.Redis) -> None:
+    reader = ModelStatusReader(redis, [ModelConfig(name="busy", path="unused")])
+    pipe = redis.pipeline(transaction=False)
+    pipe.xadd(keys.job_stream("busy"), {keys.JOB_FIELD: b"x"})
+    note_demand(pipe, "busy", "job-1")
+    await pipe.execute()
+    first = await reader.queue_depths(max_age_s=60)
+    await redis.xadd(keys.job_stream("busy"), {keys.JOB_FIELD: b"x"})
+    assert await reader.queue_depths(max_age_s=60) == first, "the same read, not a new one"
+    assert (await reader.queue_depths(max_age_s=0))["busy"][0] == 2
