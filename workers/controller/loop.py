@@ -34,6 +34,8 @@ PROGRESS_EVERY_S = 5.0
 # The least time from one pass's start to the next one's (asyncio.sleep of a negative time returns
 # at once): a cold model's first request waits at most this much more for its load to start.
 MIN_PASS_INTERVAL_S = 0.1
+# The reason a failed load gives everyone else (clients, the operator's status); the worker logs the real one.
+LOAD_FAILED_REASON = "the worker's log has the reason"
 
 
 class Backoff:
@@ -257,8 +259,10 @@ class ModelController:
         )
         if serving_elsewhere:
             return  # requests keep going to the replicas that work; only this worker backs off
-        await self._effects.record_failure(model, reason, backoff_s, in_a_row)
-        error = JobError(code="load_failed", message=reason, retry_after_s=backoff_s)
+        # What the engine said (a model's path, a library's error) stays in the log above: the
+        # failure mark and the waiting requests' errors reach every caller and `/admin/models`.
+        await self._effects.record_failure(model, LOAD_FAILED_REASON, backoff_s, in_a_row)
+        error = JobError(code="load_failed", message=LOAD_FAILED_REASON, retry_after_s=backoff_s)
         refused = await self._effects.refuse_waiting(model, error)
         if refused:
             logger.info(f"answered {refused} waiting requests for {model} with the load failure")

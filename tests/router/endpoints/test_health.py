@@ -1,0 +1,61 @@
+"""`/readyz` is open to anyone: it names models only to a key that may use them, and a flood of
+probes shares one read of the worker records a second."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from switchboard import api_keys
+from switchboard.config import ApiKey, ModelConfig
+from switchboard.local.redis_server import PrivateRedis
+from tests.support.front_door_harness import MODEL, advertise, serving, settings_for, worker_record
+
+OTHER = "secret-project"
+MODELS = [ModelConfig(name=MODEL, path="/nonexistent"), ModelConfig(name=OTHER, path="/nonexistent")]
+USER_SECRET = api_keys.new_secret()
+
+
+async def test_readyz_names_models_only_to_a_key_that_may_use_them(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    settings = settings_for(redis_server.url, models=MODELS)
+    settings.auth.keys = [ApiKey(name="user", sha256=api_keys.digest(USER_SECRET), models=[MODEL])]
+    await advertise(redis, worker_record("w1"))
+    async with serving(settings) as client:
+        anonymous = await client.get("/readyz")
+        assert anonymous.status_code == 200
+        assert anonymous.json()["workers"] == 1
+        assert anonymous.json()["models"] is None
+        assert OTHER not in anonymous.text and MODEL not in anonymous.text
+        wrong_key = await client.get("/readyz", headers={"Authorization": "Bearer nope"})
+        assert wrong_key.status_code == 200 and wrong_key.json()["models"] is None
+        user = await client.get("/readyz", headers={"Authorization": f"Bearer {USER_SECRET}"})
+        assert user.json()["models"] == {MODEL: True}
+        # A probe for one model still works without a key, and a missing one lists nothing.
+        assert (await client.get("/readyz", params={"model": OTHER})).status_code == 200
+        unknown = await client.get("/readyz", params={"model": "nope"})
+        assert unknown.status_code == 404
+        assert OTHER not in unknown.text and MODEL not in unknown.text
+
+
+async def test_a_flood_of_probes_shares_one_read_a_second(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    await advertise(redis, worker_record("w1"))
+    async with serving(settings_for(redis_server.url)) as client:
+        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
+        before = await redis.info("commandstats")
+        answers = await asyncio.gather(
+            *(client.get(path) for _ in range(50) for path in ("/readyz", "/metrics"))
+        )
+        after = await redis.info("commandstats")
+    assert all(answer.status_code == 200 for answer in answers)
+    calls = {
+        name: after.get(name, {}).get("calls", 0) - before.get(name, {}).get("calls", 0)
+        for name in ("cmdstat_zrangebyscore", "cmdstat_hgetall", "cmdstat_evalsha", "cmdstat_mget")
+    }
+    # At most one more read of each within the second (the copy may have just grown old).
+    assert all(count <= 1 for count in calls.values()), calls
