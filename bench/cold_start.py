@@ -171,7 +171,7 @@ async def unload(launcher: Launcher, model: str) -> float:
     """Ask the workers to unload `model`; return the seconds until the admin view says it is cold."""
     started = time.perf_counter()
     async with httpx.AsyncClient(base_url=launcher.base_url, timeout=10.0) as admin:
-        (await admin.post(f"/admin/models/{model}/unload")).raise_for_status()
+        (await admin.post(f"/admin/models/{model}/unload", json={})).raise_for_status()
         while (await admin.get(f"/admin/models/{model}")).raise_for_status().json()["state"] != "cold":
             launcher.check()
             if time.perf_counter() - started > UNLOAD_TIMEOUT_S:

@@ -19,6 +19,7 @@ from router.endpoints.admin import admin_router
 from router.endpoints.metrics import metrics
 from router.front_door import FrontDoor
 from router.http.disconnect import cancel_on_disconnect
+from router.http.local_pages import local_pages_only
 from router.http.responses import json_response
 from router.openai.errors import (
     ClientClosedRequestError,
@@ -66,9 +67,10 @@ def create_app(settings: Settings) -> Litestar:
             admin_router(),
         ],
         lifespan=[front_door_lifespan],
-        # Every route needs a known API key while auth is on (router.admission.auth), but the health checks and
-        # the metrics.
-        guards=[authenticate],
+        # Without any key, only this machine's names and pages are answered (router.http.local_pages);
+        # every route needs a known API key while auth is on (router.admission.auth), but the health
+        # checks and the metrics.
+        guards=[local_pages_only, authenticate],
         # Outermost, so that the request's span and timings cover everything else.
         middleware=[observe_requests, cancel_on_disconnect],
         dependencies={

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from litestar import Response, Router, get, post
+from litestar import Request, Response, Router, get, post
 from litestar.types import Guard
 
 from router.admission.auth import require_admin
 from router.admission.models import ModelTable
 from router.http.responses import json_response
+from router.intake.body import require_json
 from router.openai.errors import RouteNotFoundError
 from router.status.models import ModelStatusList, ModelStatusReader
 from switchboard import keys
@@ -50,9 +51,18 @@ async def model_status(name: str, models: ModelTable, status: ModelStatusReader)
 
 @post("/models/{target:path}", status_code=202)
 async def request_model_state(
-    target: str, models: ModelTable, status: ModelStatusReader, redis: aioredis.Redis
+    request: Request[Any, Any, Any],
+    target: str,
+    models: ModelTable,
+    status: ModelStatusReader,
+    redis: aioredis.Redis,
 ) -> Response[bytes]:
-    """`POST /admin/models/{name}/load` or `/unload`: ask the workers' controllers to act (202)."""
+    """`POST /admin/models/{name}/load` or `/unload`: ask the workers' controllers to act (202).
+
+    Sent as JSON only (415 otherwise, the body itself may be empty): a web page's form cannot send
+    that type, and a page's script cannot without the server's leave (a CORS preflight, never granted).
+    """
+    require_json(request)
     name, _, action = target.strip("/").rpartition("/")
     if action not in ("load", "unload") or not name:
         raise RouteNotFoundError(f"No endpoint POST /admin/models{target}; use .../{{name}}/load or /unload.")

@@ -332,3 +332,19 @@ class ClientClosedRequestError(OpenAIError):
     status_code = 499
     error_type = "invalid_request_error"
     default_code = "client_closed_request"
+
+
+class HostNotAllowedError(OpenAIError):
+    """A front door without API keys was called by a name that is not its own (403): DNS rebinding."""
+
+    status_code = 403
+    error_type = "invalid_request_error"
+    default_code = "host_not_allowed"
+
+
+class OriginNotAllowedError(OpenAIError):
+    """A front door without API keys was called from another site's web page (403)."""
+
+    status_code = 403
+    error_type = "invalid_request_error"
+    default_code = "origin_not_allowed"

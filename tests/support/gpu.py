@@ -235,7 +235,12 @@ def admin(stack: Stack, model: str) -> dict[str, Any]:
 
 def ask(stack: Stack, model: str, action: str) -> None:
     """`POST /admin/models/{model}/load` or `/unload`: the controllers act on it."""
-    request = urllib.request.Request(f"{stack.base_url}/admin/models/{model}/{action}", method="POST")
+    request = urllib.request.Request(
+        f"{stack.base_url}/admin/models/{model}/{action}",
+        data=b"{}",
+        headers={"Content-Type": "application/json"},  # admin POSTs are JSON only
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 202
 

@@ -120,7 +120,7 @@ async def test_load_and_unload_leave_a_desired_state_note_the_model_and_poke_the
     admin: httpx.AsyncClient, redis: aioredis.Redis, action: str, name: str
 ) -> None:
     before = time.time()
-    response = await admin.post(f"/admin/models/{name}/{action}")
+    response = await admin.post(f"/admin/models/{name}/{action}", json={})
     assert response.status_code == 202
     assert response.json()["name"] == name
     desired = desired_state_decoder.decode(await redis.get(keys.desired_state(name)))
@@ -140,10 +140,10 @@ async def test_load_and_unload_leave_a_desired_state_note_the_model_and_poke_the
 async def test_requests_for_unknown_models_or_actions_are_refused(
     admin: httpx.AsyncClient, redis: aioredis.Redis
 ) -> None:
-    unknown = await admin.post("/admin/models/nope/load")
+    unknown = await admin.post("/admin/models/nope/load", json={})
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "model_not_found"
-    wrong = await admin.post(f"/admin/models/{MODEL}/explode")
+    wrong = await admin.post(f"/admin/models/{MODEL}/explode", json={})
     assert wrong.status_code == 404
     assert wrong.json()["error"]["code"] == "not_found"
     assert not await redis.exists(keys.demand_stream())
