@@ -23,6 +23,7 @@ class _Window:
     extra: dict[str, Any]
     since: int = 0
     flush: asyncio.TimerHandle | None = field(default=None)
+    flush_loop: asyncio.AbstractEventLoop | None = field(default=None)
 
 
 class SummarizedLog:
@@ -44,9 +45,12 @@ class SummarizedLog:
             return
         window.since += 1
         window.message, window.extra = message, extra
+        if window.flush is not None and window.flush_loop is not None and window.flush_loop.is_closed():
+            window.flush = None  # scheduled on a loop that has ended (one per test): never runs
         if window.flush is None:
             delay = max(0.0, window.logged_at + self._every_s - now)
             window.flush = _call_later(delay, self._flush, kind)
+            window.flush_loop = _running_loop()
 
     def _flush(self, kind: str) -> None:
         window = self._windows[kind]
@@ -54,15 +58,19 @@ class SummarizedLog:
         window.logged_at = time.monotonic()
         self._logger.log(
             self._level,
-            f"{window.message} ({count} more like it in the last {self._every_s:.0f} s)",
+            f"{window.message} ({count} more like it in the last {self._every_s:g} s)",
             extra={"event": kind, "count": count, **window.extra},
         )
 
 
-def _call_later(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle | None:
-    """Schedule on the running loop; outside one (tests of one piece), nothing is summarized later."""
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        loop = asyncio.get_running_loop()
+        return asyncio.get_running_loop()
     except RuntimeError:
         return None
-    return loop.call_later(delay, callback, *args)
+
+
+def _call_later(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle | None:
+    """Schedule on the running loop; outside one (tests of one piece), nothing is summarized later."""
+    loop = _running_loop()
+    return loop.call_later(delay, callback, *args) if loop is not None else None
