@@ -86,8 +86,23 @@ def within_fd_limit(max_connections: int) -> int:
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
-    """The protocol class that uvicorn's `http` setting takes, bound to `limits`."""
+    """The protocol class that uvicorn's `http` setting takes, bound to `limits`; uvicorn's own
+    warnings (one per malformed request) are summarized from then on too."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _SummarizedWarnings) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_SummarizedWarnings())
     return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"limits": limits})
+
+
+class _SummarizedWarnings(logging.Filter):
+    """uvicorn warns once per malformed request ("Invalid HTTP request received."), which a client
+    repeats at will: its warnings go through the summarized log instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        _events.event(f"uvicorn:{record.msg}", f"uvicorn: {record.getMessage()}")
+        return False
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):

@@ -9,15 +9,21 @@ that lasts longer than every timeout is not cut.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import sys
 import time
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
+from router.http.connections import MAX_HEADER_BYTES
 from switchboard.config import Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.metrics import REGISTRY
+from switchboard.ports import free_port
 from switchboard.wire import Chunk, Usage
 from tests.support.front_door_harness import BODY, next_job, serving, settings_for, write_chunks
 
@@ -183,3 +189,83 @@ async def test_a_stream_longer_than_every_timeout_is_not_cut(
             if json.loads(event[6:])["choices"]
         )
         assert text == "tick " * 6 + "end"
+
+
+async def test_headers_past_the_size_limit_are_a_431(redis_server: PrivateRedis) -> None:
+    async with serving(slow_client_settings(redis_server.url)) as client:
+        reader, writer = await raw_connection(client)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        for _ in range(MAX_HEADER_BYTES // 1000 + 2):
+            writer.write(b"X-Big: " + b"a" * 990 + b"\r\n")
+        try:
+            _, answer = await closed_within(reader, 5 * HEADER_TIMEOUT_S)
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 431 ")
+
+
+async def test_a_flood_of_malformed_requests_is_one_log_line(
+    redis_server: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serving(slow_client_settings(redis_server.url)) as client:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(30):
+                reader, writer = await raw_connection(client)
+                writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+                await closed_within(reader, 2)
+                writer.close()
+        malformed = [r for r in caplog.records if "Invalid HTTP request" in r.getMessage()]
+        assert len(malformed) == 1, [r.getMessage() for r in malformed]
+
+
+# Runs the front door in a process allowed 128 open files, as the attack found it.
+FEW_FILES_SERVER = """
+import asyncio, resource, sys
+import uvicorn
+from router.app import create_app
+from router.server import server_config
+from tests.support.front_door_harness import settings_for
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+settings = settings_for(sys.argv[1])
+settings.router.port = int(sys.argv[2])
+settings.router.header_timeout_s = float(sys.argv[3])
+uvicorn.Server(server_config(create_app(settings), settings)).run()
+"""
+
+
+async def test_with_128_files_200_slow_connections_leave_the_door_open(redis_server: PrivateRedis) -> None:
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FEW_FILES_SERVER, redis_server.url, str(port), str(2 * HEADER_TIMEOUT_S)
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+            for _ in range(300):
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get("/healthz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.05)
+        slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(200)]
+        for _, writer in slow:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the end
+        # Those past the cap (128 files less what the process keeps for itself) are refused at once.
+        refused = 0
+        for reader, _ in slow:
+            with contextlib.suppress(TimeoutError):
+                _, answer = await closed_within(reader, 0.05)
+                refused += answer.startswith(b"HTTP/1.1 503 ")
+        assert refused >= 200 - 128
+        # The rest are closed at the header timeout, and the door serves again.
+        async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+            for _ in range(100):
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get("/healthz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+            assert (await client.get("/healthz")).status_code == 200
+        for _, writer in slow:
+            writer.close()
+    finally:
+        server.terminate()
+        await server.wait()
