@@ -13,7 +13,7 @@ uvicorn's httptools protocol, with the limits it lacks (it has only a keep-alive
   to make room; without one, the new connection is answered 503 with Retry-After at once and closed.
 
 Nothing is timed while a response is sent, so a long SSE stream is never cut; between requests,
-uvicorn's keep-alive timeout closes an idle connection. Every limit that bites is counted
+the keep-alive timeout closes an idle connection. Every limit that bites is counted
 (`switchboard:connections_closed`) and logged at most once per kind every few seconds.
 """
 
@@ -165,13 +165,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._phase = "answering"
-        self._disarm()
+        if self.cycle is not None and self.cycle.response_complete:
+            self._rest()  # answered before the body was all in (a 413): nothing more to send
+        else:
+            self._phase = "answering"
+            self._disarm()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self._phase == "answering":
-            self._phase = "idle"  # uvicorn's keep-alive timeout runs from here
+            self._rest()
+
+    def _rest(self) -> None:
+        """Between requests. uvicorn's keep-alive timer restarts with any byte (a bare CRLF, which
+        begins no request, too); this deadline does not, so an idle connection ends in time."""
+        self._phase = "idle"
+        self._arm(self.timeout_keep_alive, self._idle_too_long)
 
     # The limits.
 
@@ -189,6 +198,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         CONNECTIONS_CLOSED.labels("idle_evicted").inc()
         _events.event("idle_evicted", "closed idle keep-alive connections to make room at the connection cap")
         self.transport.close()
+
+    def _idle_too_long(self) -> None:
+        self._timer = None
+        if self._phase == "idle" and not self.transport.is_closing():
+            self.transport.close()
 
     def _headers_late(self) -> None:
         self._timer = None
@@ -226,7 +240,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         CONNECTIONS_CLOSED.labels(reason).inc()
         _events.event(reason, message, client=_address(self.client))
         self._disarm()
-        if self.cycle is None or self.cycle.response_complete:
+        # A connection that sent nothing (a browser's preconnect) is closed without a word; one in
+        # the middle of a response is only closed.
+        if self._header_bytes and (self.cycle is None or self.cycle.response_complete):
             error: OpenAIError
             if reason == "header_timeout":
                 error = RequestTimeoutError("The request's headers did not arrive in time.")
