@@ -275,7 +275,13 @@ async def test_with_128_files_200_slow_connections_leave_the_door_open(redis_ser
         refused = 0
         for reader, _ in slow:
             with contextlib.suppress(TimeoutError):
-                _, answer = await closed_within(reader, 0.05)
+                try:
+                    _, answer = await closed_within(reader, 0.05)
+                except ConnectionResetError:
+                    # The 503 was sent, but the request bytes the server never read made the kernel
+                    # answer the close with a reset, which may discard the 503 before it is read.
+                    refused += 1
+                    continue
                 refused += answer.startswith(b"HTTP/1.1 503 ")
         assert refused >= 200 - 128
         # The rest are closed at the header timeout, and the door serves again.
