@@ -115,6 +115,20 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # page of another origin, is refused (403), so that no web page can use it (DNS rebinding,
     # cross-site forms). Beyond loopback (allow_open_access) an empty list accepts every Host.
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    # Bounds on one request, checked before it is queued (router/openai/bounds.py), so that no single
+    # request costs a model's worker seconds before its first token while other streams wait. Past
+    # one, the request is a 400 naming the parameter. Each is far above what real requests send:
+    # messages in one chat request (a 340,000-message body once kept a worker busy for 3.7 s);
+    max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    # all of a chat request's `tools` together, as JSON (each tool's schema is also bounded below);
+    max_tools_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+    # one JSON schema (`response_format`, `structured_outputs.json`, a tool's parameters), regular
+    # expression, grammar, or list of choices (its strings together): the engine compiles each into
+    # a grammar, at a cost that grows faster than its size (a schema of 1,200 optional properties,
+    # 86 KB, took 2.9 s on the demo model's 400-token vocabulary);
+    max_structured_output_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024
+    # and entries of `structured_outputs.choice` (12,000 once kept an engine busy for 28 s).
+    max_structured_output_choices: Annotated[int, msgspec.Meta(ge=1)] = 256
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from router.openai.bounds import MAX_SCHEMA_NESTING, json_nesting, too_big
 from router.openai.chat import ChatCompletionRequest, NamedToolChoice, Tool
 from router.openai.errors import InvalidRequestError
 from switchboard.wire import StructuredOutput
@@ -23,6 +24,9 @@ from switchboard.wire import StructuredOutput
 ToolMode = Literal["text", "named", "required", "auto"]
 # A function declared without parameters takes an empty object.
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
+# How much deeper a tool's parameters lie in the schema of a `required` answer than on their own:
+# the list, its items, their anyOf, one call, its properties.
+CALLS_NESTING = 5
 
 
 class ToolPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,9 +62,18 @@ def plan_tools(
         tool = _tool(request.tools, choice.function.name)
         schema = tool.function.parameters or NO_ARGUMENTS
         return ToolPlan(mode="named", function=tool.function.name), _schema_output(schema)
-    return ToolPlan(mode="required"), _schema_output(
-        _calls_schema(request.tools, request.parallel_tool_calls)
-    )
+    calls = _calls_schema(request.tools, request.parallel_tool_calls)
+    if json_nesting(calls) > MAX_SCHEMA_NESTING:
+        # Each tool's own schema is within the bound (`router.openai.bounds`); the list of calls
+        # holds it CALLS_NESTING levels deeper.
+        raise too_big(
+            "tools",
+            f'`tool_choice` "required" nests each tool\'s parameters {CALLS_NESTING} levels deep into '
+            f"one schema, which may nest at most {MAX_SCHEMA_NESTING} levels; a tool's parameters then "
+            f"at most {MAX_SCHEMA_NESTING - CALLS_NESTING}. Name the function in `tool_choice`, or "
+            "flatten its parameters.",
+        )
+    return ToolPlan(mode="required"), _schema_output(calls)
 
 
 def new_call_id() -> str:

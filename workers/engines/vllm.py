@@ -26,7 +26,7 @@ from workers.engines.model_files import weights_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import engine_process_environment, process_tree, reap, resident_bytes
 from workers.engines.prompts import PromptBuilder, builds_quickly
-from workers.engines.vllm_io import OutputReader, vllm_sampling_params
+from workers.engines.vllm_io import OutputReader, refusal_of, vllm_sampling_params
 from workers.engines.vllm_runtime import import_runtime as import_runtime  # also imported from here
 from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
 from workers.runtime.cpu_placement import omp_environment
@@ -304,14 +304,23 @@ class VllmEngine(Engine):
         stream = self._llm.generate(
             TokensPrompt(prompt_token_ids=prompt.token_ids), params, request.request_id
         )
+        before_output = True
         try:
             async for output in stream:
+                before_output = False
                 if phases is not None:
                     phases.output()
                 for delta in reader.deltas(output):
                     held = tools.hold(delta) if tools is not None else delta
                     if held is not None:
                         yield held
+        except Exception as exc:
+            # vLLM's own validation (a grammar it cannot compile, a schema nested too deeply) is the
+            # client's error, answered with a 400 like the checks above; the rest is the engine's.
+            refusal = refusal_of(exc, before_output=before_output)
+            if refusal is None:
+                raise
+            raise refusal from exc
         finally:
             if phases is not None:
                 phases.end()

@@ -7,6 +7,7 @@ surface, and it changes when that surface grows.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from switchboard.wire import FinishReason, SamplingParams, TokenLogprob, TopLogprob
@@ -21,7 +22,20 @@ from workers.engines.sampling import (
     remaining_min_tokens,
 )
 
-__all__ = ["LOWEST_LOGPROB", "OutputReader", "finish_reason", "greedy_copies", "vllm_sampling_params"]
+__all__ = [
+    "LOWEST_LOGPROB",
+    "OutputReader",
+    "finish_reason",
+    "greedy_copies",
+    "refusal_of",
+    "vllm_sampling_params",
+]
+
+# The place in its own sources that a native library (xgrammar) puts before its messages:
+# `[17:46:50] /project/cpp/regex_converter.cc:83: `. It says nothing to a client.
+_NATIVE_SOURCE = re.compile(r"\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
+# A refusal quotes the engine's reason, which may quote the request (a regex, a grammar) at length.
+MAX_REASON_CHARS = 500
 
 
 def vllm_sampling_params(
@@ -174,3 +188,35 @@ def finish_reason(reason: str | None) -> FinishReason | None:
     if reason is None or reason in ("stop", "length", "abort"):
         return reason  # type: ignore[return-value]
     return "stop"
+
+
+def refusal_of(exc: BaseException, *, before_output: bool) -> InvalidEngineRequest | None:
+    """The client's error that `exc`, raised by vLLM's `generate`, stands for; None for an engine failure.
+
+    vLLM validates a request as it is added, before its first output, and marks what is the client's
+    fault: its VLLMClientError (an invalid regex, grammar or schema, a schema nested too deeply, ...),
+    and the ValueError its checks raise, which `AsyncLLM.generate` passes on as an EngineGenerateError
+    caused by it. Anything else, or anything after the first output, is the engine's own failure.
+    """
+    from vllm.exceptions import VLLMClientError
+    from vllm.v1.engine.exceptions import EngineGenerateError
+
+    cause: BaseException | None = exc
+    if isinstance(exc, EngineGenerateError):
+        cause = exc.__cause__
+        if not before_output or not isinstance(cause, ValueError):
+            return None
+    elif not isinstance(exc, VLLMClientError):
+        return None
+    # The first argument only: VLLMValidationError's text adds the refused value, which may be long.
+    reason = str(cause.args[0]) if cause is not None and cause.args else str(cause)
+    reason = _NATIVE_SOURCE.sub("", reason).strip()
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[:MAX_REASON_CHARS] + "..."
+    # vLLM names the parameter at fault where it can, with OpenAI's names (`max_tokens`, `logprobs`).
+    param = getattr(cause, "parameter", None)
+    return InvalidEngineRequest(
+        f"The model's engine refused the request: {reason}",
+        param=param if isinstance(param, str) else None,
+        code="invalid_value",
+    )

@@ -1,0 +1,268 @@
+"""Bounds on how much one request may ask for, checked at the front door before it is queued.
+
+A worker's engine serves many streams at once, so one request that costs it seconds before its first
+token (a grammar of thousands of choices, a conversation of a hundred thousand empty messages) stalls
+every other stream of that model. Each bound below is far above what a demanding legitimate request
+sends, and low enough that no single request costs a worker more than a moment. Past one, the
+request is a 400 whose `param` names the parameter and whose message states the bound.
+
+The bounds an operator may need to raise are router settings (`switchboard.config.RouterConfig`:
+`max_messages`, `max_tools_bytes`, `max_structured_output_bytes`, `max_structured_output_choices`);
+the others are OpenAI's own published limits or the engine's, and fixed here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonSchemaFormat
+from router.openai.common import SamplingRequest, StopSequences
+from router.openai.errors import InvalidRequestError
+from switchboard.config import RouterConfig
+
+# OpenAI's limits: a message's `name` and a function's name are at most 64 characters, and an
+# assistant message carries at most 128 tool calls.
+MAX_NAME_CHARS = 64
+MAX_TOOL_CALLS_PER_MESSAGE = 128
+# A tool call's id is an opaque token (OpenAI's are about 30 characters).
+MAX_TOOL_CALL_ID_CHARS = 256
+# Text parts of one message's content, joined into one text before the template sees them.
+MAX_CONTENT_PARTS_PER_MESSAGE = 256
+# A stop string is matched against the tail of every choice's text at every step, and a stream
+# holds back as many characters as the longest one may span: real stop strings are a few characters.
+MAX_STOP_CHARS = 1024
+# vLLM's own limit (`vllm.sampling_params.MAX_STRUCTURED_OUTPUT_JSON_NESTING`): objects and arrays
+# of a JSON schema may nest at most this deep. Counted here exactly as vLLM counts it, so that the
+# schema vLLM would refuse is refused here, with a 400, before it is queued.
+MAX_SCHEMA_NESTING = 64
+# What a chat template writes around each message besides its text (role markers, separators):
+# ChatML's `<|im_start|>user\n` and `<|im_end|>\n` are 28 characters. Used for the estimate of the
+# rendered prompt, which may be no larger than the largest body the front door reads.
+TEMPLATE_CHARS_PER_MESSAGE = 32
+
+_json = msgspec.json.Encoder()
+
+
+def check_sampling_bounds(request: SamplingRequest, bounds: RouterConfig) -> None:
+    """The bounds every generation request shares: stop strings and structured outputs."""
+    _check_stop(request.stop)
+    constraints = request.structured_outputs
+    if constraints is None:
+        return
+    limit = bounds.max_structured_output_bytes
+    if constraints.json is not None:
+        check_schema(constraints.json, "structured_outputs.json", limit)
+    if constraints.regex is not None:
+        _check_text_size(constraints.regex, "structured_outputs.regex", limit, "regular expression")
+        check_regex(constraints.regex, "structured_outputs.regex")
+    if constraints.grammar is not None:
+        _check_text_size(constraints.grammar, "structured_outputs.grammar", limit, "grammar")
+    if constraints.choice is not None:
+        _check_choices(constraints.choice, bounds)
+
+
+def check_chat_bounds(request: ChatCompletionRequest, bounds: RouterConfig) -> None:
+    """Everything a chat request may hold: messages, their parts and tool calls, tools, schemas, and
+    an estimate of the prompt the model's chat template renders from them."""
+    check_sampling_bounds(request, bounds)
+    messages = request.messages
+    if len(messages) > bounds.max_messages:
+        raise too_big(
+            "messages",
+            f"At most {bounds.max_messages} messages per request; this one has {len(messages)}.",
+            ARRAY_TOO_LONG,
+        )
+    for position, message in enumerate(messages):
+        _check_message(position, message)
+    tools_bytes = _check_tools(request, bounds)
+    response_format = request.response_format
+    if isinstance(response_format, JsonSchemaFormat) and response_format.json_schema.schema is not None:
+        check_schema(
+            response_format.json_schema.schema,
+            "response_format.json_schema.schema",
+            bounds.max_structured_output_bytes,
+        )
+    rendered = template_chars(messages) + tools_bytes
+    if rendered > bounds.max_body_bytes:
+        raise too_big(
+            "messages",
+            f"The conversation would render to about {rendered:,} characters of prompt (its text, "
+            f"tool calls and tools, and about {TEMPLATE_CHARS_PER_MESSAGE} characters of template per "
+            f"message); at most {bounds.max_body_bytes:,} are taken.",
+        )
+
+
+def template_chars(messages: list[ChatMessageIn]) -> int:
+    """An estimate of the characters a chat template renders from `messages` (not counting tools):
+    every text it may write, and what it writes around each message."""
+    total = TEMPLATE_CHARS_PER_MESSAGE * len(messages)
+    for message in messages:
+        total += len(message.text()) + len(message.name or "") + len(message.tool_call_id or "")
+        for call in message.tool_calls or ():
+            total += len(call.id) + len(call.function.name) + len(call.function.arguments)
+    return total
+
+
+def check_schema(schema: Any, param: str, max_bytes: int) -> None:
+    """Refuse a JSON schema larger than `max_bytes` as JSON, or nested deeper than vLLM allows."""
+    size = len(_json.encode(schema))
+    if size > max_bytes:
+        raise too_big(param, f"The JSON schema is {size:,} bytes as JSON; at most {max_bytes:,} are taken.")
+    if json_nesting(schema) > MAX_SCHEMA_NESTING:
+        raise too_big(
+            param,
+            f"The JSON schema nests objects and arrays more than {MAX_SCHEMA_NESTING} levels deep; "
+            f"at most {MAX_SCHEMA_NESTING} are taken.",
+        )
+
+
+def json_nesting(value: Any) -> int:
+    """How deep objects and arrays nest in `value` (a scalar: 0; `{}` or `[]`: 1), as vLLM counts."""
+    depth, level = 0, [value]
+    while level:
+        level = [node for node in level if isinstance(node, dict | list)]
+        if level:
+            depth += 1
+            level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)]
+    return depth
+
+
+def check_regex(pattern: str, param: str) -> None:
+    """Refuse a regular expression that is invalid in every dialect an engine may read it in.
+
+    Engines read their own dialects (xgrammar's is ECMAScript-like), not Python's `re`, so only what
+    no dialect accepts is refused here: a NUL character, and, where no character class (`[...]`)
+    makes the reading dialect-dependent, parentheses that do not pair up. Everything else is left to
+    the engine, whose own refusal is a 400 as well.
+    """
+    if "\x00" in pattern:
+        raise invalid(param, "The regular expression holds a NUL character.")
+    if "[" in pattern:
+        return
+    depth = 0
+    escaped = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                break
+    if depth != 0:
+        raise invalid(param, "The regular expression's parentheses do not pair up.")
+
+
+# OpenAI's codes for a list or a string past its bound; anything else past one is an invalid value.
+ARRAY_TOO_LONG = "array_above_max_length"
+STRING_TOO_LONG = "string_above_max_length"
+
+
+def too_big(param: str, message: str, code: str = "invalid_value") -> InvalidRequestError:
+    """The 400 for a parameter past one of the bounds."""
+    return InvalidRequestError(message, param=param, code=code)
+
+
+def invalid(param: str, message: str) -> InvalidRequestError:
+    return InvalidRequestError(message, param=param, code="invalid_value")
+
+
+def _check_stop(stop: StopSequences) -> None:
+    strings = [stop] if isinstance(stop, str) else stop or []
+    for position, text in enumerate(strings):
+        if len(text) > MAX_STOP_CHARS:
+            param = "stop" if isinstance(stop, str) else f"stop[{position}]"
+            raise too_big(
+                param,
+                f"A stop string may be at most {MAX_STOP_CHARS} characters; this one has {len(text)}.",
+                STRING_TOO_LONG,
+            )
+
+
+def _check_text_size(text: str, param: str, max_bytes: int, what: str) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise too_big(param, f"The {what} is {size:,} bytes; at most {max_bytes:,} are taken.")
+
+
+def _check_choices(choices: list[str], bounds: RouterConfig) -> None:
+    """The engine compiles the choices into one grammar, whose cost grows faster than their number."""
+    param = "structured_outputs.choice"
+    limit = bounds.max_structured_output_choices
+    if len(choices) > limit:
+        raise too_big(
+            param, f"At most {limit} choices are taken; this request has {len(choices):,}.", ARRAY_TOO_LONG
+        )
+    size = sum(len(choice.encode("utf-8", "surrogatepass")) for choice in choices)
+    if size > bounds.max_structured_output_bytes:
+        raise too_big(
+            param,
+            f"The choices are {size:,} bytes together; at most {bounds.max_structured_output_bytes:,} are taken.",
+        )
+
+
+def _check_message(position: int, message: ChatMessageIn) -> None:
+    param = f"messages[{position}]"
+    if isinstance(message.content, list) and len(message.content) > MAX_CONTENT_PARTS_PER_MESSAGE:
+        raise too_big(
+            f"{param}.content",
+            f"A message may have at most {MAX_CONTENT_PARTS_PER_MESSAGE} content parts; this one has "
+            f"{len(message.content)}.",
+            ARRAY_TOO_LONG,
+        )
+    if message.name is not None and len(message.name) > MAX_NAME_CHARS:
+        raise too_big(
+            f"{param}.name",
+            f"A message's `name` may be at most {MAX_NAME_CHARS} characters.",
+            STRING_TOO_LONG,
+        )
+    if message.tool_call_id is not None and len(message.tool_call_id) > MAX_TOOL_CALL_ID_CHARS:
+        raise too_big(
+            f"{param}.tool_call_id",
+            f"A `tool_call_id` may be at most {MAX_TOOL_CALL_ID_CHARS} characters.",
+            STRING_TOO_LONG,
+        )
+    calls = message.tool_calls or []
+    if len(calls) > MAX_TOOL_CALLS_PER_MESSAGE:
+        raise too_big(
+            f"{param}.tool_calls",
+            f"A message may carry at most {MAX_TOOL_CALLS_PER_MESSAGE} tool calls; this one has {len(calls)}.",
+            ARRAY_TOO_LONG,
+        )
+    for index, call in enumerate(calls):
+        if len(call.id) > MAX_TOOL_CALL_ID_CHARS:
+            raise too_big(
+                f"{param}.tool_calls[{index}].id",
+                f"A tool call's `id` may be at most {MAX_TOOL_CALL_ID_CHARS} characters.",
+                STRING_TOO_LONG,
+            )
+        if len(call.function.name) > MAX_NAME_CHARS:
+            raise too_big(
+                f"{param}.tool_calls[{index}].function.name",
+                f"A function's name may be at most {MAX_NAME_CHARS} characters.",
+                STRING_TOO_LONG,
+            )
+
+
+def _check_tools(request: ChatCompletionRequest, bounds: RouterConfig) -> int:
+    """Refuse tools larger together than `max_tools_bytes`, or one whose schema is past the schema
+    bounds (a forced tool call compiles it into a grammar); the tools' size as JSON."""
+    total = 0
+    for index, tool in enumerate(request.tools or ()):
+        parameters = tool.function.parameters
+        if parameters is not None:
+            check_schema(
+                parameters, f"tools[{index}].function.parameters", bounds.max_structured_output_bytes
+            )
+        total += len(_json.encode(tool))
+    if total > bounds.max_tools_bytes:
+        raise too_big(
+            "tools",
+            f"The tools are {total:,} bytes as JSON together; at most {bounds.max_tools_bytes:,} are taken.",
+        )
+    return total
