@@ -335,6 +335,44 @@ async def test_json_schema_output_parses_and_ends(engine: Engine) -> None:
     assert done.finish() == "stop"
 
 
+def _nested_schema(levels: int) -> dict[str, Any]:
+    """A schema whose objects nest `levels` deep as vLLM counts them (an object and its properties: 2)."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range((levels - 1) // 2):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+# Structured outputs the engine itself refuses: they must come back as the client's error, which the
+# front door answers with a 400, and never as an engine failure (a 500). The front door refuses the
+# first two itself; the engine's refusal is what stands where a front door's check cannot be exact.
+ENGINE_REFUSES = {
+    "a schema nested 65 levels": StructuredOutput(json_schema=json.dumps(_nested_schema(65))),
+    "a regex with a NUL": StructuredOutput(regex="a\x00b"),
+    "a regex with a lookbehind": StructuredOutput(regex="(?<=a)b"),
+    "an invalid grammar": StructuredOutput(grammar="root ::= ("),
+}
+
+
+async def test_a_structured_output_the_engine_refuses_is_the_clients_error(
+    engine: Engine, kind: Kind
+) -> None:
+    if kind.make is not _vllm:
+        pytest.skip("TensorRT-LLM compiles its guides in its executor; only vLLM's refusals are classified")
+    for name, structured in ENGINE_REFUSES.items():
+        with pytest.raises(InvalidEngineRequest) as refused:
+            await run(engine, SamplingParams(max_tokens=4, structured=structured))
+        message = str(refused.value)
+        assert message.startswith("The model's engine refused the request: "), (name, message)
+        # The engine's reason, without the native library's source paths.
+        assert not re.search(r"/\w+/\w+\.(cc|py)\b", message), (name, message)
+    # The engine serves on, and a schema at the bound runs.
+    at_bound = StructuredOutput(json_schema=json.dumps(_nested_schema(63)))
+    assert (
+        await run(engine, SamplingParams(max_tokens=2, temperature=0.0, structured=at_bound))
+    ).completion_tokens > 0
+
+
 async def test_a_continuation_counts_its_tokens_as_generated(
     engine: Engine, tokenizer: Any, no_eos: dict[int, float]
 ) -> None:
