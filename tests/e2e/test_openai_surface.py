@@ -432,6 +432,33 @@ def test_a_huge_prompt_is_refused_before_it_is_queued(stack: Stack) -> None:
     assert time.monotonic() - started < 5
 
 
+def test_a_structured_output_the_engine_refuses_is_a_400_not_an_engine_error(client: OpenAI) -> None:
+    # A lookbehind: Python's `re` reads it, the engine's dialect does not, so only the engine can
+    # refuse it; its refusal must reach the client as the client's error, streamed or not.
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=MESSAGES,
+                max_tokens=5,
+                stream=stream,
+                extra_body={"structured_outputs": {"regex": "(?<=a)b"}},
+            )
+        error: Any = caught.value.body
+        assert error["type"] == "invalid_request_error" and "Lookbehind" in error["message"], error
+    # What the front door can count is refused there: 12,000 choices once kept the engine busy 28 s.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(
+            model=MODEL,
+            prompt="Pick one:",
+            max_tokens=5,
+            extra_body={"structured_outputs": {"choice": [f"choice {i}" for i in range(12_000)]}},
+        )
+    assert caught.value.body["param"] == "structured_outputs.choice"  # type: ignore[index]
+    # The model serves on.
+    assert client.completions.create(model=MODEL, prompt="a", max_tokens=2).choices[0].text is not None
+
+
 def test_image_parts_and_unsupported_parameters_are_refused_by_name(client: OpenAI) -> None:
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
     cases: list[tuple[dict[str, Any], str]] = [
