@@ -17,9 +17,11 @@ from workers.engines.base import InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
 from workers.engines.vllm_io import (
     LOWEST_LOGPROB,
+    MAX_REASON_CHARS,
     OutputReader,
     finish_reason,
     greedy_copies,
+    refusal_of,
     vllm_sampling_params,
 )
 
@@ -363,3 +365,48 @@ def test_structured_output_reaches_vllm(vllm: Any, prompts: PromptBuilder) -> No
 def test_what_vllm_refuses_is_the_clients_mistake(vllm: Any, prompts: PromptBuilder) -> None:
     with pytest.raises(InvalidEngineRequest):
         params(SamplingParams(max_tokens=3, min_tokens=10), prompts)
+
+
+# --- what vLLM's generate raises ----------------------------------------------------------------
+
+
+def generate_error(cause: BaseException) -> BaseException:
+    """What `AsyncLLM.generate` raises for an unexpected exception: an EngineGenerateError from it."""
+    from vllm.v1.engine.exceptions import EngineGenerateError
+
+    try:
+        raise EngineGenerateError() from cause
+    except EngineGenerateError as exc:
+        return exc
+
+
+def test_vllms_validation_errors_are_the_clients(vllm: Any) -> None:
+    from vllm.exceptions import VLLMValidationError
+
+    pattern = "(?<=a)" + "b" * 5000
+    native = "[17:46:50] /project/cpp/regex_converter.cc:83: Regex parsing error at position 3: Lookbehind"
+    refused = refusal_of(
+        VLLMValidationError(
+            f"Failed to transform regex into a grammar: {native}", parameter="regex", value=pattern
+        ),
+        before_output=True,
+    )
+    assert isinstance(refused, InvalidEngineRequest)
+    # The reason, without the native library's source path nor the refused value.
+    assert str(refused).endswith("Regex parsing error at position 3: Lookbehind"), str(refused)
+    assert "/project" not in str(refused) and pattern not in str(refused)
+    assert (refused.param, refused.code) == ("regex", "invalid_value")
+    # vLLM's checks raise ValueError too, which generate wraps: the client's, before any output.
+    nul = generate_error(ValueError("structured_outputs.regex must not contain a NUL character"))
+    assert isinstance(refusal_of(nul, before_output=True), InvalidEngineRequest)
+    long_reason = refusal_of(generate_error(ValueError("x" * 10_000)), before_output=True)
+    assert long_reason is not None and len(str(long_reason)) < MAX_REASON_CHARS + 100
+
+
+def test_the_engines_own_failures_stay_its_own(vllm: Any) -> None:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    assert refusal_of(generate_error(ValueError("bad shape")), before_output=False) is None
+    assert refusal_of(generate_error(RuntimeError("CUDA error")), before_output=True) is None
+    assert refusal_of(EngineDeadError(), before_output=True) is None
+    assert refusal_of(RuntimeError("boom"), before_output=True) is None
