@@ -34,6 +34,8 @@ __all__ = [
 # The place in its own sources that a native library (xgrammar) puts before its messages:
 # `[17:46:50] /project/cpp/regex_converter.cc:83: `. It says nothing to a client.
 _NATIVE_SOURCE = re.compile(r"\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
+# A file's path in a Python library's message (`/usr/lib/.../tokenizer.json`): the machine's business.
+_FILE_PATH = re.compile(r"(?<![\w:/])/(?:[\w.-]+/)+[\w.-]+")
 # A refusal quotes the engine's reason, which may quote the request (a regex, a grammar) at length.
 MAX_REASON_CHARS = 500
 
@@ -210,7 +212,7 @@ def refusal_of(exc: BaseException, *, before_output: bool) -> InvalidEngineReque
         return None
     # The first argument only: VLLMValidationError's text adds the refused value, which may be long.
     reason = str(cause.args[0]) if cause is not None and cause.args else str(cause)
-    reason = _NATIVE_SOURCE.sub("", reason).strip()
+    reason = _FILE_PATH.sub("<path>", _NATIVE_SOURCE.sub("", reason)).strip()
     if len(reason) > MAX_REASON_CHARS:
         reason = reason[:MAX_REASON_CHARS] + "..."
     # vLLM names the parameter at fault where it can, with OpenAI's names (`max_tokens`, `logprobs`).

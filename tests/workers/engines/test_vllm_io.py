@@ -399,6 +399,10 @@ def test_vllms_validation_errors_are_the_clients(vllm: Any) -> None:
     # vLLM's checks raise ValueError too, which generate wraps: the client's, before any output.
     nul = generate_error(ValueError("structured_outputs.regex must not contain a NUL character"))
     assert isinstance(refusal_of(nul, before_output=True), InvalidEngineRequest)
+    path = refusal_of(
+        generate_error(ValueError("cannot read /opt/models/x/tokenizer.json")), before_output=True
+    )
+    assert path is not None and str(path).endswith("cannot read <path>"), str(path)
     long_reason = refusal_of(generate_error(ValueError("x" * 10_000)), before_output=True)
     assert long_reason is not None and len(str(long_reason)) < MAX_REASON_CHARS + 100
 
