@@ -7,8 +7,12 @@ sends, and low enough that no single request costs a worker more than a moment. 
 request is a 400 whose `param` names the parameter and whose message states the bound.
 
 The bounds an operator may need to raise are router settings (`switchboard.config.RouterConfig`:
-`max_messages`, `max_tools_bytes`, `max_structured_output_bytes`, `max_structured_output_choices`);
-the others are OpenAI's own published limits or the engine's, and fixed here.
+`max_messages`, `max_tools_bytes`, `max_structured_output_bytes`, `max_structured_output_choices`),
+checked here with what no field's type can say (a schema's nesting, an estimate of the rendered
+prompt). Bounds that are OpenAI's own published limits are constraints of the request structs, so
+that the decoder refuses them: 128 tools, 128 tool calls per message, 64-character names, 4 stop
+strings (and 1,024 characters each), 300 `logit_bias` entries, `n` up to 128, 256 content parts per
+message (`router.openai.chat`, `router.openai.common`).
 """
 
 from __future__ import annotations
@@ -18,21 +22,10 @@ from typing import Any
 import msgspec
 
 from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonSchemaFormat
-from router.openai.common import SamplingRequest, StopSequences
+from router.openai.common import SamplingRequest
 from router.openai.errors import InvalidRequestError
 from switchboard.config import RouterConfig
 
-# OpenAI's limits: a message's `name` and a function's name are at most 64 characters, and an
-# assistant message carries at most 128 tool calls.
-MAX_NAME_CHARS = 64
-MAX_TOOL_CALLS_PER_MESSAGE = 128
-# A tool call's id is an opaque token (OpenAI's are about 30 characters).
-MAX_TOOL_CALL_ID_CHARS = 256
-# Text parts of one message's content, joined into one text before the template sees them.
-MAX_CONTENT_PARTS_PER_MESSAGE = 256
-# A stop string is matched against the tail of every choice's text at every step, and a stream
-# holds back as many characters as the longest one may span: real stop strings are a few characters.
-MAX_STOP_CHARS = 1024
 # vLLM's own limit (`vllm.sampling_params.MAX_STRUCTURED_OUTPUT_JSON_NESTING`): objects and arrays
 # of a JSON schema may nest at most this deep. Counted here exactly as vLLM counts it, so that the
 # schema vLLM would refuse is refused here, with a 400, before it is queued.
@@ -46,8 +39,7 @@ _json = msgspec.json.Encoder()
 
 
 def check_sampling_bounds(request: SamplingRequest, bounds: RouterConfig) -> None:
-    """The bounds every generation request shares: stop strings and structured outputs."""
-    _check_stop(request.stop)
+    """The bounds every generation request shares: those of its structured outputs."""
     constraints = request.structured_outputs
     if constraints is None:
         return
@@ -74,8 +66,6 @@ def check_chat_bounds(request: ChatCompletionRequest, bounds: RouterConfig) -> N
             f"At most {bounds.max_messages} messages per request; this one has {len(messages)}.",
             ARRAY_TOO_LONG,
         )
-    for position, message in enumerate(messages):
-        _check_message(position, message)
     tools_bytes = _check_tools(request, bounds)
     response_format = request.response_format
     if isinstance(response_format, JsonSchemaFormat) and response_format.json_schema.schema is not None:
@@ -158,9 +148,8 @@ def check_regex(pattern: str, param: str) -> None:
         raise invalid(param, "The regular expression's parentheses do not pair up.")
 
 
-# OpenAI's codes for a list or a string past its bound; anything else past one is an invalid value.
+# OpenAI's code for a list past its bound; anything else past a bound is an invalid value.
 ARRAY_TOO_LONG = "array_above_max_length"
-STRING_TOO_LONG = "string_above_max_length"
 
 
 def too_big(param: str, message: str, code: str = "invalid_value") -> InvalidRequestError:
@@ -170,18 +159,6 @@ def too_big(param: str, message: str, code: str = "invalid_value") -> InvalidReq
 
 def invalid(param: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="invalid_value")
-
-
-def _check_stop(stop: StopSequences) -> None:
-    strings = [stop] if isinstance(stop, str) else stop or []
-    for position, text in enumerate(strings):
-        if len(text) > MAX_STOP_CHARS:
-            param = "stop" if isinstance(stop, str) else f"stop[{position}]"
-            raise too_big(
-                param,
-                f"A stop string may be at most {MAX_STOP_CHARS} characters; this one has {len(text)}.",
-                STRING_TOO_LONG,
-            )
 
 
 def _check_text_size(text: str, param: str, max_bytes: int, what: str) -> None:
@@ -204,49 +181,6 @@ def _check_choices(choices: list[str], bounds: RouterConfig) -> None:
             param,
             f"The choices are {size:,} bytes together; at most {bounds.max_structured_output_bytes:,} are taken.",
         )
-
-
-def _check_message(position: int, message: ChatMessageIn) -> None:
-    param = f"messages[{position}]"
-    if isinstance(message.content, list) and len(message.content) > MAX_CONTENT_PARTS_PER_MESSAGE:
-        raise too_big(
-            f"{param}.content",
-            f"A message may have at most {MAX_CONTENT_PARTS_PER_MESSAGE} content parts; this one has "
-            f"{len(message.content)}.",
-            ARRAY_TOO_LONG,
-        )
-    if message.name is not None and len(message.name) > MAX_NAME_CHARS:
-        raise too_big(
-            f"{param}.name",
-            f"A message's `name` may be at most {MAX_NAME_CHARS} characters.",
-            STRING_TOO_LONG,
-        )
-    if message.tool_call_id is not None and len(message.tool_call_id) > MAX_TOOL_CALL_ID_CHARS:
-        raise too_big(
-            f"{param}.tool_call_id",
-            f"A `tool_call_id` may be at most {MAX_TOOL_CALL_ID_CHARS} characters.",
-            STRING_TOO_LONG,
-        )
-    calls = message.tool_calls or []
-    if len(calls) > MAX_TOOL_CALLS_PER_MESSAGE:
-        raise too_big(
-            f"{param}.tool_calls",
-            f"A message may carry at most {MAX_TOOL_CALLS_PER_MESSAGE} tool calls; this one has {len(calls)}.",
-            ARRAY_TOO_LONG,
-        )
-    for index, call in enumerate(calls):
-        if len(call.id) > MAX_TOOL_CALL_ID_CHARS:
-            raise too_big(
-                f"{param}.tool_calls[{index}].id",
-                f"A tool call's `id` may be at most {MAX_TOOL_CALL_ID_CHARS} characters.",
-                STRING_TOO_LONG,
-            )
-        if len(call.function.name) > MAX_NAME_CHARS:
-            raise too_big(
-                f"{param}.tool_calls[{index}].function.name",
-                f"A function's name may be at most {MAX_NAME_CHARS} characters.",
-                STRING_TOO_LONG,
-            )
 
 
 def _check_tools(request: ChatCompletionRequest, bounds: RouterConfig) -> int:

@@ -16,6 +16,14 @@ from router.openai.common import UNSET, SamplingRequest, TokenCount, Usage
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+# OpenAI's limits: a participant's or a called function's name is at most 64 characters, and an
+# assistant message carries at most 128 tool calls.
+Name = Annotated[str, msgspec.Meta(max_length=64)]
+MAX_TOOL_CALLS_PER_MESSAGE = 128
+# A tool call's id is an opaque token (OpenAI's are about 30 characters).
+ToolCallId = Annotated[str, msgspec.Meta(max_length=256)]
+# Text parts of one message, which are joined into one text before the chat template sees them.
+MAX_CONTENT_PARTS = 256
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -29,14 +37,14 @@ class ContentPart(msgspec.Struct, kw_only=True):
 class FunctionCallIn(msgspec.Struct, kw_only=True):
     """The function an assistant message called: its name and its arguments as JSON text."""
 
-    name: str
+    name: Name
     arguments: str
 
 
 class ToolCallIn(msgspec.Struct, kw_only=True):
     """An earlier tool call of the assistant, in the conversation sent back."""
 
-    id: str
+    id: ToolCallId
     function: FunctionCallIn
     type: Literal["function"] = "function"
 
@@ -45,10 +53,10 @@ class ChatMessageIn(msgspec.Struct, kw_only=True):
     """One message of the conversation as the client sends it."""
 
     role: Role
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
+    content: str | Annotated[list[ContentPart], msgspec.Meta(max_length=MAX_CONTENT_PARTS)] | None = None
+    name: Name | None = None
+    tool_calls: Annotated[list[ToolCallIn], msgspec.Meta(max_length=MAX_TOOL_CALLS_PER_MESSAGE)] | None = None
+    tool_call_id: ToolCallId | None = None
 
     def text(self) -> str:
         """The content flattened to one string (a list's text and refusal parts joined)."""

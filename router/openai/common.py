@@ -20,8 +20,12 @@ Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 # OpenAI documents seeds as 64-bit integers; larger ones cannot reach an engine.
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-# OpenAI accepts one stop string or a list of up to four.
-StopSequences = str | Annotated[list[str], msgspec.Meta(max_length=4)] | None
+# OpenAI accepts one stop string or a list of up to four. Each is matched against the tail of every
+# choice's text at every step, and a stream holds back as many characters as the longest may span:
+# real stop strings are a few characters, and none is taken past STOP_CHARS.
+STOP_CHARS = 1024
+StopString = Annotated[str, msgspec.Meta(max_length=STOP_CHARS)]
+StopSequences = StopString | Annotated[list[StopString], msgspec.Meta(max_length=4)] | None
 # Token ids (as JSON object keys, so strings) to a bias in [-100, 100]; OpenAI takes up to 300.
 LogitBias = Annotated[
     dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]], msgspec.Meta(max_length=300)

@@ -83,10 +83,10 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "a required tool call nested past 64 levels": (CHAT, chat(tools=[tool("f", nested(62))], tool_choice="required"), "tools", "invalid_value"),
     "tools past the size bound": (CHAT, chat(tools=[tool(f"f{i}", big_schema(SCHEMA_BYTES // 2)) for i in range(20)], tool_choice="none"), "tools", "invalid_value"),
     "129 tools": (CHAT, chat(tools=[tool(f"f{i}") for i in range(129)]), "tools", "invalid_value"),
-    "a long stop string": (COMPLETIONS, completion(stop=["END", "x" * 5000]), "stop[1]", "string_above_max_length"),
-    "257 content parts": (CHAT, chat(messages=[{"role": "user", "content": [{"type": "text", "text": ""}] * 257}]), "messages[0].content", "array_above_max_length"),
-    "a long name": (CHAT, chat(messages=[{"role": "user", "content": "Hi", "name": "n" * 65}]), "messages[0].name", "string_above_max_length"),
-    "129 tool calls": (CHAT, chat(messages=[*USER, {"role": "assistant", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(129)]}]), "messages[1].tool_calls", "array_above_max_length"),
+    "a long stop string": (COMPLETIONS, completion(stop=["END", "x" * 5000]), "stop[1]", "invalid_value"),
+    "257 content parts": (CHAT, chat(messages=[{"role": "user", "content": [{"type": "text", "text": ""}] * 257}]), "messages[0].content", "invalid_value"),
+    "a long name": (CHAT, chat(messages=[{"role": "user", "content": "Hi", "name": "n" * 65}]), "messages[0].name", "invalid_value"),
+    "129 tool calls": (CHAT, chat(messages=[*USER, {"role": "assistant", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(129)]}]), "messages[1].tool_calls", "invalid_value"),
 }  # fmt: skip
 
 
