@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from router.openai.bounds import MAX_SCHEMA_NESTING, json_nesting, too_big
+from router.openai.bounds import MAX_SCHEMA_NESTING, json_nesting, refusal
 from router.openai.chat import ChatCompletionRequest, NamedToolChoice, Tool
 from router.openai.errors import InvalidRequestError
 from switchboard.wire import StructuredOutput
@@ -66,7 +66,7 @@ def plan_tools(
     if json_nesting(calls) > MAX_SCHEMA_NESTING:
         # Each tool's own schema is within the bound (`router.openai.bounds`); the list of calls
         # holds it CALLS_NESTING levels deeper.
-        raise too_big(
+        raise refusal(
             "tools",
             f'`tool_choice` "required" nests each tool\'s parameters {CALLS_NESTING} levels deep into '
             f"one schema, which may nest at most {MAX_SCHEMA_NESTING} levels; a tool's parameters then "

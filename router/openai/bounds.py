@@ -34,6 +34,8 @@ MAX_SCHEMA_NESTING = 64
 # ChatML's `<|im_start|>user\n` and `<|im_end|>\n` are 28 characters. Used for the estimate of the
 # rendered prompt, which may be no larger than the largest body the front door reads.
 TEMPLATE_CHARS_PER_MESSAGE = 32
+# OpenAI's code for a list past its bound; anything else past a bound is an invalid value.
+ARRAY_TOO_LONG = "array_above_max_length"
 
 _json = msgspec.json.Encoder()
 
@@ -61,7 +63,7 @@ def check_chat_bounds(request: ChatCompletionRequest, bounds: RouterConfig) -> N
     check_sampling_bounds(request, bounds)
     messages = request.messages
     if len(messages) > bounds.max_messages:
-        raise too_big(
+        raise refusal(
             "messages",
             f"At most {bounds.max_messages} messages per request; this one has {len(messages)}.",
             ARRAY_TOO_LONG,
@@ -76,7 +78,7 @@ def check_chat_bounds(request: ChatCompletionRequest, bounds: RouterConfig) -> N
         )
     rendered = template_chars(messages) + tools_bytes
     if rendered > bounds.max_body_bytes:
-        raise too_big(
+        raise refusal(
             "messages",
             f"The conversation would render to about {rendered:,} characters of prompt (its text, "
             f"tool calls and tools, and about {TEMPLATE_CHARS_PER_MESSAGE} characters of template per "
@@ -99,9 +101,9 @@ def check_schema(schema: Any, param: str, max_bytes: int) -> None:
     """Refuse a JSON schema larger than `max_bytes` as JSON, or nested deeper than vLLM allows."""
     size = len(_json.encode(schema))
     if size > max_bytes:
-        raise too_big(param, f"The JSON schema is {size:,} bytes as JSON; at most {max_bytes:,} are taken.")
+        raise refusal(param, f"The JSON schema is {size:,} bytes as JSON; at most {max_bytes:,} are taken.")
     if json_nesting(schema) > MAX_SCHEMA_NESTING:
-        raise too_big(
+        raise refusal(
             param,
             f"The JSON schema nests objects and arrays more than {MAX_SCHEMA_NESTING} levels deep; "
             f"at most {MAX_SCHEMA_NESTING} are taken.",
@@ -128,7 +130,7 @@ def check_regex(pattern: str, param: str) -> None:
     the engine, whose own refusal is a 400 as well.
     """
     if "\x00" in pattern:
-        raise invalid(param, "The regular expression holds a NUL character.")
+        raise refusal(param, "The regular expression holds a NUL character.")
     if "[" in pattern:
         return
     depth = 0
@@ -145,26 +147,18 @@ def check_regex(pattern: str, param: str) -> None:
             if depth < 0:
                 break
     if depth != 0:
-        raise invalid(param, "The regular expression's parentheses do not pair up.")
+        raise refusal(param, "The regular expression's parentheses do not pair up.")
 
 
-# OpenAI's code for a list past its bound; anything else past a bound is an invalid value.
-ARRAY_TOO_LONG = "array_above_max_length"
-
-
-def too_big(param: str, message: str, code: str = "invalid_value") -> InvalidRequestError:
-    """The 400 for a parameter past one of the bounds."""
+def refusal(param: str, message: str, code: str = "invalid_value") -> InvalidRequestError:
+    """The 400 for a parameter past one of the bounds, or invalid for every engine."""
     return InvalidRequestError(message, param=param, code=code)
-
-
-def invalid(param: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError(message, param=param, code="invalid_value")
 
 
 def _check_text_size(text: str, param: str, max_bytes: int, what: str) -> None:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
-        raise too_big(param, f"The {what} is {size:,} bytes; at most {max_bytes:,} are taken.")
+        raise refusal(param, f"The {what} is {size:,} bytes; at most {max_bytes:,} are taken.")
 
 
 def _check_choices(choices: list[str], bounds: RouterConfig) -> None:
@@ -172,12 +166,12 @@ def _check_choices(choices: list[str], bounds: RouterConfig) -> None:
     param = "structured_outputs.choice"
     limit = bounds.max_structured_output_choices
     if len(choices) > limit:
-        raise too_big(
+        raise refusal(
             param, f"At most {limit} choices are taken; this request has {len(choices):,}.", ARRAY_TOO_LONG
         )
     size = sum(len(choice.encode("utf-8", "surrogatepass")) for choice in choices)
     if size > bounds.max_structured_output_bytes:
-        raise too_big(
+        raise refusal(
             param,
             f"The choices are {size:,} bytes together; at most {bounds.max_structured_output_bytes:,} are taken.",
         )
@@ -195,7 +189,7 @@ def _check_tools(request: ChatCompletionRequest, bounds: RouterConfig) -> int:
             )
         total += len(_json.encode(tool))
     if total > bounds.max_tools_bytes:
-        raise too_big(
+        raise refusal(
             "tools",
             f"The tools are {total:,} bytes as JSON together; at most {bounds.max_tools_bytes:,} are taken.",
         )
