@@ -25,6 +25,7 @@ from workers.engines.sampling import (
 __all__ = [
     "LOWEST_LOGPROB",
     "OutputReader",
+    "client_error",
     "finish_reason",
     "greedy_copies",
     "refusal_of",
@@ -90,7 +91,7 @@ def vllm_sampling_params(
             **{name: value for name, value in optional.items() if value is not None},
         )
     except (ValueError, VLLMValidationError) as exc:
-        raise InvalidEngineRequest(str(exc)) from exc
+        raise client_error(exc) from exc
 
 
 class OutputReader:
@@ -203,15 +204,18 @@ def refusal_of(exc: BaseException, *, before_output: bool) -> InvalidEngineReque
     from vllm.exceptions import VLLMClientError
     from vllm.v1.engine.exceptions import EngineGenerateError
 
-    cause: BaseException | None = exc
     if isinstance(exc, EngineGenerateError):
         cause = exc.__cause__
         if not before_output or not isinstance(cause, ValueError):
             return None
-    elif not isinstance(exc, VLLMClientError):
-        return None
+        return client_error(cause)
+    return client_error(exc) if isinstance(exc, VLLMClientError) else None
+
+
+def client_error(cause: BaseException) -> InvalidEngineRequest:
+    """The client's error for vLLM's refusal `cause`, in words fit for the client."""
     # The first argument only: VLLMValidationError's text adds the refused value, which may be long.
-    reason = str(cause.args[0]) if cause is not None and cause.args else str(cause)
+    reason = str(cause.args[0]) if cause.args else str(cause)
     reason = _FILE_PATH.sub("<path>", _NATIVE_SOURCE.sub("", reason)).strip()
     if len(reason) > MAX_REASON_CHARS:
         reason = reason[:MAX_REASON_CHARS] + "..."
