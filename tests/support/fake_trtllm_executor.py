@@ -15,8 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from tests.support.fake_trtllm_model import ToyModel, UnsupportedGuide, guided_text, log_softmax, top_logprobs
+from tests.support.fake_trtllm_model import (
+    ToyModel,
+    UnsupportedGuide,
+    guide_refusal,
+    guided_text,
+    log_softmax,
+    top_logprobs,
+)
 from tests.support.fake_trtllm_types import Faults, FinishReason, Logprob, Response
+
+# TensorRT-LLM 1.2's words before the reason a guide could not be compiled (PR #9078).
+GUIDED_DECODING_ERROR = "Guided decoding error"
 
 
 @dataclass
@@ -90,6 +100,13 @@ class Executor:
             )
             return
         if params.guided_decoding is not None:
+            refusal = guide_refusal(params.guided_decoding)
+            if refusal is not None:
+                # As TensorRT-LLM 1.2's executor ends a request whose guide xgrammar cannot compile
+                # (PR #9078: `GuidedDecoder._build` collects the failure, `_handle_guided_decoder_errors`
+                # fails that request alone), before its first token.
+                result._deliver(_error(f"{GUIDED_DECODING_ERROR}: {refusal}"))
+                return
             for sequence, rng in zip(sequences, rngs, strict=True):
                 try:
                     text = guided_text(params.guided_decoding, rng)

@@ -101,6 +101,32 @@ class UnsupportedGuide(ValueError):
     """A guide the stand-in cannot generate a document for (the real backend could)."""
 
 
+def guide_refusal(guide: Any) -> str | None:
+    """Why xgrammar cannot compile `guide` (a GuidedDecodingParams), or None where it can (or where
+    xgrammar is not installed: then every guide passes).
+
+    TensorRT-LLM 1.2's `XGrammarMatcherFactory.create` (`_torch/pyexecutor/grammar_matcher.py`) hands
+    the guide to xgrammar's compiler as a JSON schema, a regex or an EBNF grammar; xgrammar's parsers
+    refuse what the compiler would (a lookbehind or a NUL in a regex, a grammar that does not parse),
+    with the same messages, so the real parsers stand in for the compiler.
+    """
+    try:
+        import xgrammar
+    except ImportError:
+        return None
+    try:
+        if guide.json is not None:
+            schema = guide.json if isinstance(guide.json, str) else json.dumps(guide.json)
+            xgrammar.Grammar.from_json_schema(schema)
+        elif guide.regex is not None:
+            xgrammar.Grammar.from_regex(guide.regex)
+        elif guide.grammar is not None:
+            xgrammar.Grammar.from_ebnf(guide.grammar)
+    except Exception as exc:  # xgrammar raises RuntimeError from its native parsers
+        return str(exc)
+    return None
+
+
 def guided_text(guide: Any, rng: np.random.Generator) -> str:
     """A text that satisfies `guide` (a GuidedDecodingParams), as xgrammar would let a model write."""
     if guide.json_object:

@@ -38,7 +38,13 @@ from workers.engines.phases import EnginePhases
 from workers.engines.process_env import process_tree
 from workers.engines.prompts import BuiltPrompt, PromptBuilder, builds_quickly
 from workers.engines.trtllm_args import LoadPlan, UnsupportedModel, plan_load, refusal
-from workers.engines.trtllm_io import TrtOutputReader, TrtSampling, trtllm_sampling
+from workers.engines.trtllm_io import (
+    TrtOutputReader,
+    TrtSampling,
+    stream_refusal,
+    submit_refusal,
+    trtllm_sampling,
+)
 from workers.engines.trtllm_runtime import (
     Built,
     build,
@@ -246,14 +252,14 @@ class TrtllmEngine(Engine):
                 prompt = await asyncio.to_thread(builder.build, request)
         prompt_param = "messages" if request.messages is not None else "prompt"
         sampling = trtllm_sampling(request.sampling, prompt, builder, prompt_param=prompt_param)
-        params = self._sampling_params(sampling)
         reader = TrtOutputReader(request.sampling, prompt, self._tokenizer, max_tokens=sampling.max_tokens)
+        running = _Running(self._submitted(llm, prompt, sampling))
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
-        running = _Running(self._submit(llm, prompt, params))
         self._running[request.request_id] = running
         try:
+            before_output = True
             while not reader.ended:
-                output = await self._next_output(running)
+                output = await self._next_output_of(running, before_output=before_output)
                 if output is None or output is _END:
                     if output is None:
                         logger.warning(
@@ -263,6 +269,7 @@ class TrtllmEngine(Engine):
                     for delta in reader.cut_off():
                         yield delta
                     break
+                before_output = False
                 if phases is not None:
                     phases.output()
                 for delta in reader.deltas(output):
@@ -274,8 +281,33 @@ class TrtllmEngine(Engine):
             if phases is not None:
                 phases.end()
 
+    async def _next_output_of(self, running: _Running, *, before_output: bool) -> Any:
+        """As `_next_output`; the engine's refusal of the request, before any output, is the client's
+        error (see `trtllm_io.stream_refusal`)."""
+        try:
+            return await self._next_output(running)
+        except Exception as exc:
+            refused = stream_refusal(
+                exc, before_output=before_output, request_error=self._runtime.RequestError
+            )
+            if refused is None:
+                raise
+            raise refused from exc
+
+    def _submitted(self, llm: Any, prompt: BuiltPrompt, sampling: TrtSampling) -> Any:
+        """The request's result; what TensorRT-LLM refuses of its arguments is the client's error."""
+        try:
+            return self._submit(llm, prompt, self._sampling_params(sampling))
+        except InvalidEngineRequest:
+            raise
+        except Exception as exc:
+            refused = submit_refusal(exc)
+            if refused is None:
+                raise
+            raise refused from exc
+
     def _sampling_params(self, sampling: TrtSampling) -> Any:
-        """TensorRT-LLM's SamplingParams (its own checks run in it: their ValueError is the client's)."""
+        """TensorRT-LLM's SamplingParams for `sampling`, with its guide and embedding bias."""
         runtime, plan = self._runtime, self._load_plan()
         kwargs = dict(sampling.kwargs)
         if kwargs["n"] > plan.max_batch_size:
@@ -293,10 +325,8 @@ class TrtllmEngine(Engine):
             kwargs["guided_decoding"] = runtime.GuidedDecodingParams(**sampling.guide)
         if sampling.logit_bias:
             kwargs["embedding_bias"] = embedding_bias(sampling.logit_bias, plan.vocab_size)
-        try:
-            return runtime.SamplingParams(**kwargs)
-        except ValueError as exc:
-            raise InvalidEngineRequest(str(exc)) from exc
+        # Its own checks run here, and raise ValueError: see `_submitted`.
+        return runtime.SamplingParams(**kwargs)
 
     @staticmethod
     def _submit(llm: Any, prompt: BuiltPrompt, params: Any) -> Any:

@@ -7,12 +7,12 @@ surface, and it changes when that surface grows.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from switchboard.wire import FinishReason, SamplingParams, TokenLogprob, TopLogprob
 from workers.engines.base import Delta, InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
+from workers.engines.refusals import client_error
 from workers.engines.sampling import (
     LOWEST_LOGPROB,
     check_logit_bias,
@@ -25,20 +25,11 @@ from workers.engines.sampling import (
 __all__ = [
     "LOWEST_LOGPROB",
     "OutputReader",
-    "client_error",
     "finish_reason",
     "greedy_copies",
     "refusal_of",
     "vllm_sampling_params",
 ]
-
-# The place in its own sources that a native library (xgrammar) puts before its messages:
-# `[17:46:50] /project/cpp/regex_converter.cc:83: `. It says nothing to a client.
-_NATIVE_SOURCE = re.compile(r"\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
-# A file's path in a Python library's message (`/usr/lib/.../tokenizer.json`): the machine's business.
-_FILE_PATH = re.compile(r"(?<![\w:/])/(?:[\w.-]+/)+[\w.-]+")
-# A refusal quotes the engine's reason, which may quote the request (a regex, a grammar) at length.
-MAX_REASON_CHARS = 500
 
 
 def vllm_sampling_params(
@@ -210,19 +201,3 @@ def refusal_of(exc: BaseException, *, before_output: bool) -> InvalidEngineReque
             return None
         return client_error(cause)
     return client_error(exc) if isinstance(exc, VLLMClientError) else None
-
-
-def client_error(cause: BaseException) -> InvalidEngineRequest:
-    """The client's error for vLLM's refusal `cause`, in words fit for the client."""
-    # The first argument only: VLLMValidationError's text adds the refused value, which may be long.
-    reason = str(cause.args[0]) if cause.args else str(cause)
-    reason = _FILE_PATH.sub("<path>", _NATIVE_SOURCE.sub("", reason)).strip()
-    if len(reason) > MAX_REASON_CHARS:
-        reason = reason[:MAX_REASON_CHARS] + "..."
-    # vLLM names the parameter at fault where it can, with OpenAI's names (`max_tokens`, `logprobs`).
-    param = getattr(cause, "parameter", None)
-    return InvalidEngineRequest(
-        f"The model's engine refused the request: {reason}",
-        param=param if isinstance(param, str) else None,
-        code="invalid_value",
-    )

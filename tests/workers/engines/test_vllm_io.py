@@ -15,9 +15,9 @@ import pytest
 from switchboard.wire import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob
 from workers.engines.base import InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
+from workers.engines.refusals import MAX_REASON_CHARS
 from workers.engines.vllm_io import (
     LOWEST_LOGPROB,
-    MAX_REASON_CHARS,
     OutputReader,
     finish_reason,
     greedy_copies,
