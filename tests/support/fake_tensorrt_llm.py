@@ -240,14 +240,16 @@ class LLM:
         params = sampling_params if sampling_params is not None else SamplingParams()
         if params.end_id is None:
             params._setup(self.tokenizer.tokenizer)
-        if params.n > self.args.max_batch_size:
-            raise ValueError(f"SamplingParams.n ({params.n}) should not exceed max_batch_size")
-        if params.guided_decoding is not None and self.args.guided_decoding_backend is None:
-            raise ValueError("guided decoding needs guided_decoding_backend set when the LLM is built")
         ids = list(inputs["prompt_token_ids"] if isinstance(inputs, dict) else inputs)
+        # As 1.2's `BaseLLM._check_arguments` on the PyTorch backend: only the prompt against one
+        # step's tokens, refused with a RequestError (n against max_batch_size is the TensorRT
+        # backend's check, not this one's).
         prompt_len = len(ids)
         if not self.args.enable_chunked_prefill and prompt_len > self.args.max_num_tokens:
-            raise ValueError(f"The sum of prompt length ({prompt_len}) should not exceed max_num_tokens")
+            raise RequestError(
+                f"The sum of prompt length ({float(prompt_len)}), query length (0) should not exceed "
+                f"max_num_tokens ({self.args.max_num_tokens})"
+            )
         self._next_id += 1
         result = RequestOutput(self, self._next_id, ids, params)
         self._executor.submit(result)

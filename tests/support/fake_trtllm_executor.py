@@ -99,7 +99,8 @@ class Executor:
                 _error(f"prompt and max_tokens exceed max_seq_len ({self._llm.args.max_seq_len})")
             )
             return
-        if params.guided_decoding is not None:
+        # Without a guided decoding backend, 1.2 drops a request's guide (NVIDIA/TensorRT issue 4855).
+        if params.guided_decoding is not None and self._llm.args.guided_decoding_backend is not None:
             refusal = guide_refusal(params.guided_decoding)
             if refusal is not None:
                 # As TensorRT-LLM 1.2's executor ends a request whose guide xgrammar cannot compile

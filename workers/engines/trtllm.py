@@ -31,6 +31,7 @@ from typing import Any
 
 from switchboard import tracing
 from switchboard.config import ModelConfig
+from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.wire import ModelLimits
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 from workers.engines.gpu_memory import processes_gpu_bytes
@@ -252,6 +253,7 @@ class TrtllmEngine(Engine):
                 prompt = await asyncio.to_thread(builder.build, request)
         prompt_param = "messages" if request.messages is not None else "prompt"
         sampling = trtllm_sampling(request.sampling, prompt, builder, prompt_param=prompt_param)
+        _check_one_step_holds(llm, prompt, prompt_param)
         reader = TrtOutputReader(request.sampling, prompt, self._tokenizer, max_tokens=sampling.max_tokens)
         running = _Running(self._submitted(llm, prompt, sampling))
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
@@ -363,6 +365,25 @@ class TrtllmEngine(Engine):
         except Exception:
             logger.warning("the engine refused an abort", exc_info=True, extra={"request_id": request_id})
         running.watchdog = asyncio.get_running_loop().call_later(ABORT_GRACE_S, _give_up, running)
+
+
+def _check_one_step_holds(llm: Any, prompt: BuiltPrompt, prompt_param: str) -> None:
+    """Refuse a prompt longer than one step's tokens where the model runs without chunked prefill.
+
+    TensorRT-LLM (1.2, PyTorch backend) refuses it as it is submitted (`BaseLLM._check_arguments`)
+    with a RequestError, which is also what its executor's failures raise: said here, it is the
+    client's, with OpenAI's code.
+    """
+    args = getattr(llm, "args", None)
+    limit = getattr(args, "max_num_tokens", None)
+    if getattr(args, "enable_chunked_prefill", True) or not limit or len(prompt.token_ids) <= limit:
+        return
+    raise InvalidEngineRequest(
+        f"This model takes prompts of at most {limit} tokens (its max_num_tokens, without chunked "
+        f"prefill); this one has {len(prompt.token_ids)}.",
+        param=prompt_param,
+        code=CONTEXT_LENGTH_EXCEEDED,
+    )
 
 
 async def _next(iterator: Any) -> Any:

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from switchboard.config import ModelConfig
+from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.wire import SamplingParams, StructuredOutput
 from tests.support import fake_tensorrt_llm as fake
 from tests.support.engine_processes import descendants, engine_processes, poll_until
@@ -192,6 +193,22 @@ async def test_requests_it_cannot_serve_are_the_clients_fault(
         with pytest.raises(InvalidEngineRequest) as refused:
             await collect(engine, request(structured=StructuredOutput(json_object=True), max_tokens=4))
         assert refused.value.param == "response_format"
+    finally:
+        await engine.stop()
+
+
+async def test_a_prompt_longer_than_one_step_without_chunked_prefill_is_the_clients_fault(
+    faults: fake.Faults, demo_model_dir: Path
+) -> None:
+    # TensorRT-LLM refuses it with a RequestError, as it does its own failures: it is refused here first.
+    args = {"enable_chunked_prefill": False, "max_num_tokens": 8}
+    engine = engine_for(demo(demo_model_dir, engine_args=args))
+    await engine.start()
+    try:
+        with pytest.raises(InvalidEngineRequest) as refused:
+            await collect(engine, request(prompt="story " * 20, max_tokens=4))
+        assert (refused.value.param, refused.value.code) == ("prompt", CONTEXT_LENGTH_EXCEEDED)
+        assert (await collect(engine, request(prompt="Hi", max_tokens=2)))[-1].last
     finally:
         await engine.stop()
 

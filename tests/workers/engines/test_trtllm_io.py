@@ -17,8 +17,16 @@ from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.wire import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob
 from workers.engines.base import Delta, InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
+from workers.engines.refusals import MAX_REASON_CHARS
 from workers.engines.sampling import LOWEST_LOGPROB
-from workers.engines.trtllm_io import TrtOutputReader, choice_regex, finish_reason, trtllm_sampling
+from workers.engines.trtllm_io import (
+    TrtOutputReader,
+    choice_regex,
+    finish_reason,
+    stream_refusal,
+    submit_refusal,
+    trtllm_sampling,
+)
 
 VOCAB_SIZE = 100
 CONTEXT = 64
@@ -410,3 +418,61 @@ def test_echoed_logprobs_come_from_whichever_choice_carries_them() -> None:
     (delta,) = read.deltas(Output([first, second]))
     assert delta.index == 1 and delta.text == "Say:<5>"
     assert [entry.logprob for entry in delta.logprobs] == [None, -1.0, -0.5, -0.2]
+
+
+# --- what TensorRT-LLM raises for a request -----------------------------------------------------
+
+
+class RequestError(RuntimeError):
+    """`tensorrt_llm.executor.utils.RequestError` (1.2): what a request's stream raises with the
+    message its executor ended the request with."""
+
+
+# xgrammar's words for a lookbehind, as TensorRT-LLM 1.2's executor passes them on (PR #9078).
+LOOKBEHIND = (
+    "Guided decoding error: [18:23:55] /project/cpp/regex_converter.cc:83: "
+    "Regex parsing error at position 3: Lookbehind is not supported yet.\n"
+)
+
+
+def test_a_guide_the_grammar_backend_cannot_compile_is_the_clients_error() -> None:
+    refused = stream_refusal(RequestError(LOOKBEHIND), before_output=True, request_error=RequestError)
+    assert isinstance(refused, InvalidEngineRequest)
+    assert str(refused) == (
+        "The model's engine refused the request: "
+        "Guided decoding error: Regex parsing error at position 3: Lookbehind is not supported yet."
+    )
+    assert refused.code == "invalid_value"
+    # A reason that quotes a long grammar is cut.
+    long = stream_refusal(
+        RequestError("Guided decoding error: " + "x" * 10_000), before_output=True, request_error=RequestError
+    )
+    assert long is not None and len(str(long)) < MAX_REASON_CHARS + 100
+
+
+def test_the_executors_other_request_errors_stay_the_engines() -> None:
+    # After the first output, a guide's failure is a token the grammar refused mid-way: the engine's.
+    assert stream_refusal(RequestError(LOOKBEHIND), before_output=False, request_error=RequestError) is None
+    # A failed step ends every request with a RequestError too.
+    forward = RequestError("Encountered an error in forward function: CUDA error: an illegal memory access")
+    assert stream_refusal(forward, before_output=True, request_error=RequestError) is None
+    # Anything but a RequestError (a dead executor, a closed queue) is the engine's, whatever it says.
+    assert stream_refusal(RuntimeError(LOOKBEHIND), before_output=True, request_error=RequestError) is None
+
+
+def test_what_tensorrt_llm_refuses_of_a_requests_arguments_is_the_clients_error() -> None:
+    # SamplingParams._validate (and GuidedDecodingParams._validate, which it calls) raise ValueError.
+    refused = submit_refusal(ValueError("Only one guide can be used for a request, but got 2."))
+    assert isinstance(refused, InvalidEngineRequest)
+    assert (
+        str(refused)
+        == "The model's engine refused the request: Only one guide can be used for a request, but got 2."
+    )
+    # Without the machine's paths.
+    path = submit_refusal(ValueError("cannot read /opt/models/x/tokenizer.json"))
+    assert path is not None and str(path).endswith("cannot read <path>"), str(path)
+    # An engine shutting down is not the client's doing; nor is a RequestError as a request is
+    # submitted (the prompt against max_num_tokens, which the engine checks itself before).
+    assert submit_refusal(RuntimeError("LLM is shutting down")) is None
+    too_long = "The sum of prompt length (9000.0), query length (0) should not exceed max_num_tokens (8192)"
+    assert submit_refusal(RequestError(too_long)) is None
