@@ -6,6 +6,9 @@ else the build started (`trtllm_runtime`). Requests are submitted on the event l
 (TensorRT-LLM binds a result's queue to the loop it was made on) and their outputs read by
 `trtllm_io.TrtOutputReader`. An aborted request whose final output does not come within
 ABORT_GRACE_S is ended here (TensorRT-LLM's cancellation has had bugs that left results hanging).
+What TensorRT-LLM refuses of a request itself (its arguments' checks as it is made and submitted, a
+guide its grammar backend cannot compile) is the client's error, quoted as vLLM's refusals are
+(`trtllm_io.submit_refusal`, `trtllm_io.stream_refusal`); its other failures stay the engine's.
 
 Footprint: before the first load, `trtllm_args.LoadPlan.footprint_bytes`: the weights' files,
 plus the KV cache's ceiling, plus RUNTIME_OVERHEAD_BYTES (the executor's CUDA context,
