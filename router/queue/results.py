@@ -131,6 +131,13 @@ class ResultReader:
         self._has_work.set()
         return subscription
 
+    def subscribe_ended(self, job_id: str, model: str, last: str) -> Subscription:
+        """A streamed reader of `job_id` whose client already had entry `last`, the job's last chunk:
+        nothing is left to deliver, nothing is read, and it is released as one read to its end."""
+        subscription = Subscription(job_id, model, last, streamed=True)
+        subscription.read_to_end = subscription.finished = True
+        return subscription
+
     def unsubscribe(self, subscription: Subscription, *, keep: bool = False) -> None:
         """Stop delivering. The job's result stream and record are deleted on the reader's next pass,
         unless `keep`: then they stay until they expire, for a client that resumes the stream

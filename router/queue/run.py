@@ -94,13 +94,24 @@ class JobRun:
         """The result stream entry id of the last chunk handed out: where a resumed stream goes on."""
         return self._subscription.taken_id
 
+    @property
+    def ended(self) -> bool:
+        """Whether the job's last chunk was handed out (or, for a resumed stream, its client had it):
+        no chunk is left to wait for."""
+        return self._subscription.finished
+
     async def wait_chunk(self, within_s: float) -> Chunk | None:
-        """The next chunk, or None if `within_s` passes first; the deadline's error if that passes first."""
+        """The next chunk, or None if `within_s` passes first or none is left (`ended`); the deadline's
+        error if that passes first."""
+        if self.ended:
+            return None
         limit = min(asyncio.get_running_loop().time() + within_s, self._deadline)
         return await self._next(limit, before_deadline=limit < self._deadline)
 
     async def chunks(self, first: Chunk | None = None) -> AsyncIterator[Chunk]:
         """Every chunk (starting with `first`, if already taken) until the last; the deadline's error."""
+        if first is None and self.ended:
+            return
         chunk = first
         while chunk is None or not chunk.is_last:
             if chunk is not None:
@@ -193,6 +204,15 @@ class JobRun:
             await self._queue.give_up(self.job.id, leaves=leaves)
 
 
+class NothingDelivered:
+    """The charge of a resumed stream whose client already had the answer's end: it relays no chunk."""
+
+    tokens = 0
+
+    def chunk(self, chunk: Chunk) -> None:
+        """Never called: the run hands out no chunk."""
+
+
 class JobRuns:
     """Starts the runs of this front door's jobs: queued afresh, or resumed after a lost connection."""
 
@@ -251,6 +271,11 @@ class JobRuns:
             observer.closed(finished=False)
             await asyncio.shield(self._abandon(job.id, ticket, cancel=False))
             raise
+        if earlier and earlier[-1].is_last:
+            # The client had the answer's last event (it lost only what followed, maybe `[DONE]`):
+            # nothing is left to read, and waiting for more would hold it until the deadline.
+            ended = self._reader.subscribe_ended(job.id, job.model, after)
+            return self._run(job, ended, ticket, observer, NothingDelivered()), earlier
         subscription = self._reader.subscribe(job.id, job.model, after, streamed=True)
         if self._reader.blocked:
             # Without the poke, the reader's next pass (within BLOCK_MS) picks the subscription up.

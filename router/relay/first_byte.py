@@ -66,7 +66,8 @@ async def _events(
     run: JobRun, relay: Relay, first: Chunk | None, every_s: float, status: ModelStatusReader
 ) -> AsyncIterator[bytes]:
     try:
-        while first is None:
+        # A resumed stream whose client had the last event (`run.ended`) gets only the stream's end.
+        while first is None and not run.ended:
             yield await _progress_comment(run.job.model, status)
             first = await run.wait_chunk(every_s)
         # The relay takes a chunk, then yields its events: they come from the chunk taken last.

@@ -160,6 +160,34 @@ async def test_a_stream_read_to_its_end_can_still_be_resumed_for_its_last_events
     assert rest[-1][1] == "[DONE]"
 
 
+@pytest.mark.parametrize("include_usage", [False, True], ids=["text", "with usage"])
+async def test_a_stream_resumed_after_its_last_event_ends_at_once(
+    redis: aioredis.Redis, redis_server: PrivateRedis, include_usage: bool
+) -> None:
+    """A client that lost only the stream's end (`[DONE]`) and resumed from the last event it had waited
+    for more until the request's deadline, then got a timeout instead of the end of its answer."""
+    body = {**STREAM, "stream_options": {"include_usage": include_usage}}
+    settings = settings_for(redis_server.url, 3.0, first_byte_budget_s=0.1)
+    async with serving(settings) as client, asyncio.timeout(30):
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            job = await next_job(redis)
+            await slow_worker(redis, job, every_s=0)
+            everything = await events(response.aiter_lines())
+        last_event_id = everything[-1][0]  # the events of the last chunk, `[DONE]` among them
+        assert last_event_id == everything[-2][0]
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(2):  # the deadline (3 s) would come later
+            resumed = await client.post(
+                "/v1/chat/completions", json=body, headers={"Last-Event-ID": last_event_id}
+            )
+        took_s = asyncio.get_running_loop().time() - started
+        assert await redis.ttl(keys.result_stream(job.id)) <= keys.FINISHED_RESULT_TTL_S
+        assert not await redis.exists(keys.cancel_mark(job.id))
+    assert resumed.status_code == 200, resumed.text
+    assert await events(aiter_lines(resumed.text)) == [(last_event_id, "[DONE]")]
+    assert took_s < 1.0
+
+
 async def test_two_clients_reading_one_stream_both_get_the_end_and_one_leaving_cancels_nothing(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
