@@ -81,7 +81,8 @@ class Pipeline:
         self._health.require_up()
         if resume is not None:
             return await self._resumed(job, caller, resume, relay)
-        await check_job_fits(self._limits, job)
+        # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
+        await check_job_fits(self._limits, job, template_renders_tools=model.tool_call_parser is not None)
         run = await self._queued(job, caller)
         return await self._relayed(run, relay, stream=chat.stream)
 

@@ -2,7 +2,9 @@
 
 A request that cannot fit the model's context (a prompt longer in characters than any text of
 max_model_len tokens can be, or max_tokens beyond the context) is refused here, before it is queued
-or tokenized anywhere. Limits are known once the model has been loaded anywhere; until then, the
+or tokenized anywhere. A chat's prompt counts what its template certainly renders
+(`context_length.least_chat_chars`): its messages' text and, where the model's template renders
+tools, its tool calls and tools; never more, so that nothing that could fit is refused. Limits are known once the model has been loaded anywhere; until then, the
 worker makes the same checks (and its answer is still a 400 before the first byte).
 """
 
@@ -48,28 +50,38 @@ class RequestSize:
         *,
         prompt_param: str,
         prompt_chars: int,
+        prompt_text_of: str | None = None,
         max_tokens: int | None,
         prompt_tokens: int = 0,
         token_ids: list[int] | None = None,
         logit_bias: dict[int, float] | None = None,
     ) -> None:
         self.prompt_param = prompt_param
-        # The longest prompt, in characters, and (prompts given as token ids) in tokens.
+        # The longest prompt, in characters (at most what it will hold), and (prompts given as token
+        # ids) in tokens; the request's parts the characters were counted from, if more than the param.
         self.prompt_chars = prompt_chars
+        self.prompt_text_of = prompt_text_of
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.token_ids = token_ids or []
         self.logit_bias = logit_bias or {}
 
 
-def size_of(job: Job) -> RequestSize:
-    """What `job` asks of its model's context."""
+def size_of(job: Job, *, template_renders_tools: bool = False) -> RequestSize:
+    """What `job` asks of its model's context; `template_renders_tools`: whether the model's chat
+    template renders tools and tool calls (a model with a tool-call parser)."""
     sampling = job.sampling
     if job.messages is not None:
-        chars = sum(len(m.content or "") for m in job.messages)
+        counts_tools = template_renders_tools and (
+            bool(job.tools) or any(message.tool_calls for message in job.messages)
+        )
+        chars = context_length.least_chat_chars(
+            job.messages, job.tools, template_renders_tools=template_renders_tools
+        )
         return RequestSize(
             prompt_param="messages",
             prompt_chars=chars,
+            prompt_text_of="`messages` and `tools`" if counts_tools else None,
             max_tokens=sampling.max_tokens,
             logit_bias=sampling.logit_bias,
         )
@@ -85,17 +97,20 @@ def size_of(job: Job) -> RequestSize:
     )
 
 
-async def check_job_fits(cache: ModelLimitsCache, job: Job) -> None:
-    """Refuse (400) a job that cannot fit its model, where the model's limits are known."""
+async def check_job_fits(cache: ModelLimitsCache, job: Job, *, template_renders_tools: bool = False) -> None:
+    """Refuse (400) a job that cannot fit its model, where the model's limits are known;
+    `template_renders_tools` as for `size_of`."""
     limits = await cache.get(job.model)
     if limits is not None:
-        check_fits(limits, size_of(job))
+        check_fits(limits, size_of(job, template_renders_tools=template_renders_tools))
 
 
 def check_fits(limits: ModelLimits, size: RequestSize) -> None:
     """Refuse (400) what cannot fit `limits`, naming the parameter at fault."""
     refusals = (
-        context_length.text_refusal(limits, size.prompt_chars, size.prompt_param),
+        context_length.text_refusal(
+            limits, size.prompt_chars, size.prompt_param, text_of=size.prompt_text_of
+        ),
         context_length.prompt_refusal(limits, size.prompt_tokens, size.prompt_param),
         context_length.completion_refusal(limits, size.max_tokens, size.prompt_param, prompt_tokens=None),
     )
