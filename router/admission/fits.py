@@ -4,8 +4,9 @@ A request that cannot fit the model's context (a prompt longer in characters tha
 max_model_len tokens can be, or max_tokens beyond the context) is refused here, before it is queued
 or tokenized anywhere. A chat's prompt counts what its template certainly renders
 (`context_length.least_chat_chars`): its messages' text and, where the model's template renders
-tools, its tool calls and tools; never more, so that nothing that could fit is refused. Limits are known once the model has been loaded anywhere; until then, the
-worker makes the same checks (and its answer is still a 400 before the first byte).
+tools, its tool calls and tools; never more, so that nothing that could fit is refused. Limits are
+known once the model has been loaded anywhere; until then, the worker makes the same checks (and
+its answer is still a 400 before the first byte).
 """
 
 from __future__ import annotations
