@@ -166,7 +166,9 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
 
 
 def _arguments(text: str) -> Any:
+    """An earlier call's arguments as the mapping templates expect; text that is not JSON, or JSON
+    nested too deeply to parse (a client's `[[[[…`), goes to the template as the text it is."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text

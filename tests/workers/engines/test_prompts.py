@@ -254,6 +254,21 @@ def test_tool_calls_reach_the_template_with_arguments_as_mappings(own_tokenizer:
     )
 
 
+def test_arguments_nested_too_deeply_to_parse_reach_the_template_as_text(own_tokenizer: Any) -> None:
+    own_tokenizer.chat_template = TOOL_TEMPLATE
+    deep = "[" * 100_000
+    request = chat_request(
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", tool_calls=(ToolCall(id="call_1", name="f", arguments=deep),)),
+    )
+    built = builder(own_tokenizer, max_model_len=200_000).build(request)
+    assert f"call_1/function/f(text={deep})" in built.text
+    # Where it does not fit, it is the client's refusal, not a RecursionError in the engine.
+    with pytest.raises(InvalidEngineRequest) as refused:
+        builder(own_tokenizer).build(request)
+    assert refused.value.code == "context_length_exceeded"
+
+
 # --- max_tokens after the prompt ------------------------------------------------------------------
 
 
