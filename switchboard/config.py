@@ -1,7 +1,8 @@
 """One settings tree for the front door and the workers: TOML file, then environment overrides.
 
 Environment variables override single fields: ``SWITCHBOARD_<SECTION>__<FIELD>`` (for example
-``SWITCHBOARD_ROUTER__PORT=8001``), and ``REDIS_URL`` sets ``redis.url``. Values are read as TOML
+``SWITCHBOARD_ROUTER__PORT=8001``), ``REDIS_URL`` sets ``redis.url`` and ``REDIS_URL_FILE`` sets
+``redis.url_file``. Values are read as TOML
 literals where they parse as one (numbers, booleans, arrays) and as plain strings otherwise.
 Everything is validated at start, so a typo fails loudly before anything serves.
 """
@@ -64,6 +65,9 @@ class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """
 
     url: str | None = None
+    # A file that holds the URL (a mounted secret, say), so that a password in it is on no command
+    # line and in no environment; `url` wins where both are set. Read once, at start.
+    url_file: str | None = None
     # Every key Switchboard writes starts with this, so that several deployments can share a Redis.
     key_prefix: Annotated[str, msgspec.Meta(max_length=64, pattern=keys.PREFIX_PATTERN)] = "sb"
     # The private redis-server of `switchboard up` holds at most this much (Redis units: "512mb",
@@ -297,6 +301,8 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
+    if settings.redis.url is None and settings.redis.url_file:
+        settings.redis.url = _read_url_file(settings.redis.url_file)
     if not settings.models:
         settings.models = [demo_model(settings)]
     _check_consistency(settings)
@@ -318,9 +324,28 @@ def _check_triton_names(names: list[str]) -> None:
         seen[key] = name
 
 
+def _read_url_file(path: str) -> str:
+    """The Redis URL kept in `path`; what the file holds is never quoted back (it has a password)."""
+    try:
+        url = Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read redis.url_file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"redis.url_file {path} is not UTF-8 text") from None
+    if not url:
+        raise ConfigError(f"redis.url_file {path} is empty; it should hold a URL like redis://:PASSWORD@host:6379/0")
+    return url
+
+
 def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    redis_table = raw.get("redis")
     if environ.get("REDIS_URL"):
         raw.setdefault("redis", {})["url"] = environ["REDIS_URL"]
+    elif environ.get("REDIS_URL_FILE"):
+        # The environment's file wins over the config file's URL, as REDIS_URL would.
+        if isinstance(redis_table, dict):
+            redis_table.pop("url", None)
+        raw.setdefault("redis", {})["url_file"] = environ["REDIS_URL_FILE"]
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue

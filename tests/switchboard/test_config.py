@@ -380,3 +380,41 @@ def test_keys_and_limits_from_the_file_and_the_admin_key_from_the_environment(tm
 def test_bad_keys_and_prefixes_are_refused(tmp_path: Path, change: tuple[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_settings(write(tmp_path, KEYED.replace(*change, 1)), environ={})
+
+
+SECRET_URL = "redis://:s3cret-password@db.internal:6379/0"
+
+
+def secret_file(tmp_path: Path, text: str = SECRET_URL + "\n") -> Path:
+    path = tmp_path / "redis-url"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def test_the_redis_url_is_read_from_the_file_named_by_redis_url_file(tmp_path: Path) -> None:
+    path = secret_file(tmp_path)
+    assert load_settings(None, environ={"REDIS_URL_FILE": str(path)}).redis.url == SECRET_URL
+    config = write(tmp_path, f'[redis]\nurl_file = "{path}"\n')
+    assert load_settings(config, environ={}).redis.url == SECRET_URL
+
+
+def test_redis_url_wins_over_a_url_file_and_the_environment_over_the_config_file(tmp_path: Path) -> None:
+    path = secret_file(tmp_path)
+    assert load_settings(None, environ={"REDIS_URL": "redis://h:1", "REDIS_URL_FILE": str(path)}).redis.url == (
+        "redis://h:1"
+    )
+    config = write(tmp_path, '[redis]\nurl = "redis://from-the-file:1"\n')
+    assert load_settings(config, environ={"REDIS_URL_FILE": str(path)}).redis.url == SECRET_URL
+
+
+def test_an_unreadable_or_empty_url_file_fails_loudly_without_quoting_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read redis.url_file"):
+        load_settings(None, environ={"REDIS_URL_FILE": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match="is empty"):
+        load_settings(None, environ={"REDIS_URL_FILE": str(secret_file(tmp_path, "\n"))})
+    binary = secret_file(tmp_path, "")
+    binary.write_bytes(b"redis://:pass\xff@h:1")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, environ={"REDIS_URL_FILE": str(binary)})
+    assert "pass" not in str(caught.value).replace("password", "")
