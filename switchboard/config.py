@@ -333,7 +333,9 @@ def _read_url_file(path: str) -> str:
     except UnicodeDecodeError:
         raise ConfigError(f"redis.url_file {path} is not UTF-8 text") from None
     if not url:
-        raise ConfigError(f"redis.url_file {path} is empty; it should hold a URL like redis://:PASSWORD@host:6379/0")
+        raise ConfigError(
+            f"redis.url_file {path} is empty; it should hold a URL like redis://:PASSWORD@host:6379/0"
+        )
     return url
 
 

@@ -110,7 +110,8 @@ class Launcher:
     """Workers and the front door of one stack, started, watched and stopped together.
 
     `port` is the front door's port and `host` its address (None: the configured one);
-    `redis_url`, when given, reaches every component as REDIS_URL.
+    `redis_url`, when given, reaches every component as REDIS_URL; `redis_url_file` as REDIS_URL_FILE,
+    which keeps a password out of the components' environment too.
     With `verbose` the components keep everything on the terminal and write no log file.
     """
 
@@ -121,6 +122,7 @@ class Launcher:
     config_path: Path | None = None
     env: Mapping[str, str] | None = None
     redis_url: str | None = None
+    redis_url_file: Path | None = None
     # Extra environment for worker i (0-based), on top of `env`, so workers can differ.
     worker_env: Sequence[Mapping[str, str]] = ()
     argv_prefix: Sequence[str] = SWITCHBOARD_ARGV
@@ -196,6 +198,9 @@ class Launcher:
         env[LOG_LABEL_ENV] = name
         if self.redis_url is not None:
             env["REDIS_URL"] = self.redis_url
+        if self.redis_url_file is not None:
+            env.pop("REDIS_URL", None)  # it would win over the file
+            env["REDIS_URL_FILE"] = str(self.redis_url_file)
         with contextlib.ExitStack() as stack:
             console = stack.enter_context(self.console.open("ab")) if self.console else None
             process = spawn_group(argv, env, stdout=console, cwd=self.cwd)

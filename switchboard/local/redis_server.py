@@ -1,14 +1,23 @@
-"""A private redis-server on a free port, for `switchboard up` and the tests."""
+"""A private redis-server on a free port, for `switchboard up` and the tests.
+
+Other local users must neither use it (any client could mint an admin key or read queued prompts)
+nor read its files. So it asks every client for a password made at start, which reaches it in a
+config file that only this user can read, never on its command line; its folders are 0700 and its
+files 0600. Clients get the password in `url`, or from the file at `url_file`.
+"""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from switchboard.local import with_parent
+from switchboard.local.private_files import PRIVATE_UMASK, make_private_tree, private_dir, write_private
 from switchboard.ports import free_port
 
 INSTALL_HINT = (
@@ -27,10 +36,11 @@ DEFAULT_MAXMEMORY = "1gb"
 
 
 class PrivateRedis:
-    """A redis-server child process on 127.0.0.1 that stops with its owner.
+    """A redis-server child process on 127.0.0.1 that stops with its owner, behind a password.
 
     It keeps nothing on disk, unless `persist_dir` is given: then it keeps an append-only file
-    there, which a server started again on that directory reads back (the directory is left alone).
+    there, which a server started again on that directory reads back (the directory is left alone,
+    but made private). The password holds for the object's life, across a stop and a start.
     """
 
     def __init__(
@@ -39,31 +49,47 @@ class PrivateRedis:
         self.port = port or free_port()
         self.maxmemory = maxmemory
         self.persist_dir = persist_dir
+        self.password = secrets.token_urlsafe(32)
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
-    def url(self) -> str:
-        """Where clients connect."""
+    def address(self) -> str:
+        """Where clients connect, without the password: for people and logs."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def url(self) -> str:
+        """Where clients connect, with the password: a secret."""
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def url_file(self) -> Path:
+        """A file only this user can read that holds `url` (for REDIS_URL_FILE), while it runs."""
+        return self._run_dir() / "redis.url"
 
     def start(self, timeout_s: float = 10.0) -> PrivateRedis:
         """Start the server and wait until it answers PING."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisServerError(INSTALL_HINT)
-        directory = self.persist_dir
-        if directory is None:
-            self._workdir = tempfile.TemporaryDirectory(prefix="switchboard-redis-")
-            directory = self._workdir.name
+        # The password, its URL and (unless persisted) the data live in a 0700 folder of this run.
+        self._workdir = tempfile.TemporaryDirectory(prefix="switchboard-redis-")
+        config = write_private(self._run_dir() / "redis.conf", f'requirepass "{self.password}"\n')
+        write_private(self.url_file, self.url + "\n")
+        directory = self._workdir.name
+        if self.persist_dir is not None:
+            directory = str(private_dir(Path(self.persist_dir)))
+            make_private_tree(Path(directory))
         # Ends with the process that started it, even one killed without a chance to stop it.
         self._process = subprocess.Popen(
             with_parent.wrap(
                 [
                     binary,
+                    str(config),
                     "--port",
                     str(self.port),
-                    # Loopback only, so that nothing else on the network reaches this password-less server.
+                    # Loopback only: nothing else on the network reaches it, password or not.
                     "--bind",
                     "127.0.0.1",
                     "--maxmemory",
@@ -81,9 +107,16 @@ class PrivateRedis:
                 ]
             ),
             stdout=subprocess.DEVNULL,
+            # What it writes (append-only file, snapshot) is this user's alone.
+            umask=PRIVATE_UMASK,
         )
         self._wait_ready(timeout_s)
         return self
+
+    def _run_dir(self) -> Path:
+        if self._workdir is None:
+            raise RedisServerError("start() the private Redis first")
+        return Path(self._workdir.name)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -93,8 +126,8 @@ class PrivateRedis:
                 raise RedisServerError(f"redis-server exited at start (code {self._process.returncode})")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
+                    sock.sendall(f"AUTH {self.password}\r\nPING\r\n".encode())
+                    if _replies(sock, 2) == b"+OK\r\n+PONG\r\n":
                         return
             except OSError:
                 pass
@@ -121,3 +154,14 @@ class PrivateRedis:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _replies(sock: socket.socket, count: int) -> bytes:
+    """The first `count` one-line replies on `sock` (Redis answers a PING while loading with an error)."""
+    received = b""
+    while received.count(b"\r\n") < count:
+        data = sock.recv(256)
+        if not data:
+            break
+        received += data
+    return received

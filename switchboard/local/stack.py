@@ -17,6 +17,7 @@ from pathlib import Path
 
 from switchboard.config import DEMO_MODEL_NAME, Settings
 from switchboard.local.launcher import Launcher, LauncherError
+from switchboard.local.private_files import NotPrivate, private_dir
 from switchboard.local.redis_server import PrivateRedis, RedisServerError
 from switchboard.ports import is_loopback_host, local_url_host
 
@@ -53,14 +54,15 @@ def run_stack(
             persist_dir = stack.enter_context(private_redis_dir(settings.redis.private_dir))
             redis = PrivateRedis(maxmemory=settings.redis.private_maxmemory, persist_dir=persist_dir).start()
             kept = f"; it keeps its data in {persist_dir}" if persist_dir else ""
-            _say(f"Redis: private redis-server at {redis.url} (stops with this command{kept})")
+            # Its address only: the password is for the components, which read it from a private file.
+            _say(f"Redis: private redis-server at {redis.address} (stops with this command{kept})")
         launcher = Launcher(
             port=settings.router.port,
             host=settings.router.host,
             log_dir=Path(log_dir).expanduser(),
             workers=workers,
             config_path=config_path,
-            redis_url=redis.url if redis else None,
+            redis_url_file=redis.url_file if redis else None,
             log_level=log_level,
             verbose=verbose,
             stop_timeout_s=STOP_TIMEOUT_S,
@@ -74,7 +76,7 @@ def run_stack(
         _say(f"Serving after {seconds:.0f} s")
         _print_examples(settings)
         return _supervise(launcher)
-    except (LauncherError, RedisServerError) as exc:
+    except (LauncherError, RedisServerError, NotPrivate) as exc:
         print(f"switchboard: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
@@ -109,8 +111,8 @@ def private_redis_dir(configured: str) -> Iterator[str | None]:
     if not configured:
         yield None
         return
-    folder = Path(configured).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    # Only this user may read the queued prompts and keys in it (see `private_files`).
+    folder = private_dir(Path(configured).expanduser())
     with open(folder / "switchboard.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

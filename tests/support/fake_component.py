@@ -9,6 +9,8 @@ It takes the command line the launcher gives `switchboard` and behaves as enviro
 - FAKE_IGNORE_TERM: a worker ignores SIGTERM (the launcher has to kill it);
 - FAKE_GRANDCHILD: a worker starts a long `sleep` in its process group and logs its pid;
 - FAKE_NOT_READY_TIMES: `/readyz` answers 503 (no live worker) this many times before 200;
+- REDIS_URL_FILE (as the launcher passes it): a worker pings that Redis, as the real one would
+  connect, and logs `redis answered`;
 - FAKE_CHAT_FAILURES: `/v1/chat/completions` answers 503 this many times before 200 (404 for model
   "unknown").
 """
@@ -50,6 +52,8 @@ def run_worker() -> None:
     if "FAKE_WORKER_EXIT" in os.environ:
         log("worker: giving up at once")
         sys.exit(int(os.environ["FAKE_WORKER_EXIT"]))
+    if os.environ.get("REDIS_URL_FILE"):
+        ping_redis()
     if os.environ.get("FAKE_GRANDCHILD"):
         sleeper = subprocess.Popen(["sleep", "600"])
         event(f"grandchild {sleeper.pid}")
@@ -61,6 +65,18 @@ def run_worker() -> None:
         if exit_after_ready and "router ready" in EVENTS.read_text():
             sys.exit(int(exit_after_ready))
         time.sleep(0.05)
+
+
+def ping_redis() -> None:
+    import redis
+
+    from switchboard.config import load_settings
+
+    url = load_settings(None).redis.url
+    assert url is not None
+    with redis.Redis.from_url(url) as client:
+        client.ping()
+    event("redis answered")
 
 
 class Handler(BaseHTTPRequestHandler):

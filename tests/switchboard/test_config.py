@@ -401,15 +401,15 @@ def test_the_redis_url_is_read_from_the_file_named_by_redis_url_file(tmp_path: P
 
 def test_redis_url_wins_over_a_url_file_and_the_environment_over_the_config_file(tmp_path: Path) -> None:
     path = secret_file(tmp_path)
-    assert load_settings(None, environ={"REDIS_URL": "redis://h:1", "REDIS_URL_FILE": str(path)}).redis.url == (
-        "redis://h:1"
-    )
+    assert load_settings(
+        None, environ={"REDIS_URL": "redis://h:1", "REDIS_URL_FILE": str(path)}
+    ).redis.url == ("redis://h:1")
     config = write(tmp_path, '[redis]\nurl = "redis://from-the-file:1"\n')
     assert load_settings(config, environ={"REDIS_URL_FILE": str(path)}).redis.url == SECRET_URL
 
 
 def test_an_unreadable_or_empty_url_file_fails_loudly_without_quoting_it(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read redis.url_file"):
+    with pytest.raises(ConfigError, match=r"cannot read redis\.url_file"):
         load_settings(None, environ={"REDIS_URL_FILE": str(tmp_path / "missing")})
     with pytest.raises(ConfigError, match="is empty"):
         load_settings(None, environ={"REDIS_URL_FILE": str(secret_file(tmp_path, "\n"))})

@@ -1,10 +1,15 @@
-"""The private Redis: loopback only, bounded memory, and a clean refusal when it is full."""
+"""The private Redis: loopback only, a password, private files, bounded memory, and a clean refusal
+when it is full."""
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
+import psutil
 import pytest
 import redis
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import AuthenticationError, OutOfMemoryError
 
 from switchboard.local.redis_server import DEFAULT_MAXMEMORY, PrivateRedis
 from tests.support.network import accepts, connection_refused, non_loopback_ipv4
@@ -30,3 +35,34 @@ def test_a_full_server_refuses_writes_and_keeps_what_it_holds() -> None:
             for index in range(1000):
                 client.set(f"filler:{index}", b"x" * 100_000)
         assert client.get("filler:0") == b"x" * 100_000
+
+
+def test_a_client_without_the_password_is_refused(redis_server: PrivateRedis) -> None:
+    with redis.Redis(port=redis_server.port) as stranger, pytest.raises(AuthenticationError):
+        stranger.keys("*")
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert client.ping()
+    assert redis_server.password not in redis_server.address
+
+
+def test_the_password_is_on_no_command_line_and_its_files_are_this_users_alone(tmp_path: Path) -> None:
+    folder = tmp_path / "redis"
+    folder.mkdir(mode=0o755)
+    (folder / "appendonlydir").mkdir(mode=0o755)
+    left = folder / "appendonlydir" / "old.aof"
+    left.write_text("an earlier run's file, world-readable")
+    left.chmod(0o644)
+    with PrivateRedis(persist_dir=str(folder)) as server, redis.Redis.from_url(server.url) as client:
+        client.set("prompt", "something private")
+        servers = [p for p in psutil.Process().children(recursive=True) if p.name() == "redis-server"]
+        assert any(f":{server.port}" in " ".join(p.cmdline()) for p in servers)
+        for process in servers:
+            assert server.password not in " ".join(process.cmdline())
+        url_file = server.url_file
+        assert url_file.read_text().strip() == server.url
+        files = [path for path in [*folder.rglob("*"), *url_file.parent.rglob("*")] if path.is_file()]
+        assert any(path.suffix == ".aof" and path != left for path in files), files
+        for path in [folder, *folder.rglob("*"), url_file.parent, *url_file.parent.iterdir()]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    assert not url_file.exists()  # the password's files go with the server

@@ -5,10 +5,14 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
+from redis.exceptions import AuthenticationError
 
 from switchboard.config import load_settings
 from switchboard.local import stack
@@ -107,6 +111,7 @@ def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) 
         names = sorted(" ".join(child.cmdline()[:3]) for child in children)
         assert len(children) == 4, names  # redis-server, two workers, the front door
         assert any("redis-server" in name for name in names)
+        _the_private_redis_is_for_this_user_alone(up.pid, children, tmp_path)
         up.kill()  # SIGKILL: `up` cannot stop anything itself
         up.wait()
         _, alive = psutil.wait_procs(children, timeout=15)
@@ -114,6 +119,36 @@ def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) 
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def _the_private_redis_is_for_this_user_alone(up_pid: int, children: list[Any], tmp_path: Path) -> None:
+    """Other local users can neither use the stack's Redis nor read its files or its password."""
+    import psutil
+
+    workers = [
+        child for child in children if child.environ().get("SWITCHBOARD_LOG_LABEL", "").startswith("worker")
+    ]
+    url_file = Path(workers[0].environ()["REDIS_URL_FILE"])
+    url = url_file.read_text().strip()
+    password = redis.connection.parse_url(url)["password"]
+    assert len(password) >= 32
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with redis.Redis(port=port) as stranger, pytest.raises(AuthenticationError):
+        stranger.set("sb:key:mine", "admin")  # minting an admin key, say
+    # The components were given the file, not the password, and reached Redis with it.
+    events = (tmp_path / "events").read_text()
+    assert events.count("redis answered") == 2, events
+    for process in [psutil.Process(up_pid), *children]:
+        assert password not in " ".join(process.cmdline()), process.cmdline()
+        assert password not in str(process.environ())
+    assert stat.S_IMODE(url_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(url_file.parent.stat().st_mode) == 0o700
+    folder = tmp_path / "redis"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    kept = [path for path in folder.rglob("*") if path.is_file()]
+    assert any("appendonly" in path.name for path in kept), kept
+    for path in kept:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
 
 
 def test_the_private_redis_folder_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
