@@ -47,6 +47,7 @@ from workers.runtime.machine import machine_kind, memory_budget_bytes
 from workers.runtime.metrics import SLOTS
 from workers.runtime.metrics_server import MetricsServer
 from workers.runtime.placement import Placement
+from workers.runtime.private_runtime import private_process_files
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 
@@ -381,6 +382,8 @@ def run_worker(settings: Settings) -> None:
             worker = Worker(settings, owns_process=True)
         except CannotStart as exc:
             raise SystemExit(f"switchboard worker: {exc}") from None
-        asyncio.run(worker.run())
+        # Before Triton and the engines start: what they create is this user's alone.
+        with private_process_files():
+            asyncio.run(worker.run())
     finally:
         guard.terminate()

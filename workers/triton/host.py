@@ -1,5 +1,10 @@
 """The worker's PyTriton host: one Triton server, one decoupled model per engine it holds, bound and
-unbound while the server runs as models are loaded and unloaded."""
+unbound while the server runs as models are loaded and unloaded.
+
+Only the worker's user reaches this Triton: it serves gRPC on a Unix socket in a private folder
+(see `unix_socket`) and no HTTP, with no access token on its command line, and the shared memory
+that carries jobs to the models is closed to other users (see `shm_regions`).
+"""
 
 from __future__ import annotations
 
@@ -18,12 +23,15 @@ import numpy as np
 from pytriton.client.utils import create_client_from_url
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.data import TensorStore
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 from switchboard.config import triton_model_name
 from switchboard.ports import free_port
 from workers.engines.base import Engine
+from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
+from workers.triton import unix_socket
 from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
+from workers.triton.shm_regions import ShmRegions, remove_stale_regions
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +60,12 @@ def send_tensors_inline() -> None:
     os.environ["PYTRITON_NO_TENSORSTORE"] = "1"
 
 
-# Triton's HTTP, gRPC and metrics endpoints listen here (PyTriton's default is every address).
+# Triton's metrics endpoint listens here (PyTriton's default is every address); it serves no
+# HTTP API, and gRPC on a Unix socket.
 LISTEN_ADDRESS = "127.0.0.1"
+# No endpoint needs PyTriton's access token: nothing but this user reaches the socket. (With
+# one, the token would be on Triton's command line, which every local user can read.)
+NO_RESTRICTED_ENDPOINTS = TritonSecurityConfig(restricted_endpoints=[])
 
 # How long Triton may take to finish unloading a model (its in-flight requests have ended).
 UNLOAD_TIMEOUT_S = 30.0
@@ -69,29 +81,38 @@ class TritonHost:
     """Starts Triton on free ports and binds engines to it as streaming models."""
 
     def __init__(self, *, coalescing: CoalescingPolicy) -> None:
-        self.http_port = free_port()
-        self.grpc_port = free_port()
+        # No TCP port but the metrics one: Triton serves no HTTP, and gRPC on a Unix socket.
+        self.http_port = 0
+        self.grpc_port = 0
         self.metrics_port = free_port()
         self._coalescing = coalescing
         self._triton: Triton | None = None
+        self._socket_dir: Path | None = None
+        self._shm: ShmRegions | None = None
         # Models being unbound in the background: the thread, and the old stub's data socket.
         self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
 
     @property
     def grpc_address(self) -> str:
-        """Where the consumer reaches this Triton over gRPC."""
-        return f"127.0.0.1:{self.grpc_port}"
+        """Where the consumer reaches this Triton over gRPC (a Unix socket)."""
+        if self._socket_dir is None:
+            raise RuntimeError("start() the Triton host first")
+        return unix_socket.client_target(self._socket_dir)
 
     def start(self) -> None:
         """Launch the Triton server process (a few seconds)."""
         use_own_libpython()
         send_tensors_inline()
+        unix_socket.teach_pytriton()
+        # What workers of this user killed outright left: their sockets' folders, their regions.
+        remove_stale_runtime_dirs()
+        remove_stale_regions()
+        self._socket_dir = runtime_dir("triton")
         config = TritonConfig(
-            # Only this worker talks to its Triton: nothing else on the network may reach it.
-            http_address=LISTEN_ADDRESS,
-            http_port=self.http_port,
-            grpc_address=LISTEN_ADDRESS,
-            grpc_port=self.grpc_port,
+            # Only this worker talks to its Triton: no other user, nothing on the network.
+            allow_http=False,
+            grpc_address=unix_socket.socket_address(self._socket_dir),
+            grpc_port=unix_socket.SOCKET_PORT,
             metrics_address=LISTEN_ADDRESS,
             metrics_port=self.metrics_port,
             log_verbose=0,
@@ -100,15 +121,14 @@ class TritonHost:
             # bind waits for readiness in steps of a second.)
             strict_readiness=False,
         )
-        self._triton = _run_triton(config)
-        logger.info(
-            "triton started",
-            extra={
-                "http_port": self.http_port,
-                "grpc_port": self.grpc_port,
-                "metrics_port": self.metrics_port,
-            },
-        )
+        try:
+            self._triton = _run_triton(config)
+        except BaseException:
+            remove_runtime_dir(self._socket_dir)
+            self._socket_dir = None
+            raise
+        self._shm = ShmRegions(_shm_prefix(self._triton))
+        logger.info("triton started", extra={"grpc": self.grpc_address, "metrics_port": self.metrics_port})
 
     def bind(self, model: str, engine: Engine) -> EngineCallable:
         """Serve `engine` as the decoupled Triton model `triton_model_name(model)` (about 2 s).
@@ -120,14 +140,15 @@ class TritonHost:
         name = triton_model_name(model)
         self._wait_until_unloaded(name)
         try:
-            triton.bind(
-                model_name=name,
-                infer_func=callable_,
-                inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
-                outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
-                config=ModelConfig(decoupled=True, batching=False),
-                strict=False,
-            )
+            with self._private_shm():
+                triton.bind(
+                    model_name=name,
+                    infer_func=callable_,
+                    inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
+                    outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
+                    config=ModelConfig(decoupled=True, batching=False),
+                    strict=False,
+                )
         except BaseException:
             # PyTriton registers the model before Triton loads it: a load that failed would
             # make every later bind of the name fail ("same name twice") for the worker's life.
@@ -191,17 +212,25 @@ class TritonHost:
         triton = self._running()
         deadline = time.monotonic() + UNLOAD_TIMEOUT_S
         with contextlib.closing(create_client_from_url(triton._url)) as client:
-            while _still_loaded(client.get_model_repository_index(headers=self._control_headers()), name) or (
+            while _still_loaded(self._repository_index(client), name) or (
                 data_socket is not None and data_socket.exists()
             ):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"Triton did not unload {name} within {UNLOAD_TIMEOUT_S:g} s")
                 time.sleep(0.02)
 
+    def _repository_index(self, client: Any) -> list[dict[str, str]]:
+        """Triton's models and their states (the gRPC client's answer, as dicts)."""
+        index = client.get_model_repository_index(headers=self._control_headers(), as_json=True)
+        return list(index.get("models", []))
+
     def _control_headers(self) -> dict[str, str] | None:
-        # Model control is guarded by PyTriton's access token.
+        # None: model control is guarded by the socket's folder, not by a token (see the module).
         headers: dict[str, str] | None = self._running()._model_manager._headers
         return headers
+
+    def _private_shm(self) -> contextlib.AbstractContextManager[None]:
+        return self._shm.kept_private() if self._shm is not None else contextlib.nullcontext()
 
     def _running(self) -> Triton:
         if self._triton is None:
@@ -222,6 +251,19 @@ class TritonHost:
         if self._triton is not None:
             self._triton.stop()
             self._triton = None
+        # Triton removes its regions on a clean stop; whatever a stub that died left goes too.
+        if self._shm is not None:
+            self._shm.remove()
+            self._shm = None
+        if self._socket_dir is not None:
+            remove_runtime_dir(self._socket_dir)
+            self._socket_dir = None
+
+
+def _shm_prefix(triton: Triton) -> str:
+    """PyTriton's prefix for the shared memory regions of this Triton's models."""
+    prefix: str = triton._python_backend_config["shm-region-prefix-name"]
+    return prefix
 
 
 def _run_triton(config: TritonConfig) -> Triton:
@@ -232,7 +274,7 @@ def _run_triton(config: TritonConfig) -> Triton:
     fails with ETXTBSY until that child has exec'd or exited, a fraction of a second later.
     """
     for attempt in range(1, TRITON_START_ATTEMPTS + 1):
-        triton = Triton(config=config)
+        triton = Triton(config=config, security_config=NO_RESTRICTED_ENDPOINTS)
         try:
             triton.run()
             return triton

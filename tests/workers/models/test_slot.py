@@ -8,15 +8,15 @@ that an unload waits for the jobs holding leases, and that the consumer reads on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+import tritonclient.grpc
 
 from switchboard import keys
 from switchboard.config import ModelConfig, triton_model_name
@@ -60,12 +60,8 @@ class Host:
         )
 
     def ready_in_triton(self, model: str) -> bool:
-        url = f"http://127.0.0.1:{self.triton.http_port}/v2/models/{triton_model_name(model)}/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return bool(response.status == 200)
-        except urllib.error.HTTPError:
-            return False
+        with contextlib.closing(tritonclient.grpc.InferenceServerClient(self.triton.grpc_address)) as client:
+            return bool(client.is_model_ready(triton_model_name(model)))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

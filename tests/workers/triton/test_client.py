@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
+import socket
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -122,3 +125,44 @@ async def test_a_closed_client_ends_the_jobs_still_waiting(host: TritonHost, slo
     with pytest.raises(TritonStreamError, match="closed"):
         await texts(client, "fast 1")
     await slot.abort(hung.id)  # still running in the engine, for nobody
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="acting as another user takes root")
+async def test_another_local_user_cannot_reach_triton_while_the_workers_jobs_are_served(
+    host: TritonHost, slot: ModelSlot
+) -> None:
+    """Anyone who reached Triton's gRPC could send it jobs, or load a Python model that runs code
+    as the worker; another user of the machine is refused at connect."""
+    assert not reachable_by(pwd.getpwnam("nobody"), host.grpc_address)
+    lease = slot.lease()
+    try:
+        assert len(await texts(lease.served.client, "fast 2")) == 2
+    finally:
+        lease.release()
+
+
+def reachable_by(user: pwd.struct_passwd, target: str) -> bool:
+    """Whether `user` can connect to the gRPC target (`unix:PATH` or `HOST:PORT`), tried in a child
+    that becomes that user."""
+    child = os.fork()
+    if child == 0:  # only system calls here, then out: the parent's threads are not in the child
+        code = 3
+        try:
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            if target.startswith("unix:"):
+                with socket.socket(socket.AF_UNIX) as unix:
+                    unix.connect(target.removeprefix("unix:"))
+            else:
+                address, _, port = target.rpartition(":")
+                socket.create_connection((address, int(port)), timeout=5).close()
+            code = 0
+        except PermissionError:
+            code = 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 1), f"the attempt failed otherwise (exit code {code})"
+    return code == 0

@@ -1,19 +1,27 @@
-"""The worker's Triton listens on loopback only: nothing else on the network reaches its ports."""
+"""The worker's Triton is the worker's alone: no port but metrics (on loopback), no token on its
+command line, and its shared memory and socket closed to other users and gone when it stops."""
 
 from __future__ import annotations
 
 import errno
+import os
+import stat
+import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
+import psutil
 import pytest
 from pytriton.triton import TritonConfig
 
-from tests.support.network import accepts, connection_refused, non_loopback_ipv4
+from tests.support.network import connection_refused, non_loopback_ipv4
 from tests.support.scripted_engine import ScriptedEngine
 from workers.triton import host
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
+from workers.triton.shm_regions import SHM_DIR
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +34,64 @@ def triton() -> Iterator[TritonHost]:
         host.stop()
 
 
-def test_http_grpc_and_metrics_ports_refuse_connections_on_other_addresses(triton: TritonHost) -> None:
+def test_triton_listens_on_no_tcp_port_but_its_metrics_one_on_loopback(triton: TritonHost) -> None:
+    """Its gRPC and HTTP APIs are on no port any local user (or the network) could reach."""
+    server = _triton_server(triton)
+    listening = {(c.laddr.ip, c.laddr.port) for c in server.net_connections("inet") if c.status == "LISTEN"}
+    assert listening == {("127.0.0.1", triton.metrics_port)}
     address = non_loopback_ipv4()
-    ports = {"http": triton.http_port, "grpc": triton.grpc_port, "metrics": triton.metrics_port}
-    for name, port in ports.items():
-        assert accepts("127.0.0.1", port), f"Triton's {name} port {port} does not answer on loopback"
-        assert connection_refused(address, port), f"Triton's {name} port {port} is reachable on {address}"
+    assert connection_refused(address, triton.metrics_port), (
+        f"Triton's metrics port is reachable on {address}"
+    )
+
+
+def test_tritons_command_line_holds_no_token(triton: TritonHost) -> None:
+    """Every local user can read /proc/PID/cmdline: no secret may be there (nor is one needed)."""
+    command_line = Path(f"/proc/{_triton_server(triton).pid}/cmdline").read_bytes().decode()
+    assert "restricted" not in command_line and "access-token" not in command_line, command_line
+    assert triton._control_headers() is None
+
+
+def test_shared_memory_and_the_socket_are_this_users_alone_and_go_with_the_host(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a worker that was killed outright, say
+    stale_region = SHM_DIR / f"pytrtion{gone.pid}-0badc0de-left-behind"
+    stale_folder = Path(tempfile.gettempdir()) / f"switchboard-{gone.pid}-triton-leftover"
+    live_region = SHM_DIR / f"pytrtion{os.getpid()}-0badc0de-still-in-use"
+    for region in (stale_region, live_region):
+        region.write_bytes(b"a prompt")
+    stale_folder.mkdir(mode=0o700)
+    (stale_folder / "grpc:1").write_bytes(b"")
+    host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100))
+    try:
+        host.start()
+        assert not stale_region.exists() and not stale_folder.exists()
+        assert live_region.exists(), "a running process's region is left alone"
+        host.bind("m", ScriptedEngine())
+        assert host._shm is not None
+        regions = host._shm.paths()
+        assert regions, "the model's stub has a region"
+        for region in regions:
+            assert stat.S_IMODE(region.stat().st_mode) == 0o600, region
+        socket_path = Path(host.grpc_address.removeprefix("unix:"))
+        assert stat.S_ISSOCK(socket_path.stat().st_mode)
+        assert stat.S_IMODE(socket_path.parent.stat().st_mode) == 0o700
+    finally:
+        host.stop()
+        live_region.unlink()
+    assert not any(region.exists() for region in regions)
+    assert not socket_path.parent.exists()
+
+
+def _triton_server(triton: TritonHost) -> psutil.Process:
+    """This host's tritonserver process (tests may have started others)."""
+    (server,) = [
+        process
+        for process in psutil.Process().children(recursive=True)
+        if process.name() == "tritonserver"
+        and f"--metrics-port {triton.metrics_port}" in " ".join(process.cmdline())
+    ]
+    return server
 
 
 def test_the_triton_server_dies_with_a_killed_worker() -> None:
@@ -87,7 +147,7 @@ class _BusyOnce:
 
     made: ClassVar[list[_BusyOnce]] = []
 
-    def __init__(self, config: object) -> None:
+    def __init__(self, config: object, **_: object) -> None:
         self.stopped = False
         _BusyOnce.made.append(self)
 

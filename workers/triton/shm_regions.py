@@ -1,0 +1,86 @@
+"""The shared memory through which Triton hands each job (the prompt) to a model's Python stub.
+
+Triton's Python backend makes one region per model in /dev/shm, named after PyTriton's prefix for
+this Triton (`pytrtion<pid>-<hex>`), and makes it readable by every local user (mode 0644, set
+explicitly, so the umask does not help). This host closes each region to other users as soon as
+it appears, removes this Triton's regions when it stops, and at start removes those left by this
+user's processes that are gone (a worker killed outright leaves its regions behind).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from workers.runtime.private_runtime import pid_is_gone
+
+SHM_DIR = Path("/dev/shm")
+# PyTriton's own spelling.
+_REGION = re.compile(r"^pytrtion(\d+)-")
+# How often regions are looked for while a model loads: the longest one stays readable by others.
+WATCH_EVERY_S = 0.005
+
+
+class ShmRegions:
+    """The regions of one Triton, known by PyTriton's prefix for it."""
+
+    def __init__(self, prefix: str, directory: Path = SHM_DIR) -> None:
+        self.prefix = prefix
+        self._directory = directory
+
+    def paths(self) -> list[Path]:
+        """This Triton's regions now."""
+        with contextlib.suppress(OSError), os.scandir(self._directory) as entries:
+            return [Path(entry.path) for entry in entries if entry.name.startswith(self.prefix)]
+        return []
+
+    def make_private(self) -> None:
+        """Close every region of this Triton to other users (mode 0600)."""
+        for path in self.paths():
+            with contextlib.suppress(OSError):
+                if stat.S_IMODE(path.stat().st_mode) & 0o077:
+                    path.chmod(0o600)
+
+    @contextlib.contextmanager
+    def kept_private(self) -> Iterator[None]:
+        """While a model loads (its stub makes a region), close new regions as soon as they appear."""
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(WATCH_EVERY_S):
+                self.make_private()
+
+        watcher = threading.Thread(target=watch, name="shm-private", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+            self.make_private()
+
+    def remove(self) -> None:
+        """Remove this Triton's regions (after it stopped)."""
+        for path in self.paths():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def remove_stale_regions(directory: Path = SHM_DIR) -> list[Path]:
+    """Remove this user's regions of Tritons whose process is gone; returns them."""
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            match = _REGION.match(entry.name)
+            if match is None or not pid_is_gone(int(match[1])):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid == os.getuid():
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
