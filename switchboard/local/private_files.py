@@ -7,7 +7,10 @@ belong to this user (another user could have made it first, to read what lands t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -58,3 +61,30 @@ def _chmod(path: Path, mode: int) -> None:
         return
     if stat.S_IMODE(info.st_mode) != mode:
         path.chmod(mode)
+
+
+def pid_is_gone(pid: int) -> bool:
+    """Whether no process has this id (one of another user's still counts as there)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_dirs_of_gone_processes(parent: Path, name: re.Pattern[str]) -> list[Path]:
+    """Remove this user's folders in `parent` whose name matches `name`, with the process id as
+    its first group, where that process is gone; returns them."""
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            match = name.match(entry.name)
+            if match is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid() or not pid_is_gone(int(match[1])):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed

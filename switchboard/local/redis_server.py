@@ -8,6 +8,8 @@ files 0600. Clients get the password in `url`, or from the file at `url_file`.
 
 from __future__ import annotations
 
+import os
+import re
 import secrets
 import shutil
 import socket
@@ -17,7 +19,13 @@ import time
 from pathlib import Path
 
 from switchboard.local import with_parent
-from switchboard.local.private_files import PRIVATE_UMASK, make_private_tree, private_dir, write_private
+from switchboard.local.private_files import (
+    PRIVATE_UMASK,
+    make_private_tree,
+    private_dir,
+    remove_dirs_of_gone_processes,
+    write_private,
+)
 from switchboard.ports import free_port
 
 INSTALL_HINT = (
@@ -29,6 +37,9 @@ INSTALL_HINT = (
 class RedisServerError(RuntimeError):
     """The private Redis server could not be started."""
 
+
+# switchboard-redis-<pid of the process that started it>-<random>
+_RUN_DIR = re.compile(r"^switchboard-redis-(\d+)-")
 
 # Past this much data, writes are refused (noeviction): a full Redis answers errors that the
 # front door turns into 503s, instead of evicting queued jobs or being killed for memory.
@@ -73,8 +84,10 @@ class PrivateRedis:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisServerError(INSTALL_HINT)
-        # The password, its URL and (unless persisted) the data live in a 0700 folder of this run.
-        self._workdir = tempfile.TemporaryDirectory(prefix="switchboard-redis-")
+        # The password, its URL and (unless persisted) the data live in a 0700 folder of this run;
+        # those of runs killed outright (their servers ended with them) go first.
+        remove_dirs_of_gone_processes(Path(tempfile.gettempdir()), _RUN_DIR)
+        self._workdir = tempfile.TemporaryDirectory(prefix=f"switchboard-redis-{os.getpid()}-")
         config = write_private(self._run_dir() / "redis.conf", f'requirepass "{self.password}"\n')
         write_private(self.url_file, self.url + "\n")
         directory = self._workdir.name

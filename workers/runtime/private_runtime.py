@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from switchboard.local.private_files import remove_dirs_of_gone_processes
+
 logger = logging.getLogger(__name__)
 
 # switchboard-<pid>-<purpose>-<random>
@@ -36,30 +38,10 @@ def remove_runtime_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def pid_is_gone(pid: int) -> bool:
-    """Whether no process has this id (one of another user's still counts as there)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def remove_stale_runtime_dirs(parent: Path | None = None) -> list[Path]:
     """Remove this user's runtime folders whose process is gone; returns them."""
     parent = Path(tempfile.gettempdir()) if parent is None else parent
-    removed = []
-    with contextlib.suppress(OSError), os.scandir(parent) as entries:
-        for entry in entries:
-            match = _NAME.match(entry.name)
-            if match is None or not entry.is_dir(follow_symlinks=False):
-                continue
-            if entry.stat(follow_symlinks=False).st_uid != os.getuid() or not pid_is_gone(int(match[1])):
-                continue
-            remove_runtime_dir(Path(entry.path))
-            removed.append(Path(entry.path))
+    removed = remove_dirs_of_gone_processes(parent, _NAME)
     if removed:
         logger.info("removed the runtime folders of workers that are gone", extra={"count": len(removed)})
     return removed

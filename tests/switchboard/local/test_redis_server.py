@@ -4,6 +4,8 @@ when it is full."""
 from __future__ import annotations
 
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -52,7 +54,13 @@ def test_the_password_is_on_no_command_line_and_its_files_are_this_users_alone(t
     left = folder / "appendonlydir" / "old.aof"
     left.write_text("an earlier run's file, world-readable")
     left.chmod(0o644)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a `switchboard up` killed outright, whose Redis ended with it
+    stale = Path(tempfile.gettempdir()) / f"switchboard-redis-{gone.pid}-abc"
+    stale.mkdir(mode=0o700)
+    (stale / "redis.url").write_text("redis://:old-password@127.0.0.1:1/0")
     with PrivateRedis(persist_dir=str(folder)) as server, redis.Redis.from_url(server.url) as client:
+        assert not stale.exists()
         client.set("prompt", "something private")
         servers = [p for p in psutil.Process().children(recursive=True) if p.name() == "redis-server"]
         assert any(f":{server.port}" in " ".join(p.cmdline()) for p in servers)
