@@ -105,13 +105,17 @@ def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) 
     try:
         assert up.stdout is not None
         deadline = time.monotonic() + 60
-        while "Serving after" not in up.stdout.readline():
+        shown = [up.stdout.readline()]
+        while "Serving after" not in shown[-1]:
             assert time.monotonic() < deadline and up.poll() is None, "the stack did not serve"
+            shown.append(up.stdout.readline())
         children = psutil.Process(up.pid).children(recursive=True)
         names = sorted(" ".join(child.cmdline()[:3]) for child in children)
         assert len(children) == 4, names  # redis-server, two workers, the front door
         assert any("redis-server" in name for name in names)
-        _the_private_redis_is_for_this_user_alone(up.pid, children, tmp_path)
+        password = _the_private_redis_is_for_this_user_alone(up.pid, children, tmp_path)
+        assert any("Redis: private redis-server at redis://127.0.0.1:" in line for line in shown), shown
+        assert password not in "".join(shown)
         up.kill()  # SIGKILL: `up` cannot stop anything itself
         up.wait()
         _, alive = psutil.wait_procs(children, timeout=15)
@@ -121,8 +125,9 @@ def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) 
             up.kill()
 
 
-def _the_private_redis_is_for_this_user_alone(up_pid: int, children: list[Any], tmp_path: Path) -> None:
-    """Other local users can neither use the stack's Redis nor read its files or its password."""
+def _the_private_redis_is_for_this_user_alone(up_pid: int, children: list[Any], tmp_path: Path) -> str:
+    """Other local users can neither use the stack's Redis nor read its files or its password
+    (returned, for the caller's own checks)."""
     import psutil
 
     workers = [
@@ -149,6 +154,7 @@ def _the_private_redis_is_for_this_user_alone(up_pid: int, children: list[Any], 
     assert any("appendonly" in path.name for path in kept), kept
     for path in kept:
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+    return str(password)
 
 
 def test_the_private_redis_folder_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
