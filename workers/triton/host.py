@@ -108,10 +108,22 @@ class TritonHost:
         remove_stale_runtime_dirs()
         remove_stale_regions()
         self._socket_dir = runtime_dir("triton")
-        config = TritonConfig(
+        try:
+            unix_socket.check_length(self._socket_dir)
+            self._triton = _run_triton(self._config(self._socket_dir))
+        except BaseException:
+            remove_runtime_dir(self._socket_dir)
+            self._socket_dir = None
+            raise
+        self._shm = ShmRegions(_shm_prefix(self._triton))
+        self._shm.watch()
+        logger.info("triton started", extra={"grpc": self.grpc_address, "metrics_port": self.metrics_port})
+
+    def _config(self, socket_dir: Path) -> TritonConfig:
+        return TritonConfig(
             # Only this worker talks to its Triton: no other user, nothing on the network.
             allow_http=False,
-            grpc_address=unix_socket.socket_address(self._socket_dir),
+            grpc_address=unix_socket.socket_address(socket_dir),
             grpc_port=unix_socket.SOCKET_PORT,
             metrics_address=LISTEN_ADDRESS,
             metrics_port=self.metrics_port,
@@ -121,14 +133,6 @@ class TritonHost:
             # bind waits for readiness in steps of a second.)
             strict_readiness=False,
         )
-        try:
-            self._triton = _run_triton(config)
-        except BaseException:
-            remove_runtime_dir(self._socket_dir)
-            self._socket_dir = None
-            raise
-        self._shm = ShmRegions(_shm_prefix(self._triton))
-        logger.info("triton started", extra={"grpc": self.grpc_address, "metrics_port": self.metrics_port})
 
     def bind(self, model: str, engine: Engine) -> EngineCallable:
         """Serve `engine` as the decoupled Triton model `triton_model_name(model)` (about 2 s).

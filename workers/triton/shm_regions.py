@@ -22,16 +22,22 @@ from switchboard.local.private_files import pid_is_gone
 SHM_DIR = Path("/dev/shm")
 # PyTriton's own spelling.
 _REGION = re.compile(r"^pytrtion(\d+)-")
-# How often regions are looked for while a model loads: the longest one stays readable by others.
+# How often new regions are looked for while a model loads (its stub makes one): the longest one
+# stays readable by others. Between loads, a stub that Triton restarted makes one too.
 WATCH_EVERY_S = 0.005
+IDLE_WATCH_EVERY_S = 0.5
 
 
 class ShmRegions:
-    """The regions of one Triton, known by PyTriton's prefix for it."""
+    """The regions of one Triton, known by PyTriton's prefix for it, closed as they appear."""
 
     def __init__(self, prefix: str, directory: Path = SHM_DIR) -> None:
         self.prefix = prefix
         self._directory = directory
+        self._loading = 0
+        self._wake = threading.Event()
+        self._stopping = False
+        self._watcher: threading.Thread | None = None
 
     def paths(self) -> list[Path]:
         """This Triton's regions now."""
@@ -46,29 +52,38 @@ class ShmRegions:
                 if stat.S_IMODE(path.stat().st_mode) & 0o077:
                     path.chmod(0o600)
 
+    def watch(self) -> None:
+        """Close new regions from now on, until `remove`."""
+        self._watcher = threading.Thread(target=self._watch, name="shm-private", daemon=True)
+        self._watcher.start()
+
     @contextlib.contextmanager
     def kept_private(self) -> Iterator[None]:
-        """While a model loads (its stub makes a region), close new regions as soon as they appear."""
-        done = threading.Event()
-
-        def watch() -> None:
-            while not done.wait(WATCH_EVERY_S):
-                self.make_private()
-
-        watcher = threading.Thread(target=watch, name="shm-private", daemon=True)
-        watcher.start()
+        """While a model loads, look for its region often, and close what is there at the end."""
+        self._loading += 1
+        self._wake.set()
         try:
             yield
         finally:
-            done.set()
-            watcher.join()
+            self._loading -= 1
             self.make_private()
 
     def remove(self) -> None:
-        """Remove this Triton's regions (after it stopped)."""
+        """Stop watching and remove this Triton's regions (after it stopped)."""
+        self._stopping = True
+        self._wake.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
         for path in self.paths():
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+    def _watch(self) -> None:
+        while not self._stopping:
+            self._wake.wait(WATCH_EVERY_S if self._loading else IDLE_WATCH_EVERY_S)
+            self._wake.clear()
+            self.make_private()
 
 
 def remove_stale_regions(directory: Path = SHM_DIR) -> list[Path]:

@@ -24,6 +24,8 @@ from pytriton.client.warnings import NotSupportedTimeoutWarning
 
 # The "port" in the socket's name: Triton wants a number, and gRPC reports 1 for every Unix socket.
 SOCKET_PORT = 1
+# sun_path holds 108 bytes, the last one the terminating zero.
+MAX_SOCKET_PATH_BYTES = 107
 _SCHEME = "grpc://"
 _UNIX = "unix:"
 
@@ -36,6 +38,16 @@ def socket_address(folder: Path) -> str:
 def client_target(folder: Path) -> str:
     """The gRPC target that reaches Triton's socket in `folder`."""
     return f"{socket_address(folder)}:{SOCKET_PORT}"
+
+
+def check_length(folder: Path) -> None:
+    """Refuse a socket path longer than Linux allows (gRPC's own error would not say why)."""
+    path = client_target(folder).removeprefix(_UNIX)
+    if len(path.encode()) > MAX_SOCKET_PATH_BYTES:
+        raise RuntimeError(
+            f"the path of Triton's socket, {path}, is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
+            "point TMPDIR to a shorter folder"
+        )
 
 
 def teach_pytriton() -> None:
