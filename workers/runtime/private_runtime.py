@@ -13,6 +13,8 @@ import logging
 import os
 import re
 import shutil
+import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,8 @@ logger = logging.getLogger(__name__)
 # switchboard-<pid>-<purpose>-<random>
 _PREFIX = "switchboard-"
 _NAME = re.compile(r"^switchboard-(\d+)-[a-z]+-")
+# What vLLM names its sockets, in the temporary folder unless told otherwise (workers before this one).
+_VLLM_SOCKET = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 # Nothing a worker or its children create is readable by other users.
 PRIVATE_UMASK = 0o077
 
@@ -47,6 +51,37 @@ def remove_stale_runtime_dirs(parent: Path | None = None) -> list[Path]:
     return removed
 
 
+def remove_abandoned_vllm_sockets(parent: Path | None = None) -> int:
+    """Remove this user's vLLM socket files in `parent` that nothing listens on any more; returns how many.
+
+    Workers that put vLLM's sockets in the temporary folder itself left one per engine start.
+    """
+    parent = Path(tempfile.gettempdir()) if parent is None else parent
+    removed = 0
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if _VLLM_SOCKET.match(entry.name) is None:
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid() and _abandoned(entry.path):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
+
+
+def _abandoned(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.2)  # a busy listener's full backlog would hold a blocking connect
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+    return False
+
+
 @contextlib.contextmanager
 def private_process_files() -> Iterator[Path]:
     """For the worker's process, while it runs: its files private, vLLM's sockets in a folder of its own.
@@ -57,6 +92,7 @@ def private_process_files() -> Iterator[Path]:
     """
     previous_umask = os.umask(PRIVATE_UMASK)
     remove_stale_runtime_dirs()
+    remove_abandoned_vllm_sockets()
     sockets = runtime_dir("ipc")
     previous = os.environ.get("VLLM_RPC_BASE_PATH")
     os.environ["VLLM_RPC_BASE_PATH"] = str(sockets)

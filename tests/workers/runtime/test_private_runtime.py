@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
 
 from workers.runtime import private_runtime
-from workers.runtime.private_runtime import private_process_files, remove_stale_runtime_dirs, runtime_dir
+from workers.runtime.private_runtime import (
+    private_process_files,
+    remove_abandoned_vllm_sockets,
+    remove_stale_runtime_dirs,
+    runtime_dir,
+)
 
 
 def dead_pid() -> int:
@@ -64,3 +71,18 @@ def test_runtime_folders_are_made_fresh_and_private() -> None:
 def test_other_names_are_not_runtime_folders(tmp_path: Path, name: str) -> None:
     (tmp_path / name).mkdir()
     assert remove_stale_runtime_dirs(tmp_path) == []
+
+
+def test_vllm_sockets_nothing_listens_on_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    """What workers left in the temporary folder before vLLM's sockets had a folder of their own."""
+    abandoned = tmp_path / str(uuid.uuid4())
+    live = tmp_path / str(uuid.uuid4())
+    other = tmp_path / "not-a-vllm-socket"
+    with socket.socket(socket.AF_UNIX) as gone:
+        gone.bind(str(abandoned))  # closed without unlinking, as a killed engine leaves it
+    with socket.socket(socket.AF_UNIX) as listening, socket.socket(socket.AF_UNIX) as unnamed:
+        listening.bind(str(live))
+        listening.listen()
+        unnamed.bind(str(other))
+        assert remove_abandoned_vllm_sockets(tmp_path) == 1
+        assert not abandoned.exists() and live.exists() and other.exists()
