@@ -11,11 +11,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from pytriton.constants import PYTRITON_HOME
 
 from switchboard.local.demo_model import config_entry
 from tests.support.stack import MODEL, STACK_TIMEOUT_S
 from workers.runtime.private_runtime import remove_stale_runtime_dirs
 from workers.triton.shm_regions import SHM_DIR, remove_stale_regions
+from workers.triton.workspace import remove_stale_workspaces
 
 pytestmark = pytest.mark.e2e
 
@@ -39,12 +41,13 @@ def test_a_worker_killed_with_sigkill_leaves_no_triton_or_engine_behind(
     assert all(path.exists() for path in private)
     remove_stale_regions()
     remove_stale_runtime_dirs()
+    remove_stale_workspaces()
     assert not any(path.exists() for path in private), private
 
 
 def _what_only_the_workers_user_can_open(worker: psutil.Process, started: list[psutil.Process]) -> list[Path]:
     """Triton takes no token on its command line and listens on no TCP port but its metrics one; the
-    prompts' shared memory and the sockets' folders are private. Returns those files and folders."""
+    prompts' shared memory, the sockets' folders and PyTriton's workspace are private. Returns them."""
     (triton,) = [p for p in started if p.name() == "tritonserver"]
     command_line = Path(f"/proc/{triton.pid}/cmdline").read_bytes()
     assert b"access-token" not in command_line and b"restricted" not in command_line, command_line
@@ -58,9 +61,11 @@ def _what_only_the_workers_user_can_open(worker: psutil.Process, started: list[p
     assert any(path.is_socket() for path in vllm_sockets.iterdir()), "vLLM's sockets are in the worker's"
     for path in regions:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    for path in folders:
+    workspaces = list(Path(PYTRITON_HOME).glob(f"sb{worker.pid}-*"))
+    assert len(workspaces) == 1, workspaces  # PyTriton's: the stubs' sockets, a copy of Triton
+    for path in [*folders, *workspaces]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
-    return [*regions, *folders]
+    return [*regions, *folders, *workspaces]
 
 
 def _is_guard(process: psutil.Process) -> bool:

@@ -32,6 +32,7 @@ from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_run
 from workers.triton import unix_socket
 from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
 from workers.triton.shm_regions import ShmRegions, remove_stale_regions
+from workers.triton.workspace import make_private, new_workspace_path, remove_stale_workspaces
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class TritonHost:
         # What workers of this user killed outright left: their sockets' folders, their regions.
         remove_stale_runtime_dirs()
         remove_stale_regions()
+        remove_stale_workspaces()
         self._socket_dir = runtime_dir("triton")
         try:
             unix_socket.check_length(self._socket_dir)
@@ -278,7 +280,9 @@ def _run_triton(config: TritonConfig) -> Triton:
     fails with ETXTBSY until that child has exec'd or exited, a fraction of a second later.
     """
     for attempt in range(1, TRITON_START_ATTEMPTS + 1):
-        triton = Triton(config=config, security_config=NO_RESTRICTED_ENDPOINTS)
+        workspace = new_workspace_path()
+        triton = Triton(config=config, workspace=workspace, security_config=NO_RESTRICTED_ENDPOINTS)
+        make_private(workspace)
         try:
             triton.run()
             return triton

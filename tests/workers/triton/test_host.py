@@ -1,5 +1,6 @@
 """The worker's Triton is the worker's alone: no port but metrics (on loopback), no token on its
-command line, and its shared memory and socket closed to other users and gone when it stops."""
+command line, and its shared memory, socket and workspace closed to other users and gone when it
+stops (or, when it was killed, at the next start)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import ClassVar
 
 import psutil
 import pytest
+from pytriton.constants import PYTRITON_HOME
 from pytriton.triton import TritonConfig
 
 from tests.support.network import connection_refused, non_loopback_ipv4
@@ -62,10 +64,15 @@ def test_shared_memory_and_the_socket_are_this_users_alone_and_go_with_the_host(
         region.write_bytes(b"a prompt")
     stale_folder.mkdir(mode=0o700)
     (stale_folder / "grpc:1").write_bytes(b"")
+    stale_workspace = Path(PYTRITON_HOME) / f"sb{gone.pid}-abcd"
+    stale_workspace.mkdir(mode=0o700, parents=True)
+    (stale_workspace / "m_0_0-server.sock").write_bytes(b"")
     host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100))
     try:
         host.start()
-        assert not stale_region.exists() and not stale_folder.exists()
+        assert not stale_region.exists() and not stale_folder.exists() and not stale_workspace.exists()
+        workspace = host._running()._workspace.path
+        assert stat.S_IMODE(workspace.stat().st_mode) == 0o700
         assert live_region.exists(), "a running process's region is left alone"
         host.bind("m", ScriptedEngine())
         assert host._shm is not None
@@ -81,6 +88,7 @@ def test_shared_memory_and_the_socket_are_this_users_alone_and_go_with_the_host(
         live_region.unlink()
     assert not any(region.exists() for region in regions)
     assert not socket_path.parent.exists()
+    assert not workspace.exists()
 
 
 def _triton_server(triton: TritonHost) -> psutil.Process:
@@ -149,8 +157,10 @@ class _BusyOnce:
 
     made: ClassVar[list[_BusyOnce]] = []
 
-    def __init__(self, config: object, **_: object) -> None:
+    def __init__(self, config: object, *, workspace: Path, **_: object) -> None:
         self.stopped = False
+        self.workspace = workspace
+        workspace.mkdir(parents=True)
         _BusyOnce.made.append(self)
 
     def run(self) -> None:
@@ -159,6 +169,7 @@ class _BusyOnce:
 
     def stop(self) -> None:
         self.stopped = True
+        self.workspace.rmdir()
 
 
 def test_a_busy_triton_binary_is_started_again_and_the_failed_try_cleaned(
@@ -169,6 +180,8 @@ def test_a_busy_triton_binary_is_started_again_and_the_failed_try_cleaned(
     started = host._run_triton(TritonConfig())
     assert started is _BusyOnce.made[1]
     assert _BusyOnce.made[0].stopped and not _BusyOnce.made[1].stopped
+    assert not _BusyOnce.made[0].workspace.exists()
+    started.stop()
 
 
 def test_other_errors_starting_triton_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,3 +194,4 @@ def test_other_errors_starting_triton_are_not_retried(monkeypatch: pytest.Monkey
     with pytest.raises(OSError, match="Permission denied"):
         host._run_triton(TritonConfig())
     assert len(_BusyOnce.made) == 1
+    _BusyOnce.made[0].stop()
