@@ -196,7 +196,8 @@ async def test_a_load_that_fails_releases_the_lease_and_records_the_failure(
         ("take_lease", "broken", 0),
         ("load", "broken"),
         ("release_lease", "broken"),
-        ("record_failure", "broken", "no model files", 2.0, 1),
+        # Published for every caller to read: the generic reason; the engine's words stay in the log.
+        ("record_failure", "broken", LOAD_FAILED_REASON, 2.0, 1),
         ("refuse_waiting", "broken", "load_failed"),
     ]
     assert [why[:2] for why in logged_whys(caplog)] == [("load", "broken")]
