@@ -92,6 +92,10 @@ class TritonHost:
         self._shm: ShmRegions | None = None
         # Models being unbound in the background: the thread, and the old stub's data socket.
         self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
+        # start() runs in a thread that a worker stopping early cannot interrupt: stop() marks the
+        # host closed and waits for a start in progress, which then stops what it started.
+        self._lifecycle = threading.Lock()
+        self._closed = False
 
     @property
     def grpc_address(self) -> str:
@@ -101,7 +105,13 @@ class TritonHost:
         return unix_socket.client_target(self._socket_dir)
 
     def start(self) -> None:
-        """Launch the Triton server process (a few seconds)."""
+        """Launch the Triton server process (a few seconds); nothing once the host was stopped."""
+        with self._lifecycle:
+            if self._closed:
+                return
+            self._start()
+
+    def _start(self) -> None:
         use_own_libpython()
         send_tensors_inline()
         unix_socket.teach_pytriton()
@@ -250,7 +260,12 @@ class TritonHost:
         return loop
 
     def stop(self) -> None:
-        """Stop Triton and every model bound to it; idempotent."""
+        """Stop Triton and every model bound to it, after a start in progress; idempotent."""
+        self._closed = True
+        with self._lifecycle:
+            self._stop()
+
+    def _stop(self) -> None:
         for unbinding, _ in list(self._unbinding.values()):
             unbinding.join(UNLOAD_TIMEOUT_S)
         self._unbinding.clear()

@@ -9,6 +9,8 @@ import os
 import stat
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -89,6 +91,27 @@ def test_shared_memory_and_the_socket_are_this_users_alone_and_go_with_the_host(
     assert not any(region.exists() for region in regions)
     assert not socket_path.parent.exists()
     assert not workspace.exists()
+
+
+def test_a_stop_while_triton_starts_leaves_no_triton_running() -> None:
+    """A worker stopped early (its start runs in a thread it cannot interrupt) must not find Triton
+    started after its stop: the stop waits for the start and stops what it started."""
+    host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100))
+    starting = threading.Thread(target=host.start)
+    starting.start()
+    time.sleep(0.05)  # well inside the second or more that a start takes
+    host.stop()
+    starting.join(60)
+    assert not starting.is_alive()
+    assert host._triton is None
+    assert not [
+        process
+        for process in psutil.Process().children(recursive=True)
+        if process.name() == "tritonserver"
+        and f"--metrics-port {host.metrics_port}" in " ".join(process.cmdline())
+    ]
+    host.start()  # once stopped, a late start starts nothing
+    assert host._triton is None
 
 
 def _triton_server(triton: TritonHost) -> psutil.Process:
