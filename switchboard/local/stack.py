@@ -56,6 +56,7 @@ def run_stack(
             kept = f"; it keeps its data in {persist_dir}" if persist_dir else ""
             # Its address only: the password is for the components, which read it from a private file.
             _say(f"Redis: private redis-server at {redis.address} (stops with this command{kept})")
+            _say(f"  `switchboard keys` and `models` reach it with: export REDIS_URL_FILE={redis.url_file}")
         launcher = Launcher(
             port=settings.router.port,
             host=settings.router.host,

@@ -116,6 +116,11 @@ def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) 
         password = _the_private_redis_is_for_this_user_alone(up.pid, children, tmp_path)
         assert any("Redis: private redis-server at redis://127.0.0.1:" in line for line in shown), shown
         assert password not in "".join(shown)
+        # What the operator is told to use for `switchboard keys` reaches this Redis.
+        (told,) = [line for line in shown if "export REDIS_URL_FILE=" in line]
+        url_file = told.split("export REDIS_URL_FILE=", 1)[1].strip()
+        with redis.Redis.from_url(Path(url_file).read_text().strip()) as client:
+            assert client.ping()
         up.kill()  # SIGKILL: `up` cannot stop anything itself
         up.wait()
         _, alive = psutil.wait_procs(children, timeout=15)
