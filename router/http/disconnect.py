@@ -21,6 +21,7 @@ import logging
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
+from router.relay.sse import SSE_DONE
 from router.telemetry.requests import note_client_left
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,13 @@ class _Request:
     async def _app_send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self._response_started = True
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
-            self._response_complete = True  # a disconnect from now on is the server's own answer's end
+        elif message["type"] == "http.response.body" and (
+            not message.get("more_body", False) or message.get("body", b"").endswith(SSE_DONE)
+        ):
+            # A disconnect from now on is the end of an answer the client has whole: after the last
+            # body, or after a stream's `[DONE]`, which clients (the openai SDK) close on at once,
+            # before the server's closing empty body.
+            self._response_complete = True
         await self._send(message)
 
     async def _watch(self, handler: asyncio.Task[None]) -> None:

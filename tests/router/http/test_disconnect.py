@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import pytest
@@ -122,6 +123,31 @@ async def test_a_client_that_leaves_mid_stream_is_a_499(
         leaving.cancel()
         await asyncio.gather(leaving, return_exceptions=True)
         assert await eventually(lambda: requests_counted(BODY["model"], 499) == before + 1)
+
+
+async def test_a_client_that_closes_on_done_got_its_answer_and_is_a_200(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """The openai SDK closes a stream as soon as it reads `[DONE]`, before the server's closing empty
+    body: that client had the whole answer, so it is counted a 200, not a 499."""
+    async with serving(settings_for(redis_server.url)) as client:
+        before = {status: requests_counted(BODY["model"], status) for status in (200, 499)}
+        reader, writer = await asyncio.open_connection(client.base_url.host, client.base_url.port)
+        body = json.dumps({**BODY, "stream": True}).encode()
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        await answer_ok(redis, (await next_job(redis)).id)
+        received = b""
+        async with asyncio.timeout(10):
+            while b"data: [DONE]" not in received:
+                received += await reader.read(65536)
+        writer.close()  # at once, as the SDK does
+        assert await eventually(lambda: requests_counted(BODY["model"], 200) == before[200] + 1)
+        assert requests_counted(BODY["model"], 499) == before[499]
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
