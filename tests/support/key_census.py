@@ -4,7 +4,9 @@ Families that describe the deployment live on: worker records and their index, r
 state (limits, measured costs, load failures, desired state), the demand stream and index, the
 catalogue version, API keys and their rate buckets, a running front door's heartbeat and wake
 stream, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
-cancel marks ("removed when their job ends"), in-flight slots. Result streams and job records
+in-flight slots. Cancel marks are removed when their job ends, but a job given up after its client
+left (`lua/give_up.lua`) while its worker was being killed may keep its mark until it expires, so
+they are allowed with an expiry of at most `keys.CANCEL_TTL_S`. Result streams and job records
 of a stream whose client left mid-way are kept for a resumption, with an expiry of at most
 `keys.RESULT_TTL_S` (600 s, too long to wait for here), so they are allowed only with that expiry;
 a key without any expiry in those families, or of a family `switchboard.keys` does not name, is stray.
@@ -65,7 +67,11 @@ LONG_LIVED = {
     "key rate",
 }
 # Kept for a resumption, with an expiry of at most this long.
-KEPT_WITH_TTL = {"result stream": keys.RESULT_TTL_S, "job record": keys.RESULT_TTL_S}
+KEPT_WITH_TTL = {
+    "result stream": keys.RESULT_TTL_S,
+    "job record": keys.RESULT_TTL_S,
+    "cancel mark": keys.CANCEL_TTL_S,
+}
 
 
 @dataclass
