@@ -8,7 +8,7 @@ else the build started (`trtllm_runtime`). Requests are submitted on the event l
 ABORT_GRACE_S is ended here (TensorRT-LLM's cancellation has had bugs that left results hanging).
 What TensorRT-LLM refuses of a request itself (its arguments' checks as it is made and submitted, a
 guide its grammar backend cannot compile) is the client's error, quoted as vLLM's refusals are
-(`trtllm_io.submit_refusal`, `trtllm_io.stream_refusal`); its other failures stay the engine's.
+(`trtllm_refusals`); its other failures stay the engine's.
 
 Footprint: before the first load, `trtllm_args.LoadPlan.footprint_bytes`: the weights' files,
 plus the KV cache's ceiling, plus RUNTIME_OVERHEAD_BYTES (the executor's CUDA context,
@@ -34,7 +34,6 @@ from typing import Any
 
 from switchboard import tracing
 from switchboard.config import ModelConfig
-from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.wire import ModelLimits
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
 from workers.engines.gpu_memory import processes_gpu_bytes
@@ -45,10 +44,9 @@ from workers.engines.trtllm_args import LoadPlan, UnsupportedModel, plan_load, r
 from workers.engines.trtllm_io import (
     TrtOutputReader,
     TrtSampling,
-    stream_refusal,
-    submit_refusal,
     trtllm_sampling,
 )
+from workers.engines.trtllm_refusals import check_one_step_holds, stream_refusal, submit_refusal
 from workers.engines.trtllm_runtime import (
     Built,
     build,
@@ -256,7 +254,7 @@ class TrtllmEngine(Engine):
                 prompt = await asyncio.to_thread(builder.build, request)
         prompt_param = "messages" if request.messages is not None else "prompt"
         sampling = trtllm_sampling(request.sampling, prompt, builder, prompt_param=prompt_param)
-        _check_one_step_holds(llm, prompt, prompt_param)
+        check_one_step_holds(llm, prompt, prompt_param)
         reader = TrtOutputReader(request.sampling, prompt, self._tokenizer, max_tokens=sampling.max_tokens)
         running = _Running(self._submitted(llm, prompt, sampling))
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
@@ -288,7 +286,7 @@ class TrtllmEngine(Engine):
 
     async def _next_output_of(self, running: _Running, *, before_output: bool) -> Any:
         """As `_next_output`; the engine's refusal of the request, before any output, is the client's
-        error (see `trtllm_io.stream_refusal`)."""
+        error (see `trtllm_refusals.stream_refusal`)."""
         try:
             return await self._next_output(running)
         except Exception as exc:
@@ -368,25 +366,6 @@ class TrtllmEngine(Engine):
         except Exception:
             logger.warning("the engine refused an abort", exc_info=True, extra={"request_id": request_id})
         running.watchdog = asyncio.get_running_loop().call_later(ABORT_GRACE_S, _give_up, running)
-
-
-def _check_one_step_holds(llm: Any, prompt: BuiltPrompt, prompt_param: str) -> None:
-    """Refuse a prompt longer than one step's tokens where the model runs without chunked prefill.
-
-    TensorRT-LLM (1.2, PyTorch backend) refuses it as it is submitted (`BaseLLM._check_arguments`)
-    with a RequestError, which is also what its executor's failures raise: said here, it is the
-    client's, with OpenAI's code.
-    """
-    args = getattr(llm, "args", None)
-    limit = getattr(args, "max_num_tokens", None)
-    if getattr(args, "enable_chunked_prefill", True) or not limit or len(prompt.token_ids) <= limit:
-        return
-    raise InvalidEngineRequest(
-        f"This model takes prompts of at most {limit} tokens (its max_num_tokens, without chunked "
-        f"prefill); this one has {len(prompt.token_ids)}.",
-        param=prompt_param,
-        code=CONTEXT_LENGTH_EXCEEDED,
-    )
 
 
 async def _next(iterator: Any) -> Any:

@@ -28,7 +28,6 @@ from typing import Any
 from switchboard.wire import FinishReason, SamplingParams, TokenLogprob, TopLogprob
 from workers.engines.base import Delta, InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
-from workers.engines.refusals import client_error
 from workers.engines.sampling import (
     check_logit_bias,
     completion_budget,
@@ -351,34 +350,3 @@ class TrtOutputReader:
 
     def _decode(self, token_id: int) -> str:
         return str(self._tokenizer.decode([token_id]))
-
-
-# --- refusals ---------------------------------------------------------------------------------
-
-
-def submit_refusal(exc: BaseException) -> InvalidEngineRequest | None:
-    """The client's error that `exc`, raised while a request is made or submitted, stands for; None
-    for an engine failure.
-
-    TensorRT-LLM checks a request's own arguments as its SamplingParams is made (`_validate`: one
-    guide, best_of at least n, no several greedy choices) and as `LLM.generate_async` takes it
-    (`_check_arguments`: the prompt within max_num_tokens, n within max_batch_size, ...), and raises
-    ValueError for each. Anything else there (a RuntimeError: "LLM is shutting down") is the engine's.
-    """
-    return client_error(exc) if isinstance(exc, ValueError) else None
-
-
-def stream_refusal(
-    exc: BaseException, *, before_output: bool, request_error: type[BaseException]
-) -> InvalidEngineRequest | None:
-    """The client's error that `exc`, raised by a request's stream, stands for; None for an engine failure.
-
-    A request's stream raises TensorRT-LLM's `RequestError` with whatever message its executor ended
-    the request with: a guide the grammar backend cannot compile (an invalid regex or grammar), before
-    any output, is the client's; the rest (a failed step, a token the grammar refuses mid-way, a dead
-    executor) is the engine's.
-    """
-    if not before_output or not isinstance(exc, request_error):
-        return None
-    reason = str(exc.args[0]) if exc.args else ""
-    return client_error(exc) if reason.startswith(GUIDED_DECODING_ERROR) else None

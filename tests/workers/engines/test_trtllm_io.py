@@ -23,10 +23,9 @@ from workers.engines.trtllm_io import (
     TrtOutputReader,
     choice_regex,
     finish_reason,
-    stream_refusal,
-    submit_refusal,
     trtllm_sampling,
 )
+from workers.engines.trtllm_refusals import stream_refusal, submit_refusal
 
 VOCAB_SIZE = 100
 CONTEXT = 64
