@@ -20,7 +20,7 @@ from router.admission.models import ModelTable, require_live_worker
 from router.http.responses import json_response
 from router.intake.body import decode_body
 from router.intake.job import addressed, chat_job, completion_job
-from router.intake.resume import ResumePoint, resume_point
+from router.intake.resume import LAST_EVENT_ID_HEADER, ResumePoint, resume_point, wants_event_ids
 from router.intake.tools import plan_tools
 from router.openai.chat import ChatCompletionRequest
 from router.openai.checks import check_chat, check_completion
@@ -28,7 +28,7 @@ from router.openai.completions import CompletionRequest
 from router.queue.run import JobRun, JobRuns
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
-from router.relay.first_byte import stream_response
+from router.relay.first_byte import StreamForm, stream_response
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
@@ -75,16 +75,17 @@ class Pipeline:
             structured=structured,
             parse_tool_calls=tools.mode == "auto",
         )
-        resume = resume_point(request.headers.get("last-event-id"), stream=chat.stream)
+        resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=chat.stream)
         job = resume.applied_to(job) if resume is not None else job
+        form = stream_form(request, resume)
         relay = chat_relay(chat, job, tools)
         self._health.require_up()
         if resume is not None:
-            return await self._resumed(job, caller, resume, relay)
+            return await self._resumed(job, caller, resume, relay, form)
         # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
         await check_job_fits(self._limits, job, template_renders_tools=model.tool_call_parser is not None)
         run = await self._queued(job, caller)
-        return await self._relayed(run, relay, stream=chat.stream)
+        return await self._relayed(run, relay, stream=chat.stream, form=form)
 
     async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
         """`POST /v1/completions`."""
@@ -92,15 +93,16 @@ class Pipeline:
         prompts = check_completion(completion)
         self._models.resolve(completion.model, caller)
         job = completion_job(completion, timeout_s=self._router.request_timeout_s)
-        resume = resume_point(request.headers.get("last-event-id"), stream=completion.stream)
+        resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=completion.stream)
         job = resume.applied_to(job) if resume is not None else job
+        form = stream_form(request, resume)
         relay = completion_relay(completion, job, prompts)
         self._health.require_up()
         if resume is not None:
-            return await self._resumed(job, caller, resume, relay)
+            return await self._resumed(job, caller, resume, relay, form)
         await check_job_fits(self._limits, job)
         run = await self._queued(job, caller)
-        return await self._relayed(run, relay, stream=completion.stream)
+        return await self._relayed(run, relay, stream=completion.stream, form=form)
 
     async def _queued(self, job: Job, caller: Caller) -> JobRun:
         """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no
@@ -113,7 +115,12 @@ class Pipeline:
         return await self._runs.start(job, ticket, observer)
 
     async def _resumed(
-        self, job: Job, caller: Caller, resume: ResumePoint, relay: ChatRelay | CompletionRelay
+        self,
+        job: Job,
+        caller: Caller,
+        resume: ResumePoint,
+        relay: ChatRelay | CompletionRelay,
+        form: StreamForm,
     ) -> Stream:
         """The rest of a streamed answer whose client lost its connection; nothing new is queued.
 
@@ -124,14 +131,24 @@ class Pipeline:
             ticket = await self._admission.admit_resume(job, caller)
         run, earlier = await self._runs.resume(job, ticket, resume.entry_id, observer)
         relay.replay(earlier)
-        return await stream_response(run, relay, self._router, self._status)
+        return await stream_response(run, relay, self._router, self._status, form)
 
-    async def _relayed(self, run: JobRun, relay: ChatRelay | CompletionRelay, *, stream: bool) -> Answer:
+    async def _relayed(
+        self, run: JobRun, relay: ChatRelay | CompletionRelay, *, stream: bool, form: StreamForm
+    ) -> Answer:
         """The job's result, streamed, or whole once it has finished. A client that leaves cancels the
         job either way (`router.http.disconnect`)."""
         if stream:
-            return await stream_response(run, relay, self._router, self._status)
+            return await stream_response(run, relay, self._router, self._status, form)
         try:
             return json_response(await relay.assemble(run.chunks()))
         finally:
             await run.close()
+
+
+def stream_form(request: Request[Any, Any, Any], resume: ResumePoint | None) -> StreamForm:
+    """How a streamed answer is framed for this client (`router.intake.resume`)."""
+    return StreamForm(
+        event_ids=wants_event_ids(request.headers, resume),
+        skip=resume.events_had if resume is not None else 0,
+    )

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
-from switchboard.tracing import trace_ids
+from switchboard.tracing import request_ids, trace_ids
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`, or from a record
 # factory that a library installed (vLLM adds `vllm_process_name` to every record): see _fields.
@@ -140,6 +140,7 @@ def configure_logging(
         handler = logging.StreamHandler()
         handler.setFormatter(_file_formatter(component))
         handler.addFilter(trace_ids)
+        handler.addFilter(request_ids)
         logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
         return None
     terminal = redirect_output(log_file)
@@ -147,6 +148,7 @@ def configure_logging(
     to_file = logging.StreamHandler(sys.stderr)
     to_file.setFormatter(_file_formatter(component))
     to_file.addFilter(trace_ids)
+    to_file.addFilter(request_ids)
     to_terminal = logging.StreamHandler(terminal)
     to_terminal.setFormatter(TerminalFormatter(component, log_file))
     to_terminal.addFilter(TerminalFilter(terminal_info_loggers))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ def start_span(
         name,
         context=parent,
         kind=kind if kind is not None else SpanKind.INTERNAL,
-        attributes=attributes,
+        attributes={**request_attributes(), **(attributes or {})},
         start_time=start_ns,
     )
 
@@ -299,3 +300,64 @@ class TraceIds:
 
 
 trace_ids = TraceIds()
+
+
+# --- the request a span or a log line belongs to -----------------------------------------------
+
+# The span attribute and log field naming the request: its job's id once it has a job (what the
+# response's `x-request-id` says), and what its client sent as `x-request-id`, if anything.
+REQUEST_ID = "switchboard.request_id"
+CLIENT_REQUEST_ID = "switchboard.client_request_id"
+
+
+class RequestIds(Protocol):
+    """The ids of the request being handled (the front door's `RequestObservation`)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def client_request_id(self) -> str | None: ...
+
+
+_request: contextvars.ContextVar[RequestIds | None] = contextvars.ContextVar(
+    "switchboard_request_ids", default=None
+)
+
+
+def bind_request(ids: RequestIds) -> contextvars.Token[RequestIds | None]:
+    """Spans started and lines logged from here on (in this context and the tasks it starts) name
+    the request `ids`; `unbind_request` with the token ends that. The ids are read when each span
+    starts and each line is logged, so a request id that changes (to its job's) is followed."""
+    return _request.set(ids)
+
+
+def unbind_request(token: contextvars.Token[RequestIds | None]) -> None:
+    _request.reset(token)
+
+
+def request_attributes() -> dict[str, str]:
+    """The current request's ids as span attributes (none outside a request)."""
+    ids = _request.get()
+    if ids is None:
+        return {}
+    found = {REQUEST_ID: ids.request_id}
+    if ids.client_request_id:
+        found[CLIENT_REQUEST_ID] = ids.client_request_id
+    return found
+
+
+class RequestIdFields:
+    """A logging filter that adds the current request's `request_id` (and `client_request_id`) to a
+    record, unless the record names them itself."""
+
+    def filter(self, record: Any) -> bool:
+        ids = _request.get()
+        if ids is not None and not hasattr(record, "request_id"):
+            record.request_id = ids.request_id
+            if ids.client_request_id:
+                record.client_request_id = ids.client_request_id
+        return True
+
+
+request_ids = RequestIdFields()

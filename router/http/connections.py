@@ -35,6 +35,7 @@ from router.openai.errors import (
     TooManyConnectionsError,
 )
 from router.telemetry.metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
+from router.telemetry.requests import REQUEST_ID_HEADER, new_request_id
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard.config import RouterConfig
 
@@ -289,6 +290,8 @@ def error_response(error: OpenAIError) -> bytes:
         b"content-type: application/json",
         b"content-length: " + str(len(body)).encode(),
         b"connection: close",
+        # Every response carries one; a request refused before it reached the app gets one here.
+        REQUEST_ID_HEADER + b": " + new_request_id().encode(),
         *(f"{name}: {value}".encode("latin-1") for name, value in error.headers.items()),
     ]
     return STATUS_LINE[error.status_code] + b"\r\n".join(headers) + b"\r\n\r\n" + body

@@ -1,16 +1,24 @@
-"""A streamed response's first byte: headers wait for the first chunk, then progress comments.
+"""A streamed response's first byte: headers wait for the first chunk, then keep-alives; its framing.
 
 Anything known before the first token (a failed load, a prompt too long, a deadline) should be a
 real HTTP status with OpenAI's error object, not an error event inside a 200. So the headers wait
 for the first chunk, up to `router.first_byte_budget_s`; a warm model's first chunk comes in
 milliseconds, and nothing is read from Redis meanwhile. Past the budget (a model loading, a long
-queue) the headers go out, and until the first chunk an SSE comment reports, every
-`router.load_progress_every_s`, where the model stands. Clients skip comments; people and proxies
-see that the request is alive.
+queue) the headers go out, and until the first chunk a keep-alive goes out every
+`router.load_progress_every_s`, so that proxies and clients see the request alive.
 
-Every event carries an SSE `id:` line, `<job id>:<result stream entry id>` of the chunk it came
-from, so that a client that lost its connection can re-send the request with `Last-Event-ID` and
-get the rest of the same answer (`router.intake.resume`).
+By default the stream is byte for byte in OpenAI's shape (`data: <json>\n\n` events, then
+`data: [DONE]\n\n`), and the keep-alive is one bare newline: a blank line, which the SSE standard,
+EventSource and the `openai` SDK skip. Nothing else is safe for every stock parser: `vllm bench
+serve` strips every network read and keeps whatever does not start with `data: ` in its buffer
+until a blank line arrives inside one read, so a comment that came alone in a read glued itself to
+the events after it and the whole answer was lost (tests/router/relay/test_sse_framing.py feeds a
+real stream to it split at every byte).
+
+A client that asks for a resumable stream (`router.intake.resume.wants_event_ids`) speaks SSE in
+full: every event carries an `id:` line, `<job id>:<result stream entry id>` of the chunk it came
+from, and the keep-alive is a comment telling where the model stands (`: loading tiny, 12 s of
+about 50 s`). Either client can resume (`router.intake.resume`).
 """
 
 from __future__ import annotations
@@ -18,13 +26,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+import msgspec
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 from redis.exceptions import RedisError
 
 from router.openai.errors import OpenAIError
 from router.queue.run import JobRun
-from router.relay.sse import Relay, error_for, sse_comment
+from router.relay.sse import SSE_DONE, Relay, error_for, sse_comment
 from router.status.models import ModelStatus, ModelStatusReader
 from switchboard.config import RouterConfig
 from switchboard.wire import Chunk
@@ -36,8 +45,27 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 STATUS_MAX_AGE_S = 1.0
 
 
+# The keep-alive of a stream in OpenAI's shape: a blank line, which dispatches no event.
+BLANK_LINE = b"\n"
+
+
+class StreamForm(msgspec.Struct, frozen=True, kw_only=True):
+    """How a stream is framed for its client: `event_ids` (full SSE: `id:` lines and progress
+    comments) or OpenAI's shape, less the first `skip` events (a client that counted them resumes)."""
+
+    event_ids: bool = False
+    skip: int = 0
+
+
+OPENAI_SHAPE = StreamForm()
+
+
 async def stream_response(
-    run: JobRun, relay: Relay, settings: RouterConfig, status: ModelStatusReader
+    run: JobRun,
+    relay: Relay,
+    settings: RouterConfig,
+    status: ModelStatusReader,
+    form: StreamForm = OPENAI_SHAPE,
 ) -> Stream:
     """The streamed response of `run`, once its first chunk came or the first-byte budget passed.
 
@@ -51,7 +79,7 @@ async def stream_response(
     except BaseException:
         await run.close()
         raise
-    events = _events(run, relay, first, settings.load_progress_every_s, status)
+    events = _events(run, relay, first, settings.load_progress_every_s, status, form)
     # The background close covers a client that left before the body began (the events' own
     # `finally` never runs then); closing is idempotent.
     return Stream(
@@ -63,19 +91,29 @@ async def stream_response(
 
 
 async def _events(
-    run: JobRun, relay: Relay, first: Chunk | None, every_s: float, status: ModelStatusReader
+    run: JobRun,
+    relay: Relay,
+    first: Chunk | None,
+    every_s: float,
+    status: ModelStatusReader,
+    form: StreamForm,
 ) -> AsyncIterator[bytes]:
+    to_skip = form.skip
     try:
         # A resumed stream whose client had the last event (`run.ended`) gets only the stream's end.
         while first is None and not run.ended:
-            yield await _progress_comment(run.job.model, status)
+            yield await _progress_comment(run.job.model, status) if form.event_ids else BLANK_LINE
             first = await run.wait_chunk(every_s)
         # The relay takes a chunk, then yields its events: they come from the chunk taken last.
         async for event in relay.events(run.chunks(first)):
-            yield event_id(run) + event
+            if to_skip and event != SSE_DONE:
+                to_skip -= 1  # the client had it before it resumed (it counted events)
+                continue
+            yield event_id(run) + event if form.event_ids else event
     except OpenAIError as exc:
         # Headers are gone by now: the error travels as an event, as OpenAI's streams do.
-        yield event_id(run) + relay.error_event(exc)
+        error = relay.error_event(exc)
+        yield event_id(run) + error if form.event_ids else error
     finally:
         await run.close()
 

@@ -1,6 +1,11 @@
-"""Every API request, seen from outside the app: its HTTP span, its status and its timings.
+"""Every API request, seen from outside the app: its id, its HTTP span, its status and its timings.
 
-An ASGI middleware around the whole app. It continues an incoming W3C `traceparent` (or starts a
+An ASGI middleware around the whole app. Every response carries `x-request-id`: the id of the
+request's job once it has one (the id an operator finds in logs and traces, and the one a client
+resumes a stream with, `router.intake.resume`), else one made for the request. A client's own
+`x-request-id` (short and printable, else ignored) is not echoed, as OpenAI's API does not: it is
+kept as the trace's correlation id (`switchboard.client_request_id`) and in every log line of the
+request, beside `request_id`. It continues an incoming W3C `traceparent` (or starts a
 trace) with one server span that lasts to the response's last byte, and counts the request by model
 and status once it has ended. What happens inside (the job's spans, the first chunk) is recorded by
 `router.telemetry.job_observer` on the request's `RequestObservation`, found through a context variable that
@@ -10,7 +15,9 @@ the handler's task inherits.
 from __future__ import annotations
 
 import contextvars
+import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +35,14 @@ MODELS_ROUTE = "/v1/models"
 CLIENT_CLOSED = 499
 # The scope's key for that (set by `router.http.disconnect`, which hears the client leave).
 _CLIENT_LEFT = "switchboard.client_left"
+REQUEST_ID_HEADER = b"x-request-id"
+# A client's own request id is kept if it is this short and printable (no spaces, no controls).
+_CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+
+
+def new_request_id() -> str:
+    """An id for a request without a job: 32 hex digits, like a job's."""
+    return uuid.uuid4().hex
 
 
 @dataclass(slots=True)
@@ -36,6 +51,9 @@ class RequestObservation:
 
     started: float = field(default_factory=time.perf_counter)
     started_ns: int = 0
+    # Made for the request; its job's id replaces it once it has a job.
+    own_id: str = field(default_factory=new_request_id)
+    client_request_id: str | None = None
     # Set once the request names a configured model, and once it has a job.
     model: str = ""
     job_id: str = ""
@@ -43,6 +61,11 @@ class RequestObservation:
     # Whether the request carried a job whose answer took time (end-to-end latency is recorded).
     generated: bool = False
     span: Any = None
+
+    @property
+    def request_id(self) -> str:
+        """What `x-request-id` says, and log lines and spans: the job's id, else the request's own."""
+        return self.job_id or self.own_id
 
 
 _current: contextvars.ContextVar[RequestObservation | None] = contextvars.ContextVar(
@@ -73,13 +96,17 @@ def client_left(scope: Scope) -> bool:
 
 
 def observe_requests(app: ASGIApp) -> ASGIApp:
-    """Wrap `app`: one server span per API request, and its count by model and status."""
+    """Wrap `app`: every HTTP response's `x-request-id`; one server span per API request, and its
+    count by model and status."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP or not scope["path"].startswith(OBSERVED_PREFIX):
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
-        request = RequestObservation()
+        request = RequestObservation(client_request_id=client_request_id(scope))
+        if not scope["path"].startswith(OBSERVED_PREFIX):
+            await _identified(app, scope, receive, send, request)
+            return
         token = _current.set(request)
         span: Any = _start_span(scope, request) if tracing.enabled() else None
 
@@ -96,10 +123,10 @@ def observe_requests(app: ASGIApp) -> ASGIApp:
 
         try:
             if span is None:
-                await app(scope, receive, observed_send)
+                await _identified(app, scope, receive, observed_send, request)
             else:
                 with tracing.current(span):
-                    await app(scope, receive, observed_send)
+                    await _identified(app, scope, receive, observed_send, request)
         finally:
             _current.reset(token)
             if client_left(scope):
@@ -107,6 +134,32 @@ def observe_requests(app: ASGIApp) -> ASGIApp:
             _finished(request, span)
 
     return middleware
+
+
+async def _identified(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, request: RequestObservation
+) -> None:
+    """Run `app` with the request's ids on its log lines and spans, and `x-request-id` on its response."""
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, request.request_id.encode())]
+            message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+        await send(message)
+
+    token = tracing.bind_request(request)
+    try:
+        await app(scope, receive, send_with_id)
+    finally:
+        tracing.unbind_request(token)
+
+
+def client_request_id(scope: Scope) -> str | None:
+    """The client's own `x-request-id`, if it sent a short, printable one."""
+    for name, value in scope.get("headers", ()):
+        if name == REQUEST_ID_HEADER:
+            return value.decode("ascii") if _CLIENT_REQUEST_ID.fullmatch(value) else None
+    return None
 
 
 def _start_span(scope: Scope, request: RequestObservation) -> Any:
@@ -125,7 +178,12 @@ def _start_span(scope: Scope, request: RequestObservation) -> Any:
         parent=tracing.context_from(headers),
         kind=SpanKind.SERVER,
         start_ns=request.started_ns,
-        attributes={"http.request.method": method, "url.path": path, "http.route": route},
+        attributes={
+            "http.request.method": method,
+            "url.path": path,
+            "http.route": route,
+            **({tracing.CLIENT_REQUEST_ID: request.client_request_id} if request.client_request_id else {}),
+        },
     )
     return request.span
 
@@ -140,6 +198,7 @@ def _finished(request: RequestObservation, span: Any) -> None:
         from opentelemetry.trace import Status, StatusCode
 
         span.set_attribute("http.response.status_code", status)
+        span.set_attribute(tracing.REQUEST_ID, request.request_id)
         if request.model:
             span.set_attribute("gen_ai.request.model", request.model)
         if status >= 500:

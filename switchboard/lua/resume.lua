@@ -5,7 +5,8 @@
 --          (keys.TENANT_FIELD, keys.READERS_FIELD, keys.RESUMES_FIELD)
 -- KEYS[2]  the job's result stream (keys.result_stream)
 -- ARGV[1]  the record's TTL at least (seconds)
--- ARGV[2]  the last result stream entry the client had (a valid stream id: the caller checks)
+-- ARGV[2]  the last result stream entry the client had (a valid stream id: the caller checks), or
+--          '0-0' for a client that counted the events it had: it is relayed the answer from its start
 -- ARGV[3]  the identity of the key resuming the stream ("" without keys)
 --
 -- Returns {'gone'} when the job's results are gone or the job was sent with another key (the two
@@ -16,7 +17,7 @@
 if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[3] then
     return {'gone'}
 end
-if #redis.call('XRANGE', KEYS[2], ARGV[2], ARGV[2]) == 0 then
+if ARGV[2] ~= '0-0' and #redis.call('XRANGE', KEYS[2], ARGV[2], ARGV[2]) == 0 then
     return {'unknown_entry'}
 end
 redis.call('HINCRBY', KEYS[1], 'readers', 1)

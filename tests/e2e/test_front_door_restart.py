@@ -103,6 +103,10 @@ def last_chunks(store: redis.Redis, job_ids: list[str]) -> list[Chunk] | None:
     return [chunk for chunk in chunks if chunk is not None] if all(chunks) else None
 
 
+# The streams ask for `id:` lines, which they resume from.
+RESUMABLE = {"X-Switchboard-Resumable": "1"}
+
+
 async def start_streams(
     base_url: str, tokens: int, count: int, choices: int = 1
 ) -> tuple[httpx.AsyncClient, list[tuple[Any, Outcome]]]:
@@ -112,7 +116,10 @@ async def start_streams(
     for _ in range(count):
         outcome = Outcome("chat", True)
         response = await client.send(
-            client.build_request("POST", "/v1/chat/completions", json=chat(tokens, choices)), stream=True
+            client.build_request(
+                "POST", "/v1/chat/completions", json=chat(tokens, choices), headers=RESUMABLE
+            ),
+            stream=True,
         )
         assert response.status_code == 200
         opened.append((response, outcome))

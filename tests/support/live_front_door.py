@@ -182,9 +182,9 @@ def assert_answered(response: httpx.Response, path: str, choices: int | None = N
     assert response.status_code == 200, f"{response.status_code}: {response.text[:1000]}"
     kind = "chat.completion" if path == CHAT else "text_completion"
     if response.headers["content-type"].startswith("text/event-stream"):
-        blocks = [e for e in response.text.split("\n\n") if e and not e.startswith(":")]
-        assert all(e.startswith("id: ") for e in blocks), blocks
-        events = [e.split("\n", 1)[1] for e in blocks]
+        # OpenAI's shape: `data:` events only (keep-alives are blank lines).
+        events = [e for e in response.text.split("\n\n") if e.strip()]
+        assert all(e.startswith("data: ") and "\n" not in e for e in events), events
         assert events[-1] == "data: [DONE]", events
         payloads = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
         assert payloads and all(

@@ -51,6 +51,11 @@ async def mark_failed(redis: aioredis.Redis, reason: str, retry_in_s: float) -> 
     await redis.set(keys.load_failure(MODEL), encode(failure), px=int(retry_in_s * 1000))
 
 
+# Progress comments go to clients that ask for a resumable stream (by default a keep-alive is a
+# blank line: tests/router/relay/test_sse_framing.py).
+RESUMABLE = {"X-Switchboard-Resumable": "1"}
+
+
 def sse_blocks(text: str) -> list[str]:
     """The events and comments of a stream, without the events' `id:` lines."""
     blocks = [block for block in text.split("\n\n") if block]
@@ -167,7 +172,9 @@ async def test_past_the_budget_progress_comments_flow_until_the_first_token(
     await advertise(redis, worker_record("w1", loading_slot(elapsed_s=12.0, expected_s=50.0)))
     settings = settings_for(redis_server.url, first_byte_budget_s=0.1, load_progress_every_s=0.2)
     async with serving(settings) as client:
-        request = asyncio.create_task(client.post("/v1/chat/completions", json={**BODY, "stream": True}))
+        request = asyncio.create_task(
+            client.post("/v1/chat/completions", json={**BODY, "stream": True}, headers=RESUMABLE)
+        )
         job = await next_job(redis)
         await asyncio.sleep(0.7)
         await write_chunks(
@@ -216,7 +223,7 @@ async def test_progress_comments_say_what_the_request_waits_for(
     body = {**BODY, "stream": True}
     async with (
         serving(settings) as client,
-        client.stream("POST", "/v1/chat/completions", json=body) as response,
+        client.stream("POST", "/v1/chat/completions", json=body, headers=RESUMABLE) as response,
     ):
         assert response.status_code == 200
         first_line = await anext(response.aiter_lines())
@@ -304,7 +311,7 @@ async def test_a_deadline_after_the_headers_is_an_error_event(
         redis_server.url, timeout_s=0.5, first_byte_budget_s=0.1, load_progress_every_s=0.2
     )
     async with serving(settings) as client:
-        response = await client.post("/v1/chat/completions", json={**BODY, "stream": True})
+        response = await client.post("/v1/chat/completions", json={**BODY, "stream": True}, headers=RESUMABLE)
     assert response.status_code == 200
     blocks = sse_blocks(response.text)
     assert blocks[0].startswith(": loading tiny")
@@ -322,7 +329,7 @@ async def test_a_client_that_leaves_during_the_wait_leaves_a_cancel_mark(
     settings = settings_for(redis_server.url, first_byte_budget_s=0.05, load_progress_every_s=0.1)
     body = {**BODY, "stream": True}
     async with serving(settings) as client:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=RESUMABLE) as response:
             assert (await anext(response.aiter_lines())).startswith(": loading tiny")
         job = await next_job(redis)
         for _ in range(250):

@@ -1,5 +1,7 @@
-"""Resumable streams: every event names its job and result stream entry, and a client that lost its
-connection re-sends the request with `Last-Event-ID` to any front door for the rest of the answer.
+"""Resumable streams: a client that lost its connection re-sends the request with `Last-Event-ID` to
+any front door for the rest of the answer. A client that asks (`X-Switchboard-Resumable: 1`) gets
+every event's id (its job and result stream entry); any other client counts the events it had and
+names them with the response's `x-request-id` (the tests at the end).
 
 Two front doors share one Redis; a scripted worker writes chunks slowly and stops, as a real worker
 does, once the job has a cancel mark.
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -19,10 +22,20 @@ from switchboard import api_keys, keys
 from switchboard.config import ApiKey, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Job, Usage
-from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for, write_chunks
+from tests.support.front_door_harness import BODY, MODEL, next_job, settings_for, write_chunks
+from tests.support.front_door_harness import serving as plain_serving
 
+RESUMABLE_HEADER = "X-Switchboard-Resumable"
 WORDS = ["one ", "two ", "three ", "four ", "five ", "six ", "seven ", "eight"]
 STREAM = {**BODY, "stream": True}
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The front door, and a client that asks for resumable streams (events with `id:` lines)."""
+    async with plain_serving(settings) as client:
+        client.headers[RESUMABLE_HEADER] = "1"
+        yield client
 
 
 async def slow_worker(redis: aioredis.Redis, job: Job, every_s: float = 0.15) -> str:
