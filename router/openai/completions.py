@@ -10,13 +10,18 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai.common import SamplingRequest, Usage
+from router.openai.common import SamplingRequest, TokenCount, Usage
+
+# OpenAI's default for this endpoint, which vLLM follows; an explicit null generates to the end of
+# the context, as vLLM's server does (chat has no such default: it generates to the end).
+COMPLETION_MAX_TOKENS_DEFAULT = 16
 
 
 class CompletionRequest(SamplingRequest, kw_only=True):
     """`POST /v1/completions` body."""
 
     prompt: str | list[Any]
+    max_tokens: TokenCount | None = COMPLETION_MAX_TOKENS_DEFAULT
     echo: bool = False
     # OpenAI allows up to 5 alternatives per position here.
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
