@@ -28,7 +28,7 @@ from router.openai.errors import (
     OpenAIError,
     RouteNotFoundError,
 )
-from router.telemetry.requests import client_left, current_request, observe_requests
+from router.telemetry.requests import client_left, current_request, observe_requests, unmatched_request_id
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard.config import Settings
 
@@ -95,7 +95,8 @@ def _provider(part: str) -> Callable[[State], Any]:
 
 
 def _openai_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Response[bytes]:
-    return json_response(exc.body(), status_code=exc.status_code, headers=exc.headers)
+    headers = {**exc.headers, **unmatched_request_id()}
+    return json_response(exc.body(), status_code=exc.status_code, headers=headers)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

@@ -32,6 +32,7 @@ from router.relay.first_byte import StreamForm, stream_response
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
+from router.telemetry.requests import arrival_id
 from switchboard.config import Settings
 from switchboard.wire import Job
 
@@ -74,6 +75,7 @@ class Pipeline:
             timeout_s=self._router.request_timeout_s,
             structured=structured,
             parse_tool_calls=tools.mode == "auto",
+            job_id=arrival_id(),
         )
         resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=chat.stream)
         job = resume.applied_to(job) if resume is not None else job
@@ -92,7 +94,7 @@ class Pipeline:
         completion = await decode_body(request, _completion_request)
         prompts = check_completion(completion)
         self._models.resolve(completion.model, caller)
-        job = completion_job(completion, timeout_s=self._router.request_timeout_s)
+        job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=arrival_id())
         resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=completion.stream)
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)

@@ -142,6 +142,7 @@ def span(name: str, attributes: Mapping[str, Any] | None = None) -> AbstractCont
     """A child of the current span, current inside the block; off, one shared empty context."""
     if not _enabled:
         return _NO_SPAN
+    attributes = {**request_attributes(), **(attributes or {})}
     return _tracer.start_as_current_span(name, attributes=attributes)  # type: ignore[no-any-return]
 
 
@@ -334,6 +335,11 @@ def bind_request(ids: RequestIds) -> contextvars.Token[RequestIds | None]:
 
 def unbind_request(token: contextvars.Token[RequestIds | None]) -> None:
     _request.reset(token)
+
+
+def bound_request() -> RequestIds | None:
+    """The ids of the request being handled here, if any."""
+    return _request.get()
 
 
 def request_attributes() -> dict[str, str]:

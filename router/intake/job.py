@@ -36,12 +36,14 @@ def chat_job(
     request: ChatCompletionRequest,
     *,
     timeout_s: float,
+    job_id: str | None = None,
     structured: StructuredOutput | None = None,
     parse_tool_calls: bool = False,
     tenant: str | None = None,
 ) -> Job:
     """The job for a chat completion; `structured` is what its tool choice needs, if anything, and
-    `parse_tool_calls` whether the model's own tool calls are to be parsed from its text."""
+    `parse_tool_calls` whether the model's own tool calls are to be parsed from its text; `job_id`,
+    the request's own id (`router.telemetry.requests`), made at its arrival."""
     top_logprobs = request.top_logprobs or 0
     sampling = sampling_params(
         request,
@@ -54,6 +56,7 @@ def chat_job(
         request.model,
         sampling,
         timeout_s=timeout_s,
+        job_id=job_id,
         tenant=tenant,
         messages=tuple(_message(m) for m in request.messages),
         tools=tools,
@@ -61,8 +64,11 @@ def chat_job(
     )
 
 
-def completion_job(request: CompletionRequest, *, timeout_s: float, tenant: str | None = None) -> Job:
-    """The job for a plain completion (its prompt already checked by `check_completion`)."""
+def completion_job(
+    request: CompletionRequest, *, timeout_s: float, job_id: str | None = None, tenant: str | None = None
+) -> Job:
+    """The job for a plain completion (its prompt already checked by `check_completion`); `job_id` as
+    for `chat_job`."""
     sampling = sampling_params(
         request,
         max_tokens=request.max_tokens,
@@ -71,7 +77,12 @@ def completion_job(request: CompletionRequest, *, timeout_s: float, tenant: str 
         structured=_structured_outputs(request),
     )
     return _job(
-        request.model, sampling, timeout_s=timeout_s, tenant=tenant, prompts=prompts_of(request.prompt)
+        request.model,
+        sampling,
+        timeout_s=timeout_s,
+        job_id=job_id,
+        tenant=tenant,
+        prompts=prompts_of(request.prompt),
     )
 
 
@@ -119,10 +130,19 @@ def sampling_params(
     )
 
 
-def _job(model: str, sampling: SamplingParams, *, timeout_s: float, tenant: str | None, **inputs: Any) -> Job:
-    now = time.time()
+def _job(
+    model: str,
+    sampling: SamplingParams,
+    *,
+    timeout_s: float,
+    job_id: str | None,
+    tenant: str | None,
+    **inputs: Any,
+) -> Job:
+    # An id made earlier tells when: the job was made then, as far as its `created` goes.
+    now = created_of(job_id) if job_id is not None else time.time()
     return Job(
-        id=new_job_id(now),
+        id=job_id or new_job_id(now),
         model=model,
         sampling=sampling,
         created=now,

@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextvars
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from router.intake.job import new_job_id
 from router.telemetry.metrics import E2E_LATENCY, REQUESTS
 from switchboard import tracing
 
@@ -41,8 +41,8 @@ _CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 
 
 def new_request_id() -> str:
-    """An id for a request without a job: 32 hex digits, like a job's."""
-    return uuid.uuid4().hex
+    """An id for a request, made at its arrival: the id its job takes, if it makes one."""
+    return new_job_id(time.time())
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ class RequestObservation:
 
     started: float = field(default_factory=time.perf_counter)
     started_ns: int = 0
-    # Made for the request; its job's id replaces it once it has a job.
+    # Made for the request at its arrival: its job takes it (a resumed stream's job has its own).
     own_id: str = field(default_factory=new_request_id)
     client_request_id: str | None = None
     # Set once the request names a configured model, and once it has a job.
@@ -76,6 +76,12 @@ _current: contextvars.ContextVar[RequestObservation | None] = contextvars.Contex
 def current_request() -> RequestObservation | None:
     """The observation of the API request being handled, if any."""
     return _current.get()
+
+
+def arrival_id() -> str | None:
+    """The id made for the API request being handled at its arrival, which its job takes."""
+    request = _current.get()
+    return request.own_id if request is not None else None
 
 
 def note_model(model: str) -> None:
@@ -152,6 +158,14 @@ async def _identified(
         await app(scope, receive, send_with_id)
     finally:
         tracing.unbind_request(token)
+
+
+def unmatched_request_id() -> dict[str, str]:
+    """The `x-request-id` header for a response that the middleware does not see (Litestar answers a
+    request for no route, a 404 or a 405, before any middleware runs); none for one it sees."""
+    if tracing.bound_request() is not None:
+        return {}
+    return {REQUEST_ID_HEADER.decode(): new_request_id()}
 
 
 def client_request_id(scope: Scope) -> str | None:
