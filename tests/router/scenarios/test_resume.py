@@ -13,10 +13,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from openai import AsyncOpenAI
 
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey, Settings
@@ -480,3 +482,82 @@ async def test_an_abandoned_stream_is_trimmed_once_its_grace_passes(
             await asyncio.sleep(0.02)
         assert await redis.exists(keys.cancel_mark(job.id))
         assert not await redis.exists(keys.result_stream(job.id), keys.job_record(job.id))
+
+
+# A client that asks for nothing: OpenAI's shape, and it resumes by counting events.
+
+
+async def test_any_client_resumes_by_counting_events_through_another_front_door(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """The stock `openai` client: no `id:` lines; it resumes with `<x-request-id>:<events it had>`,
+    and gets the rest in the same shape, the usage event included; then resumes that one the same way."""
+    first_settings = settings_for(redis_server.url, first_byte_budget_s=0.1, resume_grace_s=5.0)
+    second_settings = settings_for(redis_server.url, first_byte_budget_s=0.1)
+    body = {"messages": STREAM["messages"], "stream_options": {"include_usage": True}}
+    async with (
+        plain_serving(first_settings) as first,
+        plain_serving(second_settings) as second,
+        asyncio.timeout(30),
+    ):
+        sdk = AsyncOpenAI(base_url=f"{first.base_url}/v1", api_key="unused", max_retries=0)
+        stream = await sdk.chat.completions.create(model=MODEL, stream=True, **body)
+        job = await next_job(redis)
+        worker = asyncio.create_task(slow_worker(redis, job))
+        request_id = stream.response.headers["x-request-id"]
+        had = [chunk async for chunk in limited(stream, 3)]
+        await stream.close()  # the connection broke after three events
+        assert request_id == job.id
+
+        elsewhere = AsyncOpenAI(base_url=f"{second.base_url}/v1", api_key="unused", max_retries=0)
+        again = await elsewhere.chat.completions.create(
+            model=MODEL, stream=True, extra_headers={"Last-Event-ID": f"{request_id}:3"}, **body
+        )
+        assert again.response.headers["x-request-id"] == job.id
+        more = [chunk async for chunk in limited(again, 2)]
+        await again.close()  # and broke again, two events later
+        last = await elsewhere.chat.completions.create(
+            model=MODEL, stream=True, extra_headers={"Last-Event-ID": f"{request_id}:5"}, **body
+        )
+        rest = [chunk async for chunk in last]
+        assert await worker == "stop"
+    chunks = had + more + rest
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "".join(WORDS)
+    assert [c.choices[0].delta.role for c in chunks[:2]] == ["assistant", None], "the role once"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    assert {c.id for c in chunks} == {f"chatcmpl-{job.id}"}
+    assert await redis.xlen(keys.job_stream(MODEL)) == 1  # no second job
+
+
+async def test_a_counted_resume_is_in_openais_shape_and_past_the_end_gets_only_the_end(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    async with (
+        plain_serving(settings_for(redis_server.url, first_byte_budget_s=0.1)) as client,
+        asyncio.timeout(30),
+    ):
+        async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+            job = await next_job(redis)
+            await slow_worker(redis, job, every_s=0)
+            whole = (await response.aread()).decode()
+        resumed = await client.post(
+            "/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": f"{job.id}:4"}
+        )
+        past_the_end = await client.post(
+            "/v1/chat/completions", json=STREAM, headers={"Last-Event-ID": f"{job.id}:99"}
+        )
+    events_of = [e.strip("\n") for e in whole.split("\n\n") if e.strip()]  # keep-alives left out
+    assert all(e.startswith("data: ") for e in events_of), "no `id:` lines"
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.text == "\n\n".join(events_of[4:]) + "\n\n", "byte for byte the rest"
+    assert past_the_end.text == "data: [DONE]\n\n"
+
+
+async def limited(stream: AsyncIterator[Any], count: int) -> AsyncIterator[Any]:
+    """The first `count` items of `stream`."""
+    taken = 0
+    async for item in stream:
+        yield item
+        taken += 1
+        if taken == count:
+            return
