@@ -5,7 +5,9 @@ The redirect rewires file descriptors 1 and 2, so it runs in a child process, ne
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -148,3 +150,36 @@ def test_fields_a_record_factory_adds_to_every_record_are_not_extras() -> None:
         assert TextFormatter("%(message)s").format(record) == "hello model=m"
     finally:
         logging.setLogRecordFactory(original)
+
+
+def test_log_lines_of_a_request_carry_its_ids_in_text_and_json() -> None:
+    code = textwrap.dedent(
+        """
+        import json, logging, os, sys
+        from types import SimpleNamespace
+        from switchboard import tracing
+        from switchboard.logs import configure_logging
+        configure_logging("INFO", "router")
+        ids = SimpleNamespace(request_id="0123abcd", client_request_id="theirs")
+        token = tracing.bind_request(ids)
+        logging.getLogger("router.x").info("inside")
+        ids.request_id = "job-id"  # the request's job took over its id
+        logging.getLogger("router.x").info("later", extra={"request_id": "named"})
+        tracing.unbind_request(token)
+        logging.getLogger("router.x").info("outside")
+        """
+    )
+    for log_format in ("text", "json"):
+        env = {**os.environ, "SWITCHBOARD_LOG_FORMAT": log_format}
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, env=env
+        )
+        lines = done.stderr.splitlines()
+        if log_format == "text":
+            assert lines[0].endswith("inside request_id=0123abcd client_request_id=theirs"), lines
+            assert lines[1].endswith("later request_id=named"), "a record's own field wins"
+            assert lines[2].endswith("outside"), lines
+        else:
+            records = [json.loads(line) for line in lines]
+            assert (records[0]["request_id"], records[0]["client_request_id"]) == ("0123abcd", "theirs")
+            assert "request_id" not in records[2]

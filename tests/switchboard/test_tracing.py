@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -78,3 +79,20 @@ def test_log_lines_inside_a_span_carry_its_ids(span_file: Path) -> None:
     outside = logging.makeLogRecord({"msg": "later"})
     tracing.trace_ids.filter(outside)
     assert not hasattr(outside, "trace_id")
+
+
+def test_spans_started_for_a_request_carry_its_ids(span_file: Path) -> None:
+    ids = SimpleNamespace(request_id="r1", client_request_id="theirs")
+    token = tracing.bind_request(ids)
+    try:
+        tracing.start_span("step", attributes={"a": 1}).end()
+        ids.client_request_id = None
+        with tracing.span("later"):
+            pass
+    finally:
+        tracing.unbind_request(token)
+    tracing.start_span("outside").end()
+    step, later, outside = (json.loads(line)["attributes"] for line in span_file.read_text().splitlines())
+    assert step == {tracing.REQUEST_ID: "r1", tracing.CLIENT_REQUEST_ID: "theirs", "a": 1}
+    assert later == {tracing.REQUEST_ID: "r1"}
+    assert outside == {}
