@@ -78,7 +78,7 @@ async def test_completion_is_queued_and_relayed_as_a_stream(
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.headers["x-request-id"] == job.id
-    events = [e for e in response.text.split("\n\n") if e]
+    events = [e.strip("\n") for e in response.text.split("\n\n") if e.strip()]  # keep-alives: blank lines
     assert all(e.startswith("data: ") for e in events), "OpenAI's shape: no `id:` lines"
     assert events[-1] == "data: [DONE]"
     texts = [msgspec.json.decode(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-1]]

@@ -183,7 +183,7 @@ def assert_answered(response: httpx.Response, path: str, choices: int | None = N
     kind = "chat.completion" if path == CHAT else "text_completion"
     if response.headers["content-type"].startswith("text/event-stream"):
         # OpenAI's shape: `data:` events only (keep-alives are blank lines).
-        events = [e for e in response.text.split("\n\n") if e.strip()]
+        events = [e.strip("\n") for e in response.text.split("\n\n") if e.strip()]
         assert all(e.startswith("data: ") and "\n" not in e for e in events), events
         assert events[-1] == "data: [DONE]", events
         payloads = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]

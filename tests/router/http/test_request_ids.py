@@ -98,7 +98,9 @@ async def test_a_clients_request_id_is_the_traces_correlation_id_and_every_span_
     found = [s for s in spans(span_file) if s["trace_id"] == spans_of(span_file, job.id)]
     names = {s["name"] for s in found}
     assert {"POST /v1/chat/completions", f"chat {MODEL}", "switchboard.admission"} <= names, names
-    assert all(s["attributes"].get(tracing.REQUEST_ID) == job.id for s in found), [(s["name"], s["attributes"]) for s in found]
+    assert all(s["attributes"].get(tracing.REQUEST_ID) == job.id for s in found), [
+        (s["name"], s["attributes"]) for s in found
+    ]
     assert all(s["attributes"][tracing.CLIENT_REQUEST_ID] == "client-42" for s in found)
     assert odd.headers["x-request-id"] == odd_job.id
     ignored = [s for s in spans(span_file) if s["trace_id"] == spans_of(span_file, odd_job.id)]

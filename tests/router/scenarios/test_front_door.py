@@ -108,7 +108,7 @@ async def test_streamed_request_relays_every_chunk_as_sse(
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     # OpenAI's shape: `data:` events only, no `id:` lines; the job's id is in `x-request-id`.
-    events = [e for e in response.text.split("\n\n") if e]
+    events = [e.strip("\n") for e in response.text.split("\n\n") if e.strip()]  # keep-alives: blank lines
     assert all(e.startswith("data: ") and "\n" not in e for e in events), events
     assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"])
     assert events[-1] == "data: [DONE]"
