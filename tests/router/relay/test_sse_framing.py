@@ -260,3 +260,44 @@ async def test_the_resumable_form_is_what_the_bench_parser_cannot_read(
 
 def drop_id_line(block: bytes) -> bytes:
     return block.split(b"\n", 1)[1] if block.startswith(b"id: ") else block
+
+
+# --- the bench's own request, over a real socket --------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_the_bench_request_reads_a_stream_whose_model_was_slow_to_start(
+    redis: aioredis.Redis, redis_server: PrivateRedis, path: str
+) -> None:
+    """`vllm bench serve`'s request function, with its own aiohttp session, against the front door:
+    the first token comes after several keep-alives, each written (and so read) on its own."""
+    import aiohttp
+
+    settings = settings_for(redis_server.url, first_byte_budget_s=0.05, load_progress_every_s=0.05)
+    async with serving(settings) as client, aiohttp.ClientSession() as session:
+        request = bench.RequestFuncInput(
+            prompt="Hi",
+            api_url=f"{client.base_url}{path}",
+            prompt_len=1,
+            output_len=8,
+            model=MODEL,
+            request_id="benchmark-serving-0",
+        )
+        call = asyncio.create_task(
+            (
+                bench.async_request_openai_chat_completions
+                if path == CHAT
+                else bench.async_request_openai_completions
+            )(request, session)
+        )
+        job = await next_job(redis)
+        await asyncio.sleep(0.3)
+        usage = Usage(prompt_tokens=1, completion_tokens=len(WORDS))
+        for word in WORDS[:-1]:
+            await write_chunks(redis, job.id, Chunk(text=word))
+            await asyncio.sleep(0.01)
+        await write_chunks(redis, job.id, Chunk(text=WORDS[-1], finish_reason="stop", usage=usage))
+        output = await call
+    assert output.success, output.error
+    assert (output.generated_text, output.output_tokens) == ("".join(WORDS), len(WORDS))
+    assert len(output.itl) == len(WORDS) - 1 and output.ttft >= 0.3
