@@ -50,7 +50,9 @@ def sse_error(error: OpenAIError) -> bytes:
 
 
 def sse_comment(text: str) -> bytes:
-    """An SSE comment line: clients (the `openai` SDK among them) skip it, proxies see traffic."""
+    """An SSE comment line: SSE clients (EventSource, the `openai` SDK) skip it, proxies see traffic.
+    Only for clients that asked for SSE in full: read-by-read parsers lose events behind a comment
+    (`router.relay.first_byte`)."""
     return b": " + " ".join(text.splitlines()).encode() + b"\n\n"
 
 
