@@ -21,6 +21,8 @@ from openai import AsyncOpenAI, BadRequestError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from router.http.connections import error_response
+from router.openai.errors import RequestTimeoutError
 from switchboard import keys, tracing
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage
@@ -133,3 +135,10 @@ async def test_log_lines_of_a_request_carry_its_ids(
     (record,) = [r for r in caplog.records if r.getMessage() == "request dropped while its model loads"]
     assert record.request_id == response.headers["x-request-id"] == record.job_id
     assert record.client_request_id == "mine"
+
+
+def test_a_connection_refused_before_its_request_reached_the_app_gets_an_id_too() -> None:
+    response = error_response(RequestTimeoutError("The request's headers did not arrive in time."))
+    head = response.split(b"\r\n\r\n", 1)[0].decode()
+    (line,) = [line for line in head.split("\r\n") if line.startswith("x-request-id: ")]
+    assert AN_ID.fullmatch(line.removeprefix("x-request-id: "))
