@@ -7,7 +7,7 @@ import copy
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,33 @@ EXAMPLE_SECRET = {
     "admin-key-sha256": "0" * 64,
 }
 STOP_AFTER_DRAIN_S = 30.0
+# The namespace the README creates and applies into; KEDA's operator, in a namespace of its own,
+# reaches Redis by a name that includes it.
+NAMESPACE = "switchboard"
+# Redis under Sentinel, as kustomization.yaml's comment says to swap it in: these files in place of
+# those, and the Secret's `redis-url` naming the sentinels.
+SENTINEL_SWAP = {"redis.yaml": "redis-sentinel.yaml", "worker-scaling.yaml": "worker-scaling-sentinel.yaml"}
+SENTINEL_SECRET = {
+    **EXAMPLE_SECRET,
+    "redis-url": "redis+sentinel://:examplepassword@switchboard-redis-sentinel:26379/switchboard/0"
+    "?sentinel_password=examplepassword",
+}
 
 Object = dict[str, Any]
 
 
-def compose_kustomization() -> list[Object]:
+def _kustomization(swap: Mapping[str, str] | None = None) -> Object:
+    """kustomization.yaml, with the resources `swap` names replaced as its comment says."""
+    kustomization: Object = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    swap = swap or {}
+    assert set(swap) <= set(kustomization["resources"])
+    kustomization["resources"] = [swap.get(resource, resource) for resource in kustomization["resources"]]
+    return kustomization
+
+
+def compose_kustomization(swap: Mapping[str, str] | None = None) -> list[Object]:
     """The objects `kubectl apply -k deploy/k8s` applies: resources, with labels and image tags."""
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    kustomization = _kustomization(swap)
     assert set(kustomization) <= {"apiVersion", "kind", "labels", "resources", "images"}, (
         "a kustomize feature this composition does not apply"
     )
@@ -65,6 +85,19 @@ def _containers(objects: list[Object]) -> Iterator[Object]:
 @pytest.fixture(scope="module")
 def manifests() -> list[Object]:
     return compose_kustomization()
+
+
+@pytest.fixture(scope="module")
+def sentinel_manifests() -> list[Object]:
+    return compose_kustomization(SENTINEL_SWAP)
+
+
+@pytest.fixture(params=["plain", "sentinel"])
+def either_manifests(
+    request: pytest.FixtureRequest, manifests: list[Object], sentinel_manifests: list[Object]
+) -> list[Object]:
+    """The objects of either Redis: plain, or under Sentinel."""
+    return sentinel_manifests if request.param == "sentinel" else manifests
 
 
 def _one(objects: list[Object], kind: str, name: str) -> Object:
@@ -142,19 +175,25 @@ def _redis_config(container: Object) -> dict[str, str]:
     return dict(line.strip().partition(" ")[::2] for line in body[1].splitlines() if line.strip())
 
 
-def test_kubectl_kustomize_composes_the_same_objects(manifests: list[Object]) -> None:
+@pytest.mark.parametrize("swap", [None, SENTINEL_SWAP], ids=["plain", "sentinel"])
+def test_kubectl_kustomize_composes_the_same_objects(swap: dict[str, str] | None, tmp_path: Path) -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("no kubectl here (its `kustomize` would render deploy/k8s)")
-    rendered = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, check=True)
-    ours = sorted(manifests, key=lambda o: (o["kind"], o["metadata"]["name"]))
+    folder = tmp_path / "k8s"
+    shutil.copytree(K8S, folder)
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(_kustomization(swap)))
+    rendered = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=True)
+    ours = sorted(compose_kustomization(swap), key=lambda o: (o["kind"], o["metadata"]["name"]))
     theirs = sorted(yaml.safe_load_all(rendered.stdout), key=lambda o: (o["kind"], o["metadata"]["name"]))
     assert theirs == ours
 
 
-def test_every_built_in_object_validates_against_the_kubernetes_schema(manifests: list[Object]) -> None:
+def test_every_built_in_object_validates_against_the_kubernetes_schema(
+    either_manifests: list[Object],
+) -> None:
     kinds = set()
-    for document in manifests:
+    for document in either_manifests:
         if document["kind"] in KEDA_KINDS:
             continue
         kinds.add(document["kind"])
@@ -179,13 +218,15 @@ def test_the_schema_check_refuses_a_broken_object(manifests: list[Object]) -> No
     assert any("paht" in error for error in errors) and any("replicas" in error for error in errors)
 
 
-def test_keda_objects_validate_against_the_crd_schema_where_it_is_kept(manifests: list[Object]) -> None:
+def test_keda_objects_validate_against_the_crd_schema_where_it_is_kept(
+    either_manifests: list[Object],
+) -> None:
     folder = SCHEMAS / "keda"
     if not folder.is_dir():
         pytest.skip("KEDA's CRD schemas are not kept here (see tests/deploy/schemas/README.md)")
     from jsonschema import Draft7Validator
 
-    for document in manifests:
+    for document in either_manifests:
         if document["kind"] in KEDA_KINDS:
             schema = yaml.safe_load((folder / f"{document['kind'].lower()}_v1alpha1.json").read_text())
             errors = sorted(Draft7Validator(schema).iter_errors(document), key=str)
@@ -254,8 +295,8 @@ def test_redis_is_persistent_password_protected_and_probed(manifests: list[Objec
     assert str(service_port["port"]) == port
 
 
-def test_no_secret_is_on_a_command_line_or_in_an_environment(manifests: list[Object]) -> None:
-    for container in _containers(manifests):
+def test_no_secret_is_on_a_command_line_or_in_an_environment(either_manifests: list[Object]) -> None:
+    for container in _containers(either_manifests):
         for variable in container.get("env", []):
             reference = variable.get("valueFrom", {}).get("secretKeyRef")
             if reference is not None:
@@ -288,6 +329,42 @@ def test_workers_drain_within_their_grace_period_on_a_gpu(manifests: list[Object
     assert all(model.path.startswith("/models/") for model in settings.models)
 
 
+def _job_streams(settings: Settings) -> set[str]:
+    """Each model's job stream, under the deployment's key prefix."""
+    previous = keys.PREFIX
+    keys.set_prefix(settings.redis.key_prefix)
+    try:
+        return {keys.job_stream(model.name) for model in settings.models}
+    finally:
+        keys.set_prefix(previous)
+
+
+def _triggers_by_stream(scaled: Object, settings: Settings, trigger_type: str) -> dict[str, set[str]]:
+    """Which triggers (lag, pending) each stream has; every trigger is checked on the way."""
+    by_stream: dict[str, set[str]] = {}
+    for trigger in scaled["triggers"]:
+        assert trigger["type"] == trigger_type
+        metadata = trigger["metadata"]
+        assert metadata["consumerGroup"] == keys.JOB_GROUP
+        assert trigger["authenticationRef"] == {"name": "switchboard-redis"}
+        if "lagCount" in metadata:
+            assert metadata["activationLagCount"] == "0"  # one waiting job wakes a worker
+            by_stream.setdefault(metadata["stream"], set()).add("lag")
+        else:
+            assert int(metadata["pendingEntriesCount"]) <= settings.worker.max_concurrent_jobs
+            by_stream.setdefault(metadata["stream"], set()).add("pending")
+        assert all(isinstance(value, str) for value in metadata.values())  # KEDA's metadata is strings
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", trigger["name"])
+    return by_stream
+
+
+def _address_from_keda(service: Object) -> str:
+    """Where KEDA's operator, in its own namespace, reaches a Service of ours: by a name that
+    includes our namespace (a Service's short name resolves only inside its namespace)."""
+    (port,) = service["spec"]["ports"]
+    return f"{service['metadata']['name']}.{NAMESPACE}.svc:{port['port']}"
+
+
 def test_keda_scales_workers_from_zero_on_every_models_job_stream(
     manifests: list[Object], tmp_path: Path
 ) -> None:
@@ -300,30 +377,18 @@ def test_keda_scales_workers_from_zero_on_every_models_job_stream(
     assert scaled["fallback"]["replicas"] >= 1  # before any worker made the consumer groups
     assert scaled["cooldownPeriod"] >= max(model.keep_alive_s for model in settings.models)
 
-    previous = keys.PREFIX
-    keys.set_prefix(settings.redis.key_prefix)
-    try:
-        streams = {keys.job_stream(model.name) for model in settings.models}
-    finally:
-        keys.set_prefix(previous)
-    redis = _one(manifests, "Service", "switchboard-redis")
-    (redis_port,) = redis["spec"]["ports"]
-    by_stream: dict[str, set[str]] = {}
-    for trigger in scaled["triggers"]:
-        assert trigger["type"] == "redis-streams"
-        metadata = trigger["metadata"]
-        assert metadata["address"] == f"{redis['metadata']['name']}:{redis_port['port']}"
-        assert metadata["consumerGroup"] == keys.JOB_GROUP
-        assert trigger["authenticationRef"] == {"name": "switchboard-redis"}
-        if "lagCount" in metadata:
-            assert metadata["activationLagCount"] == "0"  # one waiting job wakes a worker
-            by_stream.setdefault(metadata["stream"], set()).add("lag")
-        else:
-            assert int(metadata["pendingEntriesCount"]) <= settings.worker.max_concurrent_jobs
-            by_stream.setdefault(metadata["stream"], set()).add("pending")
-        assert all(isinstance(value, str) for value in metadata.values())  # KEDA's metadata is strings
-        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", trigger["name"])
-    assert by_stream == {stream: {"lag", "pending"} for stream in streams}
+    by_stream = _triggers_by_stream(scaled, settings, "redis-streams")
+    assert by_stream == {stream: {"lag", "pending"} for stream in _job_streams(settings)}
+    redis = _address_from_keda(_one(manifests, "Service", "switchboard-redis"))
+    assert {trigger["metadata"]["address"] for trigger in scaled["triggers"]} == {redis}
+    assert f"kubectl create namespace {NAMESPACE}" in (REPO / "README.md").read_text()
+
+
+def _password_file(container: Object, config_line: str) -> str:
+    """The file a `... "$(cat FILE)"` line of a start command reads its password from."""
+    found = re.search(r"\$\(cat (\S+)\)", config_line)
+    assert found is not None, config_line
+    return found[1]
 
 
 def test_keda_reads_the_password_redis_is_started_with(manifests: list[Object]) -> None:
@@ -333,9 +398,8 @@ def test_keda_reads_the_password_redis_is_started_with(manifests: list[Object]) 
     pod = _one(manifests, "StatefulSet", "switchboard-redis")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     files = _secret_files(pod, container)
-    password_file = re.search(r"\$\(cat (\S+)\)", _redis_config(container)["requirepass"])
-    assert password_file is not None
-    assert (target["name"], target["key"]) == ("switchboard-secrets", files[password_file[1]])
+    password_file = _password_file(container, _redis_config(container)["requirepass"])
+    assert (target["name"], target["key"]) == ("switchboard-secrets", files[password_file])
 
 
 def test_images_are_the_ones_deploy_docker_builds(manifests: list[Object]) -> None:
@@ -376,7 +440,8 @@ def _peers(policy: Object, direction: str) -> list[tuple[Object, list[Object]]]:
     ]
 
 
-def test_everything_is_denied_unless_a_policy_allows_it(manifests: list[Object]) -> None:
+def test_everything_is_denied_unless_a_policy_allows_it(either_manifests: list[Object]) -> None:
+    manifests = either_manifests
     policies = _policies(manifests)
     deny = [
         policy
@@ -413,47 +478,119 @@ def _named(peer: Object) -> str:
     return peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
 
 
-def test_each_pod_talks_only_to_whom_it_must(manifests: list[Object]) -> None:
-    router = _own_policy(manifests, "switchboard-router")
-    worker = _own_policy(manifests, "switchboard-worker")
-    redis = _own_policy(manifests, "switchboard-redis")
-    ports = {
-        name: {port["name"]: port["containerPort"] for port in _container(manifests, kind, name)["ports"]}
-        for kind, name in (
-            ("Deployment", "switchboard-router"),
-            ("Deployment", "switchboard-worker"),
-            ("StatefulSet", "switchboard-redis"),
+def _named_ports(manifests: list[Object]) -> dict[str, dict[str, int]]:
+    """Pod name → its container's named ports, for every Deployment and StatefulSet."""
+    return {
+        document["metadata"]["name"]: {
+            port["name"]: port["containerPort"]
+            for container in document["spec"]["template"]["spec"]["containers"]
+            for port in container.get("ports", [])
+        }
+        for document in manifests
+        if document["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def _allowed(manifests: list[Object], policy: Object, direction: str) -> set[tuple[str, int]]:
+    """(peer, port number) a policy allows; named ports are the selected pods' own (ingress)."""
+    ports = _named_ports(manifests)
+    selected = [name for name, labels in _pod_labels(manifests).items() if _selects(policy, labels)]
+    found = set()
+    for peer, peer_ports in _peers(policy, direction):
+        assert peer_ports, "every rule names its ports"
+        for port in peer_ports:
+            number = port["port"]
+            if isinstance(number, str):
+                assert direction == "ingress", "egress rules name port numbers"
+                numbers = {ports[name][number] for name in selected}
+                if not numbers:
+                    continue  # no pod here has that port (the sentinels' rules without Sentinel)
+                (number,) = numbers
+            found.add((_named(peer), number))
+    return found
+
+
+def test_each_pod_talks_only_to_whom_it_must(either_manifests: list[Object]) -> None:
+    manifests = either_manifests
+    policies = {
+        name: next(p for p in _policies(manifests) if p["metadata"]["name"] == name)
+        for name in (
+            "switchboard-router",
+            "switchboard-worker",
+            "switchboard-redis",
+            "switchboard-redis-sentinel",
         )
     }
 
-    def allowed(policy: Object, direction: str, pod: str | None = None) -> set[tuple[str, object]]:
-        found = set()
-        for peer, peer_ports in _peers(policy, direction):
-            assert peer_ports, "every rule names its ports"
-            for port in peer_ports:
-                number = ports[pod][port["port"]] if isinstance(port["port"], str) and pod else port["port"]
-                found.add((_named(peer), number))
-        return found
+    def allowed(name: str, direction: str) -> set[tuple[str, int]]:
+        return _allowed(manifests, policies[name], direction)
 
-    # The router: requests from the ingress controller, scrapes from Prometheus; out, Redis alone.
-    router_port = ports["switchboard-router"]["http"]
-    assert allowed(router, "ingress", "switchboard-router") == {
+    redis_out = {("switchboard-redis", 6379), ("switchboard-redis-sentinel", 26379)}
+    # The router: requests from the ingress controller, scrapes from Prometheus; out, Redis alone
+    # (under Sentinel, the sentinels first).
+    router_port = _named_ports(manifests)["switchboard-router"]["http"]
+    assert allowed("switchboard-router", "ingress") == {
         ("namespace ingress-nginx", router_port),
         ("namespace monitoring", router_port),
     }
-    assert allowed(router, "egress") == {("switchboard-redis", 6379)}
+    assert allowed("switchboard-router", "egress") == redis_out
     # Workers: only Prometheus' scrapes of the metrics port in; out, Redis alone.
-    assert allowed(worker, "ingress", "switchboard-worker") == {
-        ("namespace monitoring", ports["switchboard-worker"]["metrics"])
+    assert allowed("switchboard-worker", "ingress") == {
+        ("namespace monitoring", _named_ports(manifests)["switchboard-worker"]["metrics"])
     }
-    assert allowed(worker, "egress") == {("switchboard-redis", 6379)}
-    # Redis: the router, the workers and KEDA's operator in; nothing out.
-    assert allowed(redis, "ingress", "switchboard-redis") == {
-        ("switchboard-router", 6379),
-        ("switchboard-worker", 6379),
-        ("namespace keda", 6379),
+    assert allowed("switchboard-worker", "egress") == redis_out
+    # Redis: the router, the workers and KEDA's operator in; under Sentinel, the sentinels and the
+    # other Redis pod too; out, only the other Redis pod and the sentinels.
+    clients = {"switchboard-router", "switchboard-worker", "namespace keda"}
+    assert allowed("switchboard-redis", "ingress") == {
+        (client, 6379) for client in clients | {"switchboard-redis-sentinel", "switchboard-redis"}
     }
-    assert redis["spec"]["egress"] == []
+    assert allowed("switchboard-redis", "egress") == redis_out
+    # The sentinels (their rules select no pod without Sentinel): asked by the clients, the Redis
+    # pods and each other; out, the Redis pods and each other.
+    if "switchboard-redis-sentinel" in _pod_labels(manifests):
+        assert allowed("switchboard-redis-sentinel", "ingress") == {
+            (client, 26379) for client in clients | {"switchboard-redis", "switchboard-redis-sentinel"}
+        }
+    assert allowed("switchboard-redis-sentinel", "egress") == redis_out
+
+
+def _lets_through(manifests: list[Object], client: str, server: str, port: int) -> bool:
+    """Whether the policies let `client` (a pod's name, or `namespace X`) reach `server` on `port`:
+    the client's own policy lets it out (when it is ours), the server's lets it in."""
+    labels = _pod_labels(manifests)
+    inbound = _allowed(manifests, _own_policy(manifests, server), "ingress")
+    if client.startswith("namespace "):
+        return (client, port) in inbound
+    outbound = _allowed(manifests, _own_policy(manifests, client), "egress")
+    server_name = labels[server]["app.kubernetes.io/name"]
+    client_name = labels[client]["app.kubernetes.io/name"]
+    return (server_name, port) in outbound and (client_name, port) in inbound
+
+
+def test_the_traffic_sentinel_needs_is_let_through(sentinel_manifests: list[Object]) -> None:
+    manifests = sentinel_manifests
+    sentinel, redis = "switchboard-redis-sentinel", "switchboard-redis"
+    needed = [
+        # The clients ask the sentinels for the primary, then use it.
+        *[
+            (client, server)
+            for client in ("switchboard-router", "switchboard-worker", "namespace keda")
+            for server in (sentinel, redis)
+        ],
+        (sentinel, redis),  # watching, and reconfiguring at a failover
+        (sentinel, sentinel),  # hellos, votes
+        (redis, redis),  # a replica copies its primary
+        (redis, sentinel),  # a starting pod asks which pod is the primary
+    ]
+    ports = _named_ports(manifests)
+    for client, server in needed:
+        port = ports[server]["sentinel" if server == sentinel else "redis"]
+        assert _lets_through(manifests, client, server, port), f"{client} cannot reach {server}:{port}"
+    # And nothing else reaches them: not the ingress controller, not Prometheus.
+    for outsider in ("namespace ingress-nginx", "namespace monitoring"):
+        assert not _lets_through(manifests, outsider, sentinel, ports[sentinel]["sentinel"])
+        assert not _lets_through(manifests, outsider, redis, ports[redis]["redis"])
 
 
 def test_the_ingress_example_serves_the_router_over_tls(manifests: list[Object]) -> None:
