@@ -16,6 +16,7 @@ import yaml
 
 from switchboard import keys
 from switchboard.config import Settings
+from tests.deploy.sentinel_url import read_sentinel_url
 from tests.support.deploy.compose_file import REPO
 from tests.support.deploy.product import cli_command, reads_redis_url_file, router_paths, settings_from
 from tests.support.deploy.schemas import SCHEMAS, kubernetes_schema_path, kubernetes_validator, schema_errors
@@ -136,7 +137,9 @@ def _secret_files(pod: Object, container: Object) -> dict[str, str]:
     return files
 
 
-def _settings(objects: list[Object], kind: str, name: str, tmp_path: Path) -> Settings:
+def _settings(
+    objects: list[Object], kind: str, name: str, tmp_path: Path, secret: Mapping[str, str] = EXAMPLE_SECRET
+) -> Settings:
     """What the container's `switchboard` process runs with: the ConfigMap's file, its variables and
     the Secret's files (written where its variables name them)."""
     pod = _one(objects, kind, name)["spec"]["template"]["spec"]
@@ -152,7 +155,7 @@ def _settings(objects: list[Object], kind: str, name: str, tmp_path: Path) -> Se
     variables = _environment(container)
     for path, key in _secret_files(pod, container).items():
         local = tmp_path / f"{name}-{key}"
-        local.write_text(EXAMPLE_SECRET[key])
+        local.write_text(secret[key])
         variables = {
             variable: str(local) if value == path else value for variable, value in variables.items()
         }
@@ -166,13 +169,23 @@ def _redis_url(objects: list[Object], name: str) -> str:
     return EXAMPLE_SECRET[_secret_files(pod, container)[_environment(container)["REDIS_URL_FILE"]]]
 
 
+def _script(container: Object) -> str:
+    """The shell script a container starts with, as the shell gets it."""
+    assert container["args"][:2] == ["sh", "-c"]
+    return str(container["args"][2]).replace("$$", "$")  # Kubernetes' escape of `$`
+
+
+def _config_lines(container: Object, opener: str) -> list[str]:
+    """The configuration a start script writes in the here-document that follows `opener`."""
+    body = re.search(rf"{re.escape(opener)} <<EOF\n(.*?)\nEOF", _script(container), re.DOTALL)
+    assert body is not None, f"no here-document after `{opener}`"
+    return [line.strip() for line in body[1].splitlines() if line.strip()]
+
+
 def _redis_config(container: Object) -> dict[str, str]:
     """Redis's configuration as its command hands it over: on standard input, a here-document."""
-    assert container["args"][:2] == ["sh", "-c"]
-    script = container["args"][2].replace("$$", "$")  # Kubernetes' escape of `$`
-    body = re.search(r"exec redis-server - <<EOF\n(.*?)\nEOF", script, re.DOTALL)
-    assert body is not None, "redis-server reads its configuration from standard input"
-    return dict(line.strip().partition(" ")[::2] for line in body[1].splitlines() if line.strip())
+    lines = _config_lines(container, "exec redis-server -")
+    return dict(line.partition(" ")[::2] for line in lines)
 
 
 @pytest.mark.parametrize("swap", [None, SENTINEL_SWAP], ids=["plain", "sentinel"])
@@ -400,6 +413,203 @@ def test_keda_reads_the_password_redis_is_started_with(manifests: list[Object]) 
     files = _secret_files(pod, container)
     password_file = _password_file(container, _redis_config(container)["requirepass"])
     assert (target["name"], target["key"]) == ("switchboard-secrets", files[password_file])
+
+
+def _sentinel_config(container: Object) -> list[str]:
+    return _config_lines(container, "cat > /data/sentinel.conf")
+
+
+def _fallback_primary(container: Object) -> tuple[str, str]:
+    """The (host, port) a start script uses when no sentinel names the primary."""
+    found = re.search(r'^host="([^"]+)" port=(\d+)$', _script(container), re.MULTILINE)
+    assert found is not None, "the script starts from a primary of its own"
+    return found[1], found[2]
+
+
+def _pod_name(statefulset: Object, index: int) -> str:
+    """The stable name of a StatefulSet's pod: <pod>.<governing Service>.<namespace>.svc."""
+    name, service = statefulset["metadata"]["name"], statefulset["spec"]["serviceName"]
+    return f"{name}-{index}.{service}.$NAMESPACE.svc"
+
+
+def _downward_namespace(container: Object) -> None:
+    (variable,) = [v for v in container["env"] if v["name"] == "NAMESPACE"]
+    assert variable["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def test_the_sentinel_variant_is_what_kustomization_yaml_says_to_swap_in(
+    manifests: list[Object], sentinel_manifests: list[Object]
+) -> None:
+    comment = (K8S / "kustomization.yaml").read_text()
+    for plain, sentinel in SENTINEL_SWAP.items():
+        assert f"{sentinel} in place of {plain}" in comment
+    assert SENTINEL_SECRET["redis-url"].replace("examplepassword", "PASSWORD") in comment
+    # The same objects but for Redis and the triggers; the ScaledObject differs only in them.
+    swapped = {"switchboard-redis", "switchboard-redis-sentinel"}
+
+    def others(objects: list[Object]) -> list[Object]:
+        kept = [o for o in objects if o["metadata"]["name"] not in swapped and o["kind"] != "ScaledObject"]
+        return sorted(kept, key=lambda o: (o["kind"], o["metadata"]["name"]))
+
+    assert others(sentinel_manifests) == others(manifests)
+    plain = copy.deepcopy(_one(manifests, "ScaledObject", "switchboard-worker"))
+    sentinel = copy.deepcopy(_one(sentinel_manifests, "ScaledObject", "switchboard-worker"))
+    plain_triggers, sentinel_triggers = plain["spec"].pop("triggers"), sentinel["spec"].pop("triggers")
+    assert sentinel == plain
+    for ours, theirs in zip(sentinel_triggers, plain_triggers, strict=True):
+        assert {k: v for k, v in ours["metadata"].items() if k not in ("addresses", "sentinelMaster")} == {
+            k: v for k, v in theirs["metadata"].items() if k != "address"
+        }
+        assert (ours["name"], ours["authenticationRef"]) == (theirs["name"], theirs["authenticationRef"])
+
+
+def test_redis_under_sentinel_is_a_persistent_primary_and_replica(sentinel_manifests: list[Object]) -> None:
+    manifests = sentinel_manifests
+    statefulset = _one(manifests, "StatefulSet", "switchboard-redis")
+    service = _one(manifests, "Service", "switchboard-redis")
+    # Two pods, each with its own name (a headless governing Service that names pods still loading).
+    assert statefulset["spec"]["replicas"] == 2
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    container = _container(manifests, "StatefulSet", "switchboard-redis")
+    _downward_namespace(container)
+    config = _redis_config(container)
+    assert config["appendonly"] == "yes" and config["maxmemory-policy"] == "noeviction"
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    assert {"name": claim["metadata"]["name"], "mountPath": config["dir"]} in container["volumeMounts"]
+    # One password, from the Secret's file: asked of clients, and given to the primary it copies.
+    files = _secret_files(statefulset["spec"]["template"]["spec"], container)
+    for key in ("requirepass", "masterauth"):
+        assert files[_password_file(container, config[key])] == "redis-password"
+    # It follows the first pod, or whom the sentinels name; known by its own pod name.
+    port = config["port"]
+    assert _fallback_primary(container) == (_pod_name(statefulset, 0), port)
+    assert config["replica-announce-ip"] == "$me"
+    script = _script(container)
+    assert 'me="$HOSTNAME.switchboard-redis.$NAMESPACE.svc"' in script
+    assert 'follow="replicaof $host $port"\n[ "$host" = "$me" ] && follow=""' in script
+    assert "$follow" in config
+    sentinels = _one(manifests, "Service", "switchboard-redis-sentinel")
+    (sentinel_port,) = sentinels["spec"]["ports"]
+    assert (
+        f"redis-cli -h {sentinels['metadata']['name']} -p {sentinel_port['port']} --no-auth-warning "
+        "sentinel get-master-addr-by-name switchboard" in script
+    )
+    (service_port,) = service["spec"]["ports"]
+    assert str(service_port["port"]) == port
+
+
+def test_sentinels_watch_the_primary_under_the_name_the_url_gives(sentinel_manifests: list[Object]) -> None:
+    manifests = sentinel_manifests
+    statefulset = _one(manifests, "StatefulSet", "switchboard-redis-sentinel")
+    service = _one(manifests, "Service", "switchboard-redis-sentinel")
+    redis = _one(manifests, "StatefulSet", "switchboard-redis")
+    container = _container(manifests, "StatefulSet", "switchboard-redis-sentinel")
+    _downward_namespace(container)
+    config = _sentinel_config(container)
+    url = read_sentinel_url(SENTINEL_SECRET["redis-url"])
+    # Three sentinels, two of which must agree; under the master name the clients' URL gives.
+    replicas = statefulset["spec"]["replicas"]
+    assert replicas == 3 and statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    monitor = [line.split() for line in config if line.startswith("sentinel monitor ")]
+    assert monitor == [["sentinel", "monitor", url.master_name, "$host", "$port", "2"]]
+    assert replicas // 2 < 2 <= replicas
+    # Whom they watch: the first Redis pod, or whom the other sentinels name.
+    redis_port = _redis_config(_container(manifests, "StatefulSet", "switchboard-redis"))["port"]
+    assert _fallback_primary(container) == (_pod_name(redis, 0), redis_port)
+    # Where the clients reach them: the URL's one address, the Service on the sentinels' port.
+    (service_port,) = service["spec"]["ports"]
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}[service_port["targetPort"]]
+    assert f"port {port}" in config and service_port["port"] == port
+    assert url.sentinels == ((service["metadata"]["name"], service_port["port"]),)
+    # One password, from the Secret's file: the sentinels' own and the primary's, as in the URL.
+    files = _secret_files(statefulset["spec"]["template"]["spec"], container)
+    (requirepass,) = [line for line in config if line.startswith("requirepass ")]
+    (auth_pass,) = [line for line in config if line.startswith(f"sentinel auth-pass {url.master_name} ")]
+    for line in (requirepass, auth_pass):
+        assert files[_password_file(container, line)] == "redis-password"
+    assert url.password == url.sentinel_password == SENTINEL_SECRET["redis-password"]
+    # Known by name, not by a pod's address; the configuration they rewrite is in a writable volume.
+    assert {"sentinel resolve-hostnames yes", "sentinel announce-hostnames yes"} <= set(config)
+    assert "sentinel announce-ip $HOSTNAME.switchboard-redis-sentinel.$NAMESPACE.svc" in config
+    volumes = {v["name"]: v for v in statefulset["spec"]["template"]["spec"]["volumes"]}
+    (data,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/data"]
+    assert "emptyDir" in volumes[data["name"]] and not data.get("readOnly")
+    assert "dir /data" in config and _script(container).rstrip().endswith(
+        "exec redis-server /data/sentinel.conf --sentinel"
+    )
+
+
+@pytest.mark.parametrize("name", ["switchboard-redis", "switchboard-redis-sentinel"])
+def test_redis_and_sentinels_are_hardened_probed_and_budgeted(
+    sentinel_manifests: list[Object], name: str
+) -> None:
+    statefulset = _one(sentinel_manifests, "StatefulSet", name)
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+    assert "env" not in container or all(
+        "secretKeyRef" not in v.get("valueFrom", {}) for v in container["env"]
+    )
+    # Probed with the password from the Secret's file, on the port it listens on.
+    files = _secret_files(pod, container)
+    (password_file,) = [path for path, key in files.items() if key == "redis-password"]
+    (port,) = [p["containerPort"] for p in container["ports"]]
+    for probe in ("readinessProbe", "livenessProbe"):
+        check = container[probe]["exec"]["command"][-1]
+        assert f'REDISCLI_AUTH="$(cat {password_file})" redis-cli -p {port} ping' in check
+    # A drain never takes the last copy of the data, nor the sentinels' quorum.
+    (budget,) = [
+        o for o in sentinel_manifests if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == name
+    ]
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    replicas = statefulset["spec"]["replicas"]
+    available = budget["spec"].get("minAvailable", replicas - budget["spec"].get("maxUnavailable", replicas))
+    assert available >= (2 if name == "switchboard-redis-sentinel" else 1)
+
+
+def test_routers_and_workers_read_the_sentinel_url_from_the_secret(
+    sentinel_manifests: list[Object], tmp_path: Path
+) -> None:
+    for name in ("switchboard-router", "switchboard-worker"):
+        settings = _settings(sentinel_manifests, "Deployment", name, tmp_path, SENTINEL_SECRET)
+        if reads_redis_url_file():
+            assert settings.redis.url == SENTINEL_SECRET["redis-url"]
+
+
+def test_keda_follows_the_primary_through_the_sentinels(
+    sentinel_manifests: list[Object], tmp_path: Path
+) -> None:
+    manifests = sentinel_manifests
+    settings = _settings(manifests, "Deployment", "switchboard-worker", tmp_path)
+    scaled = _one(manifests, "ScaledObject", "switchboard-worker")["spec"]
+    by_stream = _triggers_by_stream(scaled, settings, "redis-sentinel-streams")
+    assert by_stream == {stream: {"lag", "pending"} for stream in _job_streams(settings)}
+    url = read_sentinel_url(SENTINEL_SECRET["redis-url"])
+    sentinels = _address_from_keda(_one(manifests, "Service", "switchboard-redis-sentinel"))
+    for trigger in scaled["triggers"]:
+        assert trigger["metadata"]["addresses"] == sentinels
+        assert trigger["metadata"]["sentinelMaster"] == url.master_name
+    # Both passwords, Redis's and the sentinels', from the Secret's key both are started with.
+    authentication = _one(manifests, "TriggerAuthentication", "switchboard-redis")["spec"]
+    targets = {target["parameter"]: target for target in authentication["secretTargetRef"]}
+    assert set(targets) == {"password", "sentinelPassword"}
+    for parameter, name, line in (
+        ("password", "switchboard-redis", "requirepass "),
+        ("sentinelPassword", "switchboard-redis-sentinel", "requirepass "),
+    ):
+        statefulset = _one(manifests, "StatefulSet", name)
+        (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+        files = _secret_files(statefulset["spec"]["template"]["spec"], container)
+        script_line = re.search(rf"^\s*{line}.*$", _script(container), re.MULTILINE)
+        assert script_line is not None
+        key = files[_password_file(container, script_line[0])]
+        assert (targets[parameter]["name"], targets[parameter]["key"]) == ("switchboard-secrets", key)
 
 
 def test_images_are_the_ones_deploy_docker_builds(manifests: list[Object]) -> None:
