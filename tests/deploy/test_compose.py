@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from switchboard.config import ConfigError, Settings, load_settings
+from tests.deploy.sentinel_url import read_sentinel_url
 from tests.support.deploy.compose_file import (
     EXAMPLE_ENV,
     REPO,
@@ -23,6 +25,7 @@ from tests.support.deploy.compose_file import (
     active_services,
     duration_s,
     environment,
+    interpolate,
     load_compose,
     raw_compose,
     secret_files,
@@ -43,6 +46,26 @@ STOP_AFTER_DRAIN_S = 30.0
 # What .env holds that no command line, container environment or image may show.
 SECRETS = ("REDIS_PASSWORD", "REDIS_URL", "GRAFANA_ADMIN_PASSWORD")
 CADDYFILE = REPO / "deploy" / "compose" / "Caddyfile"
+ENV_EXAMPLE = REPO / "deploy" / "compose" / "env.example"
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+
+
+def _commented_setting(name: str, containing: str) -> str:
+    """A setting env.example offers commented out (`# NAME=value`), the one whose value has `containing`."""
+    (value,) = [
+        found[1]
+        for found in re.finditer(rf"^# {name}=(\S+)$", ENV_EXAMPLE.read_text(), re.MULTILINE)
+        if containing in found[1]
+    ]
+    return value
+
+
+# A .env filled in as env.example says for Redis under Sentinel: its commented lines taken up.
+SENTINEL_ENV = {
+    **EXAMPLE_ENV,
+    "COMPOSE_PROFILES": _commented_setting("COMPOSE_PROFILES", "sentinel"),
+    "REDIS_URL": interpolate(_commented_setting("REDIS_URL", "+sentinel://"), EXAMPLE_ENV),
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +89,7 @@ def _compose_for(name: str) -> dict[str, Any]:
     return load_compose()
 
 
-def _settings(compose: dict[str, Any], name: str) -> Settings:
+def _settings(compose: dict[str, Any], name: str, env: Mapping[str, str] = EXAMPLE_ENV) -> Settings:
     """What the service's `switchboard` process runs with: its config file, its environment and the
     secrets mounted for it (written where its variables name them, as the container has them)."""
     service = compose["services"][name]
@@ -76,24 +99,29 @@ def _settings(compose: dict[str, Any], name: str) -> Settings:
         variables = environment(service)
         for target, secret in secret_files(compose, service).items():
             local = Path(folder) / Path(target).name
-            local.write_text(secret_value(compose, secret, EXAMPLE_ENV))
+            local.write_text(secret_value(compose, secret, env))
             variables = {key: str(local) if value == target else value for key, value in variables.items()}
         return settings_from(variables, _config_source(compose, service, str(args.config)))
 
 
-def _redis_url(compose: dict[str, Any], name: str) -> str:
+def _redis_url(compose: dict[str, Any], name: str, env: Mapping[str, str] = EXAMPLE_ENV) -> str:
     """The Redis URL the service's process reads: the secret mounted where REDIS_URL_FILE points."""
     service = compose["services"][name]
     mounted = secret_files(compose, service)
-    return secret_value(compose, mounted[environment(service)["REDIS_URL_FILE"]], EXAMPLE_ENV)
+    return secret_value(compose, mounted[environment(service)["REDIS_URL_FILE"]], env)
+
+
+def _config_lines(service: dict[str, Any], opener: str) -> list[str]:
+    """The configuration a service's start script writes in the here-document that follows `opener`."""
+    assert service["command"][:2] == ["sh", "-c"]
+    body = re.search(rf"{re.escape(opener)} <<EOF\n(.*?)\nEOF", service["command"][2], re.DOTALL)
+    assert body is not None, f"no here-document after `{opener}`"
+    return [line.strip() for line in body[1].splitlines() if line.strip()]
 
 
 def _redis_config(redis: dict[str, Any]) -> dict[str, str]:
     """Redis's configuration as its command hands it over: on standard input, a here-document."""
-    assert redis["command"][:2] == ["sh", "-c"]
-    body = re.search(r"exec redis-server - <<EOF\n(.*?)\nEOF", redis["command"][2], re.DOTALL)
-    assert body is not None, "redis-server reads its configuration from standard input"
-    return dict(line.strip().partition(" ")[::2] for line in body[1].splitlines() if line.strip())
+    return dict(line.partition(" ")[::2] for line in _config_lines(redis, "exec redis-server -"))
 
 
 def _port_in(url: str) -> tuple[str, int]:
@@ -287,6 +315,110 @@ def test_redis_keeps_queued_jobs_on_a_volume_within_a_memory_cap(compose: dict[s
     limit = re.fullmatch(r"(\d+)([kmg])", redis["deploy"]["resources"]["limits"]["memory"])
     assert maxmemory and limit
     assert int(maxmemory[1]) * units[maxmemory[2]] < int(limit[1]) * units[limit[2]]
+
+
+def _fallback_primary(service: dict[str, Any]) -> tuple[str, int]:
+    """The (host, port) a start script uses when no sentinel names the primary."""
+    found = re.search(r"^host=(\S+) port=(\d+)$", service["command"][2], re.MULTILINE)
+    assert found is not None, "the script starts from a primary of its own"
+    return found[1], int(found[2])
+
+
+def _asks_the_sentinels(service: dict[str, Any], master_name: str) -> list[str]:
+    """The sentinels a start script asks for the primary (all of them, in one loop), checked asked
+    right: each on the port it listens on, with the password, for `master_name`."""
+    script = service["command"][2]
+    loop = re.search(r"^\s*for sentinel in ([\w -]+); do$", script, re.MULTILINE)
+    assert loop is not None
+    assert (
+        'REDISCLI_AUTH="$(cat /run/secrets/redis-password)" timeout 3 redis-cli -h "$sentinel" -p 26379 '
+        f"--no-auth-warning sentinel get-master-addr-by-name {master_name}" in script
+    )
+    return loop[1].split()
+
+
+def test_the_sentinel_profile_adds_a_replica_and_three_sentinels() -> None:
+    compose = load_compose(SENTINEL_ENV)
+    profiles = set(SENTINEL_ENV["COMPOSE_PROFILES"].split(","))
+    added = set(active_services(compose, profiles)) - set(active_services(compose, profiles - {"sentinel"}))
+    assert added == {"redis-replica", *SENTINELS}
+    # The sentinels reach `redis` by name at their first start: they wait for its health.
+    for name in ("redis-replica", *SENTINELS):
+        assert compose["services"][name]["depends_on"] == {"redis": {"condition": "service_healthy"}}
+
+
+def test_the_replica_follows_redis_with_its_password() -> None:
+    compose = load_compose(SENTINEL_ENV)
+    redis, replica = compose["services"]["redis"], compose["services"]["redis-replica"]
+    primary, copy = _redis_config(redis), _redis_config(replica)
+    url = read_sentinel_url(SENTINEL_ENV["REDIS_URL"])
+    # It copies `redis` (or whom the sentinels name), on the port `redis` listens on.
+    assert _fallback_primary(replica) == ("redis", int(primary["port"]))
+    assert primary["port"] in redis["expose"] and copy["port"] in replica["expose"]
+    assert sorted(_asks_the_sentinels(replica, url.master_name)) == list(SENTINELS)
+    script = replica["command"][2]
+    assert 'follow="replicaof $host $port"\n[ "$host" = redis-replica ] && follow=""' in script
+    assert "$follow" in copy
+    # Each is known by its service's name, and either may be the other's replica after a failover:
+    # both ask for the one password and give it to their primary, from the secret's file.
+    for name, config in (("redis", primary), ("redis-replica", copy)):
+        assert config["replica-announce-ip"] == name
+        assert config["requirepass"] == config["masterauth"] == '"$(cat /run/secrets/redis-password)"'
+        service = compose["services"][name]
+        assert secret_files(compose, service) == {"/run/secrets/redis-password": "redis-password"}
+        # Both keep their data on a volume of their own, within the same memory cap.
+        assert config["appendonly"] == "yes" and config["maxmemory-policy"] == "noeviction"
+        assert config["maxmemory"] == primary["maxmemory"]
+        (volume,) = [source for source, target, _ in volume_mounts(service) if target == config["dir"]]
+        assert volume in compose["volumes"]
+        check = service["healthcheck"]["test"][1]
+        assert f"redis-cli -p {config['port']} ping" in check
+    assert volume_mounts(redis) != volume_mounts(replica)
+    assert replica["deploy"]["resources"]["limits"] == redis["deploy"]["resources"]["limits"]
+    assert url.password == secret_value(compose, "redis-password", SENTINEL_ENV)
+
+
+@pytest.mark.parametrize("name", SENTINELS)
+def test_sentinels_watch_redis_under_the_master_name_of_the_url(name: str) -> None:
+    compose = load_compose(SENTINEL_ENV)
+    sentinel = compose["services"][name]
+    config = _config_lines(sentinel, "cat > /data/sentinel.conf")
+    url = read_sentinel_url(SENTINEL_ENV["REDIS_URL"])
+    # The URL names every sentinel where it listens, under the name they watch `redis` by.
+    assert url.sentinels == tuple((sentinel, 26379) for sentinel in SENTINELS)
+    port = dict(url.sentinels)[name]
+    assert f"port {port}" in config and str(port) in sentinel["expose"]
+    assert f"redis-cli -p {port} ping" in sentinel["healthcheck"]["test"][1]
+    monitor = [line.split() for line in config if line.startswith("sentinel monitor ")]
+    assert monitor == [["sentinel", "monitor", url.master_name, "$host", "$port", "2"]]
+    redis_port = int(_redis_config(compose["services"]["redis"])["port"])
+    assert _fallback_primary(sentinel) == ("redis", redis_port)
+    # A restarted sentinel asks the two others (not itself) before falling back to `redis`.
+    assert sorted(_asks_the_sentinels(sentinel, url.master_name)) == list(SENTINELS)
+    assert '[ "$sentinel" = "$SENTINEL_HOSTNAME" ] && continue' in sentinel["command"][2]
+    assert len(SENTINELS) // 2 < 2 <= len(SENTINELS)  # a quorum of two: a majority
+    # One password, the secret's: the sentinels' own (the URL's sentinel_password) and the primary's.
+    assert secret_files(compose, sentinel) == {"/run/secrets/redis-password": "redis-password"}
+    assert 'requirepass "$(cat /run/secrets/redis-password)"' in config
+    assert f'sentinel auth-pass {url.master_name} "$(cat /run/secrets/redis-password)"' in config
+    assert url.sentinel_password == url.password == secret_value(compose, "redis-password", SENTINEL_ENV)
+    # Known by its service's name; its configuration, which Sentinel rewrites, on a tmpfs of its own.
+    assert environment(sentinel) == {"SENTINEL_HOSTNAME": name}
+    assert {"sentinel resolve-hostnames yes", "sentinel announce-hostnames yes"} <= set(config)
+    assert "sentinel announce-ip $SENTINEL_HOSTNAME" in config and "dir /data" in config
+    tmpfs = {entry.split(":")[0]: entry.partition(":")[2].split(",") for entry in sentinel["tmpfs"]}
+    assert f"uid={sentinel['user'].split(':')[0]}" in tmpfs["/data"]
+    assert sentinel["command"][2].rstrip().endswith("exec redis-server /data/sentinel.conf --sentinel")
+
+
+@pytest.mark.parametrize("name", SWITCHBOARD_SERVICES)
+def test_routers_and_workers_read_the_sentinel_url_from_its_secret_file(name: str) -> None:
+    env = {**SENTINEL_ENV, "SWITCHBOARD_CONFIG": TRTLLM_CONFIG} if name == "worker-trtllm" else SENTINEL_ENV
+    compose = load_compose(env)
+    assert _redis_url(compose, name, env) == SENTINEL_ENV["REDIS_URL"]
+    settings = _settings(compose, name, env)  # a URL the product refuses fails here
+    if reads_redis_url_file():
+        assert settings.redis.url == SENTINEL_ENV["REDIS_URL"]
 
 
 @pytest.mark.parametrize("name", sorted(raw_compose()["services"]))
@@ -486,7 +618,7 @@ def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
         pytest.skip(f"docker has no compose plugin here: {plugin.stderr.strip() or plugin.stdout.strip()}")
     env_file = tmp_path / "example.env"
     env_file.write_text("".join(f"{name}={value}\n" for name, value in EXAMPLE_ENV.items()))
-    for profiles in (["gpu"], ["cpu", "observability"], ["gpu", "trtllm"]):
+    for profiles in (["gpu"], ["cpu", "observability"], ["gpu", "trtllm"], ["gpu", "sentinel"]):
         flags = [arg for profile in profiles for arg in ("--profile", profile)]
         result = subprocess.run(
             [docker, "compose", "--env-file", str(env_file), *flags, "config", "--quiet"],
