@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from switchboard.config import ConfigError, Settings, load_settings
-from tests.deploy.sentinel_url import read_sentinel_url
+from tests.deploy.sentinel import SENTINEL_ENV, SENTINELS, read_sentinel_url
 from tests.support.deploy.compose_file import (
     EXAMPLE_ENV,
     REPO,
@@ -25,7 +25,6 @@ from tests.support.deploy.compose_file import (
     active_services,
     duration_s,
     environment,
-    interpolate,
     load_compose,
     raw_compose,
     secret_files,
@@ -46,26 +45,6 @@ STOP_AFTER_DRAIN_S = 30.0
 # What .env holds that no command line, container environment or image may show.
 SECRETS = ("REDIS_PASSWORD", "REDIS_URL", "GRAFANA_ADMIN_PASSWORD")
 CADDYFILE = REPO / "deploy" / "compose" / "Caddyfile"
-ENV_EXAMPLE = REPO / "deploy" / "compose" / "env.example"
-SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
-
-
-def _commented_setting(name: str, containing: str) -> str:
-    """A setting env.example offers commented out (`# NAME=value`), the one whose value has `containing`."""
-    (value,) = [
-        found[1]
-        for found in re.finditer(rf"^# {name}=(\S+)$", ENV_EXAMPLE.read_text(), re.MULTILINE)
-        if containing in found[1]
-    ]
-    return value
-
-
-# A .env filled in as env.example says for Redis under Sentinel: its commented lines taken up.
-SENTINEL_ENV = {
-    **EXAMPLE_ENV,
-    "COMPOSE_PROFILES": _commented_setting("COMPOSE_PROFILES", "sentinel"),
-    "REDIS_URL": interpolate(_commented_setting("REDIS_URL", "+sentinel://"), EXAMPLE_ENV),
-}
 
 
 @pytest.fixture(scope="module")

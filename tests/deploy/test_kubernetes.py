@@ -16,7 +16,7 @@ import yaml
 
 from switchboard import keys
 from switchboard.config import Settings
-from tests.deploy.sentinel_url import read_sentinel_url
+from tests.deploy.sentinel import read_sentinel_url
 from tests.support.deploy.compose_file import REPO
 from tests.support.deploy.product import cli_command, reads_redis_url_file, router_paths, settings_from
 from tests.support.deploy.schemas import SCHEMAS, kubernetes_schema_path, kubernetes_validator, schema_errors
@@ -444,6 +444,8 @@ def test_the_sentinel_variant_is_what_kustomization_yaml_says_to_swap_in(
     for plain, sentinel in SENTINEL_SWAP.items():
         assert f"{sentinel} in place of {plain}" in comment
     assert SENTINEL_SECRET["redis-url"].replace("examplepassword", "PASSWORD") in comment
+    readme = (REPO / "README.md").read_text()
+    assert SENTINEL_SECRET["redis-url"].replace("examplepassword", "$REDIS_PASSWORD") in readme
     # The same objects but for Redis and the triggers; the ScaledObject differs only in them.
     swapped = {"switchboard-redis", "switchboard-redis-sentinel"}
 
@@ -571,6 +573,15 @@ def test_redis_and_sentinels_are_hardened_probed_and_budgeted(
     replicas = statefulset["spec"]["replicas"]
     available = budget["spec"].get("minAvailable", replicas - budget["spec"].get("maxUnavailable", replicas))
     assert available >= (2 if name == "switchboard-redis-sentinel" else 1)
+
+
+@pytest.mark.parametrize("name", ["switchboard-redis", "switchboard-redis-sentinel"])
+def test_the_start_scripts_are_shell_the_shell_reads(sentinel_manifests: list[Object], name: str) -> None:
+    script = _script(_container(sentinel_manifests, "StatefulSet", name))
+    checked = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    # Sentinel's command ends in its configuration; Redis's reads it from standard input.
+    assert script.rstrip().endswith(("\nEOF", "exec redis-server /data/sentinel.conf --sentinel"))
 
 
 def test_routers_and_workers_read_the_sentinel_url_from_the_secret(

@@ -1,4 +1,5 @@
-"""A `redis+sentinel://` URL of the deployment files, read into its parts, as the product reads it.
+"""Redis under Sentinel as the deployment files give it: env.example's settings for the compose
+profile, and a `redis+sentinel://` URL read into its parts, as the product reads it.
 
 The URL is read here on its own terms (the form README and switchboard/config.py document), so the
 deployment files are checked whether or not this checkout's product reads such URLs yet; where it
@@ -10,10 +11,33 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from tests.support.deploy.compose_file import EXAMPLE_ENV, REPO, interpolate
+
 DEFAULT_SENTINEL_PORT = 26379
+ENV_EXAMPLE = REPO / "deploy" / "compose" / "env.example"
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+
+
+def _commented_setting(name: str, containing: str) -> str:
+    """A setting env.example offers commented out (`# NAME=value`), the one whose value has `containing`."""
+    (value,) = [
+        found[1]
+        for found in re.finditer(rf"^# {name}=(\S+)$", ENV_EXAMPLE.read_text(), re.MULTILINE)
+        if containing in found[1]
+    ]
+    return value
+
+
+# A .env filled in as env.example says for Redis under Sentinel: its commented lines taken up.
+SENTINEL_ENV = {
+    **EXAMPLE_ENV,
+    "COMPOSE_PROFILES": _commented_setting("COMPOSE_PROFILES", "sentinel"),
+    "REDIS_URL": interpolate(_commented_setting("REDIS_URL", "+sentinel://"), EXAMPLE_ENV),
+}
 
 
 @dataclasses.dataclass(frozen=True)
