@@ -584,6 +584,78 @@ def test_the_start_scripts_are_shell_the_shell_reads(sentinel_manifests: list[Ob
     assert script.rstrip().endswith(("\nEOF", "exec redis-server /data/sentinel.conf --sentinel"))
 
 
+def _run_start_script(container: Object, tmp_path: Path, pod: str, sentinels_say: str | None) -> list[str]:
+    """The configuration a pod's start script hands to redis-server, run here with stand-ins for
+    redis-cli (the sentinels answer `sentinels_say`, "host port", or nothing; every node answers a
+    ping) and redis-server (which only keeps the configuration it is given)."""
+    bin_dir, data = tmp_path / "bin", tmp_path / "data"
+    bin_dir.mkdir(exist_ok=True)
+    data.mkdir(exist_ok=True)
+    (tmp_path / "password").write_text(EXAMPLE_SECRET["redis-password"])
+    kept = tmp_path / "config"
+    stand_ins = {
+        "redis-cli": 'case "$*" in *get-master-addr-by-name*) [ -n "$SAY" ] && printf "%s\\n%s\\n" $SAY ;; '
+        "*ping*) echo PONG ;; esac",
+        "redis-server": f'if [ "$1" = - ]; then cat > {kept}; else cp "$1" {kept}; fi',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = _script(container).replace("/run/secrets/redis/redis-password", str(tmp_path / "password"))
+    script = re.sub(r"(?<![\w/])/data(?![\w-])", str(data), script)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOSTNAME": pod, "NAMESPACE": "ns", "SAY": sentinels_say or ""}
+    subprocess.run(["sh", "-c", script], env=env, check=True, timeout=10)
+    return [line.strip() for line in kept.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("pod", "sentinels_say", "follows"),
+    [
+        # The first start: no sentinel answers; the first pod is the primary, the second its replica.
+        ("switchboard-redis-0", None, None),
+        ("switchboard-redis-1", None, "switchboard-redis-0.switchboard-redis.ns.svc 6379"),
+        # After a failover the sentinels name the second pod: the first, restarted, follows it, and
+        # the second, restarted, stays the primary.
+        (
+            "switchboard-redis-0",
+            "switchboard-redis-1.switchboard-redis.ns.svc 6379",
+            "switchboard-redis-1.switchboard-redis.ns.svc 6379",
+        ),
+        ("switchboard-redis-1", "switchboard-redis-1.switchboard-redis.ns.svc 6379", None),
+    ],
+)
+def test_a_redis_pod_follows_whom_the_sentinels_name(
+    sentinel_manifests: list[Object], tmp_path: Path, pod: str, sentinels_say: str | None, follows: str | None
+) -> None:
+    container = _container(sentinel_manifests, "StatefulSet", "switchboard-redis")
+    config = _run_start_script(container, tmp_path, pod, sentinels_say)
+    assert [line for line in config if line.startswith("replicaof")] == (
+        [f"replicaof {follows}"] if follows else []
+    )
+    assert f"replica-announce-ip {pod}.switchboard-redis.ns.svc" in config
+    assert f'requirepass "{EXAMPLE_SECRET["redis-password"]}"' in config
+
+
+@pytest.mark.parametrize(
+    ("sentinels_say", "watches"),
+    [
+        (None, "switchboard-redis-0.switchboard-redis.ns.svc 6379"),
+        (
+            "switchboard-redis-1.switchboard-redis.ns.svc 6379",
+            "switchboard-redis-1.switchboard-redis.ns.svc 6379",
+        ),
+    ],
+)
+def test_a_sentinel_watches_whom_the_other_sentinels_name(
+    sentinel_manifests: list[Object], tmp_path: Path, sentinels_say: str | None, watches: str
+) -> None:
+    container = _container(sentinel_manifests, "StatefulSet", "switchboard-redis-sentinel")
+    config = _run_start_script(container, tmp_path, "switchboard-redis-sentinel-2", sentinels_say)
+    assert f"sentinel monitor switchboard {watches} 2" in config
+    assert "sentinel announce-ip switchboard-redis-sentinel-2.switchboard-redis-sentinel.ns.svc" in config
+    assert f'sentinel auth-pass switchboard "{EXAMPLE_SECRET["redis-password"]}"' in config
+
+
 def test_routers_and_workers_read_the_sentinel_url_from_the_secret(
     sentinel_manifests: list[Object], tmp_path: Path
 ) -> None:
