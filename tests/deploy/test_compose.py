@@ -7,8 +7,6 @@ import json
 import re
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,8 +14,14 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from switchboard.config import ConfigError, Settings, load_settings
-from tests.deploy.sentinel import SENTINEL_ENV, SENTINELS, read_sentinel_url
+from switchboard.config import ConfigError, load_settings
+from tests.deploy.compose_services import (
+    SWITCHBOARD_SERVICES,
+    TRTLLM_CONFIG,
+    redis_config,
+    service_redis_url,
+    service_settings,
+)
 from tests.support.deploy.compose_file import (
     EXAMPLE_ENV,
     REPO,
@@ -31,15 +35,13 @@ from tests.support.deploy.compose_file import (
     secret_value,
     volume_mounts,
 )
-from tests.support.deploy.product import cli_command, reads_redis_url_file, router_paths, settings_from
+from tests.support.deploy.product import cli_command, reads_redis_url_file, router_paths
 from tests.support.deploy.schemas import compose_validator, schema_errors
 from workers.runtime.metrics_server import MetricsServer
 
-SWITCHBOARD_SERVICES = ("router", "worker", "worker-cpu", "worker-trtllm")
 WORKERS = ("worker", "worker-cpu", "worker-trtllm")
 GPU_WORKERS = ("worker", "worker-trtllm")
 VLLM_WORKERS = ("worker", "worker-cpu")
-TRTLLM_CONFIG = "./deploy/compose/switchboard-trtllm.toml"
 # Past the drain, a worker still unloads its models and stops Triton before it exits.
 STOP_AFTER_DRAIN_S = 30.0
 # What .env holds that no command line, container environment or image may show.
@@ -52,55 +54,12 @@ def compose() -> dict[str, Any]:
     return load_compose()
 
 
-def _config_source(compose: dict[str, Any], service: dict[str, Any], container_path: str) -> Path:
-    """The host file compose mounts at `container_path` in the service (one of its `configs`)."""
-    for config in service.get("configs", []):
-        if config["target"] == container_path:
-            return REPO / compose["configs"][config["source"]]["file"]
-    pytest.fail(f"nothing is mounted at {container_path}")
-
-
 def _compose_for(name: str) -> dict[str, Any]:
     """The compose file as a filled-in .env gives it to `name`: the TensorRT-LLM worker with its own
     configuration, as `COMPOSE_PROFILES=trtllm` asks for."""
     if name == "worker-trtllm":
         return load_compose({**EXAMPLE_ENV, "SWITCHBOARD_CONFIG": TRTLLM_CONFIG})
     return load_compose()
-
-
-def _settings(compose: dict[str, Any], name: str, env: Mapping[str, str] = EXAMPLE_ENV) -> Settings:
-    """What the service's `switchboard` process runs with: its config file, its environment and the
-    secrets mounted for it (written where its variables name them, as the container has them)."""
-    service = compose["services"][name]
-    args = cli_command(service["command"])
-    assert args.config is not None, f"{name} runs without --config"
-    with tempfile.TemporaryDirectory() as folder:
-        variables = environment(service)
-        for target, secret in secret_files(compose, service).items():
-            local = Path(folder) / Path(target).name
-            local.write_text(secret_value(compose, secret, env))
-            variables = {key: str(local) if value == target else value for key, value in variables.items()}
-        return settings_from(variables, _config_source(compose, service, str(args.config)))
-
-
-def _redis_url(compose: dict[str, Any], name: str, env: Mapping[str, str] = EXAMPLE_ENV) -> str:
-    """The Redis URL the service's process reads: the secret mounted where REDIS_URL_FILE points."""
-    service = compose["services"][name]
-    mounted = secret_files(compose, service)
-    return secret_value(compose, mounted[environment(service)["REDIS_URL_FILE"]], env)
-
-
-def _config_lines(service: dict[str, Any], opener: str) -> list[str]:
-    """The configuration a service's start script writes in the here-document that follows `opener`."""
-    assert service["command"][:2] == ["sh", "-c"]
-    body = re.search(rf"{re.escape(opener)} <<EOF\n(.*?)\nEOF", service["command"][2], re.DOTALL)
-    assert body is not None, f"no here-document after `{opener}`"
-    return [line.strip() for line in body[1].splitlines() if line.strip()]
-
-
-def _redis_config(redis: dict[str, Any]) -> dict[str, str]:
-    """Redis's configuration as its command hands it over: on standard input, a here-document."""
-    return dict(line.partition(" ")[::2] for line in _config_lines(redis, "exec redis-server -"))
 
 
 def _port_in(url: str) -> tuple[str, int]:
@@ -172,7 +131,7 @@ def test_secrets_are_mounted_as_files_where_their_readers_look(compose: dict[str
         assert mounted[environment(compose["services"][name])["REDIS_URL_FILE"]] == "redis-url"
     redis = compose["services"]["redis"]
     assert secret_files(compose, redis) == {"/run/secrets/redis-password": "redis-password"}
-    assert _redis_config(redis)["requirepass"] == '"$(cat /run/secrets/redis-password)"'
+    assert redis_config(redis)["requirepass"] == '"$(cat /run/secrets/redis-password)"'
     grafana = compose["services"]["grafana"]
     password_file = environment(grafana)["GF_SECURITY_ADMIN_PASSWORD__FILE"]
     assert secret_files(compose, grafana) == {password_file: "grafana-admin-password"}
@@ -185,17 +144,17 @@ def test_each_service_runs_a_real_command_with_real_settings(name: str) -> None:
     service = compose["services"][name]
     args = cli_command(service["command"])
     assert args.command == ("router" if name == "router" else "worker")
-    settings = _settings(compose, name)  # every variable is a setting, and reaches it
-    assert _redis_url(compose, name) == f"redis://:{EXAMPLE_ENV['REDIS_PASSWORD']}@redis:6379/0"
+    settings = service_settings(compose, name)  # every variable is a setting, and reaches it
+    assert service_redis_url(compose, name) == f"redis://:{EXAMPLE_ENV['REDIS_PASSWORD']}@redis:6379/0"
     if reads_redis_url_file():
-        assert settings.redis.url == _redis_url(compose, name)
+        assert settings.redis.url == service_redis_url(compose, name)
     assert settings.auth.admin_key_sha256 == EXAMPLE_ENV["SWITCHBOARD_ADMIN_KEY_SHA256"]
     assert environment(service)["OTEL_SERVICE_NAME"] == f"switchboard-{args.command}"
 
 
 def test_the_router_listens_where_the_gateway_and_its_healthcheck_reach_it(compose: dict[str, Any]) -> None:
     router = compose["services"]["router"]
-    settings = _settings(compose, "router")
+    settings = service_settings(compose, "router")
     assert settings.router.host == "0.0.0.0"
     assert str(settings.router.port) in router["expose"]
     assert "ports" not in router, "replicas of the router cannot share a host port"
@@ -265,16 +224,16 @@ def test_caddy_accepts_the_caddyfile_and_serves_only_redirects_in_clear() -> Non
 
 def test_everyone_reaches_redis_where_it_listens(compose: dict[str, Any]) -> None:
     redis = compose["services"]["redis"]
-    config = _redis_config(redis)
+    config = redis_config(redis)
     port = config["port"]
     assert port in redis["expose"] and config["bind"] == "0.0.0.0"
     for name in SWITCHBOARD_SERVICES:
         compose_for = _compose_for(name)
-        assert _port_in(_redis_url(compose_for, name)) == ("redis", int(port))
+        assert _port_in(service_redis_url(compose_for, name)) == ("redis", int(port))
         if reads_redis_url_file():
-            assert _settings(compose_for, name).redis.url == _redis_url(compose_for, name)
+            assert service_settings(compose_for, name).redis.url == service_redis_url(compose_for, name)
     # The password Redis asks for is the one in the routers' and workers' URL.
-    assert f":{EXAMPLE_ENV['REDIS_PASSWORD']}@" in _redis_url(compose, "router")
+    assert f":{EXAMPLE_ENV['REDIS_PASSWORD']}@" in service_redis_url(compose, "router")
     assert secret_value(compose, "redis-password", EXAMPLE_ENV) == EXAMPLE_ENV["REDIS_PASSWORD"]
     assert environment(redis) == {}
     check = redis["healthcheck"]["test"][1]
@@ -284,7 +243,7 @@ def test_everyone_reaches_redis_where_it_listens(compose: dict[str, Any]) -> Non
 
 def test_redis_keeps_queued_jobs_on_a_volume_within_a_memory_cap(compose: dict[str, Any]) -> None:
     redis = compose["services"]["redis"]
-    config = _redis_config(redis)
+    config = redis_config(redis)
     assert config["appendonly"] == "yes"
     assert config["maxmemory-policy"] == "noeviction"
     assert ("redis-data", config["dir"], False) in volume_mounts(redis)
@@ -294,110 +253,6 @@ def test_redis_keeps_queued_jobs_on_a_volume_within_a_memory_cap(compose: dict[s
     limit = re.fullmatch(r"(\d+)([kmg])", redis["deploy"]["resources"]["limits"]["memory"])
     assert maxmemory and limit
     assert int(maxmemory[1]) * units[maxmemory[2]] < int(limit[1]) * units[limit[2]]
-
-
-def _fallback_primary(service: dict[str, Any]) -> tuple[str, int]:
-    """The (host, port) a start script uses when no sentinel names the primary."""
-    found = re.search(r"^host=(\S+) port=(\d+)$", service["command"][2], re.MULTILINE)
-    assert found is not None, "the script starts from a primary of its own"
-    return found[1], int(found[2])
-
-
-def _asks_the_sentinels(service: dict[str, Any], master_name: str) -> list[str]:
-    """The sentinels a start script asks for the primary (all of them, in one loop), checked asked
-    right: each on the port it listens on, with the password, for `master_name`."""
-    script = service["command"][2]
-    loop = re.search(r"^\s*for sentinel in ([\w -]+); do$", script, re.MULTILINE)
-    assert loop is not None
-    assert (
-        'REDISCLI_AUTH="$(cat /run/secrets/redis-password)" timeout 3 redis-cli -h "$sentinel" -p 26379 '
-        f"--no-auth-warning sentinel get-master-addr-by-name {master_name}" in script
-    )
-    return loop[1].split()
-
-
-def test_the_sentinel_profile_adds_a_replica_and_three_sentinels() -> None:
-    compose = load_compose(SENTINEL_ENV)
-    profiles = set(SENTINEL_ENV["COMPOSE_PROFILES"].split(","))
-    added = set(active_services(compose, profiles)) - set(active_services(compose, profiles - {"sentinel"}))
-    assert added == {"redis-replica", *SENTINELS}
-    # The sentinels reach `redis` by name at their first start: they wait for its health.
-    for name in ("redis-replica", *SENTINELS):
-        assert compose["services"][name]["depends_on"] == {"redis": {"condition": "service_healthy"}}
-
-
-def test_the_replica_follows_redis_with_its_password() -> None:
-    compose = load_compose(SENTINEL_ENV)
-    redis, replica = compose["services"]["redis"], compose["services"]["redis-replica"]
-    primary, copy = _redis_config(redis), _redis_config(replica)
-    url = read_sentinel_url(SENTINEL_ENV["REDIS_URL"])
-    # It copies `redis` (or whom the sentinels name), on the port `redis` listens on.
-    assert _fallback_primary(replica) == ("redis", int(primary["port"]))
-    assert primary["port"] in redis["expose"] and copy["port"] in replica["expose"]
-    assert sorted(_asks_the_sentinels(replica, url.master_name)) == list(SENTINELS)
-    script = replica["command"][2]
-    assert 'follow="replicaof $host $port"\n[ "$host" = redis-replica ] && follow=""' in script
-    assert "$follow" in copy
-    # Each is known by its service's name, and either may be the other's replica after a failover:
-    # both ask for the one password and give it to their primary, from the secret's file.
-    for name, config in (("redis", primary), ("redis-replica", copy)):
-        assert config["replica-announce-ip"] == name
-        assert config["requirepass"] == config["masterauth"] == '"$(cat /run/secrets/redis-password)"'
-        service = compose["services"][name]
-        assert secret_files(compose, service) == {"/run/secrets/redis-password": "redis-password"}
-        # Both keep their data on a volume of their own, within the same memory cap.
-        assert config["appendonly"] == "yes" and config["maxmemory-policy"] == "noeviction"
-        assert config["maxmemory"] == primary["maxmemory"]
-        (volume,) = [source for source, target, _ in volume_mounts(service) if target == config["dir"]]
-        assert volume in compose["volumes"]
-        check = service["healthcheck"]["test"][1]
-        assert f"redis-cli -p {config['port']} ping" in check
-    assert volume_mounts(redis) != volume_mounts(replica)
-    assert replica["deploy"]["resources"]["limits"] == redis["deploy"]["resources"]["limits"]
-    assert url.password == secret_value(compose, "redis-password", SENTINEL_ENV)
-
-
-@pytest.mark.parametrize("name", SENTINELS)
-def test_sentinels_watch_redis_under_the_master_name_of_the_url(name: str) -> None:
-    compose = load_compose(SENTINEL_ENV)
-    sentinel = compose["services"][name]
-    config = _config_lines(sentinel, "cat > /data/sentinel.conf")
-    url = read_sentinel_url(SENTINEL_ENV["REDIS_URL"])
-    # The URL names every sentinel where it listens, under the name they watch `redis` by.
-    assert url.sentinels == tuple((sentinel, 26379) for sentinel in SENTINELS)
-    port = dict(url.sentinels)[name]
-    assert f"port {port}" in config and str(port) in sentinel["expose"]
-    assert f"redis-cli -p {port} ping" in sentinel["healthcheck"]["test"][1]
-    monitor = [line.split() for line in config if line.startswith("sentinel monitor ")]
-    assert monitor == [["sentinel", "monitor", url.master_name, "$host", "$port", "2"]]
-    redis_port = int(_redis_config(compose["services"]["redis"])["port"])
-    assert _fallback_primary(sentinel) == ("redis", redis_port)
-    # A restarted sentinel asks the two others (not itself) before falling back to `redis`.
-    assert sorted(_asks_the_sentinels(sentinel, url.master_name)) == list(SENTINELS)
-    assert '[ "$sentinel" = "$SENTINEL_HOSTNAME" ] && continue' in sentinel["command"][2]
-    assert len(SENTINELS) // 2 < 2 <= len(SENTINELS)  # a quorum of two: a majority
-    # One password, the secret's: the sentinels' own (the URL's sentinel_password) and the primary's.
-    assert secret_files(compose, sentinel) == {"/run/secrets/redis-password": "redis-password"}
-    assert 'requirepass "$(cat /run/secrets/redis-password)"' in config
-    assert f'sentinel auth-pass {url.master_name} "$(cat /run/secrets/redis-password)"' in config
-    assert url.sentinel_password == url.password == secret_value(compose, "redis-password", SENTINEL_ENV)
-    # Known by its service's name; its configuration, which Sentinel rewrites, on a tmpfs of its own.
-    assert environment(sentinel) == {"SENTINEL_HOSTNAME": name}
-    assert {"sentinel resolve-hostnames yes", "sentinel announce-hostnames yes"} <= set(config)
-    assert "sentinel announce-ip $SENTINEL_HOSTNAME" in config and "dir /data" in config
-    tmpfs = {entry.split(":")[0]: entry.partition(":")[2].split(",") for entry in sentinel["tmpfs"]}
-    assert f"uid={sentinel['user'].split(':')[0]}" in tmpfs["/data"]
-    assert sentinel["command"][2].rstrip().endswith("exec redis-server /data/sentinel.conf --sentinel")
-
-
-@pytest.mark.parametrize("name", SWITCHBOARD_SERVICES)
-def test_routers_and_workers_read_the_sentinel_url_from_its_secret_file(name: str) -> None:
-    env = {**SENTINEL_ENV, "SWITCHBOARD_CONFIG": TRTLLM_CONFIG} if name == "worker-trtllm" else SENTINEL_ENV
-    compose = load_compose(env)
-    assert _redis_url(compose, name, env) == SENTINEL_ENV["REDIS_URL"]
-    settings = _settings(compose, name, env)  # a URL the product refuses fails here
-    if reads_redis_url_file():
-        assert settings.redis.url == SENTINEL_ENV["REDIS_URL"]
 
 
 @pytest.mark.parametrize("name", sorted(raw_compose()["services"]))
@@ -450,7 +305,7 @@ def test_workers_scale_and_drain_within_their_grace_period(name: str) -> None:
     assert "model-cache" in compose["volumes"]
     models = [(source, readonly) for source, target, readonly in mounts if target == "/models"]
     assert models == [("./models", True)]
-    settings = _settings(compose, name)
+    settings = service_settings(compose, name)
     assert all(model.path.startswith("/models/") for model in settings.models)
     grace_s = duration_s(worker["stop_grace_period"])
     assert grace_s >= settings.worker.drain_timeout_s + STOP_AFTER_DRAIN_S
@@ -475,17 +330,17 @@ def test_the_gpu_workers_reserve_a_gpu_and_the_cpu_worker_none(compose: dict[str
 
 def test_each_kind_of_worker_holds_only_the_models_of_its_engine(tmp_path: Path) -> None:
     # The TensorRT-LLM configuration, alone: every model its worker may hold is a TensorRT-LLM one.
-    held = _settings(_compose_for("worker-trtllm"), "worker-trtllm").worker_models()
+    held = service_settings(_compose_for("worker-trtllm"), "worker-trtllm").worker_models()
     assert held and {model.engine for model in held} == {"trtllm"}
     # On a configuration without its models, the TensorRT-LLM worker refuses to start, naming them,
     # instead of taking the vLLM models.
     with pytest.raises(
         ConfigError, match=re.escape("worker.models names unknown models: tinyllama-1.1b-trt")
     ):
-        _settings(load_compose(), "worker-trtllm")
+        service_settings(load_compose(), "worker-trtllm")
     # The default configuration, for the vLLM workers: vLLM models only.
     for name in VLLM_WORKERS:
-        held = _settings(load_compose(), name).worker_models()
+        held = service_settings(load_compose(), name).worker_models()
         assert held and {model.engine for model in held} == {"vllm"}
     # Both kinds on one configuration: each worker told its models in .env.
     both = tmp_path / "both.toml"
@@ -501,7 +356,7 @@ def test_each_kind_of_worker_holds_only_the_models_of_its_engine(tmp_path: Path)
     }
     mixed = load_compose(env)
     for name, engine in (("worker", "vllm"), ("worker-cpu", "vllm"), ("worker-trtllm", "trtllm")):
-        assert {model.engine for model in _settings(mixed, name).worker_models()} == {engine}
+        assert {model.engine for model in service_settings(mixed, name).worker_models()} == {engine}
 
 
 def test_the_trtllm_configuration_serves_its_models_from_the_models_folder() -> None:
@@ -520,7 +375,7 @@ async def test_the_trtllm_workers_healthcheck_asks_the_workers_metrics_port() ->
     check = service["healthcheck"]["test"]
     url = re.search(r"http://[^'\"]+", " ".join(check))
     assert url is not None and check[:2] == ["CMD", "python"]
-    settings = _settings(compose, "worker-trtllm")
+    settings = service_settings(compose, "worker-trtllm")
     assert _port_in(url.group()) == ("127.0.0.1", settings.worker.metrics_port)
     assert settings.worker.metrics_host == "0.0.0.0"
     # The path is one the worker's metrics server answers 200 on.
@@ -554,7 +409,7 @@ def test_the_observability_profile_is_wired_end_to_end(compose: dict[str, Any]) 
     prometheus = yaml.safe_load((REPO / compose["configs"]["prometheus"]["file"]).read_text())
     (router_job,) = [job for job in prometheus["scrape_configs"] if job["job_name"] == "switchboard-router"]
     (target,) = router_job["dns_sd_configs"]
-    assert target["names"] == ["router"] and target["port"] == _settings(compose, "router").router.port
+    assert target["names"] == ["router"] and target["port"] == service_settings(compose, "router").router.port
     if router_job["metrics_path"] not in router_paths():
         pytest.skip("the front door serves no /metrics yet: the scrape finds nothing until it does")
 
