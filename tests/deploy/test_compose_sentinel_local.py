@@ -13,10 +13,13 @@ the product follows a failover under load is tested elsewhere, on a topology of 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +40,20 @@ TIMEOUT_S = 30.0
 _HOSTS = re.compile(r"(?<![\w/.$-])(redis-replica|redis|sentinel-\d)(?![\w.-])")
 
 
+def _port(name: str) -> int:
+    """The port the service listens on: its container's own."""
+    return 26379 if name.startswith("sentinel") else 6379
+
+
+def _free(address: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class LocalSentinelProfile:
     """The profile's services as processes: `start`, `kill`, and a client to each."""
@@ -47,8 +64,14 @@ class LocalSentinelProfile:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        base = f"127.{random.randint(20, 250)}.{random.randint(0, 250)}"
-        self.addresses = {name: f"{base}.{index + 2}" for index, name in enumerate(SERVICES)}
+        for _ in range(5):
+            base = f"127.{random.randint(20, 250)}.{random.randint(0, 250)}"
+            self.addresses = {name: f"{base}.{index + 2}" for index, name in enumerate(SERVICES)}
+            if all(_free(address, _port(name)) for name, address in self.addresses.items()):
+                return
+        pytest.skip(
+            "ports 6379 and 26379 are taken on every loopback address tried (a Redis on all addresses?)"
+        )
 
     def script(self, name: str) -> str:
         """The service's start script, its names, secret and /data made local."""
@@ -75,11 +98,13 @@ class LocalSentinelProfile:
 
     def kill(self, name: str) -> None:
         process = self.processes.pop(name)
-        process.send_signal(signal.SIGKILL)
+        # The script's own session: redis-server (which it became) or a redis-cli still asking.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
     def client(self, name: str) -> redis.Redis:
-        port = 26379 if name.startswith("sentinel") else 6379
+        port = _port(name)
         # No retries: a wait polls again soon anyway, and a refusal is an answer.
         return redis.Redis(
             self.addresses[name], port, password=PASSWORD, socket_timeout=2, decode_responses=True, retry=None
@@ -196,6 +221,5 @@ def test_the_sentinel_profile_runs_fails_over_and_restarts_into_the_new_primary(
     assert profile.client("redis-replica").get("job") == "queued"
     # Every node and sentinel asks for the password (the sentinels speak it to each other too).
     for name in SERVICES:
-        port = 26379 if name.startswith("sentinel") else 6379
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(address[name], port, socket_timeout=2, retry=None).ping()
+            redis.Redis(address[name], _port(name), socket_timeout=2, retry=None).ping()
