@@ -120,6 +120,9 @@ class PrivateRedis:
                 ]
             ),
             stdout=subprocess.DEVNULL,
+            # Not in the terminal's foreground process group: Ctrl-C there must not stop Redis
+            # before the workers, which still use it while they stop (`stop` ends it last).
+            process_group=0,
             # What it writes (append-only file, snapshot) is this user's alone.
             umask=PRIVATE_UMASK,
         )

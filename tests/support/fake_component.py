@@ -10,7 +10,9 @@ It takes the command line the launcher gives `switchboard` and behaves as enviro
 - FAKE_GRANDCHILD: a worker starts a long `sleep` in its process group and logs its pid;
 - FAKE_NOT_READY_TIMES: `/readyz` answers 503 (no live worker) this many times before 200;
 - REDIS_URL_FILE (as the launcher passes it): a worker pings that Redis, as the real one would
-  connect, and logs `redis answered`;
+  connect, and logs `redis answered`; it pings it again while it stops, as the real one withdraws
+  its record then (after FAKE_STOP_DELAY_S, as long as the real one's other stop steps), and logs
+  `redis answered on stop` (or `redis gone on stop: ...`);
 - FAKE_CHAT_FAILURES: `/v1/chat/completions` answers 503 this many times before 200 (404 for model
   "unknown").
 """
@@ -48,17 +50,30 @@ def stop(*_: object) -> None:
     sys.exit(0)
 
 
+def stop_worker(*_: object) -> None:
+    # A real worker drains and unloads before it withdraws its record from Redis.
+    time.sleep(float(os.environ.get("FAKE_STOP_DELAY_S", "0")))
+    if os.environ.get("REDIS_URL_FILE"):
+        try:
+            ping_redis()
+            event("redis answered on stop")
+        except Exception as exc:
+            event(f"redis gone on stop: {exc!r}")
+    stop()
+
+
 def run_worker() -> None:
     if "FAKE_WORKER_EXIT" in os.environ:
         log("worker: giving up at once")
         sys.exit(int(os.environ["FAKE_WORKER_EXIT"]))
     if os.environ.get("REDIS_URL_FILE"):
         ping_redis()
+        event("redis answered")
     if os.environ.get("FAKE_GRANDCHILD"):
         sleeper = subprocess.Popen(["sleep", "600"])
         event(f"grandchild {sleeper.pid}")
     ignore = bool(os.environ.get("FAKE_IGNORE_TERM"))
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else stop)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else stop_worker)
     event("running")  # from here on, SIGTERM is handled
     exit_after_ready = os.environ.get("FAKE_WORKER_EXIT_AFTER_READY")
     while True:
@@ -74,9 +89,8 @@ def ping_redis() -> None:
 
     url = load_settings(None).redis.url
     assert url is not None
-    with redis.Redis.from_url(url) as client:
+    with redis.Redis.from_url(url, socket_timeout=5) as client:
         client.ping()
-    event("redis answered")
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -6,7 +6,10 @@ import functools
 import os
 import signal
 import stat
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +175,71 @@ def test_the_private_redis_folder_is_held_by_one_run_at_a_time(tmp_path: Path) -
         assert again == str(folder)
     with stack.private_redis_dir("") as nothing:
         assert nothing is None
+
+
+def test_ctrl_c_stops_the_front_door_then_the_workers_then_redis_quietly(tmp_path: Path) -> None:
+    """Ctrl-C reaches the terminal's whole foreground process group: `up` stops everything in
+    order, while the workers can still reach Redis, and says nothing alarming."""
+    import psutil
+
+    config = tmp_path / "switchboard.toml"
+    config.write_text(CONFIG.replace('url = "redis://127.0.0.1:1/0"', ""))  # a private redis-server
+    events = tmp_path / "events"
+    env = {"FAKE_EVENTS": str(events), "FAKE_STOP_DELAY_S": "1"}
+    up, _ = _start_up_as_a_terminal_would(tmp_path, config, env)
+    try:
+        children = psutil.Process(up.pid).children(recursive=True)
+        (redis_server,) = [child for child in children if "redis-server" in " ".join(child.cmdline())]
+        _wait_until(lambda: events.read_text().count(" running") == 2, "the workers to handle SIGTERM")
+        os.killpg(up.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+        out, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, err
+    for noise in ("ERROR", "WARNING", "Traceback", "Error"):
+        assert noise not in err, err
+    assert "• Stopping ..." in out
+    stops = [line for line in events.read_text().splitlines() if "stop" in line]
+    assert stops[0] == "router stopped", stops
+    # Each worker still reached Redis while it stopped (it withdraws its record then).
+    assert sorted(stops[1:]) == sorted(
+        [
+            f"{worker} {what}"
+            for worker in ("worker-1", "worker-2")
+            for what in ("redis answered on stop", "stopped")
+        ]
+    ), stops
+    assert not redis_server.is_running()  # and Redis stopped last, with `up`
+    assert not [child for child in children if child.is_running()]
+
+
+def _start_up_as_a_terminal_would(
+    tmp_path: Path, config: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """`up` (on fake components) leading a session of its own, as a shell runs a command in the
+    foreground; returns it once it says it serves, with the lines it printed."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    up = subprocess.Popen(
+        [sys.executable, str(driver), FAKE[1], str(config), str(free_port()), str(tmp_path / "logs")],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert up.stdout is not None
+    deadline = time.monotonic() + 60
+    shown = [up.stdout.readline()]
+    while "Serving after" not in shown[-1]:
+        assert time.monotonic() < deadline and up.poll() is None, f"the stack did not serve: {shown}"
+        shown.append(up.stdout.readline())
+    return up, shown
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
