@@ -212,6 +212,9 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     memory_used_bytes: int = 0
     # Every model that is not cold here.
     slots: tuple[SlotStatus, ...] = ()
+    # Triton runs and the engines' runtime is imported (vLLM's pre-imported process started), so a
+    # first load here pays for neither. Records of workers that do not say count as ready.
+    engines_ready: bool = True
 
 
 class LoadFailure(msgspec.Struct, frozen=True, kw_only=True):

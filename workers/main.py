@@ -3,12 +3,14 @@
 No model is loaded at start (unless one says `preload = true`): the model controller loads what
 requests ask for, keeps it while it is used, and unloads it when idle. Triton starts and vLLM is
 imported in the background right after the worker advertises itself, so the first load pays for
-neither.
+neither; the record says when both are done (`engines_ready`), as `switchboard up` and the front
+door's `/readyz` wait for that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +19,8 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from switchboard import keep_alive
 from switchboard.config import ModelConfig, Settings
@@ -93,6 +97,9 @@ class Worker:
         self._placement = Placement(settings.worker, place_process=owns_process and self.kind == "cpu")
         self._host = TritonHost(coalescing=CoalescingPolicy.of(settings.worker))
         self._host_started = asyncio.Event()
+        self._engines_imported = asyncio.Event()
+        # Advertised: Triton runs and the engines' runtime is imported (see `_advertise_when_prepared`).
+        self._engines_ready = False
         self._writer = ResultWriter(self._redis, self.id)
         self._coordination = Coordination(self._redis, self.id, self.kind)
         self._slots = Slots(
@@ -148,6 +155,7 @@ class Worker:
             memory_budget_bytes=self.memory_budget,
             memory_used_bytes=sum(slot.memory_bytes() for slot in held),
             slots=tuple(slot.status(_leaves_at(slot)) for slot in held),
+            engines_ready=self._engines_ready,
         )
 
     async def run(self) -> None:
@@ -174,6 +182,7 @@ class Worker:
         await self._heartbeat.start()
         self._in_background(self._prepare_loading(), "start Triton")
         self._in_background(self._prepare_engines(), "import the engine runtime")
+        self._in_background(self._advertise_when_prepared(), "advertise the prepared engines")
         await self._controller.start()
         logger.info(
             f"worker ready: may hold {', '.join(self._slots)} "
@@ -315,6 +324,19 @@ class Worker:
             await asyncio.to_thread(import_runtimes, engines, self.settings.worker.engine_process)
         for model in self._models:
             await asyncio.to_thread(self._placement.estimate, model, self._estimator(model))
+        self._engines_imported.set()
+
+    async def _advertise_when_prepared(self) -> None:
+        """Once Triton runs and the engines' runtime is imported, say so at once: a first request
+        is answered in seconds from then on, and `switchboard up` waits for this to say it serves."""
+        await self._host_started.wait()
+        await self._engines_imported.wait()
+        self._engines_ready = True
+        if self._draining:
+            return  # stopping: the record is withdrawn soon, and must not be written after that
+        # The next regular beat says it anyway, should Redis not answer now.
+        with contextlib.suppress(RedisError):
+            await self._heartbeat.beat()
 
     def _estimator(self, model: ModelConfig) -> Callable[[], int]:
         """What an engine for `model` says it will occupy (it is made, not started)."""

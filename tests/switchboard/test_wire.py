@@ -153,6 +153,15 @@ def test_worker_record_round_trip() -> None:
     assert decoded.models == ("a", "b")
 
 
+def test_a_worker_record_that_does_not_say_whether_its_engines_are_ready_counts_as_ready() -> None:
+    """Records of workers started before the field existed, during a rolling upgrade."""
+    fields = dict(id="w1", host="h", pid=1, started=1.0, heartbeat=2.0, models=())
+    fields.update(triton_http_port=1, triton_grpc_port=2, triton_metrics_port=3)
+    assert worker_decoder.decode(msgspec.msgpack.encode(fields)).engines_ready
+    preparing = WorkerRecord(**fields, engines_ready=False)  # type: ignore[arg-type]
+    assert not worker_decoder.decode(encode(preparing)).engines_ready
+
+
 def test_decoders_reject_the_wrong_struct() -> None:
     with pytest.raises(msgspec.ValidationError):
         worker_decoder.decode(encode(Chunk(text="x")))

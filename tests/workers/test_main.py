@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import httpx
 import pytest
@@ -11,6 +13,7 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.wire import WorkerRecord, worker_decoder
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import running, settings
 from tests.support.scripted_engine import Engines
@@ -105,3 +108,45 @@ def test_a_worker_that_can_run_none_of_its_models_refuses_to_start(redis_server:
     models = [ModelConfig(name="on-trt", path="unused", engine="trtllm")]
     with pytest.raises(CannotStart, match=r"trtllm.*not installed here"):
         Worker(settings(redis_server.url, models))
+
+
+async def test_the_record_says_the_engines_are_ready_once_triton_runs_and_the_runtime_is_imported(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """Until then a first request would wait for both; `switchboard up` and `/readyz` wait instead."""
+    triton_started, runtime_imported = threading.Event(), threading.Event()
+    engines = Engines()
+
+    def engine_after_the_import(model: ModelConfig, options: EngineOptions) -> Engine:
+        runtime_imported.wait(30)  # the worker's footprint estimates come last in the preparation
+        return engines(model, options)
+
+    # Beats far apart: the record must say it at once, not at the next beat.
+    config = settings(redis_server.url, [ModelConfig(name="tiny", path="unused")], heartbeat_s=30.0)
+    worker = Worker(config, engine_after_the_import)
+
+    def triton_starts() -> None:  # no Triton: what counts here is when the worker says it runs
+        triton_started.wait(30)
+
+    worker._host.start = triton_starts  # type: ignore[method-assign]
+    try:
+        await worker.start()
+        assert not (await _advertised(redis, worker.id)).engines_ready
+        triton_started.set()
+        await asyncio.sleep(0.3)
+        assert not (await _advertised(redis, worker.id)).engines_ready
+        runtime_imported.set()
+        deadline = time.monotonic() + 5
+        while not (await _advertised(redis, worker.id)).engines_ready:
+            assert time.monotonic() < deadline, "the record never said the engines are ready"
+            await asyncio.sleep(0.05)
+    finally:
+        triton_started.set()
+        runtime_imported.set()
+        await worker.stop()
+
+
+async def _advertised(redis: aioredis.Redis, worker_id: str) -> WorkerRecord:
+    record = await redis.get(keys.worker_record(worker_id))
+    assert isinstance(record, bytes)
+    return worker_decoder.decode(record)
