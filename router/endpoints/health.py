@@ -21,7 +21,7 @@ from router.openai.errors import OpenAIError, ServiceUnavailableError
 from router.status.models import ModelStatusReader, may_serve
 from router.status.redis_health import RedisHealth
 from switchboard.config import Settings
-from switchboard.readiness import NO_LIVE_WORKER, NO_WORKER_FOR_MODEL, REDIS_UNREACHABLE
+from switchboard.readiness import ENGINES_PREPARING, NO_LIVE_WORKER, NO_WORKER_FOR_MODEL, REDIS_UNREACHABLE
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,9 @@ async def readyz(
     status: ModelStatusReader,
     model: str | None = None,
 ) -> Response[bytes]:
-    """Ready when Redis answers and at least one worker is alive (or without any, with
-    `router.ready_without_workers`); with `?model=NAME`, when some live worker may hold that model.
+    """Ready when Redis answers and at least one worker is alive with its engines prepared (or
+    without any, with `router.ready_without_workers`); with `?model=NAME`, when some live worker
+    may hold that model.
     The body tells, per model the caller's key may use, whether a live worker may hold it."""
     if not health.up:
         raise _redis_unreachable()
@@ -59,6 +60,14 @@ async def readyz(
     if not records and not settings.router.ready_without_workers:
         raise ServiceUnavailableError(
             "No worker is alive yet; start one with `switchboard worker`.", code=NO_LIVE_WORKER
+        )
+    # (A front door that is ready without workers stays so while the first one prepares: it must
+    # stay in its Service to take the requests that woke that worker.)
+    preparing = records and not any(record.engines_ready for record in records)
+    if preparing and not settings.router.ready_without_workers:
+        raise ServiceUnavailableError(
+            "The workers are still preparing their engines; a first request would wait for that.",
+            code=ENGINES_PREPARING,
         )
     if model is not None:
         models.require(model)

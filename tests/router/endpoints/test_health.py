@@ -4,12 +4,15 @@ probes shares one read of the worker records a second."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import msgspec
 import redis.asyncio as aioredis
 
 from switchboard import api_keys
 from switchboard.config import ApiKey, ModelConfig
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.readiness import ENGINES_PREPARING
 from tests.support.front_door_harness import MODEL, advertise, serving, settings_for, worker_record
 
 OTHER = "secret-project"
@@ -60,3 +63,25 @@ async def test_a_flood_of_probes_shares_one_read_a_second(
     # A read or two of each (a copy may grow old while the flood lasts, and the key table's copy is
     # renewed every 2 s), not one per probe (50 each).
     assert all(count <= 3 for count in calls.values()), calls
+
+
+async def test_readyz_waits_for_a_worker_whose_engines_are_prepared(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """Until one is, a first request would wait tens of seconds for Triton and the engine's import."""
+    await advertise(redis, msgspec.structs.replace(worker_record("w1"), engines_ready=False))
+    async with serving(settings_for(redis_server.url)) as client:
+        preparing = await client.get("/readyz")
+        assert preparing.status_code == 503
+        assert preparing.json()["error"]["code"] == ENGINES_PREPARING
+        await advertise(redis, worker_record("w1"))
+        deadline = time.monotonic() + 5  # probes share a read of the records up to a second old
+        while (await client.get("/readyz")).status_code != 200:
+            assert time.monotonic() < deadline, "not ready once the worker's engines were"
+            await asyncio.sleep(0.1)
+    # Front doors that are ready without workers stay ready while the first one prepares.
+    await advertise(redis, msgspec.structs.replace(worker_record("w1"), engines_ready=False))
+    settings = settings_for(redis_server.url)
+    settings.router.ready_without_workers = True
+    async with serving(settings) as client:
+        assert (await client.get("/readyz")).status_code == 200
