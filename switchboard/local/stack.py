@@ -1,6 +1,7 @@
 """`switchboard up`: Redis (unless one is configured), the workers and the front door, supervised.
 
-The terminal stays short: where the logs are, a line while it starts, a line once it serves, how to
+The terminal stays short: where the logs are, a line while it starts, a countdown while the
+workers prepare their engines, a line once a first request would be answered in seconds, how to
 call it. The components' own start-up output (Triton's, vLLM's) goes to their log files; what they
 show here are warnings and the few records a person follows (a model loading, a worker ready).
 """
@@ -19,6 +20,7 @@ from switchboard.config import DEMO_MODEL_NAME, Settings
 from switchboard.local.launcher import Launcher, LauncherError
 from switchboard.local.private_files import NotPrivate, private_dir
 from switchboard.local.redis_server import PrivateRedis, RedisServerError
+from switchboard.local.start_report import StartReport, last_start_s, remember_start_s
 from switchboard.ports import is_loopback_host, local_url_host
 
 DEFAULT_LOG_DIR = Path("~/.cache/switchboard/logs")
@@ -26,7 +28,6 @@ DEFAULT_PORT = 8000
 READY_TIMEOUT_S = 900.0
 # A worker drains running jobs for up to worker.drain_timeout_s (30 s) before it stops.
 STOP_TIMEOUT_S = 90.0
-PROGRESS_EVERY_S = 10.0
 SUPERVISE_EVERY_S = 0.5
 
 
@@ -71,9 +72,10 @@ def run_stack(
         _say_where_logs_go(launcher)
         _say(f"Starting {_count(workers, 'worker')} and the front door ...")
         launcher.start()
-        seconds = launcher.wait_ready(
-            READY_TIMEOUT_S, progress=_still_starting, progress_every_s=PROGRESS_EVERY_S
-        )
+        # Ready: Redis answers and a worker has Triton running and its engines' runtime imported.
+        report = StartReport(last_start_s(launcher.log_dir), say=_print)
+        seconds = launcher.wait_ready(READY_TIMEOUT_S, progress=report, progress_every_s=0)
+        remember_start_s(launcher.log_dir, seconds)
         _say(f"Serving after {seconds:.0f} s")
         _print_examples(settings)
         return _supervise(launcher)
@@ -148,10 +150,6 @@ def _say_where_logs_go(launcher: Launcher) -> None:
     _say(f"Logs: {', '.join([*shown, 'router.log'])} in {launcher.log_dir} (--verbose shows everything here)")
 
 
-def _still_starting(elapsed_s: float, waiting_for: str) -> None:
-    print(f"  ... still starting ({elapsed_s:.0f} s: {waiting_for})", flush=True)
-
-
 def _print_examples(settings: Settings) -> None:
     host = settings.router.host
     shown_host = "localhost" if is_loopback_host(host) or host in ("0.0.0.0", "::") else local_url_host(host)
@@ -207,4 +205,8 @@ def _count(number: int, noun: str) -> str:
 
 
 def _say(line: str) -> None:
-    print(f"• {line}", flush=True)
+    _print(f"• {line}")
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)

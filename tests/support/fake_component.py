@@ -9,6 +9,8 @@ It takes the command line the launcher gives `switchboard` and behaves as enviro
 - FAKE_IGNORE_TERM: a worker ignores SIGTERM (the launcher has to kill it);
 - FAKE_GRANDCHILD: a worker starts a long `sleep` in its process group and logs its pid;
 - FAKE_NOT_READY_TIMES: `/readyz` answers 503 (no live worker) this many times before 200;
+- FAKE_PREPARING_S: then `/readyz` answers 503 (engines preparing) until this many seconds after
+  the front door started;
 - REDIS_URL_FILE (as the launcher passes it): a worker pings that Redis, as the real one would
   connect, and logs `redis answered`; it pings it again while it stops, as the real one withdraws
   its record then (after FAKE_STOP_DELAY_S, as long as the real one's other stop steps), and logs
@@ -95,6 +97,7 @@ def ping_redis() -> None:
 
 class Handler(BaseHTTPRequestHandler):
     not_ready_left = int(os.environ.get("FAKE_NOT_READY_TIMES", "0"))
+    preparing_until = time.monotonic() + float(os.environ.get("FAKE_PREPARING_S", "0"))
     chat_failures_left = int(os.environ.get("FAKE_CHAT_FAILURES", "0"))
 
     def do_GET(self) -> None:
@@ -103,6 +106,8 @@ class Handler(BaseHTTPRequestHandler):
         if Handler.not_ready_left > 0:
             Handler.not_ready_left -= 1
             return self.answer(503, {"error": {"message": "no worker", "code": "no_live_worker"}})
+        if time.monotonic() < Handler.preparing_until:
+            return self.answer(503, {"error": {"message": "preparing", "code": "engines_preparing"}})
         event("ready")
         return self.answer(200, {"status": "ready", "workers": 1})
 

@@ -20,6 +20,7 @@ from redis.exceptions import AuthenticationError
 from switchboard.config import load_settings
 from switchboard.local import stack
 from switchboard.local.launcher import Launcher
+from switchboard.local.start_report import LAST_START_FILE
 from switchboard.ports import free_port
 
 FAKE = (sys.executable, str(Path(__file__).parents[2] / "support" / "fake_component.py"))
@@ -76,6 +77,7 @@ from pathlib import Path
 from switchboard.config import load_settings
 from switchboard.local import stack
 from switchboard.local.launcher import Launcher
+from switchboard.local.start_report import LAST_START_FILE
 
 fake, config, port, logs = sys.argv[1:5]
 stack.Launcher = functools.partial(Launcher, argv_prefix=(sys.executable, fake))
@@ -83,6 +85,39 @@ settings = load_settings(Path(config), environ={})
 settings.router.port = int(port)
 sys.exit(stack.run_stack(settings, config_path=Path(config), log_level="INFO", workers=2, log_dir=Path(logs)))
 """
+
+
+def test_up_serves_once_the_engines_are_prepared_counting_down_from_the_last_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A first request right after "Serving" must not wait for Triton or the engine's import."""
+    env = {
+        **os.environ,
+        "FAKE_EVENTS": str(tmp_path / "events"),
+        "FAKE_PREPARING_S": "2",
+        "FAKE_WORKER_EXIT_AFTER_READY": "5",
+    }
+    monkeypatch.setattr(stack, "Launcher", functools.partial(Launcher, argv_prefix=FAKE, env=env))
+    config = tmp_path / "switchboard.toml"
+    config.write_text(CONFIG)
+    settings = load_settings(config, environ={})
+    settings.router.port = free_port()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / LAST_START_FILE).write_text("12.3\n")  # the last start served after 12 s
+    started = time.monotonic()
+
+    stack.run_stack(settings, config_path=config, log_level="INFO", log_dir=logs)
+
+    out, _ = capfd.readouterr()
+    lines = out.splitlines()
+    (preparing,) = [i for i, line in enumerate(lines) if line.startswith("• Preparing the engines")]
+    assert "(the last start here served after 12 s)" in lines[preparing]
+    (serving,) = [i for i, line in enumerate(lines) if line.startswith("• Serving after")]
+    assert preparing < serving
+    assert int(lines[serving].split()[3]) >= 2
+    assert "router ready" in (tmp_path / "events").read_text()
+    assert 2 <= float((logs / LAST_START_FILE).read_text()) <= time.monotonic() - started
 
 
 def test_up_killed_outright_leaves_no_component_or_redis_behind(tmp_path: Path) -> None:
