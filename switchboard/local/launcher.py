@@ -215,7 +215,9 @@ class Launcher:
     def wait_ready(
         self, timeout_s: float, progress: Progress | None = None, progress_every_s: float = 10.0
     ) -> float:
-        """Poll `/readyz` until the front door is ready (Redis answers, a worker is alive); returns seconds.
+        """Poll `/readyz` until the front door is ready (Redis answers, a worker is alive with Triton
+        running and its engines' runtime imported); returns seconds. `progress` is called every
+        `progress_every_s` (0: on every poll).
 
         Raises ComponentExited as soon as a component exits, NotReady past `timeout_s`.
         """
