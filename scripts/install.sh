@@ -133,3 +133,18 @@ if not (wanted / "RECORD").is_file():
     (wanted / "RECORD").write_text("\n".join(record) + "\n")
     print(f"• The vllm command: wrote {wanted.name} (the name vLLM's command looks up)")
 PY
+
+# --- the openai SDK for Node (tests/clients) ------------------------------------------------------
+# The test of the official Node SDK against a live stack needs it installed, exactly as
+# tests/clients/node/package-lock.json records (`npm ci`). Only where node and npm are present (the
+# test is skipped without node); again only when the lock changes.
+node_dir=tests/clients/node
+if command -v npm >/dev/null && command -v node >/dev/null; then
+  if [ ! -f "$node_dir/node_modules/.package-lock.json" ] \
+    || [ "$node_dir/package-lock.json" -nt "$node_dir/node_modules/.package-lock.json" ]; then
+    say "Installing the openai SDK for Node ($node_dir, npm ci)"
+    (cd "$node_dir" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+  else
+    say "The openai SDK for Node is up to date ($node_dir)"
+  fi
+fi

