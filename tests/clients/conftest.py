@@ -2,8 +2,8 @@
 
 The stack is the demo model on one worker with the front door, as `switchboard up` starts it (see
 tests/support/stack.py), started once for the folder. Its streamed responses hold their headers
-back only briefly and report a model's load often, so that the clients meet the SSE comments a
-long load sends (the cold-model check of test_vllm_bench_serve.py relies on them).
+back only briefly and send keep-alives often, so that the clients meet what a stream waiting for a
+model's load sends (the cold-model check of test_vllm_bench_serve.py relies on it).
 
 `reference` is the stack's own greedy answer to a prompt, asked with a plain HTTP request: each
 client must show the same text and the same usage.
@@ -25,7 +25,7 @@ CHAT_PROMPT = "Tell me a story."
 COMPLETION_PROMPT = "Once upon a time"
 # Few enough to keep every test quick; enough that a wrong token shows.
 MAX_TOKENS = 12
-# Short, so that a request waiting for a load gets its headers and then SSE comments.
+# Short, so that a request waiting for a load gets its headers and then keep-alives.
 FIRST_BYTE_BUDGET_S = 0.3
 LOAD_PROGRESS_EVERY_S = 0.5
 
