@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install lock up test lint typecheck unit e2e bench bench-cold bench-scale gpu-check clean
+.PHONY: install lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients gpu-check clean
 
 VENV := .venv/bin
 
@@ -32,6 +32,10 @@ unit: install
 e2e: install
 	$(VENV)/pytest -m e2e
 
+# Third-party clients as they are (openai SDKs for Python and Node, LangChain, LiteLLM, vllm bench serve).
+clients: install
+	$(VENV)/pytest tests/clients
+
 bench: install
 	$(VENV)/python bench/path_overhead.py
 
@@ -40,6 +44,10 @@ bench-cold: install
 
 bench-scale: install
 	$(VENV)/python bench/scale.py
+
+# vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
+bench-clients: install
+	$(VENV)/python bench/vllm_bench_serve.py
 
 # The GPU check (tests/gpu; the README's "TensorRT-LLM workers" section). On a machine with an
 # NVIDIA GPU, Docker and the NVIDIA Container Toolkit: builds the TensorRT-LLM worker image and the
