@@ -131,7 +131,7 @@ if not (wanted / "RECORD").is_file():
         (wanted / name).write_text(text)
     record = [f"{wanted.name}/{name},," for name in [*files, "RECORD"]]
     (wanted / "RECORD").write_text("\n".join(record) + "\n")
-    print(f"• The vllm command: wrote {wanted.name} (the name vLLM's command looks up)")
+    print(f"\033[1m• The vllm command: wrote {wanted.name} (the name vLLM's command looks up)\033[0m")
 PY
 
 # --- the openai SDK for Node (tests/clients) ------------------------------------------------------
