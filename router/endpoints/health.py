@@ -77,7 +77,10 @@ async def readyz(
             )
     shown = await _models_shown(request, models)
     served = {name: may_serve(records, name) for name in shown} if shown else None
-    return json_response(Health(status="ready", workers=len(records), models=served))
+    prepared = sum(record.engines_ready for record in records)
+    return json_response(
+        Health(status="ready", workers=len(records), workers_prepared=prepared, models=served)
+    )
 
 
 async def _models_shown(request: Request[Any, Any, Any], models: ModelTable) -> list[str]:

@@ -24,6 +24,8 @@ class Health(msgspec.Struct, kw_only=True):
 
     status: str
     workers: int | None = None
+    # Of those, the ones with Triton running and their engines' runtime imported.
+    workers_prepared: int | None = None
     # Per configured model: whether some live worker may hold it.
     models: dict[str, bool] | None = None
     time: float = msgspec.field(default_factory=time.time)

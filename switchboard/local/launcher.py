@@ -225,7 +225,7 @@ class Launcher:
         next_report = started + progress_every_s
         while True:
             self.check()
-            waiting_for = probe_readiness(self.base_url)
+            waiting_for = probe_readiness(self.base_url, workers=self._workers_running())
             elapsed = time.monotonic() - started
             if waiting_for is None:
                 return elapsed
@@ -235,6 +235,9 @@ class Launcher:
                 progress(elapsed, waiting_for)
                 next_report += progress_every_s
             time.sleep(POLL_S)
+
+    def _workers_running(self) -> int:
+        return sum(1 for worker in self._workers if not worker.killed and worker.alive())
 
     def wait_serving(
         self, model: str, timeout_s: float, progress: Progress | None = None, progress_every_s: float = 10.0
@@ -291,19 +294,29 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def probe_readiness(base_url: str) -> str | None:
-    """None when `/readyz` says ready; otherwise what the stack is waiting for, in words."""
+def probe_readiness(base_url: str, workers: int = 0) -> str | None:
+    """None when `/readyz` says ready with at least `workers` workers prepared (a first request
+    may be loaded on any of them); otherwise what the stack is waiting for, in words."""
     try:
-        with urllib.request.urlopen(f"{base_url}/readyz", timeout=2):
-            return None
+        with urllib.request.urlopen(f"{base_url}/readyz", timeout=2) as response:
+            prepared = json.loads(response.read()).get("workers_prepared")
     except urllib.error.HTTPError as exc:
-        try:
-            error = json.loads(exc.read())["error"]
-        except (ValueError, KeyError, TypeError):
-            return f"the front door answered {exc.code}"
-        return WAITING_FOR.get(error.get("code"), str(error.get("message")))
-    except (urllib.error.URLError, OSError):
+        return _waiting_for(exc)
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
         return "the front door is not listening yet"
+    # (A front door of an older release does not count them: its ready is taken as it is.)
+    if isinstance(prepared, int) and prepared < workers:
+        return f"{workers - prepared} of {workers} workers to prepare their engines"
+    return None
+
+
+def _waiting_for(exc: urllib.error.HTTPError) -> str:
+    """What a not-ready `/readyz` answer says the stack is waiting for."""
+    try:
+        error = json.loads(exc.read())["error"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"the front door answered {exc.code}"
+    return WAITING_FOR.get(error.get("code"), str(error.get("message")))
 
 
 class _ChatAttempt:

@@ -11,6 +11,8 @@ It takes the command line the launcher gives `switchboard` and behaves as enviro
 - FAKE_NOT_READY_TIMES: `/readyz` answers 503 (no live worker) this many times before 200;
 - FAKE_PREPARING_S: then `/readyz` answers 503 (engines preparing) until this many seconds after
   the front door started;
+- FAKE_SECOND_WORKER_PREPARING_S: then `/readyz` is ready but counts one prepared worker of two
+  until this many seconds after the front door started;
 - REDIS_URL_FILE (as the launcher passes it): a worker pings that Redis, as the real one would
   connect, and logs `redis answered`; it pings it again while it stops, as the real one withdraws
   its record then (after FAKE_STOP_DELAY_S, as long as the real one's other stop steps), and logs
@@ -99,6 +101,8 @@ class Handler(BaseHTTPRequestHandler):
     not_ready_left = int(os.environ.get("FAKE_NOT_READY_TIMES", "0"))
     preparing_until = time.monotonic() + float(os.environ.get("FAKE_PREPARING_S", "0"))
     chat_failures_left = int(os.environ.get("FAKE_CHAT_FAILURES", "0"))
+    second_preparing = os.environ.get("FAKE_SECOND_WORKER_PREPARING_S")
+    second_prepared_at = time.monotonic() + float(second_preparing or 0)
 
     def do_GET(self) -> None:
         if self.path != "/readyz":
@@ -108,8 +112,12 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(503, {"error": {"message": "no worker", "code": "no_live_worker"}})
         if time.monotonic() < Handler.preparing_until:
             return self.answer(503, {"error": {"message": "preparing", "code": "engines_preparing"}})
-        event("ready")
-        return self.answer(200, {"status": "ready", "workers": 1})
+        if Handler.second_preparing is None:
+            event("ready")
+            return self.answer(200, {"status": "ready", "workers": 1})
+        prepared = 2 if time.monotonic() >= Handler.second_prepared_at else 1
+        event(f"ready with {prepared} prepared")
+        return self.answer(200, {"status": "ready", "workers": 2, "workers_prepared": prepared})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -75,10 +75,13 @@ async def test_readyz_waits_for_a_worker_whose_engines_are_prepared(
         assert preparing.status_code == 503
         assert preparing.json()["error"]["code"] == ENGINES_PREPARING
         await advertise(redis, worker_record("w1"))
+        await advertise(redis, msgspec.structs.replace(worker_record("w2"), engines_ready=False))
         deadline = time.monotonic() + 5  # probes share a read of the records up to a second old
-        while (await client.get("/readyz")).status_code != 200:
+        while (ready := await client.get("/readyz")).status_code != 200:
             assert time.monotonic() < deadline, "not ready once the worker's engines were"
             await asyncio.sleep(0.1)
+        # One prepared is enough to serve; the count lets `switchboard up` wait for every worker.
+        assert (ready.json()["workers"], ready.json()["workers_prepared"]) == (2, 1)
     # Front doors that are ready without workers stay ready while the first one prepares.
     await advertise(redis, msgspec.structs.replace(worker_record("w1"), engines_ready=False))
     settings = settings_for(redis_server.url)

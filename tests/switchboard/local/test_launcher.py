@@ -60,6 +60,20 @@ def test_waits_for_readyz_reporting_progress_then_stops_the_front_door_first(tmp
     assert sorted(stops[1:]) == ["worker-1 stopped", "worker-2 stopped"]
 
 
+def test_waits_until_every_worker_has_prepared_its_engines(tmp_path: Path) -> None:
+    """A first request may be loaded on any worker: ready means every running one is prepared."""
+    progress: list[str] = []
+    launcher = _launcher(tmp_path, workers=2, FAKE_SECOND_WORKER_PREPARING_S="1.5")
+    with launcher:
+        launcher.wait_ready(
+            60, progress=lambda _s, waiting_for: progress.append(waiting_for), progress_every_s=0
+        )
+        readies = [line for line in _events(tmp_path) if line.startswith("router ready")]
+    assert "1 of 2 workers to prepare their engines" in progress
+    assert readies[0] == "router ready with 1 prepared"
+    assert readies[-1] == "router ready with 2 prepared"
+
+
 def test_components_get_the_switchboard_command_line_log_files_and_environment(tmp_path: Path) -> None:
     launcher = _launcher(tmp_path)
     with launcher:
