@@ -28,6 +28,7 @@ from redis.exceptions import ResponseError
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.ports import free_port
+from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, Usage, encode, job_decoder
 
 SERVED = "tiny"  # the test answers its jobs
@@ -200,8 +201,8 @@ async def scripted_worker(deployment: Deployment, *, answer_at_once: bool) -> As
     try:
         yield worker
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        # Its loop blocks in redis-py, which can lose one cancellation (see switchboard.tasks).
+        await cancel_and_wait(task)
         await redis.aclose()
 
 
