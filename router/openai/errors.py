@@ -293,6 +293,21 @@ class NoWorkerForModelError(RetryLaterError):
         )
 
 
+class NoWorkerAliveError(RetryLaterError):
+    """The request's deadline passed while no live worker could take its job: none was alive, or
+    none that may hold its model (503 with Retry-After)."""
+
+    default_code = "no_worker_alive"
+
+    def __init__(self, model: str, waited_s: float, retry_after_s: float) -> None:
+        super().__init__(
+            f"No worker that may hold the model `{model}` was alive to take the job during the "
+            f"{waited_s:g} s it waited in the queue.",
+            retry_after_s,
+            then="Start a worker, or retry in {} s.",
+        )
+
+
 class StreamNotFoundError(OpenAIError):
     """A `Last-Event-ID` names a job whose results are unknown here or have expired (404)."""
 

@@ -1,6 +1,6 @@
 """Put a job on its model's stream in one round trip (`switchboard/lua/enqueue.lua`, which also notes
 the model in the demand index), and count the readers of its results (`resume.lua`, and a reader
-that leaves), giving up a job whose streamed client did not come back (`give_up.lua`).
+that leaves, `step_away.lua`), giving up a job whose streamed client did not come back (`give_up.lua`).
 
 A job belongs to the key that sent it, by the key's identity (`Caller.owner`, the SHA-256 of its
 secret): its record's `tenant`. Only that key may resume its stream.
@@ -49,6 +49,7 @@ class JobQueue:
         self._enqueue = lua.register(redis, "enqueue")
         self._resume = lua.register(redis, "resume")
         self._give_up = lua.register(redis, "give_up")
+        self._step_away = lua.register(redis, "step_away")
         self._cancel_marks = CancelMarks(redis)
 
     async def submit(self, job: Job, *, owner: str, wake_stream: str | None = None) -> LoadFailure | None:
@@ -117,14 +118,11 @@ class JobQueue:
     async def step_away(self, job_id: str) -> int:
         """A streamed reader that left mid-stream, whose client may resume it: counted out of the job's
         readers, its results kept until they expire (or the job is given up). Returns the job's
-        leaves so far, which `give_up` compares to tell whether another reader left since."""
-        record = keys.job_record(job_id)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hincrby(record, keys.READERS_FIELD, -1)
-        pipe.hincrby(record, keys.LEAVES_FIELD, 1)
-        pipe.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
-        pipe.expire(record, keys.RESULT_TTL_S)
-        _, leaves, _, _ = await pipe.execute()
+        leaves so far, which `give_up` compares to tell whether another reader left since. A record
+        that is gone is not written again (a lost job must not look alive): 0 leaves."""
+        leaves = await self._step_away(
+            keys=[keys.job_record(job_id), keys.result_stream(job_id)], args=[keys.RESULT_TTL_S]
+        )
         return int(leaves)
 
     async def give_up(self, job_id: str, *, leaves: int) -> bool:

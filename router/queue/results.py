@@ -8,10 +8,20 @@ request subscribed is not lost. One job may have several readers here (clients r
 say from two tabs), each from its own point: its stream is read from the earliest of them, and each
 gets the chunks past its own.
 
-The loop also notices a Redis that restarted (its run id changed): a job whose result stream, or
-whose place in the queue, did not survive the restart can never finish, and its request is failed
-at once instead of waiting for its deadline. With append-only persistence both survive, and reading
-simply goes on.
+The loop also notices a Redis that restarted (its run id changed), on its first pass after Redis
+answers again: a job that did not survive the restart can never finish, and its request is failed at
+once instead of waiting for its deadline. A job survived if its record (`keys.job_record`, written
+with the job and deleted only with its results) is there and, once its first chunk was read, its
+result stream too. Nothing else traffic writes can bring the record back (unlike its model's job
+stream, which the next enqueue creates again). A check that fails (Redis still loading its data, a
+pooled connection from before the restart) is repeated on the next pass: the restart is remembered
+only once it was checked. With append-only persistence everything survives, and reading simply goes
+on.
+
+Writes can be lost without a restart this front door sees, too (a replica promoted before it had
+them): result entries are `0-1`, `0-2`, ... in order (`append_chunk.lua`), so a gap after the last
+entry a reader had means chunks are missing, and its request fails as one lost in a restart, rather
+than skip text.
 """
 
 from __future__ import annotations
@@ -50,8 +60,14 @@ def entry_order(entry_id: bytes) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def skips_entries(last: tuple[int, int], entry: tuple[int, int]) -> bool:
+    """Whether result entry `entry`, the first one read past `last`, leaves out entries between
+    them. Chunks are entries `0-<position + 1>`; ids of another form are not judged."""
+    return last[0] == 0 and entry[0] == 0 and entry[1] != last[1] + 1
+
+
 class ResultsLost(Exception):
-    """Redis restarted and kept neither the job's results nor the job itself."""
+    """Redis lost the job (in a restart), or chunks of its results that its reader had not read."""
 
 
 class Subscription:
@@ -71,6 +87,9 @@ class Subscription:
         # Entry id of the last chunk handed out (`after` for a stream resumed there).
         self.taken_id = after
         self.released = False
+        # Set once its job is known to be in Redis (the enqueue returned, or the stream is resumed):
+        # until then, a missing job record means only that it is on its way.
+        self.queued = False
         self._queue: asyncio.Queue[tuple[str, Chunk] | ResultsLost] = asyncio.Queue()
 
     def deliver(self, entry_id: str, chunk: Chunk) -> None:
@@ -112,6 +131,8 @@ class ResultReader:
         self._ended: list[tuple[str, int | None]] = []
         self._has_work = asyncio.Event()
         self._run_id: str | None = None
+        # Subscriptions whose enqueue had not returned when a restart was noticed.
+        self._unjudged: list[Subscription] = []
         self._check_run_id_at = 0.0
         # True while an XREAD is in flight: only then must a new subscription wake the reader.
         self.blocked = False
@@ -122,11 +143,13 @@ class ResultReader:
         return self._wake_key.decode()
 
     def subscribe(
-        self, job_id: str, model: str, after: str = START, *, streamed: bool = False
+        self, job_id: str, model: str, after: str = START, *, streamed: bool = False, queued: bool = False
     ) -> Subscription:
         """Start delivering the chunks of `job_id` (a job of `model`) that follow entry `after`;
-        `streamed`: they go to a streamed response (see `Subscription.streamed`)."""
+        `streamed`: they go to a streamed response (see `Subscription.streamed`); `queued`: the job is
+        in Redis already (else the caller sets `Subscription.queued` once it is)."""
         subscription = Subscription(job_id, model, after, streamed=streamed)
+        subscription.queued = queued
         self._subscriptions.setdefault(subscription.stream_key, []).append(subscription)
         self._has_work.set()
         return subscription
@@ -211,6 +234,8 @@ class ResultReader:
         if loop.time() >= self._check_run_id_at:
             await self._check_restart()
             self._check_run_id_at = loop.time() + RUN_ID_CHECK_S
+        if self._unjudged:
+            await self._judge_enqueued()
         streams = {self._wake_key: self._wake_last_id}
         # A stream is read from the earliest point any of its readers needs.
         streams.update(
@@ -243,32 +268,47 @@ class ResultReader:
             raise
 
     async def _check_restart(self) -> None:
-        """Fail the subscriptions whose job a Redis restart lost; remember the server's run id."""
+        """Fail the subscriptions whose job a Redis restart lost; remember the server's run id once
+        that is done (a check that raises is repeated whole on the next pass)."""
         run_id = await server_run_id(self._redis)
         self._health.mark_up()
-        previous, self._run_id = self._run_id, run_id
-        if previous is None or previous == run_id:
+        if self._run_id is not None and self._run_id != run_id:
+            subscriptions = [sub for subs in self._subscriptions.values() for sub in subs]
+            lost = await self._fail_lost([sub for sub in subscriptions if sub.queued])
+            # A job still being enqueued may not be in Redis yet: it is judged once it is.
+            self._unjudged = [sub for sub in subscriptions if not sub.queued]
+            logger.warning(
+                "redis restarted", extra={"run_id": run_id, "in_flight": len(subscriptions), "lost": lost}
+            )
+        self._run_id = run_id
+
+    async def _judge_enqueued(self) -> None:
+        """Judge the jobs that were being enqueued when a restart was noticed, once they are queued."""
+        ready = [sub for sub in self._unjudged if sub.queued or sub.released]
+        if not ready:
             return
-        subscriptions = [sub for subs in self._subscriptions.values() for sub in subs]
+        await self._fail_lost([sub for sub in ready if not sub.released])
+        self._unjudged = [sub for sub in self._unjudged if sub not in ready]
+
+    async def _fail_lost(self, subscriptions: list[Subscription]) -> int:
+        """Fail those of `subscriptions` whose job is not in Redis (as it is now); how many."""
         pipe = self._redis.pipeline(transaction=False)
         for subscription in subscriptions:
+            pipe.exists(keys.job_record(subscription.job_id))
             pipe.exists(subscription.stream_key)
-            pipe.exists(keys.job_stream(subscription.model))
         found = await pipe.execute()
         lost = 0
         for index, subscription in enumerate(subscriptions):
-            has_results, has_job_stream = found[2 * index], found[2 * index + 1]
-            # Before its first chunk a job is only in its model's queue; after it, only its results
-            # tell where it is (the queue entry may be acknowledged and trimmed by then).
+            has_record, has_results = found[2 * index], found[2 * index + 1]
+            # Before its first chunk a job has no results yet; after it, they must be there. Its
+            # record, unlike its model's queue, is written by nothing but its own enqueue.
             started = subscription.last_id != START.encode()
-            if has_results or (has_job_stream and not started):
+            if has_record and (has_results or not started):
                 continue
             lost += 1
             self._drop(subscription)
             subscription.fail(ResultsLost(subscription.job_id))
-        logger.warning(
-            "redis restarted", extra={"run_id": run_id, "in_flight": len(subscriptions), "lost": lost}
-        )
+        return lost
 
     def _dispatch(self, stream_key: bytes, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
         if stream_key == self._wake_key:
@@ -286,8 +326,16 @@ class ResultReader:
         """Hand `subscription` the chunks past its own point (the read began at the earliest reader's)."""
         after = entry_order(subscription.last_id)
         for entry_id, chunk in chunks:
-            if entry_order(entry_id) <= after:
+            order = entry_order(entry_id)
+            if order <= after:
                 continue
+            if skips_entries(after, order):
+                # Written and lost (a replica promoted before it had them): never skip text.
+                logger.warning("result chunks lost", extra={"job_id": subscription.job_id})
+                self._drop(subscription)
+                subscription.fail(ResultsLost(subscription.job_id))
+                return
+            after = order
             subscription.last_id = entry_id
             subscription.deliver(entry_id.decode(), chunk)
             if chunk.is_last:

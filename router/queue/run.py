@@ -3,7 +3,8 @@ resumes its stream), its chunks until its deadline, then its cleanup.
 
 The chunks come from the process's one result reader (`router.queue.results`); nothing here reads Redis
 while chunks arrive in time. Only a deadline that passes before the first chunk reads where the
-model stands, to tell a client whose model is still loading when to come back.
+model stands, to tell the client what the job waited for: a load (and when to come back), a worker
+to be alive at all, or a place in a busy queue.
 """
 
 from __future__ import annotations
@@ -18,18 +19,20 @@ from redis.exceptions import RedisError
 
 from router.admission.charges import Charge, DeliveredShare, UsedTokens
 from router.admission.limits import Ticket
+from router.admission.models import NO_WORKER_RETRY_S, WORKERS_MAX_AGE_S
 from router.openai.errors import (
     InvalidRequestError,
     JobTimeoutError,
     ModelLoadFailedError,
     ModelLoadingError,
+    NoWorkerAliveError,
     OpenAIError,
     ResultsLostError,
     StreamNotFoundError,
 )
 from router.queue.enqueue import JobQueue, UnknownEntry
 from router.queue.results import START, ResultReader, ResultsLost, Subscription
-from router.status.models import ModelStatusReader
+from router.status.models import ModelStatusReader, may_serve
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.config import RouterConfig
@@ -150,20 +153,33 @@ class JobRun:
         return chunk
 
     async def _deadline_error(self) -> OpenAIError:
-        """504 once the job has started, or while its model is warm; 503 while the model loads."""
-        timeout = JobTimeoutError(
-            f"The job did not finish within {self._timeout_s:g} s. "
-            "Retry later, or raise router.request_timeout_s."
-        )
+        """What the job waited for when its deadline passed: a 504 once it started, or while a worker
+        could have started it (its model warm, or workers alive that loaded nothing); a 503 while its
+        model loads, or when no live worker may hold it."""
         if self.started:
-            return timeout
+            return JobTimeoutError(
+                f"The job did not finish within {self._timeout_s:g} s. "
+                "Retry later, or raise router.request_timeout_s."
+            )
+        queued = JobTimeoutError(
+            f"The job waited {self._timeout_s:g} s in the queue of model `{self.job.model}` and no "
+            "worker started it. Retry later, or raise router.request_timeout_s."
+        )
         try:
             status = await self._status.read_one(self.job.model)
+            workers = await self._status.live_workers(WORKERS_MAX_AGE_S) if status.state == "cold" else []
         except RedisError:
             logger.warning("could not read the model's status", extra={"model": self.job.model})
-            return timeout
+            return queued
         if status.state == "warm":
-            return timeout
+            return queued
+        if status.state == "cold":
+            if may_serve(workers, self.job.model):
+                return queued  # workers alive, none of them started loading it
+            logger.info(
+                "request dropped: no live worker", extra={"model": self.job.model, "job_id": self.job.id}
+            )
+            return NoWorkerAliveError(self.job.model, self._timeout_s, NO_WORKER_RETRY_S)
         remaining_s = status.load_remaining_s()
         logger.info(
             "request dropped while its model loads",
@@ -172,7 +188,7 @@ class JobRun:
         return ModelLoadingError(
             self.job.model,
             # Asleep or on its way out, it is on its way back too: the controller sees the waiting job.
-            loading=status.state != "cold",
+            loading=True,
             typical_load_s=status.typical_load_s(),
             retry_after_s=UNKNOWN_LOAD_RETRY_S if remaining_s is None else remaining_s,
         )
@@ -248,6 +264,7 @@ class JobRuns:
                 )
             if failure is not None:
                 raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())
+            subscription.queued = True
         except BaseException as exc:
             observer.closed(finished=False)
             self._reader.unsubscribe(subscription)
@@ -276,7 +293,7 @@ class JobRuns:
             # nothing is left to read, and waiting for more would hold it until the deadline.
             ended = self._reader.subscribe_ended(job.id, job.model, after)
             return self._run(job, ended, ticket, observer, NothingDelivered()), earlier
-        subscription = self._reader.subscribe(job.id, job.model, after, streamed=True)
+        subscription = self._reader.subscribe(job.id, job.model, after, streamed=True, queued=True)
         if self._reader.blocked:
             # Without the poke, the reader's next pass (within BLOCK_MS) picks the subscription up.
             with contextlib.suppress(RedisError):

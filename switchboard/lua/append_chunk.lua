@@ -23,7 +23,9 @@
 -- its job over, finds the other's chunks at or after its position and stops (2); only a writer's
 -- first chunk for the job may follow another writer's (that is the takeover). Only a job's first
 -- chunk may create its result stream: a stream the front door deleted (its client left, or it read
--- the last chunk) is never brought back by a late chunk. Fields: `c` the chunk, `w` its writer
+-- the last chunk) is never brought back by a late chunk. And only while the job's record exists: a
+-- job whose record is gone (Redis restarted without it, or it expired) has nobody to read it, and
+-- results created for it would be generated for nobody and kept until they expire. Fields: `c` the chunk, `w` its writer
 -- (keys.CHUNK_FIELD, keys.WRITER_FIELD); `done` on the job record (keys.DONE_FIELD).
 local function writer_of(fields)
   for i = 1, #fields, 2 do
@@ -32,7 +34,7 @@ local function writer_of(fields)
   return false
 end
 local status = 0
-if redis.call('EXISTS', KEYS[1]) == 0 and ARGV[3] ~= '1' then
+if redis.call('EXISTS', KEYS[1]) == 0 and (ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[4]) == 0) then
   status = 1
 else
   local last, last_writer = 0, false

@@ -229,4 +229,4 @@ async def test_relay_answers_a_job_that_never_started_with_its_deadline_error(
 ) -> None:
     async with serving(settings_for(redis_server.url, timeout_s=0.5)) as client:
         response = await client.post(CHAT, json=BODY)
-    error(response, 503, "model_loading")
+    error(response, 503, "no_worker_alive")  # no worker ever advertised itself

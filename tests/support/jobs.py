@@ -6,7 +6,9 @@ import time
 import uuid
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
+from router.queue.enqueue import record_ttl_s
 from switchboard import keys
 from switchboard.demand import note_demand
 from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
@@ -26,13 +28,22 @@ def make_job(model: str, prompt: str, deadline_s: float = 60.0) -> Job:
 
 
 async def submit(redis: aioredis.Redis, *jobs: Job) -> None:
-    """Append jobs to their model's stream, note the model in the demand index and poke the
-    controllers, as an enqueue does."""
+    """Write each job's record, append it to its model's stream, note the model in the demand index
+    and poke the controllers, as an enqueue does (a job without a record gets no results: it was
+    lost, as far as a worker can tell)."""
     for one in jobs:
         pipe = redis.pipeline(transaction=False)
+        write_record(pipe, one)
         pipe.xadd(keys.job_stream(one.model), {keys.JOB_FIELD: encode(one)})
         note_demand(pipe, one.model, one.id)
         await pipe.execute()
+
+
+def write_record(pipe: Pipeline, job: Job) -> None:
+    """Queue on `pipe` the job's record as `enqueue.lua` writes it (sent without an API key)."""
+    record = keys.job_record(job.id)
+    pipe.hset(record, mapping={keys.TENANT_FIELD: "", keys.READERS_FIELD: 1})
+    pipe.expire(record, record_ttl_s(job))
 
 
 async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> list[Chunk]:

@@ -261,11 +261,10 @@ async def test_the_openai_client_ignores_progress_comments(
 
 
 @pytest.mark.parametrize(
-    ("slots", "costs", "retry_after", "words"),
+    ("slots", "costs", "retry_after"),
     [
-        ((lambda: loading_slot(elapsed_s=10.0, expected_s=50.0),), (), {"40", "39"}, "is still loading"),
-        ((), (20.0, 60.0, 40.0), {"40"}, "is not loaded yet"),
-        ((), (), {"30"}, "is not loaded yet"),
+        ((lambda: loading_slot(elapsed_s=10.0, expected_s=50.0),), (), {"40", "39"}),
+        ((lambda: loading_slot(elapsed_s=10.0, expected_s=None),), (20.0, 60.0, 40.0), {"30"}),
     ],
 )
 async def test_a_deadline_during_a_load_is_a_503_with_the_time_left(
@@ -274,7 +273,6 @@ async def test_a_deadline_during_a_load_is_a_503_with_the_time_left(
     slots: tuple[Callable[[], SlotStatus], ...],
     costs: tuple[float, ...],
     retry_after: set[str],
-    words: str,
 ) -> None:
     # An idle worker of the same kind: its measured load times count.
     await advertise(redis, worker_record("w1", *(make() for make in slots)), worker_record("w2"))
@@ -286,10 +284,43 @@ async def test_a_deadline_during_a_load_is_a_503_with_the_time_left(
     error = response.json()["error"]
     assert error["code"] == "model_loading"
     assert error["type"] == "service_unavailable"
-    assert error["message"].startswith(f"Model `tiny` {words}")
+    assert error["message"].startswith("Model `tiny` is still loading")
     assert "the request was dropped" in error["message"]
     (job_id,) = [k async for k in redis.scan_iter(match=keys.cancel_mark("*"))]
     assert job_id
+
+
+async def test_a_deadline_with_workers_alive_but_no_load_started_is_a_504_naming_the_queue(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    # Idle workers that may hold the model, and measured loads: none is loading it now.
+    await advertise(redis, worker_record("w1"), worker_record("w2"))
+    await record_load_times(redis, MODEL, "cpu", 20.0, 60.0)
+    async with serving(settings_for(redis_server.url, timeout_s=0.3)) as client:
+        response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 504
+    error = response.json()["error"]
+    assert error["code"] == "timeout"
+    assert "in the queue of model `tiny`" in error["message"]
+    assert "load" not in error["message"]
+    assert "retry-after" not in response.headers
+
+
+async def test_a_deadline_after_the_only_worker_died_says_no_worker_was_alive(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    await advertise(redis, worker_record("w1"))
+    async with serving(settings_for(redis_server.url, timeout_s=1.5)) as client:
+        waiting = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+        await next_job(redis)  # admitted while the worker was alive
+        await redis.delete(keys.worker_record("w1"))  # it died: its record expired
+        response = await waiting
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "no_worker_alive"
+    assert error["message"].startswith("No worker that may hold the model `tiny` was alive")
+    assert "load" not in error["message"]
+    assert int(response.headers["retry-after"]) >= 1
 
 
 async def test_a_deadline_while_the_model_is_warm_stays_a_504(

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.demand import note_demand
 from switchboard.wire import Chunk, Job, SamplingParams, Usage, encode
-from tests.support.jobs import result
+from tests.support.jobs import result, submit, write_record
 from tests.support.one_worker import MODEL, Worker, job
 from workers.jobs.takeover import Takeover
 
@@ -46,6 +46,7 @@ async def taken_by_dead_worker(redis: aioredis.Redis, one: Job, *sent: Chunk, ta
     if taken:
         fields[TAKEN_FIELD] = str(taken).encode()
     pipe = redis.pipeline(transaction=True)  # so that the live worker cannot read it first
+    write_record(pipe, one)
     pipe.xadd(STREAM, fields)  # type: ignore[arg-type]
     note_demand(pipe, MODEL, one.id)  # as its enqueue did
     pipe.xreadgroup(keys.JOB_GROUP, DEAD, {STREAM: ">"}, count=1)
@@ -114,7 +115,7 @@ async def test_a_half_answered_job_that_cannot_be_continued_ends_with_an_error(w
 
 async def test_a_live_workers_running_job_is_never_taken(worker: Worker) -> None:
     one = job("slow 12 0.1")  # runs well past the heartbeat TTL (0.3 s) on the live worker "w1"
-    await worker.redis.xadd(STREAM, {"job": encode(one)})
+    await submit(worker.redis, one)
     chunks = await result(worker.redis, one.id)
     assert "".join(c.text for c in chunks) == tokens(0, 12)
     assert worker.engine.requests.count(one.id) == 1
@@ -125,7 +126,7 @@ async def test_entries_that_are_not_jobs_go_to_the_dead_letters_and_the_next_job
     await worker.redis.xadd(STREAM, {"job": b"\xc1 not msgpack"})
     await worker.redis.xadd(STREAM, {"something": b"else"})
     one = job("fast 2")
-    await worker.redis.xadd(STREAM, {"job": encode(one)})
+    await submit(worker.redis, one)
     assert (await result(worker.redis, one.id))[-1].finish_reason == "length"
     await until(lambda: nothing_pending(worker.redis))
     letters = await worker.redis.xrange(keys.dead_letter_stream())
@@ -137,7 +138,7 @@ async def test_entries_that_are_not_jobs_go_to_the_dead_letters_and_the_next_job
 async def test_a_job_cancelled_before_a_worker_took_it_is_ended_without_output(worker: Worker) -> None:
     one = job("slow 1000 0.01")
     await worker.redis.set(keys.cancel_mark(one.id), b"1", ex=60)
-    await worker.redis.xadd(STREAM, {"job": encode(one)})
+    await submit(worker.redis, one)
     await until(lambda: nothing_pending(worker.redis))
     # The worker sends a fresh job on while it asks whether its client left: the abort meets the
     # job on its way (it never reaches the engine) or, rarely, just after it started there.
@@ -148,7 +149,7 @@ async def test_a_job_cancelled_before_a_worker_took_it_is_ended_without_output(w
 
 async def test_a_result_stream_deleted_by_the_front_door_stops_the_engine(worker: Worker) -> None:
     one = job("hang")
-    await worker.redis.xadd(STREAM, {"job": encode(one)})
+    await submit(worker.redis, one)
     await until(lambda: worker.redis.exists(keys.result_stream(one.id)))
     await worker.redis.delete(keys.result_stream(one.id))  # its client left; no cancel mark came
     await until(lambda: nothing_pending(worker.redis))
@@ -171,7 +172,7 @@ async def test_a_chunk_redis_refuses_aborts_the_engine_and_the_job_is_taken_over
         return await flush(batch)
 
     monkeypatch.setattr(worker.writer, "_flush", refusing)
-    await worker.redis.xadd(STREAM, {"job": encode(one)})
+    await submit(worker.redis, one)
     chunks = await result(worker.redis, one.id)
     assert one.id in worker.engine.aborted, "the engine stopped at once"
     assert worker.engine.requests.count(one.id) == 2, "then the job ran again"
@@ -196,7 +197,7 @@ async def test_the_read_loop_goes_on_after_an_unexpected_error(
     await asyncio.sleep(0.6)
     assert failed and worker.consumer.reading
     one = job("fast 2")
-    await worker.redis.xadd(STREAM, {"job": encode(one)})
+    await submit(worker.redis, one)
     assert (await result(worker.redis, one.id))[-1].finish_reason == "length"
 
 

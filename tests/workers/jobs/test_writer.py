@@ -12,6 +12,13 @@ from switchboard.wire import Chunk, chunk_decoder, encode
 from workers.jobs.writer import ResultWriter, Superseded
 
 
+@pytest.fixture(autouse=True)
+async def job_records(redis: aioredis.Redis) -> None:
+    """The jobs written here were enqueued: each has its record (results are created only for one)."""
+    for job_id in ("a", "b", "j"):
+        await redis.hset(keys.job_record(job_id), keys.READERS_FIELD, 1)
+
+
 async def test_chunks_of_many_jobs_land_in_order_with_expiry_and_cancel_marks(redis: aioredis.Redis) -> None:
     writer = ResultWriter(redis)
     writer.start()
