@@ -1,9 +1,10 @@
 """The result reader leaves nothing behind: no subscription polled forever, no result stream kept
-past its expiry."""
+past its expiry; and it judges a job being enqueued across a Redis restart only once it is queued."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -14,14 +15,16 @@ from router.front_door import FrontDoor
 from router.intake.job import chat_job
 from router.openai.chat import ChatCompletionRequest
 from router.queue.enqueue import JobQueue
-from router.queue.results import ResultReader, Subscription
+from router.queue.results import BLOCK_MS, ResultReader, ResultsLost, Subscription
 from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, LoadFailure, Usage, encode
 from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for
+from tests.support.redis_nodes import RedisNode
 
 
 async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
@@ -114,3 +117,42 @@ async def texts_until_last(subscription: Subscription) -> list[str]:
         texts.append(chunk.text)
         if chunk.is_last:
             return texts
+
+
+async def test_a_job_being_enqueued_when_a_restart_is_noticed_is_judged_once_it_is_queued(
+    tmp_path: Path,
+) -> None:
+    node = RedisNode(tmp_path).start()
+    blocking = blocking_client(node.url, BLOCK_MS)
+    reader = ResultReader(blocking, "door", RedisHealth(blocking))
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    redis = pooled_client(node.url)  # the front door's, which its enqueue writes through
+    try:
+        await redis.hset(keys.job_record("lost"), keys.READERS_FIELD, 1)
+        lost = reader.subscribe("lost", MODEL, queued=True)
+        # Two more whose enqueue has not returned yet: their records may not be written.
+        arriving = reader.subscribe("arriving", MODEL)
+        vanished = reader.subscribe("vanished", MODEL)
+        await asyncio.sleep(0.3)  # the reader has seen the first server
+        await asyncio.to_thread(node.kill)
+        await asyncio.to_thread(node.start)  # empty
+        loop = asyncio.get_running_loop()
+        with pytest.raises(ResultsLost):
+            await lost.get(loop.time() + 5)
+        # Enqueued on the new server, after the restart was noticed: alive.
+        await redis.hset(keys.job_record("arriving"), keys.READERS_FIELD, 1)
+        arriving.queued = True
+        # Enqueued on the old one just before it died: lost, and told once the enqueue returned.
+        vanished.queued = True
+        await reader.wake()
+        with pytest.raises(ResultsLost):
+            await vanished.get(loop.time() + 5)
+        with pytest.raises(TimeoutError):
+            await arriving.get(loop.time() + 0.5)
+        assert reader.in_flight == 1
+    finally:
+        await tasks.stop()
+        await blocking.aclose()
+        await redis.aclose()
+        node.kill()
