@@ -31,6 +31,10 @@ class RedisNode:
     defaults: `--save ""`, `--appendonly no`). The port, the password and the directory hold across
     `kill()` and `start()`, so a start after a kill is a restart as clients see it: the same
     address, with whatever the directory held. `password=None`: no password is asked for.
+
+    The server gets SIGTERM when the thread that started it ends (`with_parent`, so that a test
+    killed outright leaves none behind): start it from a thread that outlives it, not from an
+    executor's (`asyncio.to_thread`).
     """
 
     def __init__(self, tmp_path: Path, password: str | None = None, extra_args: Sequence[str] = ()) -> None:

@@ -216,8 +216,8 @@ async def test_a_restart_that_lost_a_queued_job_fails_it_though_its_models_queue
             waiting = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
             await until_queued(redis, 2)
             await redis.aclose()
-            await asyncio.to_thread(node.kill)
-            await asyncio.to_thread(node.start)
+            node.kill()
+            node.start()  # on this thread: the server ends with the thread that started it
             back = asyncio.get_running_loop().time()
             response = await waiting
             assert asyncio.get_running_loop().time() - back < 5.0, "within seconds, not at its deadline"
@@ -246,8 +246,8 @@ async def test_a_restart_is_noticed_though_the_first_check_after_it_fails(tmp_pa
             waiting = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
             await until_queued(redis, 1)
             await redis.aclose()
-            await asyncio.to_thread(node.kill)
-            await asyncio.to_thread(node.start, wait_loaded=False)
+            node.kill()
+            node.start(wait_loaded=False)  # on this thread: the server ends with the one that started it
             loaded = await until_answers(node)
             response = await waiting
             assert asyncio.get_running_loop().time() - loaded < 5.0, "failed within seconds of the load"
