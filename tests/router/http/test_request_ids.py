@@ -127,12 +127,12 @@ async def test_log_lines_of_a_request_carry_its_ids(
     caplog.set_level(logging.INFO, logger="router")
     try:
         async with serving(settings_for(redis_server.url, timeout_s=0.3)) as client:
-            # No worker loads the model: the request is dropped at its deadline, and that is logged.
+            # No worker is alive: the request is dropped at its deadline, and that is logged.
             response = await client.post(CHAT, json=BODY, headers={"x-request-id": "mine"})
     finally:
         caplog.handler.removeFilter(tracing.request_ids)
     assert response.status_code == 503
-    (record,) = [r for r in caplog.records if r.getMessage() == "request dropped while its model loads"]
+    (record,) = [r for r in caplog.records if r.getMessage() == "request dropped: no live worker"]
     assert record.request_id == response.headers["x-request-id"] == record.job_id
     assert record.client_request_id == "mine"
 
