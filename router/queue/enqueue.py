@@ -103,6 +103,11 @@ class JobQueue:
             earlier=[chunk_decoder.decode(_field(fields, chunk_field)) for _, fields in found[1]]
         )
 
+    async def load_claimed(self, model: str) -> bool:
+        """Whether a worker has claimed the first replica of `model` (its lease): it is starting a
+        load that its heartbeat may not tell yet, for a model nobody holds."""
+        return bool(await self._redis.exists(keys.replica_lease(model, 0)))
+
     async def cancel(self, job_id: str) -> None:
         """Leave a cancel mark (unless the job ended): the worker running it stops generating for it."""
         await self._cancel_marks.leave(job_id)

@@ -155,7 +155,8 @@ class JobRun:
     async def _deadline_error(self) -> OpenAIError:
         """What the job waited for when its deadline passed: a 504 once it started, or while a worker
         could have started it (its model warm, or workers alive that loaded nothing); a 503 while its
-        model loads, or when no live worker may hold it."""
+        model loads (as heartbeats tell, or claimed by a worker whose heartbeat does not tell yet),
+        or when no live worker may hold it."""
         if self.started:
             return JobTimeoutError(
                 f"The job did not finish within {self._timeout_s:g} s. "
@@ -167,19 +168,21 @@ class JobRun:
         )
         try:
             status = await self._status.read_one(self.job.model)
-            workers = await self._status.live_workers(WORKERS_MAX_AGE_S) if status.state == "cold" else []
+            cold = status.state == "cold"
+            workers = await self._status.live_workers(WORKERS_MAX_AGE_S) if cold else []
+            claimed = cold and await self._queue.load_claimed(self.job.model)
         except RedisError:
             logger.warning("could not read the model's status", extra={"model": self.job.model})
             return queued
         if status.state == "warm":
             return queued
-        if status.state == "cold":
-            if may_serve(workers, self.job.model):
-                return queued  # workers alive, none of them started loading it
+        if cold and not may_serve(workers, self.job.model):
             logger.info(
                 "request dropped: no live worker", extra={"model": self.job.model, "job_id": self.job.id}
             )
             return NoWorkerAliveError(self.job.model, self._timeout_s, NO_WORKER_RETRY_S)
+        if cold and not claimed:
+            return queued  # workers alive, none of them started loading it
         remaining_s = status.load_remaining_s()
         logger.info(
             "request dropped while its model loads",
@@ -187,7 +190,7 @@ class JobRun:
         )
         return ModelLoadingError(
             self.job.model,
-            # Asleep or on its way out, it is on its way back too: the controller sees the waiting job.
+            # Claimed, asleep or on its way out, it is on its way back: the controller sees the job.
             loading=True,
             typical_load_s=status.typical_load_s(),
             retry_after_s=UNKNOWN_LOAD_RETRY_S if remaining_s is None else remaining_s,

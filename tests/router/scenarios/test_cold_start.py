@@ -306,6 +306,19 @@ async def test_a_deadline_with_workers_alive_but_no_load_started_is_a_504_naming
     assert "retry-after" not in response.headers
 
 
+async def test_a_deadline_after_a_worker_claimed_the_load_is_a_503_though_its_heartbeat_lags(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    # The worker took the model's first replica lease and is starting the load; a busy worker's
+    # heartbeat has not said "loading" yet.
+    await advertise(redis, worker_record("w1"))
+    await redis.set(keys.replica_lease(MODEL, 0), "w1", px=10_000)
+    async with serving(settings_for(redis_server.url, timeout_s=0.3)) as client:
+        response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "model_loading"
+
+
 async def test_a_deadline_after_the_only_worker_died_says_no_worker_was_alive(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
