@@ -23,6 +23,7 @@ from router.pipeline import Pipeline
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.run import JobRuns
+from router.routing.table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
@@ -55,6 +56,7 @@ class FrontDoor:
         self.admission = Admission(redis, settings.limits)
         queue = JobQueue(redis, self.tasks)
         self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id)
+        self.routes = RouteTable(redis, settings.routes)
         self.pipeline = Pipeline(
             settings,
             models=self.models,
@@ -63,6 +65,7 @@ class FrontDoor:
             limits=self.limits,
             admission=self.admission,
             runs=self.runs,
+            routes=self.routes,
         )
 
     @classmethod
@@ -91,6 +94,7 @@ class FrontDoor:
                 await redis.aclose()
                 raise
         front_door.reader.start(front_door.tasks)
+        front_door.routes.start(front_door.tasks)
         front_door.heartbeat.start(front_door.tasks)
         front_door.health.start(front_door.tasks)
         return front_door

@@ -1,6 +1,6 @@
 """The steps of one request through the front door, in order, and nothing else.
 
-decode -> check -> resolve model -> build job -> admit -> queue -> relay. Each line is a call into
+decode -> check -> resolve route and model -> build job -> admit -> queue -> relay. Each line is a call into
 the folder that owns the step (`intake/`, `openai/`, `admission/`, `queue/`, `relay/`). A RedisError
 at any step reaches `router.app`'s handler, which answers it with `RedisHealth.unavailable`.
 """
@@ -29,11 +29,13 @@ from router.queue.run import JobRun, JobRuns
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response
+from router.routing.resolve import Resolution, resolve, stickiness_key
+from router.routing.table import RouteTable
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from router.telemetry.requests import arrival_id
-from switchboard.config import Settings
+from switchboard.config import ModelConfig, Settings
 from switchboard.wire import Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
@@ -55,9 +57,11 @@ class Pipeline:
         limits: ModelLimitsCache,
         admission: Admission,
         runs: JobRuns,
+        routes: RouteTable,
     ) -> None:
         self._router = settings.router
         self._models = models
+        self._routes = routes
         self._health = health
         self._status = status
         self._limits = limits
@@ -68,7 +72,9 @@ class Pipeline:
         """`POST /v1/chat/completions`."""
         chat = await decode_body(request, _chat_request)
         check_chat(chat)
-        model = self._models.resolve(chat.model, caller)
+        resolution = self._resolve(request, chat.model, chat.user, caller)
+        chat = msgspec.structs.replace(chat, model=resolution.served)
+        model = self._served_model(resolution, caller)
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
         job = chat_job(
             chat,
@@ -83,17 +89,19 @@ class Pipeline:
         relay = chat_relay(chat, job, tools)
         self._health.require_up()
         if resume is not None:
-            return await self._resumed(job, caller, resume, relay, form)
+            return labelled(await self._resumed(job, caller, resume, relay, form), resolution)
         # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
         await check_job_fits(self._limits, job, template_renders_tools=model.tool_call_parser is not None)
         run = await self._queued(job, caller)
-        return await self._relayed(run, relay, stream=chat.stream, form=form)
+        return labelled(await self._relayed(run, relay, stream=chat.stream, form=form), resolution)
 
     async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
         """`POST /v1/completions`."""
         completion = await decode_body(request, _completion_request)
         prompts = check_completion(completion)
-        self._models.resolve(completion.model, caller)
+        resolution = self._resolve(request, completion.model, completion.user, caller)
+        completion = msgspec.structs.replace(completion, model=resolution.served)
+        self._served_model(resolution, caller)
         job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=arrival_id())
         resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=completion.stream)
         job = resume.applied_to(job) if resume is not None else job
@@ -101,10 +109,23 @@ class Pipeline:
         relay = completion_relay(completion, job, prompts)
         self._health.require_up()
         if resume is not None:
-            return await self._resumed(job, caller, resume, relay, form)
+            return labelled(await self._resumed(job, caller, resume, relay, form), resolution)
         await check_job_fits(self._limits, job)
         run = await self._queued(job, caller)
-        return await self._relayed(run, relay, stream=completion.stream, form=form)
+        return labelled(await self._relayed(run, relay, stream=completion.stream, form=form), resolution)
+
+    def _resolve(
+        self, request: Request[Any, Any, Any], name: str, user: str | None, caller: Caller
+    ) -> Resolution:
+        """The model that serves a request naming `name` (`router.routing`)."""
+        return resolve(self._routes, name, caller, stickiness_key(request, user, caller))
+
+    def _served_model(self, resolution: Resolution, caller: Caller) -> ModelConfig:
+        """The serving model's configuration: a 404 unless routed here; a 403 unless the caller's key
+        may use it, directly or through the route it named."""
+        if resolution.route is not None:
+            return self._models.require(resolution.served)
+        return self._models.resolve(resolution.served, caller)
 
     async def _queued(self, job: Job, caller: Caller) -> JobRun:
         """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no
@@ -146,6 +167,12 @@ class Pipeline:
             return json_response(await relay.assemble(run.chunks()))
         finally:
             await run.close()
+
+
+def labelled(answer: Answer, resolution: Resolution) -> Answer:
+    """`answer` with headers naming the model that served it, and the route it came through."""
+    resolution.label(answer)
+    return answer
 
 
 def stream_form(request: Request[Any, Any, Any], resume: ResumePoint | None) -> StreamForm:

@@ -135,6 +135,17 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_structured_output_choices: Annotated[int, msgspec.Meta(ge=1)] = 256
 
 
+class RouteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A route: a name clients use that resolves to one of its target models by weight
+    (`switchboard.routes`). `[routes.chat] targets = {"chat-v1" = 90, "chat-v2" = 10}`.
+
+    The targets' order is fixed (stable first, canary last): callers are placed on cumulative ranges
+    in that order. These weights are the first ones; the live ones are in Redis (`switchboard routes set`).
+    """
+
+    targets: dict[ModelName, int]
+
+
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")]
 PositiveLimit = Annotated[int, msgspec.Meta(ge=1)]
@@ -264,6 +275,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
+    routes: dict[ModelName, RouteConfig] = msgspec.field(default_factory=dict)
 
     def model(self, name: str) -> ModelConfig | None:
         """The configured model called `name`, if any."""
@@ -389,7 +401,27 @@ def _check_consistency(settings: Settings) -> None:
             f"worker.models names unknown models: {', '.join(unknown)}; "
             f"configured models are: {', '.join(names)}"
         )
-    _check_api_keys(settings.auth.keys, names)
+    _check_routes(settings.routes, names)
+    _check_api_keys(settings.auth.keys, [*names, *settings.routes])
+
+
+def _check_routes(routes: dict[str, RouteConfig], model_names: list[str]) -> None:
+    # Imported here: the routes module speaks to Redis, which reading a config does not need.
+    from switchboard.routes import WeightsError, checked_weights
+
+    for name, route in routes.items():
+        if name in model_names:
+            raise ConfigError(f"routes.{name}: a route may not take the name of a model")
+        unknown = sorted(set(route.targets) - set(model_names))
+        if unknown:
+            raise ConfigError(
+                f"routes.{name}: targets name unknown models: {', '.join(unknown)}; "
+                f"configured models are: {', '.join(model_names)}"
+            )
+        try:
+            checked_weights(list(route.targets), route.targets)
+        except WeightsError as exc:
+            raise ConfigError(f"routes.{name}: {exc}") from None
 
 
 def _check_api_keys(api_keys: list[ApiKey], model_names: list[str]) -> None:

@@ -274,6 +274,20 @@ def router_alive(router_id: str) -> str:
     return f"{PREFIX}:router:{router_id}:alive"
 
 
+def route(name: str) -> str:
+    """Hash of route `name`'s live state (`switchboard.routes`): its weights, version, last change.
+
+    Operator data, like `api_keys`: it has no expiry; the front doors seed it from the config and
+    the admin API (`switchboard routes set`) changes it.
+    """
+    return f"{PREFIX}:route:{name}"
+
+
+def routes_version() -> str:
+    """A counter bumped by every change of any route; front doors poll it, and read routes when it moved."""
+    return f"{PREFIX}:routes:version"
+
+
 def all_key_patterns() -> list[str]:
     """Glob patterns covering every key family above, for audits and cleanup."""
     return [f"{PREFIX}:*"]

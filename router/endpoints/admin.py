@@ -1,4 +1,5 @@
-"""Operator endpoints: where every model stands, and requests to load or unload one.
+"""Operator endpoints: where every model stands, requests to load or unload one, and the routes'
+weights (`router.routing`).
 
 The front door never calls a worker: status is read from Redis (`router.status.models`), and a load
 or unload request is a desired state that the workers' model controllers read: it bumps the
@@ -13,19 +14,23 @@ import time
 import uuid
 from typing import Any, Literal
 
+import msgspec
 import redis.asyncio as aioredis
-from litestar import Request, Response, Router, get, post
+from litestar import Request, Response, Router, get, post, put
 from litestar.types import Guard
 
 from router.admission.auth import require_admin
 from router.admission.models import ModelTable
 from router.http.responses import json_response
-from router.intake.body import require_json
-from router.openai.errors import RouteNotFoundError
+from router.intake.body import decode_body, require_json
+from router.openai.errors import InvalidRequestError, RouteNotFoundError
+from router.routing.table import RouteTable
+from router.routing.views import RouteStatusList, WeightsRequest, route_status
 from router.status.models import ModelStatusList, ModelStatusReader
 from switchboard import keys
 from switchboard.catalogue import bump_catalogue
 from switchboard.demand import note_demand, poke_demand
+from switchboard.routes import Route, WeightsError
 from switchboard.wire import DesiredState, encode
 
 # An admin key while auth is on. With auth off the front door is loopback-only (or its operator
@@ -86,10 +91,56 @@ async def _request(
     return json_response(await status.read_one(name), status_code=202)
 
 
+_weights_request = msgspec.json.Decoder(WeightsRequest)
+
+
+@get("/routes")
+async def list_routes(routes: RouteTable) -> Response[bytes]:
+    """Every configured route with its live weights."""
+    found = [_route(routes, name) for name in routes.names()]
+    return json_response(RouteStatusList(data=[route_status(route) for route in found]))
+
+
+@get("/routes/{name:str}")
+async def show_route(name: str, routes: RouteTable) -> Response[bytes]:
+    """One route with its live weights, or a 404."""
+    return json_response(route_status(_route(routes, name)))
+
+
+@put("/routes/{name:str}/weights")
+async def set_route_weights(
+    request: Request[Any, Any, Any], name: str, routes: RouteTable
+) -> Response[bytes]:
+    """New weights for a route (JSON `{"weights": {"model": percent, ...}}`): every target named once,
+    whole percents summing to 100, or a 400. Every front door applies them within a second."""
+    _route(routes, name)
+    body = await decode_body(request, _weights_request)
+    try:
+        route = await routes.set_weights(name, body.weights)
+    except WeightsError as exc:
+        raise InvalidRequestError(f"Route {name}: {exc}", param="weights") from None
+    return json_response(route_status(route))
+
+
+def _route(routes: RouteTable, name: str) -> Route:
+    route = routes.get(name)
+    if route is None:
+        known = ", ".join(routes.names()) or "none"
+        raise RouteNotFoundError(f"No route `{name}`; the routes are: {known}.")
+    return route
+
+
 def admin_router() -> Router:
     """The `/admin` endpoints, behind ADMIN_GUARDS."""
     return Router(
         path="/admin",
-        route_handlers=[list_model_status, model_status, request_model_state],
+        route_handlers=[
+            list_model_status,
+            model_status,
+            request_model_state,
+            list_routes,
+            show_route,
+            set_route_weights,
+        ],
         guards=ADMIN_GUARDS,
     )

@@ -15,6 +15,8 @@ from router.admission.models import ModelTable
 from router.http.responses import json_response
 from router.openai.models import ModelCard, ModelList
 from router.pipeline import Pipeline
+from router.routing.table import RouteTable
+from router.routing.views import RouteCard
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -34,20 +36,32 @@ async def create_completion(
 
 
 @get("/v1/models")
-async def list_models(models: ModelTable, caller: Caller) -> Response[bytes]:
-    """The models this front door routes that the caller's key may use."""
-    names = [name for name in models.names() if caller.may_use(name)]
-    return json_response(ModelList(data=[_card(models, name) for name in names]))
+async def list_models(models: ModelTable, routes: RouteTable, caller: Caller) -> Response[bytes]:
+    """The models this front door routes that the caller's key may use, then the routes it may use."""
+    cards: list[ModelCard] = [_card(models, name) for name in models.names() if caller.may_use(name)]
+    cards += [_route_card(models, routes, name) for name in routes.names() if caller.may_use(name)]
+    return json_response(ModelList(data=cards))
 
 
 # Model names may hold slashes (`Qwen/Qwen2.5-0.5B`), so the id is the rest of the path.
 @get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, models: ModelTable, caller: Caller) -> Response[bytes]:
-    """One model this front door routes, or a 404; a 403 for a model the caller's key may not use."""
+async def retrieve_model(
+    model_id: str, models: ModelTable, routes: RouteTable, caller: Caller
+) -> Response[bytes]:
+    """One model (or route) this front door routes, or a 404; a 403 for one the caller's key may not use."""
     name = model_id.strip("/")
+    if routes.get(name) is not None:
+        caller.require_model(name)
+        return json_response(_route_card(models, routes, name))
     models.resolve(name, caller)
     return json_response(_card(models, name))
 
 
 def _card(models: ModelTable, name: str) -> ModelCard:
     return ModelCard(id=name, created=int(models.started))
+
+
+def _route_card(models: ModelTable, routes: RouteTable, name: str) -> RouteCard:
+    route = routes.get(name)
+    targets = list(route.targets) if route is not None else []
+    return RouteCard(id=name, created=int(models.started), targets=targets)

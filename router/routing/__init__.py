@@ -1,0 +1,1 @@
+"""Model routes at the front door: the live weights of every route, and a request's resolution."""
