@@ -97,7 +97,7 @@ def test_with_three_targets_weight_moved_from_first_to_last_moves_callers_only_f
 def test_weights_must_name_every_target_once_as_whole_percents_summing_to_100() -> None:
     targets = ("a", "b")
     assert checked_weights(targets, {"b": 30, "a": 70}) == (70, 30)
-    for wrong, says in [
+    wrongs: list[tuple[dict[str, object], str]] = [
         ({"a": 70, "b": 20}, "sum to 100"),
         ({"a": 100}, "missing: b"),
         ({"a": 50, "b": 40, "c": 10}, "not targets of this route: c"),
@@ -105,7 +105,8 @@ def test_weights_must_name_every_target_once_as_whole_percents_summing_to_100() 
         ({"a": True, "b": 99}, "whole percent"),
         ({"a": "50", "b": 50}, "whole percent"),
         ({"a": 150, "b": -50}, "whole percent"),
-    ]:
+    ]
+    for wrong, says in wrongs:
         with pytest.raises(WeightsError, match=says):
             checked_weights(targets, wrong)
 
@@ -151,7 +152,7 @@ async def test_seeding_writes_the_configured_weights_once_and_keeps_live_ones(re
     assert not await seed_route(redis, CONFIGURED)  # a restarted front door keeps the live weights
     live = route_from_fields("chat", CONFIGURED.targets, await redis.hgetall(keys.route("chat")))
     assert live is not None and live.weights == (50, 50) and live.version == 2
-    assert int(await redis.get(keys.routes_version())) == 2
+    assert await redis.get(keys.routes_version()) == b"2"
 
 
 async def test_live_weights_for_other_targets_give_way_to_the_config(redis: aioredis.Redis) -> None:

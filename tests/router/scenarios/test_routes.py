@@ -1,0 +1,260 @@
+"""Model routes at the front door, against a real Redis: splits by weight, stickiness while weights
+change, weights changed through one front door's admin API applied by another, truthful answers
+(`model` and headers), routes in `/v1/models`, and who may use a route.
+
+The test plays the worker of both target models: it reads every job queued for them and answers it
+at once with its own model's name as the text, so that the answer tells which model's queue it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+import redis.asyncio as aioredis
+
+from router.routing.table import POLL_S
+from switchboard import keys
+from switchboard.api_keys import digest
+from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.wire import Chunk, Usage, job_decoder
+from tests.support.front_door_harness import serving, settings_for, write_chunks
+
+STABLE, CANARY, ROUTE = "chat-v1", "chat-v2", "chat"
+# Each caller is one HTTP request per phase (about 5 ms each on a small box); at 90/10, 4 sigma is
+# ±27 callers around the canary's 50.
+CALLERS = 500
+
+
+def routed_settings(redis_url: str, stable: int = 90, canary: int = 10) -> Settings:
+    models = [ModelConfig(name=STABLE, path="/nonexistent"), ModelConfig(name=CANARY, path="/nonexistent")]
+    settings = settings_for(redis_url, models=models)
+    settings.routes = {ROUTE: RouteConfig(targets={STABLE: stable, CANARY: canary})}
+    return settings
+
+
+@contextlib.asynccontextmanager
+async def both_targets_answered(redis: aioredis.Redis) -> AsyncIterator[list[str]]:
+    """Answer every job queued for either target with the name of the queue it was read from."""
+    served: list[str] = []
+    # Each answered job is deleted from its stream, as a worker's ack would free its place in the
+    # queue, so reading every stream from its start finds only the jobs not answered yet.
+    streams: dict[Any, Any] = {keys.job_stream(STABLE): "0", keys.job_stream(CANARY): "0"}
+    done = Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))
+
+    async def answer() -> None:
+        while True:
+            response: Any = await redis.xread(streams, block=50)
+            for stream, entries in response or ():
+                model = STABLE if stream.decode() == keys.job_stream(STABLE) else CANARY
+                for entry_id, fields in entries:
+                    job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
+                    assert job.model == model
+                    served.append(model)
+                    await write_chunks(redis, job.id, msgspec.structs.replace(done, text=model))
+                    await redis.xdel(stream, entry_id)
+
+    task = asyncio.create_task(answer())
+    try:
+        yield served
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def chat_body(model: str = ROUTE, **extra: object) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, **extra}
+
+
+async def served_to(client: httpx.AsyncClient, sessions: range) -> dict[int, str]:
+    """The model that served each caller (by session header), asked 32 at a time."""
+    gate = asyncio.Semaphore(32)
+
+    async def one(session: int) -> tuple[int, str]:
+        async with gate:
+            response = await client.post(
+                "/v1/chat/completions", json=chat_body(), headers={"x-session-id": f"s{session}"}
+            )
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["model"] == answer["choices"][0]["message"]["content"]  # the serving model, truly
+        assert response.headers["x-switchboard-model"] == answer["model"]
+        assert response.headers["x-switchboard-route"] == ROUTE
+        return session, answer["model"]
+
+    return dict(await asyncio.gather(*(one(s) for s in sessions)))
+
+
+def within_four_sigma(count: int, total: int, share: float) -> bool:
+    return abs(count - total * share) <= 4 * math.sqrt(total * share * (1 - share))
+
+
+async def wait_for_version(client: httpx.AsyncClient, version: int, timeout_s: float = 3.0) -> float:
+    """Seconds until this front door's `/admin/routes/chat` shows `version`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if (await client.get(f"/admin/routes/{ROUTE}")).json()["version"] >= version:
+            return time.monotonic() - started
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"version {version} did not arrive in {timeout_s} s")
+
+
+async def test_callers_split_by_weight_stay_put_and_only_move_to_the_canary_as_it_grows(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    settings = routed_settings(redis_server.url)
+    async with both_targets_answered(redis), serving(settings) as first, serving(settings) as second:
+        before = await served_to(first, range(CALLERS))
+        canary = sum(model == CANARY for model in before.values())
+        assert within_four_sigma(canary, CALLERS, 0.10), canary
+
+        # Changed through the first front door; the second applies it within about a second.
+        changed = await first.put(
+            f"/admin/routes/{ROUTE}/weights", json={"weights": {STABLE: 50, CANARY: 50}}
+        )
+        assert changed.status_code == 200, changed.text
+        assert [t["weight"] for t in changed.json()["targets"]] == [50, 50]
+        assert await wait_for_version(second, changed.json()["version"]) < 1.5
+
+        after = await served_to(second, range(CALLERS))
+    assert not [s for s in before if before[s] == CANARY and after[s] == STABLE]  # nobody moved back
+    moved = sum(before[s] == STABLE and after[s] == CANARY for s in before)
+    assert within_four_sigma(moved + canary, CALLERS, 0.50), moved
+
+
+async def test_the_same_caller_gets_the_same_model_by_user_or_by_key_and_streams_say_which(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    settings = routed_settings(redis_server.url, stable=50, canary=50)
+    async with both_targets_answered(redis), serving(settings) as client:
+        for user in ("ada", "grace", "edsger", "barbara"):
+            models = set()
+            for _ in range(3):
+                response = await client.post("/v1/chat/completions", json=chat_body(user=user, stream=True))
+                assert response.status_code == 200
+                events = [
+                    json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+                ]
+                models |= {event["model"] for event in events}
+                assert response.headers["x-switchboard-model"] in models
+                assert response.headers["x-switchboard-route"] == ROUTE
+            assert len(models) == 1, (user, models)
+        completion = await client.post(
+            "/v1/completions", json={"model": ROUTE, "prompt": "Hi", "max_tokens": 1}
+        )
+        assert completion.json()["model"] == completion.json()["choices"][0]["text"]
+        assert completion.headers["x-switchboard-model"] == completion.json()["model"]
+        direct = await client.post("/v1/chat/completions", json=chat_body(STABLE))
+        assert direct.json()["model"] == STABLE
+        assert direct.headers["x-switchboard-model"] == STABLE and "x-switchboard-route" not in direct.headers
+
+
+async def test_weights_the_route_cannot_take_are_a_400_and_change_nothing(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    async with serving(routed_settings(redis_server.url)) as client:
+        shown = (await client.get(f"/admin/routes/{ROUTE}")).json()
+        assert [(t["model"], t["weight"]) for t in shown["targets"]] == [(STABLE, 90), (CANARY, 10)]
+        for weights in (
+            {STABLE: 60, CANARY: 30},
+            {STABLE: 100},
+            {STABLE: 50, CANARY: 40, "other": 10},
+            {STABLE: 50.5, CANARY: 49.5},
+            {STABLE: "50", CANARY: 50},
+        ):
+            refused = await client.put(f"/admin/routes/{ROUTE}/weights", json={"weights": weights})
+            assert refused.status_code == 400, (weights, refused.text)
+            assert refused.json()["error"]["type"] == "invalid_request_error"
+        for body in (b"[1]", b"{", b'{"weights": 5}', b'{"weights": {}, "extra": 1}'):
+            refused = await client.put(
+                f"/admin/routes/{ROUTE}/weights", content=body, headers={"content-type": "application/json"}
+            )
+            assert refused.status_code == 400, (body, refused.text)
+        wrong_type = await client.put(f"/admin/routes/{ROUTE}/weights", content=b"{}")
+        assert wrong_type.status_code == 415
+        unknown = await client.put("/admin/routes/nope/weights", json={"weights": {STABLE: 100}})
+        assert unknown.status_code == 404 and "error" in unknown.json()
+        assert (await client.get("/admin/routes/nope")).status_code == 404
+        listed = (await client.get("/admin/routes")).json()["data"]
+        assert [(r["name"], r["version"]) for r in listed] == [(ROUTE, shown["version"])]
+
+
+async def test_routes_are_listed_beside_models_and_a_key_allowed_a_route_uses_its_targets_through_it(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    settings = routed_settings(redis_server.url)
+    settings.auth.keys = [
+        ApiKey(name="app", sha256=digest("sb-app"), models=[ROUTE]),
+        ApiKey(name="v1-only", sha256=digest("sb-v1"), models=[STABLE]),
+        ApiKey(name="ops", sha256=digest("sb-ops"), admin=True),
+    ]
+
+    def key(secret: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {secret}"}
+
+    async with both_targets_answered(redis), serving(settings) as client:
+        everything = (await client.get("/v1/models", headers=key("sb-ops"))).json()["data"]
+        assert [(card["id"], card["owned_by"]) for card in everything] == [
+            (STABLE, "switchboard"),
+            (CANARY, "switchboard"),
+            (ROUTE, "switchboard-route"),
+        ]
+        assert everything[2]["targets"] == [STABLE, CANARY]
+        assert [
+            card["id"] for card in (await client.get("/v1/models", headers=key("sb-app"))).json()["data"]
+        ] == [ROUTE]
+        assert (await client.get(f"/v1/models/{ROUTE}", headers=key("sb-app"))).json()["owned_by"] == (
+            "switchboard-route"
+        )
+        assert (await client.get(f"/v1/models/{ROUTE}", headers=key("sb-v1"))).status_code == 403
+
+        through_route = await client.post("/v1/chat/completions", json=chat_body(), headers=key("sb-app"))
+        assert through_route.status_code == 200 and through_route.json()["model"] in (STABLE, CANARY)
+        # The API key is the stickiness key when there is no session header and no user.
+        again = await client.post("/v1/chat/completions", json=chat_body(), headers=key("sb-app"))
+        assert again.json()["model"] == through_route.json()["model"]
+        direct = await client.post("/v1/chat/completions", json=chat_body(STABLE), headers=key("sb-app"))
+        assert direct.status_code == 403
+        refused = await client.post("/v1/chat/completions", json=chat_body(), headers=key("sb-v1"))
+        assert refused.status_code == 403 and refused.json()["error"]["type"]
+        assert (await client.get("/admin/routes", headers=key("sb-app"))).status_code == 403
+        assert (await client.get("/admin/routes", headers=key("sb-ops"))).status_code == 200
+
+
+async def test_a_routed_request_costs_no_redis_round_trip_of_its_own(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    """The weights are read from memory: only the front door's poll (one GET each POLL_S) touches the
+    routes' keys, however many requests come."""
+    seen: list[str] = []
+
+    async def watch(monitor_client: aioredis.Redis) -> None:
+        async with monitor_client.monitor() as monitor:
+            async for command in monitor.listen():
+                if keys.route(ROUTE) in command["command"] or keys.routes_version() in command["command"]:
+                    seen.append(command["command"])
+
+    monitor_client = aioredis.Redis.from_url(redis_server.url)
+    async with both_targets_answered(redis), serving(routed_settings(redis_server.url)) as client:
+        # The first polls are done: one seeds the route from the config, the next reads it back.
+        await asyncio.sleep(2 * POLL_S)
+        watching = asyncio.create_task(watch(monitor_client))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await served_to(client, range(200))
+        elapsed = time.monotonic() - started
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+    await monitor_client.aclose()
+    assert all(command == f"GET {keys.routes_version()}" for command in seen), seen
+    assert len(seen) <= elapsed / POLL_S + 2
