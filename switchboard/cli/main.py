@@ -1,4 +1,4 @@
-"""`switchboard up | router | worker | models | keys | make-demo-model`."""
+"""`switchboard up | router | worker | models | routes | keys | make-demo-model`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from switchboard.cli import keys as key_commands
+from switchboard.cli import routes as route_commands
 from switchboard.config import ConfigError, Settings, load_settings
 from switchboard.logs import LOG_LABEL_ENV, configure_logging
 
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     models.add_argument("--url", help="the front door (default http://127.0.0.1:<router.port>)")
     models.add_argument("--key", help=f"an admin API key, needed once keys exist (default: ${ADMIN_KEY_ENV})")
 
+    route_commands.add_parser(commands)
     key_commands.add_parser(commands)
 
     demo = commands.add_parser("make-demo-model", help="build the tiny demo model into a folder")
@@ -109,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
         url = args.url or f"http://127.0.0.1:{settings.router.port}"
         return int(show_models(url, api_key=args.key or os.environ.get(ADMIN_KEY_ENV)))
+    if args.command == "routes":
+        url = args.url or f"http://127.0.0.1:{settings.router.port}"
+        return route_commands.run(args, url, args.key or os.environ.get(ADMIN_KEY_ENV))
     if args.command == "keys":
         return key_commands.run(args, settings)
     if args.command == "up":

@@ -18,11 +18,14 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
 import redis.asyncio as aioredis
 
 from router.routing.table import POLL_S
 from switchboard import keys
 from switchboard.api_keys import digest
+from switchboard.cli import routes as route_commands
+from switchboard.cli.main import parse_args
 from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage, job_decoder
@@ -258,3 +261,29 @@ async def test_a_routed_request_costs_no_redis_round_trip_of_its_own(
     await monitor_client.aclose()
     assert all(command == f"GET {keys.routes_version()}" for command in seen), seen
     assert len(seen) <= elapsed / POLL_S + 2
+
+
+async def test_the_routes_command_lists_shows_and_sets_weights(
+    redis_server: PrivateRedis, redis: aioredis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with serving(routed_settings(redis_server.url)) as client:
+        url = str(client.base_url)
+
+        def routes(*argv: str) -> tuple[int, str, str]:
+            args = parse_args(["routes", "--url", url, *argv])
+            code = route_commands.run(args, args.url, None)
+            out, err = capsys.readouterr()
+            return code, out, err
+
+        code, out, _ = await asyncio.to_thread(routes, "list")
+        assert code == 0 and f"{STABLE}=90  {CANARY}=10" in out and out.startswith("ROUTE")
+        code, out, _ = await asyncio.to_thread(routes, "set", ROUTE, f"{CANARY}=30", f"{STABLE}=70")
+        assert code == 0 and f"{STABLE}=70  {CANARY}=30" in out  # shown in the route's fixed order
+        code, out, _ = await asyncio.to_thread(routes, "show", ROUTE)
+        assert code == 0 and f"{STABLE}=70  {CANARY}=30" in out
+        code, _, err = await asyncio.to_thread(routes, "set", ROUTE, f"{STABLE}=70", f"{CANARY}=20")
+        assert code == 1 and "400" in err and "sum to 100" in err
+        code, _, err = await asyncio.to_thread(routes, "show", "nope")
+        assert code == 1 and "404" in err
+    with pytest.raises(SystemExit):
+        parse_args(["routes", "set", ROUTE, "chat-v1:50"])
