@@ -24,6 +24,8 @@ ENV_PREFIX = "SWITCHBOARD_"
 DEMO_MODEL_NAME = "switchboard-demo"
 
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")]
+# A route's name is one path segment of `/admin/routes/{name}`: a model's name without slashes.
+RouteName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
 class ConfigError(Exception):
@@ -275,7 +277,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
-    routes: dict[ModelName, RouteConfig] = msgspec.field(default_factory=dict)
+    routes: dict[RouteName, RouteConfig] = msgspec.field(default_factory=dict)
 
     def model(self, name: str) -> ModelConfig | None:
         """The configured model called `name`, if any."""

@@ -127,6 +127,7 @@ def test_the_config_reads_routes_in_their_order(tmp_path: Path) -> None:
         ("[routes.chat]\ntargets = {}", "sum to 100"),
         ('[routes.chat]\ntargets = {"chat-v1" = 100}\nweights = 1', "weights"),
         ('[routes."bad name"]\ntargets = {"chat-v1" = 100}', "invalid configuration"),
+        ('[routes."team/chat"]\ntargets = {"chat-v1" = 100}', "invalid configuration"),
     ],
 )
 def test_a_route_the_config_cannot_use_is_a_config_error(tmp_path: Path, routes: str, says: str) -> None:
