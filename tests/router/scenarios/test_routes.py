@@ -148,6 +148,10 @@ async def test_the_same_caller_gets_the_same_model_by_user_or_by_key_and_streams
                     json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
                 ]
                 models |= {event["model"] for event in events}
+                text = "".join(
+                    event["choices"][0]["delta"].get("content") or "" for event in events if event["choices"]
+                )
+                assert {text} == models  # the test's worker answers with the name of the model it served
                 assert response.headers["x-switchboard-model"] in models
                 assert response.headers["x-switchboard-route"] == ROUTE
             assert len(models) == 1, (user, models)
