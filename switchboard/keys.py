@@ -284,7 +284,9 @@ def route(name: str) -> str:
 
 
 def routes_version() -> str:
-    """A counter bumped by every change of any route; front doors poll it, and read routes when it moved."""
+    """A token replaced by every change of any route; front doors poll it, and read the routes when it moved.
+
+    Operator data, like `route`: no expiry."""
     return f"{PREFIX}:routes:version"
 
 

@@ -10,7 +10,9 @@ operator changes them without a restart:
 - `updated`: unix seconds of the last change;
 - `rollout`: reserved for a progressive rollout's state (absent while none runs).
 
-Every write also bumps `keys.routes_version`, the one key front doors poll to notice a change.
+Every write also replaces `keys.routes_version`, the one key front doors poll to notice a change:
+with a random token rather than a count, which a Redis that lost its data and counted again from
+zero could bring back to the value a front door last saw.
 
 A caller is placed by a bucket in [0, BUCKETS) hashed from the route's name and the caller's
 stickiness key; the targets take cumulative ranges of the buckets in their fixed order. Raising
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -121,7 +124,7 @@ async def seed_route(redis: aioredis.Redis, route: Route) -> bool:
     pipe = redis.pipeline(transaction=True)
     pipe.hset(keys.route(route.name), UPDATED_FIELD, repr(time.time()))
     pipe.hincrby(keys.route(route.name), VERSION_FIELD, 1)
-    pipe.incr(keys.routes_version())
+    _mark_changed(pipe)
     await pipe.execute()
     return True
 
@@ -148,9 +151,13 @@ async def write_weights(
     fields = {WEIGHT_FIELD: _encoded(targets, weights), UPDATED_FIELD: repr(time.time())}
     pipe.hset(keys.route(name), mapping=fields)  # type: ignore[arg-type]
     pipe.hincrby(keys.route(name), VERSION_FIELD, 1)
-    pipe.incr(keys.routes_version())
+    _mark_changed(pipe)
     await pipe.execute()
 
 
 def _encoded(targets: Sequence[str], weights: Sequence[int]) -> bytes:
     return msgspec.json.encode(dict(zip(targets, weights, strict=True)))
+
+
+def _mark_changed(pipe: Any) -> None:
+    pipe.set(keys.routes_version(), uuid.uuid4().hex)

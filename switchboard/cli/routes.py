@@ -23,17 +23,31 @@ ADMIN_KEY_ENV = "SWITCHBOARD_ADMIN_KEY"
 def add_parser(commands: Any) -> None:
     """The `routes` command and its subcommands, on the CLI's subparsers."""
     parser = commands.add_parser("routes", help="model routes: their live weights, and new weights")
-    parser.add_argument("--url", help="the front door (default http://127.0.0.1:<router.port>)")
-    parser.add_argument("--key", help=f"an admin API key, needed once keys exist (default: ${ADMIN_KEY_ENV})")
+    _add_front_door_flags(parser, default=None)
+    # Also accepted after the subcommand (`routes set chat a=50 b=50 --url ...`); SUPPRESS leaves
+    # what was given before it alone.
+    after = argparse.ArgumentParser(add_help=False)
+    _add_front_door_flags(after, default=argparse.SUPPRESS)
     actions = parser.add_subparsers(dest="routes_command", required=True)
-    actions.add_parser("list", help="every route with its targets' weights")
-    show = actions.add_parser("show", help="one route's targets and weights")
+    actions.add_parser("list", parents=[after], help="every route with its targets' weights")
+    show = actions.add_parser("show", parents=[after], help="one route's targets and weights")
     show.add_argument("name")
     change = actions.add_parser(
-        "set", help="new weights for a route, every target once: `set chat chat-v1=50 chat-v2=50`"
+        "set",
+        parents=[after],
+        help="new weights for a route, every target once: `set chat chat-v1=50 chat-v2=50`",
     )
     change.add_argument("name")
     change.add_argument("weights", nargs="+", type=_weight, metavar="MODEL=PERCENT")
+
+
+def _add_front_door_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--url", default=default, help="the front door (default http://127.0.0.1:<router.port>)"
+    )
+    parser.add_argument(
+        "--key", default=default, help=f"an admin API key, needed once keys exist (default: ${ADMIN_KEY_ENV})"
+    )
 
 
 def run(args: argparse.Namespace, base_url: str, api_key: str | None) -> int:

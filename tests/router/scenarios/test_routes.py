@@ -283,6 +283,8 @@ async def test_the_routes_command_lists_shows_and_sets_weights(
         assert code == 0 and f"{STABLE}=90  {CANARY}=10" in out and out.startswith("ROUTE")
         code, out, _ = await asyncio.to_thread(routes, "set", ROUTE, f"{CANARY}=30", f"{STABLE}=70")
         assert code == 0 and f"{STABLE}=70  {CANARY}=30" in out  # shown in the route's fixed order
+        args = parse_args(["routes", "show", ROUTE, "--url", url])  # the flags also come after
+        assert args.url == url and args.key is None
         code, out, _ = await asyncio.to_thread(routes, "show", ROUTE)
         assert code == 0 and f"{STABLE}=70  {CANARY}=30" in out
         code, _, err = await asyncio.to_thread(routes, "set", ROUTE, f"{STABLE}=70", f"{CANARY}=20")
