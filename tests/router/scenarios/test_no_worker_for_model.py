@@ -54,11 +54,13 @@ async def test_a_model_no_live_worker_may_hold_is_a_503_at_once(
         # records is renewed (it is at most a second old), the model is served.
         await advertise(redis, worker_record("w2"))
         for _ in range(50):
-            if (await client.get("/readyz", params={"model": MODEL})).status_code == 200:
+            if (last := await client.get("/readyz", params={"model": MODEL})).status_code == 200:
                 break
             await asyncio.sleep(0.1)
         else:
-            raise AssertionError("the model is still not served 5 s after a worker that may hold it came up")
+            raise AssertionError(
+                f"the model is still not served 5 s after a worker that may hold it came up: {last.text}"
+            )
         request = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
         job = await next_job(redis)
         await answer_ok(redis, job.id)
