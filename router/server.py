@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import redis
 import uvicorn
 from litestar import Litestar
 from redis.exceptions import RedisError
@@ -12,6 +11,7 @@ from router.app import create_app
 from router.http.connections import ConnectionLimits, guarded_protocol
 from switchboard import keys
 from switchboard.config import Settings
+from switchboard.redis_conn import sync_client
 from switchboard.tracing import configure_tracing
 
 
@@ -52,7 +52,7 @@ def _stored_key_count(settings: Settings) -> int | None:
     if not settings.redis.url:
         return None
     try:
-        with redis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=5) as client:
+        with sync_client(settings.redis.url, timeout_s=5) as client:
             return int(client.hlen(keys.api_keys()))  # type: ignore[arg-type]
     except RedisError:
         return None

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from switchboard import keys
+from switchboard.redis_address import RedisAddressError, parse_redis_url
 
 ENV_PREFIX = "SWITCHBOARD_"
 DEMO_MODEL_NAME = "switchboard-demo"
@@ -63,7 +64,11 @@ class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Where the queue lives. No URL means `switchboard up` starts a private redis-server.
 
     A password goes in the URL (`redis://:PASSWORD@host:6379/0`, or `redis://USER:PASSWORD@...` with
-    ACL users); `rediss://` speaks TLS.
+    ACL users); `rediss://` speaks TLS. A primary that Sentinel watches is reached through its
+    sentinels, and every part follows a failover without a restart:
+    `redis+sentinel://:PASSWORD@host1:26379,host2,host3/MASTER_NAME/0?sentinel_password=...`
+    (`rediss+sentinel://` for TLS, with `ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`, `ssl_cert_reqs`
+    and `ssl_check_hostname` options; see switchboard/redis_address.py).
     """
 
     url: str | None = None
@@ -317,6 +322,8 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
         raise ConfigError(f"invalid configuration: {exc}") from exc
     if settings.redis.url is None and settings.redis.url_file:
         settings.redis.url = _read_url_file(settings.redis.url_file)
+    if settings.redis.url is not None:
+        _check_redis_url(settings.redis.url)
     if not settings.models:
         settings.models = [demo_model(settings)]
     _check_consistency(settings)
@@ -336,6 +343,14 @@ def _check_triton_names(names: list[str]) -> None:
                 "other than letters, digits, '.', '_' and '-' read as '_'); rename one of them"
             )
         seen[key] = name
+
+
+def _check_redis_url(url: str) -> None:
+    """A Redis URL of no known form fails at start; the message never quotes it (it has a password)."""
+    try:
+        parse_redis_url(url)
+    except RedisAddressError as exc:
+        raise ConfigError(f"invalid redis.url: {exc}") from None
 
 
 def _read_url_file(path: str) -> str:

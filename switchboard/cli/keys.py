@@ -12,11 +12,12 @@ import json
 import sys
 from typing import Any
 
-import redis
 from redis.exceptions import RedisError, WatchError
 
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey, Settings
+from switchboard.redis_address import describe
+from switchboard.redis_conn import sync_client
 
 NO_REDIS = (
     "keys are kept in Redis, and no Redis is configured (set REDIS_URL or redis.url). "
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         _say(NO_REDIS)
         return 0 if args.keys_command == "list" else 2
     try:
-        with redis.Redis.from_url(settings.redis.url, socket_timeout=10, socket_connect_timeout=10) as client:
+        with sync_client(settings.redis.url, timeout_s=10) as client:
             store = api_keys.KeyStore(client)
             if args.keys_command == "add":
                 return _add(store, args, settings)
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(render_table(store.all(), settings.auth.keys), end="")
             return 0
     except RedisError as exc:
-        _say(f"cannot reach Redis: {exc}")
+        _say(f"cannot reach Redis at {describe(settings.redis.url)}: {exc}")
         return 1
 
 

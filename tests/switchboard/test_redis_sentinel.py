@@ -1,0 +1,171 @@
+"""Clients of a Sentinel-watched Redis follow a failover without being made again (real processes).
+
+Each test starts its own primary, replica and three sentinels on loopback (tests/support/sentinel.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from switchboard import api_keys, keys, lua
+from switchboard.cli import main as cli
+from switchboard.redis_conn import blocking_client, is_connection_error, pooled_client, sync_client
+from tests.support.sentinel import SentinelTopology
+
+# A kill is noticed after down-after-milliseconds (1 s), then the sentinels elect and promote.
+PROMOTION_S = 15.0
+
+
+@pytest.fixture
+def topology() -> Iterator[SentinelTopology]:
+    with SentinelTopology() as started:
+        yield started
+
+
+async def replicated(client: aioredis.Redis) -> None:
+    """Wait until the replica has every write so far (as a failover test must, to expect them after)."""
+    assert await client.execute_command("WAIT", 1, 2000) == 1
+
+
+async def until_served(call: Callable[[], object], timeout_s: float = PROMOTION_S) -> float:
+    """Retry `call` while Redis is unreachable (the sentinels are electing); returns when it succeeded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await call()  # type: ignore[misc]
+            return time.monotonic()
+        except RedisError as exc:
+            assert is_connection_error(exc), exc  # a failover looks like a Redis that is down, briefly
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def test_pooled_and_blocking_clients_follow_a_sentinel_failover(topology: SentinelTopology) -> None:
+    pooled = pooled_client(topology.url, max_connections=4)
+    blocking = blocking_client(topology.url, block_ms=500)
+    stream = keys.job_stream("m")
+    jobs_waiting = lua.register(pooled, "jobs_waiting")
+    try:
+        await pooled.xadd(stream, {"job": "1"})
+        await replicated(pooled)
+        before = await jobs_waiting(keys=[stream], args=[keys.JOB_GROUP])
+        assert await blocking.xread({stream: "0"}, block=100)
+        old_port = topology.primary_port()
+
+        topology.failover()
+        topology.wait_promoted(old_port)
+
+        # The same clients, on the new primary: the data is there, the script is loaded again there.
+        await until_served(pooled.ping)
+        assert await jobs_waiting(keys=[stream], args=[keys.JOB_GROUP]) == before
+        await until_served(blocking.ping)
+        assert await blocking.xread({stream: "0"}, block=100)
+        assert (await pooled.info("replication"))["role"] == "master"
+        assert topology.primary_port() != old_port
+        await pooled.xadd(stream, {"job": "2"})  # writes go to the new primary
+        assert await pooled.xlen(stream) == 2
+    finally:
+        await blocking.aclose()
+        await pooled.aclose()
+
+
+async def test_a_pipeline_of_scripts_runs_on_a_primary_promoted_after_a_kill(
+    topology: SentinelTopology,
+) -> None:
+    pooled = pooled_client(topology.url, max_connections=4)
+    stream = keys.job_stream("m")
+    script = lua.register(pooled, "jobs_waiting")
+    try:
+        await pooled.xadd(stream, {"job": "1"})
+        await replicated(pooled)
+
+        def fill(pipe: aioredis.client.Pipeline) -> None:
+            lua.add_script(pipe, script, [stream], [keys.JOB_GROUP])
+
+        # Four commands at once: the pool holds four connections to the primary, idle after them.
+        before = await asyncio.gather(*(lua.run_pipeline(pooled, fill, [script]) for _ in range(4)))
+        old = topology.kill_primary()
+        topology.wait_promoted(old.port)
+
+        # Every one of those connections is broken: each command reconnects, to the new primary (not
+        # to the old address, retried in vain), which never saw the script: run_pipeline loads it on
+        # NOSCRIPT and runs again. Nothing fails once the sentinels name the new primary.
+        after = await asyncio.gather(*(lua.run_pipeline(pooled, fill, [script]) for _ in range(4)))
+        assert after == before
+    finally:
+        await pooled.aclose()
+
+
+async def test_a_burst_on_a_small_pool_waits_for_connections_and_none_fails(
+    topology: SentinelTopology,
+) -> None:
+    pooled = pooled_client(topology.url, max_connections=4)
+
+    async def burst() -> None:
+        ids = await asyncio.gather(*(pooled.client_id() for _ in range(64)))
+        assert len(ids) == 64
+        assert len(set(ids)) <= 4  # 64 commands at once shared four connections: none opened more
+
+    try:
+        await burst()
+        old_port = topology.primary_port()
+        topology.failover()
+        topology.wait_promoted(old_port)
+        await until_served(pooled.ping)
+        await burst()  # on the promoted primary, the pool is as bounded
+    finally:
+        await pooled.aclose()
+
+
+async def test_closing_a_client_closes_its_connections_to_the_sentinels(topology: SentinelTopology) -> None:
+    def sentinel_clients() -> int:
+        total = 0
+        for sentinel in topology.sentinels:
+            with topology._sentinel_client(sentinel) as client:
+                total += int(client.info("clients")["connected_clients"]) - 1  # less this one
+        return total
+
+    before = sentinel_clients()
+    pooled = pooled_client(topology.url, max_connections=4)
+    blocking = blocking_client(topology.url, block_ms=500)
+    await asyncio.gather(pooled.ping(), blocking.ping())
+    assert sentinel_clients() > before
+    await blocking.aclose()
+    await pooled.aclose()
+    assert sentinel_clients() == before
+
+
+def test_sync_client_and_switchboard_keys_work_through_sentinel(
+    topology: SentinelTopology, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "configure_logging", lambda *_, **__: None)
+    monkeypatch.setenv("REDIS_URL", topology.url)
+    assert cli.main(["keys", "add", "alice"]) == 0
+    old_port = topology.primary_port()
+    with sync_client(topology.url, timeout_s=5) as client:
+        assert client.execute_command("WAIT", 1, 2000) == 1
+        topology.failover()
+        topology.wait_promoted(old_port)
+        # The same client finds the new primary (after a failed command or two while it is elected).
+        deadline = time.monotonic() + PROMOTION_S
+        while True:
+            try:
+                names = [record.name for record in api_keys.KeyStore(client).all()]
+                break
+            except RedisError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    assert names == ["alice"]
+    capsys.readouterr()
+    assert cli.main(["keys", "list"]) == 0
+    assert "alice" in capsys.readouterr().out
+    assert cli.main(["keys", "remove", "alice"]) == 0
+    with sync_client(topology.url, timeout_s=5) as client:
+        assert client.hlen(keys.api_keys()) == 0
