@@ -9,6 +9,7 @@ hello messages within seconds), and `start` still waits until each reports them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +169,22 @@ class SentinelTopology:
         primary = self.current_primary()
         primary.kill()
         return primary
+
+    @contextlib.contextmanager
+    def replication_cut(self) -> Iterator[None]:
+        """While inside, the primary acknowledges writes that its replica never gets (until it is back).
+
+        The replica is stopped, so that it cannot connect again, and the primary drops its link to it
+        (stopping it alone is not enough: what the primary sends waits in the replica's socket).
+        """
+        replica = self.current_replica()
+        replica.signal(signal.SIGSTOP)
+        try:
+            with self.node_client(self.current_primary()) as client:
+                client.client_kill_filter(_type="replica")
+            yield
+        finally:
+            replica.signal(signal.SIGCONT)
 
     def failover(self) -> None:
         """Ask a sentinel for a failover (SENTINEL FAILOVER): the replica is promoted, the primary demoted."""
