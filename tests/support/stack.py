@@ -23,6 +23,9 @@ like `switchboard up`:
   long as they should: each is started through `switchboard.local.with_parent`, whose parent-death
   signal (PR_SET_PDEATHSIG) is sent when the *thread* that started it ends, so one started from
   `asyncio.to_thread` gets SIGTERM once that executor thread exits.
+  With `redis=URL` the stack uses that Redis instead of a private one (a Sentinel URL of
+  tests/support/sentinel.py's topology, say), which the test started and stops itself;
+  `stop_redis` and `start_redis` are then refused.
   `stack.spawn_front_door()` starts one more front door (a `FrontDoor`: its `base_url` and
   `component`) on another port, sharing the stack's Redis and config; it stops with the rest.
 
@@ -99,10 +102,13 @@ class FrontDoor:
 class Stack:
     """A running stack: where it listens, its processes and their logs."""
 
-    def __init__(self, launcher: Launcher, redis: PrivateRedis, config_path: Path) -> None:
+    def __init__(
+        self, launcher: Launcher, redis: PrivateRedis | None, config_path: Path, redis_url: str
+    ) -> None:
         self.launcher = launcher
         self.redis = redis
         self.config_path = config_path
+        self._redis_url = redis_url
         self.front_doors: list[FrontDoor] = []
 
     @property
@@ -112,8 +118,8 @@ class Stack:
 
     @property
     def redis_url(self) -> str:
-        """The stack's private Redis."""
-        return self.redis.url
+        """The stack's Redis: its private one, or the URL given to `running_stack(redis=...)`."""
+        return self._redis_url
 
     @property
     def log_dir(self) -> Path:
@@ -181,17 +187,23 @@ class Stack:
 
     def stop_redis(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """Stop the private Redis with `sig` (SIGKILL: a crash; SIGTERM: it writes its files and ends)."""
+        redis = self._private_redis()
         if sig == signal.SIGTERM:
-            self.redis.stop()
+            redis.stop()
             return
         with redis_client.Redis.from_url(self.redis_url) as client:
             pid = int(client.info("server")["process_id"])
         os.kill(pid, sig)
-        self.redis.stop()  # reaps it (SIGTERM to a process already gone does nothing); keeps persist_dir
+        redis.stop()  # reaps it (SIGTERM to a process already gone does nothing); keeps persist_dir
 
     def start_redis(self) -> None:
         """Start the private Redis again on the same port (and append-only directory, if it has one)."""
-        self.redis.start()
+        self._private_redis().start()
+
+    def _private_redis(self) -> PrivateRedis:
+        if self.redis is None:
+            raise RuntimeError("this stack runs on a Redis the test gave it (redis=): stop and start that")
+        return self.redis
 
     def wait_serving(self, model: str, timeout_s: float = STACK_TIMEOUT_S) -> float:
         """Send one-token chat completions until `model` answers (loading it if needed); returns seconds."""
@@ -233,6 +245,7 @@ def running_stack(
     ready_timeout_s: float = STACK_TIMEOUT_S,
     session: pytest.Session | None = None,
     persist_redis: bool = False,
+    redis: str | None = None,
 ) -> Iterator[Stack]:
     """A private Redis, `workers` workers and the front door on `config`, ready; logs and config in `root`.
 
@@ -240,6 +253,7 @@ def running_stack(
     `/readyz` says ready (Redis answers, a worker is alive): models are not loaded unless their
     config says `preload = true`; `Stack.wait_serving(model)` waits until one answers.
     `persist_redis`: Redis keeps an append-only file in `root/redis`, so that it can be restarted.
+    `redis`: the URL of a Redis the test runs itself, used instead of a private one.
     """
     root.mkdir(parents=True, exist_ok=True)
     config_path = root / "switchboard.toml"
@@ -248,19 +262,27 @@ def running_stack(
     persist_dir = root / "redis" if persist_redis else None
     if persist_dir is not None:
         persist_dir.mkdir()
-    with PrivateRedis(persist_dir=None if persist_dir is None else str(persist_dir)) as redis:
+    with contextlib.ExitStack() as owned:
+        private: PrivateRedis | None = None
+        if redis is None:
+            private = owned.enter_context(
+                PrivateRedis(persist_dir=None if persist_dir is None else str(persist_dir))
+            )
+            redis_url = private.url
+        else:
+            redis_url = redis
         launcher = Launcher(
             port=free_port(),
             log_dir=root,
             workers=workers,
             config_path=config_path,
             env={**os.environ, **(env or {})},
-            redis_url=redis.url,
+            redis_url=redis_url,
             worker_env=worker_env,
             console=root / "console.log",
             stop_timeout_s=STOP_TIMEOUT_S,
         )
-        stack = Stack(launcher, redis, config_path)
+        stack = Stack(launcher, private, config_path, redis_url)
         try:
             launcher.start()
             launcher.wait_ready(ready_timeout_s, progress=_report_progress, progress_every_s=15)

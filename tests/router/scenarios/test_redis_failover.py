@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from switchboard import keys
-from switchboard.redis_conn import pooled_client
+from switchboard.redis_conn import pooled_client, stream_entries
 from switchboard.wire import Chunk, Job, Usage, job_decoder
 from tests.support.front_door_harness import (
     BODY,
@@ -52,7 +52,7 @@ class Jobs:
         async with asyncio.timeout(timeout_s):
             while True:
                 response = await self.redis.xread({keys.job_stream(MODEL): self.last_id}, block=100, count=1)
-                for _, entries in response or ():
+                for _, entries in stream_entries(response):
                     self.last_id, fields = entries[0]
                     return job_decoder.decode(fields[keys.JOB_FIELD.encode()])
 
@@ -111,7 +111,7 @@ async def test_a_killed_primary_is_followed_and_only_unreplicated_jobs_fail(
             promoted_at = await asyncio.to_thread(topology.wait_promoted, old.port)
 
             # The premise: the new primary never had C.
-            entries = await worker.xrange(keys.job_stream(MODEL))
+            entries = stream_entries([(b"", await worker.xrange(keys.job_stream(MODEL)))])[0][1]
             queued_ids = [job_decoder.decode(fields[keys.JOB_FIELD.encode()]).id for _, fields in entries]
             assert job_a.id in queued_ids and job_c.id not in queued_ids
 

@@ -1,0 +1,184 @@
+"""The primary Redis, watched by Sentinel, is killed under load: the stack follows the promoted replica.
+
+Through every real part: a primary, a replica and three sentinels (real redis-server processes,
+tests/support/sentinel.py), a worker with a vLLM CPU engine on the demo model and the front door,
+both given the `redis+sentinel://` URL. Eight requests (streamed and not, chat and completions) are
+generating, and more keep arriving, when the primary is SIGKILLed. Every request must end whole
+(the greedy reference text) or with a clear 503 soon after the promotion; none may hang or be
+answered twice; new requests are served again with nobody stepping in. `pytest -s` shows the
+figures, the time from the kill to the first request served among them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.local.demo_model import config_entry
+from tests.support.outcomes import Outcome, call, failures, table
+from tests.support.sentinel import SentinelTopology
+from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
+
+pytestmark = pytest.mark.e2e
+
+StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
+TOKENS = 200
+ARRIVAL_TOKENS = 16
+# No request may take longer than this; the deadline is further still, so that a request left
+# waiting for its deadline shows as hung rather than as a 504.
+BOUND_S = 90.0
+REQUEST_TIMEOUT_S = 300
+# An error must come this soon after the promotion (README: "within seconds").
+ERROR_WITHIN_S = 10.0
+# A request must be served this soon after the kill.
+RECOVERY_BOUND_S = 20.0
+ARRIVAL_EVERY_S = 0.25
+ARRIVALS_AFTER_RECOVERY = 4
+FAST = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
+IN_FLIGHT = [(endpoint, stream) for endpoint in ("chat", "completions") for stream in (True, False)] * 2
+ARRIVING = [("chat", True), ("completions", False), ("completions", True), ("chat", False)]
+PROBE = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+
+
+@pytest.fixture
+def topology() -> Iterator[SentinelTopology]:
+    with SentinelTopology() as started:
+        yield started
+
+
+def body(endpoint: str, *, stream: bool, tokens: int = TOKENS) -> dict[str, Any]:
+    """A greedy request that generates exactly `tokens` tokens (the demo model would stop early)."""
+    request: dict[str, Any] = {"model": MODEL, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0}
+    if stream:
+        request |= {"stream": True, "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        return {**request, "messages": [{"role": "user", "content": "Tell me a long story about the sea."}]}
+    return {**request, "prompt": "Once upon a time"}
+
+
+async def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:g} s for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def references(client: httpx.AsyncClient) -> dict[tuple[str, int], str]:
+    """The greedy answer of each request used, asked alone before the kill."""
+    found = {}
+    for endpoint in ("chat", "completions"):
+        for tokens in (TOKENS, ARRIVAL_TOKENS):
+            outcome = await call(client, endpoint, body(endpoint, stream=False, tokens=tokens), bound_s=60)
+            assert outcome.kind == "complete", outcome
+            found[(endpoint, tokens)] = outcome.text
+    return found
+
+
+async def kill_under_load(stack: Stack, topology: SentinelTopology) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=BOUND_S + 30) as client:
+        expected = await references(client)
+        accepted = [Outcome(endpoint, stream) for endpoint, stream in IN_FLIGHT]
+        running = [
+            asyncio.create_task(
+                call(client, o.endpoint, body(o.endpoint, stream=o.stream), bound_s=BOUND_S, into=o)
+            )
+            for o in accepted
+        ]
+        await wait_for(lambda: all(o.text for o in accepted if o.stream), 60, "every stream's first text")
+        arrived: list[Outcome] = []
+        arriving: list[asyncio.Task[Outcome]] = []
+        keep_arriving = True
+
+        async def arrive() -> None:
+            while keep_arriving:
+                endpoint, stream = ARRIVING[len(arrived) % len(ARRIVING)]
+                request = body(endpoint, stream=stream, tokens=ARRIVAL_TOKENS)
+                arrived.append(Outcome(endpoint, stream))
+                arriving.append(
+                    asyncio.create_task(call(client, endpoint, request, bound_s=BOUND_S, into=arrived[-1]))
+                )
+                await asyncio.sleep(ARRIVAL_EVERY_S)
+
+        arrivals = asyncio.create_task(arrive())
+        old = topology.kill_primary()
+        killed_at = time.monotonic()
+        probes: list[Outcome] = []
+        while not probes or probes[-1].kind != "complete":
+            if time.monotonic() - killed_at > RECOVERY_BOUND_S:
+                pytest.fail(f"no request served within {RECOVERY_BOUND_S:g} s of the kill: {probes[-3:]}")
+            probes.append(await call(client, "chat", PROBE, bound_s=RECOVERY_BOUND_S))
+            await asyncio.sleep(0.05)
+        served_at = time.monotonic()
+        promoted_at = await asyncio.to_thread(topology.wait_promoted, old.port)
+        sent_before = len(arrived)
+        await wait_for(lambda: len(arrived) >= sent_before + ARRIVALS_AFTER_RECOVERY, 30, "more arrivals")
+        keep_arriving = False
+        await arrivals
+        await asyncio.gather(*running, *arriving)
+    return {
+        "expected": expected,
+        "accepted": accepted,
+        "arrived": arrived,
+        "probes": probes,
+        "killed_at": killed_at,
+        "promoted_at": promoted_at,
+        "served_at": served_at,
+    }
+
+
+def audit(figures: dict[str, Any]) -> None:
+    """Print the figures; fail on a request that hung, was cut, answered twice or erred late or vaguely."""
+    accepted: list[Outcome] = figures["accepted"]
+    arrived: list[Outcome] = figures["arrived"]
+    expected = figures["expected"]
+    killed_at, promoted_at = figures["killed_at"], figures["promoted_at"]
+    print(
+        f"\nPrimary Redis SIGKILLed under load (Sentinel): {len(accepted)} requests generating, "
+        f"{len(arrived)} arriving every {ARRIVAL_EVERY_S:g} s; replica promoted "
+        f"{promoted_at - killed_at:.1f} s after the kill; first request served "
+        f"{figures['served_at'] - killed_at:.2f} s after the kill ({len(figures['probes'])} tries)\n"
+        f"generating at the kill:\n{table(accepted)}\narriving meanwhile:\n{table(arrived)}"
+    )
+    everything = accepted + arrived
+    assert failures(everything) == []
+    wrong = [
+        f"{o.label}: {o.completion_tokens} tokens, text {'equal' if o.text == expected[(o.endpoint, tokens)] else 'differs'}"
+        for group, tokens in ((accepted, TOKENS), (arrived, ARRIVAL_TOKENS))
+        for o in group
+        if o.kind == "complete"
+        and (o.completion_tokens != tokens or o.text != expected[(o.endpoint, tokens)])
+    ]
+    assert wrong == [], "complete answers must be whole and the same greedy text as when asked alone"
+    repeated = [o.label for o in everything if len(set(o.event_ids)) != len(o.event_ids)]
+    assert repeated == [], "no stream may send an event twice"
+    vague = [
+        f"{o.label}: {o.status} {o.code} {o.seconds:.1f} s, ended {o.ended - promoted_at:+.1f} s after the promotion"
+        for o in everything
+        if o.kind == "error"
+        and (
+            o.code not in ("redis_restarted", "redis_unavailable")
+            or (o.status is not None and o.status not in (200, 503))
+            or o.ended - promoted_at > ERROR_WITHIN_S
+        )
+    ]
+    assert vague == [], "an error must be a 503 saying Redis failed, within seconds of the promotion"
+
+
+def test_a_killed_primary_under_load_loses_no_request(
+    start_stack: StartStack, demo_model_dir: Path, topology: SentinelTopology
+) -> None:
+    config = {
+        "router": {"request_timeout_s": REQUEST_TIMEOUT_S},
+        "models": [config_entry(demo_model_dir, preload=True)],
+    }
+    with start_stack(config, env=FAST, redis=topology.url) as stack:
+        stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
+        audit(asyncio.run(kill_under_load(stack, topology)))
