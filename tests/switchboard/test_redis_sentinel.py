@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import SSLConnection
+from redis.connection import SSLConnection as SyncSSLConnection
 from redis.exceptions import RedisError
 
 from switchboard import api_keys, keys, lua
@@ -169,3 +171,24 @@ def test_sync_client_and_switchboard_keys_work_through_sentinel(
     assert cli.main(["keys", "remove", "alice"]) == 0
     with sync_client(topology.url, timeout_s=5) as client:
         assert client.hlen(keys.api_keys()) == 0
+
+
+async def test_rediss_sentinel_clients_speak_tls_to_the_primary_and_the_sentinels() -> None:
+    """No connection is made here: what each client would connect with (a TLS server is not run)."""
+    url = "rediss+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/m/0?ssl_cert_reqs=required&ssl_ca_certs=/ca.pem"
+    pooled = pooled_client(url, max_connections=4)
+    blocking = blocking_client(url, block_ms=500)
+    try:
+        for client in (pooled, blocking):
+            pool = client.connection_pool
+            assert issubclass(pool.connection_class, SSLConnection)
+            assert pool.connection_kwargs["ssl_ca_certs"] == "/ca.pem"
+            sentinels = pool.sentinel_manager.sentinels  # type: ignore[attr-defined]
+            for sentinel in sentinels:
+                assert issubclass(sentinel.connection_pool.connection_class, SSLConnection)
+                assert sentinel.connection_pool.connection_kwargs["password"] is None
+    finally:
+        await blocking.aclose()
+        await pooled.aclose()
+    with sync_client(url, timeout_s=1) as client:
+        assert issubclass(client.connection_pool.connection_class, SyncSSLConnection)
