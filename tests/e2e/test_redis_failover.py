@@ -154,6 +154,8 @@ def audit(figures: dict[str, Any]) -> None:
         f"{figures['served_at'] - killed_at:.2f} s after the kill ({len(figures['probes'])} tries)\n"
         f"generating at the kill:\n{table(accepted)}\narriving meanwhile:\n{table(arrived)}"
     )
+    # The premise: all eight were still generating when the primary died.
+    assert all(o.ended > killed_at for o in accepted), "a request ended before the kill: longer answers"
     everything = accepted + arrived
     assert failures(everything) == []
     wrong = [
