@@ -29,7 +29,7 @@ from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
 pytestmark = pytest.mark.e2e
 
 StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
-TOKENS = 200
+TOKENS = 96
 ARRIVAL_TOKENS = 16
 # No request may take longer than this; the deadline is further still, so that a request left
 # waiting for its deadline shows as hung rather than as a 504.
