@@ -128,12 +128,16 @@ class SentinelTopology:
             f"?sentinel_password={self.sentinel_password}"
         )
 
-    def start(self, timeout_s: float = 20.0) -> SentinelTopology:
+    def start(self, timeout_s: float = 30.0) -> SentinelTopology:
         """Start every process and wait until the replica is in sync and each sentinel sees the rest."""
         deadline = time.monotonic() + timeout_s
-        for process in (*self.nodes, *self.sentinels):
-            process.start()
+        for node in self.nodes:
+            node.start()
+        # The sentinels start once the replica is in sync: they ask a replica for its state when
+        # they first see it, then only every 10 s, and one seen out of sync cannot be promoted.
         _wait_for(lambda: self._replica_in_sync(self.replica), deadline, "the replica to sync")
+        for sentinel in self.sentinels:
+            sentinel.start()
         _wait_for(self._sentinels_agree, deadline, "the sentinels to see the replica and each other")
         return self
 
