@@ -113,7 +113,8 @@ class _FollowingConnection(aiosentinel.SentinelManagedConnection):
     """A connection to the primary that asks the sentinels where it is before every reconnect.
 
     redis-py's own asks only when the pool hands it out: a command retried after its connection
-    broke (a killed primary) reconnects to the address it had, the old primary's, every retry.
+    broke (a killed primary) reconnects to the address it had, the old primary's, every retry
+    (redis/redis-py#3874, open in 8.1).
     """
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
