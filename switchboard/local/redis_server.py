@@ -140,13 +140,8 @@ class PrivateRedis:
             assert self._process is not None
             if self._process.poll() is not None:
                 raise RedisServerError(f"redis-server exited at start (code {self._process.returncode})")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(f"AUTH {self.password}\r\nPING\r\n".encode())
-                    if _replies(sock, 2) == b"+OK\r\n+PONG\r\n":
-                        return
-            except OSError:
-                pass
+            if answers_ping(self.port, self.password):
+                return
             time.sleep(0.05)
         self.stop()
         raise RedisServerError(f"redis-server did not answer on port {self.port} within {timeout_s:g} s")
@@ -170,6 +165,22 @@ class PrivateRedis:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def answers_ping(port: int, password: str | None, *, loaded: bool = True) -> bool:
+    """Whether the redis-server on 127.0.0.1:`port` accepts a connection and, with `loaded`, answers
+    PING (after AUTH with `password`, if any) as one that has loaded its data does."""
+    hello, expected = b"PING\r\n", b"+PONG\r\n"
+    if password:
+        hello, expected = f"AUTH {password}\r\n".encode() + hello, b"+OK\r\n" + expected
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            if not loaded:
+                return True
+            sock.sendall(hello)
+            return _replies(sock, expected.count(b"\r\n")) == expected
+    except OSError:
+        return False
 
 
 def _replies(sock: socket.socket, count: int) -> bytes:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from switchboard.local import with_parent
+from switchboard.local.redis_server import answers_ping
 from switchboard.ports import free_port
 
 
@@ -105,25 +105,13 @@ class RedisNode:
             process.wait()
 
     def _wait(self, timeout_s: float, wait_loaded: bool) -> None:
-        expected = b"+PONG\r\n" if wait_loaded else b""
-        hello = b"PING\r\n"
-        if self.password:
-            hello = f"AUTH {self.password}\r\n".encode() + hello
-            expected = b"+OK\r\n" + expected
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self._process is not None
             if self._process.poll() is not None:
                 raise RedisNodeError(f"redis-server exited at start (code {self._process.returncode})")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    if not wait_loaded:
-                        return
-                    sock.sendall(hello)
-                    if _replies(sock, hello.count(b"\r\n")) == expected:
-                        return
-            except OSError:
-                pass
+            if answers_ping(self.port, self.password, loaded=wait_loaded):
+                return
             time.sleep(0.05)
         self.kill()
         raise RedisNodeError(f"redis-server did not answer on port {self.port} within {timeout_s:g} s")
@@ -133,14 +121,3 @@ class RedisNode:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
-
-
-def _replies(sock: socket.socket, count: int) -> bytes:
-    """The first `count` one-line replies on `sock` (a server still loading answers an error)."""
-    received = b""
-    while received.count(b"\r\n") < count:
-        data = sock.recv(256)
-        if not data:
-            break
-        received += data
-    return received
