@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from switchboard import keys
-from switchboard.redis_address import RedisAddressError, parse_redis_url
+from switchboard.redis_address import RedisAddressError, checked_redis_url
+from switchboard.router_config import RouterConfig
 
 ENV_PREFIX = "SWITCHBOARD_"
 DEMO_MODEL_NAME = "switchboard-demo"
@@ -83,63 +84,6 @@ class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Where that private Redis keeps its append-only file, so that queued jobs, API keys and
     # measured load times survive a restart of it; "" keeps nothing.
     private_dir: str = "~/.cache/switchboard/redis"
-
-
-class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The front door."""
-
-    # Loopback by default: serving other machines is a choice (see allow_open_access).
-    host: str = "127.0.0.1"
-    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
-    # A front door on a non-loopback address with no API key refuses to start unless this is true
-    # (then it serves everyone, admin endpoints included, and says so in a warning).
-    allow_open_access: bool = False
-    # How long a request may wait for its job to finish before the client gets a 504.
-    request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
-    # A streamed response holds its headers back this long for the first chunk, so that what is
-    # known before the first token (a failed load, a bad prompt) is a real HTTP status.
-    first_byte_budget_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
-    # Past that, while a model loads, an SSE comment reports the load's progress this often.
-    load_progress_every_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
-    # Request bodies larger than this are refused (413) before they are read.
-    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
-    # A streamed client that leaves mid-stream may resume it (`Last-Event-ID`), through any front
-    # door, for this long before its job gets the cancel mark (0: cancelled at once).
-    resume_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
-    # `/readyz` is ready once Redis answers, whether or not a worker is alive: for deployments that
-    # scale workers to zero, where the request that makes a worker start must reach a front door.
-    ready_without_workers: bool = False
-    # Slow clients. A request's headers must arrive within this many seconds of its first byte (a
-    # new connection's first request: of the connection's opening), or it gets a 408 and is closed.
-    header_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
-    # An upload that sends nothing for this long is closed (a 499: the client's doing). Responses
-    # are never timed: a long stream is not cut.
-    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
-    # A kept-alive connection with no request for this long is closed.
-    keep_alive_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
-    # Connections open at once. Past it an idle kept-alive one is closed to make room, or else the
-    # new one is answered 503 at once and closed. Lowered at start to what the process's open-file
-    # limit (`ulimit -n`) leaves room for.
-    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 4096
-    # Host names (or addresses) a front door without API keys answers to besides loopback ones
-    # (`localhost`, 127.0.0.0/8, ::1): with no key, a request naming another Host, or sent from a web
-    # page of another origin, is refused (403), so that no web page can use it (DNS rebinding,
-    # cross-site forms). Beyond loopback (allow_open_access) an empty list accepts every Host.
-    allowed_hosts: list[str] = msgspec.field(default_factory=list)
-    # Bounds on one request, checked before it is queued (router/openai/bounds.py), so that no single
-    # request costs a model's worker seconds before its first token while other streams wait. Past
-    # one, the request is a 400 naming the parameter. Each is far above what real requests send:
-    # messages in one chat request (a 340,000-message body once kept a worker busy for 3.7 s);
-    max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
-    # all of a chat request's `tools` together, as JSON (each tool's schema is also bounded below);
-    max_tools_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
-    # one JSON schema (`response_format`, `structured_outputs.json`, a tool's parameters), regular
-    # expression, grammar, or list of choices (its strings together): the engine compiles each into
-    # a grammar, at a cost that grows faster than its size (a schema of 1,200 optional properties,
-    # 86 KB, took 2.9 s on the demo model's 400-token vocabulary);
-    max_structured_output_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024
-    # and entries of `structured_outputs.choice` (12,000 once kept an engine busy for 28 s).
-    max_structured_output_choices: Annotated[int, msgspec.Meta(ge=1)] = 256
 
 
 class RouteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -320,10 +264,10 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
-    if settings.redis.url is None and settings.redis.url_file:
-        settings.redis.url = _read_url_file(settings.redis.url_file)
-    if settings.redis.url is not None:
-        _check_redis_url(settings.redis.url)
+    try:
+        settings.redis.url = checked_redis_url(settings.redis.url, settings.redis.url_file)
+    except RedisAddressError as exc:
+        raise ConfigError(str(exc)) from None
     if not settings.models:
         settings.models = [demo_model(settings)]
     _check_consistency(settings)
@@ -343,29 +287,6 @@ def _check_triton_names(names: list[str]) -> None:
                 "other than letters, digits, '.', '_' and '-' read as '_'); rename one of them"
             )
         seen[key] = name
-
-
-def _check_redis_url(url: str) -> None:
-    """A Redis URL of no known form fails at start; the message never quotes it (it has a password)."""
-    try:
-        parse_redis_url(url)
-    except RedisAddressError as exc:
-        raise ConfigError(f"invalid redis.url: {exc}") from None
-
-
-def _read_url_file(path: str) -> str:
-    """The Redis URL kept in `path`; what the file holds is never quoted back (it has a password)."""
-    try:
-        url = Path(path).expanduser().read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read redis.url_file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"redis.url_file {path} is not UTF-8 text") from None
-    if not url:
-        raise ConfigError(
-            f"redis.url_file {path} is empty; it should hold a URL like redis://:PASSWORD@host:6379/0"
-        )
-    return url
 
 
 def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> None:

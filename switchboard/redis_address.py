@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -101,6 +102,33 @@ def parse_redis_url(url: str) -> SentinelAddress | None:
         tls=tls,
         tls_options=tls_options,
     )
+
+
+def checked_redis_url(url: str | None, url_file: str | None) -> str | None:
+    """`url`, else the URL kept in `url_file` (None if neither), checked; the errors never quote
+    the URL or what the file holds (they carry a password)."""
+    if url is None and url_file:
+        url = _read_url_file(url_file)
+    if url is not None:
+        try:
+            parse_redis_url(url)
+        except RedisAddressError as exc:
+            raise RedisAddressError(f"invalid redis.url: {exc}") from None
+    return url
+
+
+def _read_url_file(path: str) -> str:
+    try:
+        url = Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise RedisAddressError(f"cannot read redis.url_file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RedisAddressError(f"redis.url_file {path} is not UTF-8 text") from None
+    if not url:
+        raise RedisAddressError(
+            f"redis.url_file {path} is empty; it should hold a URL like redis://:PASSWORD@host:6379/0"
+        )
+    return url
 
 
 def describe(url: str) -> str:

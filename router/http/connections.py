@@ -37,7 +37,7 @@ from router.openai.errors import (
 from router.telemetry.metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
 from router.telemetry.requests import REQUEST_ID_HEADER, new_request_id
 from router.telemetry.summarized_log import SummarizedLog
-from switchboard.config import RouterConfig
+from switchboard.router_config import RouterConfig
 
 logger = logging.getLogger(__name__)
 _events = SummarizedLog(logger)

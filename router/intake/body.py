@@ -18,7 +18,7 @@ from router.openai.bounds import check_chat_bounds, check_sampling_bounds
 from router.openai.chat import ChatCompletionRequest
 from router.openai.common import SamplingRequest
 from router.openai.errors import InvalidRequestError, UnsupportedMediaTypeError, from_validation_error
-from switchboard.config import RouterConfig
+from switchboard.router_config import RouterConfig
 
 T = TypeVar("T")
 

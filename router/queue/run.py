@@ -35,7 +35,7 @@ from router.queue.results import START, ResultReader, ResultsLost, Subscription
 from router.status.models import ModelStatusReader, may_serve
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
-from switchboard.config import RouterConfig
+from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)

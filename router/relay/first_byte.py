@@ -35,7 +35,7 @@ from router.openai.errors import OpenAIError
 from router.queue.run import JobRun
 from router.relay.sse import SSE_DONE, Relay, error_for, sse_comment
 from router.status.models import ModelStatus, ModelStatusReader
-from switchboard.config import RouterConfig
+from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk
 
 logger = logging.getLogger(__name__)

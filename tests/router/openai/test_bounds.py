@@ -17,7 +17,8 @@ from router.openai.bounds import MAX_SCHEMA_NESTING, check_regex, json_nesting, 
 from router.openai.chat import ChatCompletionRequest
 from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError
-from switchboard.config import RouterConfig, load_settings
+from switchboard.config import load_settings
+from switchboard.router_config import RouterConfig
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
