@@ -22,7 +22,6 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from switchboard import keep_alive
 from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
@@ -154,7 +153,7 @@ class Worker:
             max_loaded_models=self.settings.worker.max_loaded_models,
             memory_budget_bytes=self.memory_budget,
             memory_used_bytes=sum(slot.memory_bytes() for slot in held),
-            slots=tuple(slot.status(_leaves_at(slot)) for slot in held),
+            slots=tuple(slot.status() for slot in held),
             engines_ready=self._engines_ready,
         )
 
@@ -368,18 +367,6 @@ class Worker:
     async def _close_redis(self) -> None:
         await self._poke_redis.aclose()
         await self._redis.aclose()
-
-
-def _leaves_at(slot: ModelSlot) -> float | None:
-    """When keep-alive will move the slot down the ladder, if nothing uses it meanwhile."""
-    return keep_alive.leaves_at(
-        slot.state,
-        slot.idle_since,
-        keep_alive_s=slot.model.keep_alive_s,
-        asleep_keep_alive_s=slot.model.asleep_keep_alive_s,
-        in_flight=slot.in_flight,
-        min_replicas=slot.model.min_replicas,
-    )
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:

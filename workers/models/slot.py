@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from switchboard import keep_alive
 from switchboard.config import ModelConfig, triton_model_name
 from switchboard.wire import SlotState, SlotStatus
 from workers.engines.base import Engine
@@ -181,7 +182,7 @@ class ModelSlot:
         """What the engine occupies while held here (0 when cold)."""
         return self._engine.footprint().memory_bytes if self._engine is not None else 0
 
-    def status(self, leaves_at: float | None) -> SlotStatus:
+    def status(self) -> SlotStatus:
         """How the heartbeat advertises this slot."""
         return SlotStatus(
             model=self.name,
@@ -192,9 +193,20 @@ class ModelSlot:
             expected_load_s=self.expected_load_s,
             warm_since=self.warm_since,
             idle_since=self.idle_since,
-            leaves_at=leaves_at,
+            leaves_at=self.leaves_at(),
             memory_bytes=self.memory_bytes(),
             jobs_per_s=round(self.jobs_per_s(), 3),
+        )
+
+    def leaves_at(self) -> float | None:
+        """When keep-alive will move the slot down the ladder, if nothing uses it meanwhile."""
+        return keep_alive.leaves_at(
+            self._state,
+            self.idle_since,
+            keep_alive_s=self.model.keep_alive_s,
+            asleep_keep_alive_s=self.model.asleep_keep_alive_s,
+            in_flight=self.in_flight,
+            min_replicas=self.model.min_replicas,
         )
 
     # --- inside the transitions -------------------------------------------------------------
