@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from switchboard.local.demo_model import config_entry
+from tests.support.fault_traffic import ARRIVAL_EVERY_S, FaultTraffic, greedy_body
 from tests.support.outcomes import Outcome, call, failures, table
 from tests.support.sentinel import SentinelTopology
 from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
@@ -39,12 +40,10 @@ REQUEST_TIMEOUT_S = 300
 ERROR_WITHIN_S = 10.0
 # A request must be served this soon after the kill.
 RECOVERY_BOUND_S = 20.0
-ARRIVAL_EVERY_S = 0.25
 ARRIVALS_AFTER_RECOVERY = 4
 FAST = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
 IN_FLIGHT = [(endpoint, stream) for endpoint in ("chat", "completions") for stream in (True, False)] * 2
 ARRIVING = [("chat", True), ("completions", False), ("completions", True), ("chat", False)]
-PROBE = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
 
 
 @pytest.fixture
@@ -53,30 +52,14 @@ def topology() -> Iterator[SentinelTopology]:
         yield started
 
 
-def body(endpoint: str, *, stream: bool, tokens: int = TOKENS) -> dict[str, Any]:
-    """A greedy request that generates exactly `tokens` tokens (the demo model would stop early)."""
-    request: dict[str, Any] = {"model": MODEL, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0}
-    if stream:
-        request |= {"stream": True, "stream_options": {"include_usage": True}}
-    if endpoint == "chat":
-        return {**request, "messages": [{"role": "user", "content": "Tell me a long story about the sea."}]}
-    return {**request, "prompt": "Once upon a time"}
-
-
-async def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout_s:g} s for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def references(client: httpx.AsyncClient) -> dict[tuple[str, int], str]:
     """The greedy answer of each request used, asked alone before the kill."""
     found = {}
     for endpoint in ("chat", "completions"):
         for tokens in (TOKENS, ARRIVAL_TOKENS):
-            outcome = await call(client, endpoint, body(endpoint, stream=False, tokens=tokens), bound_s=60)
+            outcome = await call(
+                client, endpoint, greedy_body(endpoint, stream=False, tokens=tokens), bound_s=60
+            )
             assert outcome.kind == "complete", outcome
             found[(endpoint, tokens)] = outcome.text
     return found
@@ -85,49 +68,26 @@ async def references(client: httpx.AsyncClient) -> dict[tuple[str, int], str]:
 async def kill_under_load(stack: Stack, topology: SentinelTopology) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=BOUND_S + 30) as client:
         expected = await references(client)
-        accepted = [Outcome(endpoint, stream) for endpoint, stream in IN_FLIGHT]
-        running = [
-            asyncio.create_task(
-                call(client, o.endpoint, body(o.endpoint, stream=o.stream), bound_s=BOUND_S, into=o)
-            )
-            for o in accepted
-        ]
-        await wait_for(lambda: all(o.text for o in accepted if o.stream), 60, "every stream's first text")
-        arrived: list[Outcome] = []
-        arriving: list[asyncio.Task[Outcome]] = []
-        keep_arriving = True
-
-        async def arrive() -> None:
-            while keep_arriving:
-                endpoint, stream = ARRIVING[len(arrived) % len(ARRIVING)]
-                request = body(endpoint, stream=stream, tokens=ARRIVAL_TOKENS)
-                arrived.append(Outcome(endpoint, stream))
-                arriving.append(
-                    asyncio.create_task(call(client, endpoint, request, bound_s=BOUND_S, into=arrived[-1]))
-                )
-                await asyncio.sleep(ARRIVAL_EVERY_S)
-
-        arrivals = asyncio.create_task(arrive())
+        traffic = FaultTraffic(
+            client,
+            in_flight=IN_FLIGHT,
+            arriving=ARRIVING,
+            tokens=TOKENS,
+            arrival_tokens=ARRIVAL_TOKENS,
+            bound_s=BOUND_S,
+        )
+        await traffic.start(first_text_within_s=60)
         old = topology.kill_primary()
         killed_at = time.monotonic()
         promotion = asyncio.create_task(asyncio.to_thread(topology.wait_promoted, old.port))
-        probes: list[Outcome] = []
-        while not probes or probes[-1].kind != "complete":
-            if time.monotonic() - killed_at > RECOVERY_BOUND_S:
-                pytest.fail(f"no request served within {RECOVERY_BOUND_S:g} s of the kill: {probes[-3:]}")
-            probes.append(await call(client, "chat", PROBE, bound_s=RECOVERY_BOUND_S))
-            await asyncio.sleep(0.05)
+        probes = await traffic.until_served(killed_at, RECOVERY_BOUND_S)
         served_at = time.monotonic()
         promoted_at = await promotion
-        sent_before = len(arrived)
-        await wait_for(lambda: len(arrived) >= sent_before + ARRIVALS_AFTER_RECOVERY, 30, "more arrivals")
-        keep_arriving = False
-        await arrivals
-        await asyncio.gather(*running, *arriving)
+        await traffic.finish(ARRIVALS_AFTER_RECOVERY)
     return {
         "expected": expected,
-        "accepted": accepted,
-        "arrived": arrived,
+        "accepted": traffic.accepted,
+        "arrived": traffic.arrived,
         "probes": probes,
         "killed_at": killed_at,
         "promoted_at": promoted_at,

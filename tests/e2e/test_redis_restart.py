@@ -26,6 +26,7 @@ import pytest
 
 from switchboard.local.demo_model import config_entry
 from switchboard.local.launcher import probe_readiness
+from tests.support.fault_traffic import ARRIVAL_EVERY_S, FaultTraffic, greedy_body, wait_for
 from tests.support.outcomes import Outcome, call, failures, table
 from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
 
@@ -45,32 +46,12 @@ LOST_BOUND_S = 10.0
 # The errors a request may get while Redis is away or back empty; anything else (a 504 above all)
 # means a request waited for what would never come.
 OUTAGE_CODES = {"redis_unavailable", "redis_restarted"}
-ARRIVAL_EVERY_S = 0.25
 ARRIVALS_AFTER_RECOVERY = 8
 FAST = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
 IN_FLIGHT = [(endpoint, stream) for endpoint in ("chat", "completions") for stream in (True, False)] * 2
 # Logged by the worker's result writer once its retries are spent (not its "; retrying" warning).
 GIVEN_UP = re.compile(r"writing result chunks failed(?!; retrying)")
 ARRIVING = [("chat", True), ("completions", False), ("completions", True), ("chat", False)]
-
-
-def body(endpoint: str, *, stream: bool, tokens: int = TOKENS) -> dict[str, Any]:
-    """A greedy request that generates exactly `tokens` tokens (the demo model would stop early)."""
-    request: dict[str, Any] = {"model": MODEL, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0}
-    if stream:
-        request |= {"stream": True, "stream_options": {"include_usage": True}}
-    if endpoint == "chat":
-        return {**request, "messages": [{"role": "user", "content": "Tell me a long story about the sea."}]}
-    return {**request, "prompt": "Once upon a time"}
-
-
-async def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Poll `condition` until true; fail naming `what` past `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout_s:g} s for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def references(base_url: str) -> dict[tuple[str, int], str]:
@@ -80,7 +61,7 @@ async def references(base_url: str) -> dict[tuple[str, int], str]:
         for endpoint in ("chat", "completions"):
             for tokens in (TOKENS, ARRIVAL_TOKENS):
                 outcome = await call(
-                    client, endpoint, body(endpoint, stream=False, tokens=tokens), bound_s=120
+                    client, endpoint, greedy_body(endpoint, stream=False, tokens=tokens), bound_s=120
                 )
                 assert outcome.kind == "complete", outcome
                 found[(endpoint, tokens)] = outcome.text
@@ -102,30 +83,16 @@ async def restart_under_load(
     has given up writing a chunk (so the jobs it was running are taken over after the restart).
     """
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=BOUND_S + 30) as client:
-        accepted = [Outcome(endpoint, stream) for endpoint, stream in IN_FLIGHT]
-        running = [
-            asyncio.create_task(
-                call(client, o.endpoint, body(o.endpoint, stream=o.stream), bound_s=BOUND_S, into=o)
-            )
-            for o in accepted
-        ]
+        traffic = FaultTraffic(
+            client,
+            in_flight=IN_FLIGHT,
+            arriving=ARRIVING,
+            tokens=TOKENS,
+            arrival_tokens=ARRIVAL_TOKENS,
+            bound_s=BOUND_S,
+        )
         # Every streamed one has text: all eight were admitted together and are generating.
-        await wait_for(lambda: all(o.text for o in accepted if o.stream), 120, "every stream's first text")
-        arrived: list[Outcome] = []
-        arriving: list[asyncio.Task[Outcome]] = []
-        keep_arriving = True
-
-        async def arrive() -> None:
-            while keep_arriving:
-                endpoint, stream = ARRIVING[len(arrived) % len(ARRIVING)]
-                request = body(endpoint, stream=stream, tokens=ARRIVAL_TOKENS)
-                arrived.append(Outcome(endpoint, stream))
-                arriving.append(
-                    asyncio.create_task(call(client, endpoint, request, bound_s=BOUND_S, into=arrived[-1]))
-                )
-                await asyncio.sleep(ARRIVAL_EVERY_S)
-
-        arrivals = asyncio.create_task(arrive())
+        await traffic.start(first_text_within_s=120)
         stopped_at = time.monotonic()
         await asyncio.to_thread(stack.stop_redis, sig)
         # Down until the front door has noticed (it reports not ready), then back.
@@ -138,25 +105,13 @@ async def restart_under_load(
         # the thread that started it ends (an executor thread would end with this event loop).
         stack.start_redis()
         back_at = time.monotonic()
-        probe = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
-        probes: list[Outcome] = []
-        while not probes or probes[-1].kind != "complete":
-            if time.monotonic() - back_at > RECOVERY_BOUND_S:
-                pytest.fail(
-                    f"no request succeeded within {RECOVERY_BOUND_S:g} s of Redis's return: {probes[-3:]}"
-                )
-            probes.append(await call(client, "chat", probe, bound_s=RECOVERY_BOUND_S))
-            await asyncio.sleep(0.05)
+        probes = await traffic.until_served(back_at, RECOVERY_BOUND_S)
         recovered_s = time.monotonic() - back_at
-        sent_before = len(arrived)
-        await wait_for(lambda: len(arrived) >= sent_before + ARRIVALS_AFTER_RECOVERY, 30, "more arrivals")
-        keep_arriving = False
-        await arrivals
-        await asyncio.gather(*running, *arriving)
+        await traffic.finish(ARRIVALS_AFTER_RECOVERY)
         ended_s = time.monotonic() - back_at
     return {
-        "accepted": accepted,
-        "arrived": arrived,
+        "accepted": traffic.accepted,
+        "arrived": traffic.arrived,
         "probes": probes,
         "down_s": down_s,
         "back_at": back_at,
