@@ -23,7 +23,6 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from servers import (
     MODEL_NAME,
     READY_TIMEOUT_S,
     StartupError,
+    add_model_and_output_args,
     engine_cores,
     run_stack,
     spawn_vllm,
@@ -185,18 +185,12 @@ async def unload(launcher: Launcher, model: str) -> float:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line settings."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add = parser.add_argument
     add("--rounds", type=int, default=2, help="rounds of vLLM then Switchboard (default 2)")
     add("--warm-requests", type=int, default=5, help="warm requests per system and round (default 5)")
     add("--max-tokens", type=int, default=16, help="completion tokens per request (default 16)")
-    model_dir = REPO / ".cache/bench/demo-model"
-    add(
-        "--model-dir", type=Path, default=model_dir, help="demo model cache (default .cache/bench/demo-model)"
-    )
-    output = REPO / f"bench/results/cold_start-{stamp}.json"
-    add("--output", type=Path, default=output, help="JSON results file (default under bench/results/)")
+    add_model_and_output_args(parser, "cold_start")
     return parser.parse_args(argv)
 
 

@@ -18,13 +18,12 @@ import platform
 import statistics
 import sys
 from dataclasses import asdict
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from loadgen import PROMPT, WARMUP_REQUESTS, LevelMetrics, measure_level
-from servers import StartupError, engine_cores, run_switchboard, run_vllm
+from servers import StartupError, add_model_and_output_args, engine_cores, run_switchboard, run_vllm
 from trace_breakdown import breakdown, format_breakdown, is_request, read_traces
 
 from switchboard.config import WorkerConfig
@@ -174,7 +173,6 @@ def int_list(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line settings."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add = parser.add_argument
     add("--concurrency", type=int_list, default=[1, 8, 32, 64], help="concurrency levels (default 1,8,32,64)")
@@ -193,12 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="vLLM's --stream-interval for its second setting (default: measured, see the module doc)",
     )
-    model_dir = REPO / ".cache/bench/demo-model"
-    add(
-        "--model-dir", type=Path, default=model_dir, help="demo model cache (default .cache/bench/demo-model)"
-    )
-    output = REPO / f"bench/results/path_overhead-{stamp}.json"
-    add("--output", type=Path, default=output, help="JSON results file (default under bench/results/)")
+    add_model_and_output_args(parser, "path_overhead")
     return parser.parse_args(argv)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -11,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -179,3 +181,24 @@ def _progress(elapsed_s: float, waiting_for: str) -> None:
 
 
 # --- the benchmark ---------------------------------------------------------------------------------
+
+
+BENCH_REPO = Path(__file__).resolve().parent.parent
+
+
+def add_model_and_output_args(parser: argparse.ArgumentParser, bench: str) -> None:
+    """`--model-dir` (the demo model's cache, shared by every benchmark) and `--output` (this run's
+    JSON, named after `bench` and the time, under bench/results/)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=BENCH_REPO / ".cache/bench/demo-model",
+        help="demo model cache (default .cache/bench/demo-model)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=BENCH_REPO / f"bench/results/{bench}-{stamp}.json",
+        help="JSON results file (default under bench/results/)",
+    )

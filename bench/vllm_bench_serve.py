@@ -17,12 +17,19 @@ import platform
 import statistics
 import subprocess
 import sys
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from servers import MODEL_NAME, Server, StartupError, engine_cores, run_switchboard, run_vllm
+from servers import (
+    MODEL_NAME,
+    Server,
+    StartupError,
+    add_model_and_output_args,
+    engine_cores,
+    run_switchboard,
+    run_vllm,
+)
 
 from switchboard.local.demo_model import build_demo_model
 
@@ -148,7 +155,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line settings."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add = parser.add_argument
     add("--num-prompts", type=int, default=200, help="prompts per run (default 200)")
@@ -156,12 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--input-len", type=int, default=32, help="random prompt tokens (default 32)")
     add("--output-len", type=int, default=64, help="random output tokens at most (default 64)")
     add("--rounds", type=int, default=2, help="rounds of vLLM then Switchboard (default 2)")
-    model_dir = REPO / ".cache/bench/demo-model"
-    add(
-        "--model-dir", type=Path, default=model_dir, help="demo model cache (default .cache/bench/demo-model)"
-    )
-    output = REPO / f"bench/results/vllm_bench_serve-{stamp}.json"
-    add("--output", type=Path, default=output, help="JSON results file (default under bench/results/)")
+    add_model_and_output_args(parser, "vllm_bench_serve")
     return parser.parse_args(argv)
 
 
