@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
+from tests.support.span_file import span_file  # noqa: F401 (a fixture, for every test)
 
 # Seconds one test may take (setup and teardown included), by its folder under tests/; each well
 # above the slowest test there on a loaded 2-core machine. Unit folders run in seconds; the front

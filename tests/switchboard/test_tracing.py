@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from switchboard import tracing
 
@@ -36,16 +33,6 @@ def test_tracing_is_on_only_when_the_environment_names_an_exporter(
 def test_off_no_span_object_is_made() -> None:
     assert not tracing.enabled()
     assert tracing.span("anything") is tracing.span("else")  # one shared empty context
-
-
-@pytest.fixture
-def span_file(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "spans.jsonl"
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(tracing.JsonLinesExporter(path)))
-    tracing.use_tracer_provider(provider)
-    yield path
-    tracing.use_tracer_provider(None)
 
 
 def test_spans_are_json_lines_with_what_a_breakdown_needs(span_file: Path) -> None:

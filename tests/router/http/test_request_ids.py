@@ -7,10 +7,8 @@ Real Redis, real HTTP, the real `openai` client; spans go to a JSON-lines file (
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +16,6 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 from openai import AsyncOpenAI, BadRequestError
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from router.http.connections import error_response
 from router.openai.errors import RequestTimeoutError
@@ -27,24 +23,11 @@ from switchboard import keys, tracing
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage
 from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for, write_chunks
+from tests.support.span_file import read_spans
 
 CHAT = "/v1/chat/completions"
 LAST = Chunk(text="!", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=2))
 AN_ID = re.compile(r"[0-9a-f]{32}")
-
-
-@pytest.fixture
-def span_file(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "spans.jsonl"
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(tracing.JsonLinesExporter(path)))
-    tracing.use_tracer_provider(provider)
-    yield path
-    tracing.use_tracer_provider(None)
-
-
-def spans(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 async def answered(client: httpx.AsyncClient, redis: aioredis.Redis, body: dict[str, Any], **kw: Any) -> Any:
@@ -97,7 +80,7 @@ async def test_a_clients_request_id_is_the_traces_correlation_id_and_every_span_
         response, job = await answered(client, redis, BODY, headers={"x-request-id": "client-42"})
         odd, odd_job = await answered(client, redis, BODY, headers={"x-request-id": "has space"})
     assert response.headers["x-request-id"] == job.id, "the server's id, as OpenAI's API answers"
-    found = [s for s in spans(span_file) if s["trace_id"] == spans_of(span_file, job.id)]
+    found = [s for s in read_spans(span_file) if s["trace_id"] == spans_of(span_file, job.id)]
     names = {s["name"] for s in found}
     assert {"POST /v1/chat/completions", f"chat {MODEL}", "switchboard.admission"} <= names, names
     assert all(s["attributes"].get(tracing.REQUEST_ID) == job.id for s in found), [
@@ -105,7 +88,7 @@ async def test_a_clients_request_id_is_the_traces_correlation_id_and_every_span_
     ]
     assert all(s["attributes"][tracing.CLIENT_REQUEST_ID] == "client-42" for s in found)
     assert odd.headers["x-request-id"] == odd_job.id
-    ignored = [s for s in spans(span_file) if s["trace_id"] == spans_of(span_file, odd_job.id)]
+    ignored = [s for s in read_spans(span_file) if s["trace_id"] == spans_of(span_file, odd_job.id)]
     assert ignored and not any(tracing.CLIENT_REQUEST_ID in s["attributes"] for s in ignored)
 
 
@@ -113,7 +96,7 @@ def spans_of(path: Path, job_id: str) -> str:
     """The trace id of the HTTP span whose request had job `job_id`."""
     (trace_id,) = {
         s["trace_id"]
-        for s in spans(path)
+        for s in read_spans(path)
         if s["kind"] == "SERVER" and s["attributes"].get(tracing.REQUEST_ID) == job_id
     }
     return str(trace_id)
