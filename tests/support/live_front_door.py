@@ -22,6 +22,7 @@ from redis.exceptions import ResponseError
 
 from switchboard import keys
 from switchboard.config import ModelConfig
+from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, ModelLimits, Usage, encode, job_decoder
 from tests.support.front_door_harness import MODEL, serving, settings_for, write_chunks
 
@@ -77,9 +78,8 @@ async def answering_every_job(redis: aioredis.Redis) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Cancelled until it ends: a blocked XREADGROUP can lose one cancellation (redis-py on 3.11).
+        await cancel_and_wait(task)
 
 
 class LiveFrontDoor:
@@ -103,7 +103,10 @@ class LiveFrontDoor:
     def __exit__(self, *exc_info: object) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=60)
+        if self._thread.is_alive():
+            # Its Redis client would go on touching the next test's keys.
+            raise RuntimeError("the front door's thread did not stop within 60 s")
 
     def _run(self) -> None:
         try:
@@ -127,7 +130,8 @@ class LiveFrontDoor:
                 self._ready.set()
                 await self._stop.wait()
         finally:
-            await redis.flushdb()
+            # No flush here: were this thread late, it would wipe the next test's keys. The next
+            # test's `redis` fixture empties the database before it starts.
             await redis.aclose()
 
 
