@@ -83,6 +83,7 @@ class Pipeline:
             parse_tool_calls=tools.mode == "auto",
             job_id=arrival_id(),
         )
+        job = resolution.applied_to(job)
         resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=chat.stream)
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
@@ -103,6 +104,7 @@ class Pipeline:
         completion = msgspec.structs.replace(completion, model=resolution.served)
         self._served_model(resolution, caller)
         job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=arrival_id())
+        job = resolution.applied_to(job)
         resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=completion.stream)
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)

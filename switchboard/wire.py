@@ -118,6 +118,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     trace: dict[str, str] | None = None
     # The front door waiting for the result; its heartbeat is `keys.router_alive(router_id)`.
     router_id: str | None = None
+    # The route the request named, when `model` is one of its targets (`switchboard.routes`).
+    route: str | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from litestar import Request, Response
 
 from router.admission.auth import Caller
 from router.routing.table import RouteTable
 from router.telemetry.requests import current_request
 from switchboard.routes import Route
+from switchboard.wire import Job
 
 SESSION_HEADER = "x-session-id"
 ROUTE_HEADER = "x-switchboard-route"
@@ -35,6 +37,10 @@ class Resolution:
     requested: str
     served: str
     route: Route | None = None
+
+    def applied_to(self, job: Job) -> Job:
+        """`job` naming the route it came through, if any (its `model` is already the served one)."""
+        return job if self.route is None else msgspec.structs.replace(job, route=self.route.name)
 
     def label(self, answer: Response[Any]) -> None:
         """Name the serving model (and the route, if any) in `answer`'s headers."""

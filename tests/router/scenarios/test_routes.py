@@ -63,7 +63,9 @@ async def both_targets_answered(redis: aioredis.Redis) -> AsyncIterator[list[str
                     job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
                     assert job.model == model
                     served.append(model)
-                    await write_chunks(redis, job.id, msgspec.structs.replace(done, text=model))
+                    # The answer names the model that served, and says whether the job came through the route.
+                    text = model if job.route == ROUTE else f"direct:{model}"
+                    await write_chunks(redis, job.id, msgspec.structs.replace(done, text=text))
                     await redis.xdel(stream, entry_id)
 
     task = asyncio.create_task(answer())
@@ -161,6 +163,7 @@ async def test_the_same_caller_gets_the_same_model_by_user_or_by_key_and_streams
         assert completion.headers["x-switchboard-model"] == completion.json()["model"]
         direct = await client.post("/v1/chat/completions", json=chat_body(STABLE))
         assert direct.json()["model"] == STABLE
+        assert direct.json()["choices"][0]["message"]["content"] == f"direct:{STABLE}"
         assert direct.headers["x-switchboard-model"] == STABLE and "x-switchboard-route" not in direct.headers
 
 
