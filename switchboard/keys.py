@@ -94,8 +94,9 @@ TAKEN_FIELD = "taken"
 CHUNK_FIELD = "c"
 WRITER_FIELD = "w"
 # A job record (`job_record`): the key that sent it, clients reading it now, times it was resumed,
-# and set once its last chunk was written.
+# set once its last chunk was written, and the model it is queued for (moved by a route's rollback).
 TENANT_FIELD = "tenant"
+MODEL_RECORD_FIELD = "model"
 READERS_FIELD = "readers"
 RESUMES_FIELD = "resumes"
 DONE_FIELD = "done"

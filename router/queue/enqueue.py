@@ -28,6 +28,7 @@ class Resumption(msgspec.Struct, frozen=True, kw_only=True):
     """A job's stream as a client resuming it finds it."""
 
     earlier: list[Chunk]  # the chunks the client had already
+    model: str | None  # the model the job is queued for (None for a record older than the field)
 
 
 class UnknownEntry(Exception):
@@ -52,13 +53,16 @@ class JobQueue:
         self._step_away = lua.register(redis, "step_away")
         self._cancel_marks = CancelMarks(redis)
 
-    async def submit(self, job: Job, *, owner: str, wake_stream: str | None = None) -> LoadFailure | None:
+    async def submit(
+        self, job: Job, *, owner: str, wake_stream: str | None = None, moved: bool = False
+    ) -> LoadFailure | None:
         """Append the job to its model's stream, unless the model's last load failed: then its failure.
 
         Its record (`keys.job_record`) is written, naming `owner` (the identity of the key that sent
         it, `Caller.owner`), its model noted in the demand index, and the
         demand stream (and `wake_stream`, if given) poked, in the same round trip. Submitting a job
-        again queues nothing.
+        again queues nothing. A `moved` job (`router.queue.move`) keeps its record, now naming its
+        new model.
         """
         script_keys = [
             keys.load_failure(job.model),
@@ -81,6 +85,8 @@ class JobQueue:
             owner,
             record_ttl_s(job),
         ]
+        if moved:
+            args.append("moved")
         failure = await self._enqueue(keys=script_keys, args=args)
         return None if failure is None else load_failure_decoder.decode(failure)
 
@@ -99,8 +105,9 @@ class JobQueue:
         if outcome == "unknown_entry":
             raise UnknownEntry(after)
         chunk_field = keys.CHUNK_FIELD.encode()
+        model = found[2].decode() if len(found) > 2 and found[2] else None
         return Resumption(
-            earlier=[chunk_decoder.decode(_field(fields, chunk_field)) for _, fields in found[1]]
+            earlier=[chunk_decoder.decode(_field(fields, chunk_field)) for _, fields in found[1]], model=model
         )
 
     async def load_claimed(self, model: str) -> bool:

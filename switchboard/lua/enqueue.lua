@@ -1,6 +1,6 @@
 -- Put a job on its model's stream in one round trip (router.queue.enqueue).
 --
--- A model whose last load failed takes no job: the failure's payload comes back instead, and the
+-- A model whose last load failed takes no new job: the failure's payload comes back instead, and the
 -- request is answered at once. Otherwise the job goes on its stream with its record, its model is
 -- noted in the demand index under the job's id (after the job: see switchboard.demand), and the
 -- model controllers are poked; the front door's own reader is poked only when KEYS[6] is given
@@ -13,8 +13,8 @@
 --
 -- KEYS[1]  the model's failure mark (keys.load_failure)
 -- KEYS[2]  the model's job stream (keys.job_stream); its entry's field 'job' (keys.JOB_FIELD)
--- KEYS[3]  the job record (keys.job_record): fields 'tenant' and 'readers' (keys.TENANT_FIELD,
---          keys.READERS_FIELD)
+-- KEYS[3]  the job record (keys.job_record): fields 'tenant', 'readers' and 'model'
+--          (keys.TENANT_FIELD, keys.READERS_FIELD, keys.MODEL_RECORD_FIELD)
 -- KEYS[4]  the demand index (keys.demand_index): model name → token of its last note
 -- KEYS[5]  the demand stream (keys.demand_stream); its entry's field 'm' (keys.MODEL_FIELD)
 -- KEYS[6]  optional: the front door's wake stream (keys.wake_stream); field 'w' (keys.WAKE_FIELD)
@@ -28,17 +28,28 @@
 -- ARGV[8]  the wake stream's TTL (seconds)
 -- ARGV[9]  the API key that sent the job, by its identity (`Caller.owner`; "" without keys)
 -- ARGV[10] the job record's TTL (seconds)
+-- ARGV[11] optional: "moved", for a job taken from another model's stream that no worker had taken
+--          (router.queue.move): its record exists already and is kept, its model changed; a move
+--          sent again (a retried command) queues nothing. It is queued even while the model's last
+--          load failed: its client waits for the model's next load rather than lose its job
 --
 -- Returns the model's load failure (encoded LoadFailure), or nil once the job is queued.
-local failure = redis.call('GET', KEYS[1])
-if failure then
-    return failure
+if ARGV[11] == 'moved' then
+    if redis.call('HGET', KEYS[3], 'model') == ARGV[3] then
+        return false
+    end
+    redis.call('HSET', KEYS[3], 'model', ARGV[3])
+else
+    local failure = redis.call('GET', KEYS[1])
+    if failure then
+        return failure
+    end
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+        return false
+    end
+    redis.call('HSET', KEYS[3], 'tenant', ARGV[9], 'readers', 1, 'model', ARGV[3])
+    redis.call('EXPIRE', KEYS[3], ARGV[10])
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-    return false
-end
-redis.call('HSET', KEYS[3], 'tenant', ARGV[9], 'readers', 1)
-redis.call('EXPIRE', KEYS[3], ARGV[10])
 redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 -- The index's lifetime is renewed when a model joins it: a model stays in it only while its stream

@@ -39,7 +39,7 @@ async def test_a_job_submitted_again_after_a_lost_reply_is_queued_once(redis: ai
     assert await redis.xlen(keys.job_stream(MODEL)) == 1
     record = await redis.hgetall(keys.job_record(one.id))  # type: ignore[misc]
     # The job is its key's by the key's identity, not by its name ("alice").
-    assert record == {b"tenant": OWNER.encode(), b"readers": b"1"}
+    assert record == {b"tenant": OWNER.encode(), b"readers": b"1", b"model": MODEL.encode()}
     # It lives until the job's results would have expired after its deadline, not forever.
     assert 60 < await redis.ttl(keys.job_record(one.id)) <= 60 + keys.RESULT_TTL_S
 
@@ -66,6 +66,7 @@ async def test_resuming_counts_a_reader_only_of_the_owners_kept_results_at_a_kno
     found = await queue.resume(one.id, "0-2", owner="")
     assert found is not None
     assert [chunk.text for chunk in found.earlier] == ["a", "b"], "the chunks the client had"
+    assert found.model == MODEL, "the model it was queued for (a route's caller keeps its version)"
     record = await redis.hgetall(keys.job_record(one.id))  # type: ignore[misc]
     assert (record[b"readers"], record[b"resumes"]) == (b"2", b"1")
     await queue.leave(one.id)
