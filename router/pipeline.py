@@ -7,7 +7,7 @@ at any step reaches `router.app`'s handler, which answers it with `RedisHealth.u
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request, Response
@@ -42,6 +42,7 @@ _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_request = msgspec.json.Decoder(CompletionRequest)
 
 Answer = Response[bytes] | Stream
+AnyAnswer = TypeVar("AnyAnswer", Response[bytes], Stream, Answer)
 
 
 class Pipeline:
@@ -90,7 +91,7 @@ class Pipeline:
         relay = chat_relay(chat, job, tools)
         self._health.require_up()
         if resume is not None:
-            return labelled(await self._resumed(job, caller, resume, relay, form), resolution)
+            return await self._resumed(job, caller, resume, relay, form, resolution)
         # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
         await check_job_fits(self._limits, job, template_renders_tools=model.tool_call_parser is not None)
         run = await self._queued(job, caller)
@@ -111,7 +112,7 @@ class Pipeline:
         relay = completion_relay(completion, job, prompts)
         self._health.require_up()
         if resume is not None:
-            return labelled(await self._resumed(job, caller, resume, relay, form), resolution)
+            return await self._resumed(job, caller, resume, relay, form, resolution)
         await check_job_fits(self._limits, job)
         run = await self._queued(job, caller)
         return labelled(await self._relayed(run, relay, stream=completion.stream, form=form), resolution)
@@ -146,17 +147,21 @@ class Pipeline:
         resume: ResumePoint,
         relay: ChatRelay | CompletionRelay,
         form: StreamForm,
+        resolution: Resolution,
     ) -> Stream:
         """The rest of a streamed answer whose client lost its connection; nothing new is queued.
 
         A resume is a request: admitted against its key's limits first (429, and nothing of the job
-        read or counted, when refused), then only the key that sent the job may read it (404)."""
+        read or counted, when refused), then only the key that sent the job may read it (404). It
+        is answered by the model its job was queued for, whatever a route's weights say now."""
         observer = JobObserver(job, resumed=True)
         with observer.phase("switchboard.admission"):
             ticket = await self._admission.admit_resume(job, caller)
         run, earlier = await self._runs.resume(job, ticket, resume.entry_id, observer)
+        relay.model = run.job.model
         relay.replay(earlier)
-        return await stream_response(run, relay, self._router, self._status, form)
+        answer = await stream_response(run, relay, self._router, self._status, form)
+        return labelled(answer, resolution.served_by(run.job.model))
 
     async def _relayed(
         self, run: JobRun, relay: ChatRelay | CompletionRelay, *, stream: bool, form: StreamForm
@@ -171,7 +176,7 @@ class Pipeline:
             await run.close()
 
 
-def labelled(answer: Answer, resolution: Resolution) -> Answer:
+def labelled(answer: AnyAnswer, resolution: Resolution) -> AnyAnswer:
     """`answer` with headers naming the model that served it, and the route it came through."""
     resolution.label(answer)
     return answer

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import msgspec
 from redis.exceptions import RedisError
 
 from router.admission.charges import Charge, DeliveredShare, UsedTokens
@@ -30,7 +31,7 @@ from router.openai.errors import (
     ResultsLostError,
     StreamNotFoundError,
 )
-from router.queue.enqueue import JobQueue, UnknownEntry
+from router.queue.enqueue import JobQueue, Resumption, UnknownEntry
 from router.queue.results import START, ResultReader, ResultsLost, Subscription
 from router.status.models import ModelStatusReader, may_serve
 from router.telemetry.job_observer import JobObserver
@@ -286,11 +287,15 @@ class JobRuns:
         the ticket's; a 400 if `after` is no entry of it. No new job is queued. Whatever refuses the
         reader gives its ticket back, and counts it as no reader of the job."""
         try:
-            earlier = await self._earlier_chunks(job.id, after, owner=ticket.caller.owner)
+            found = await self._earlier_chunks(job.id, after, owner=ticket.caller.owner)
         except BaseException:
             observer.closed(finished=False)
             await asyncio.shield(self._abandon(job.id, ticket, cancel=False))
             raise
+        earlier = found.earlier
+        if found.model is not None and found.model != job.model:
+            # The model the job was queued for: a route's weights may place its caller elsewhere now.
+            job = msgspec.structs.replace(job, model=found.model)
         if earlier and earlier[-1].is_last:
             # The client had the answer's last event (it lost only what followed, maybe `[DONE]`):
             # nothing is left to read, and waiting for more would hold it until the deadline.
@@ -303,10 +308,10 @@ class JobRuns:
                 await self._reader.wake()
         return self._run(job, subscription, ticket, observer, DeliveredShare(earlier)), earlier
 
-    async def _earlier_chunks(self, job_id: str, after: str, *, owner: str) -> list[Chunk]:
-        """The chunks of job `job_id` up to entry `after`, counting one more reader of it; a 404 or a
-        400 (counting nobody) for a job whose results are gone or are another key's, or an `after`
-        that is no entry of them."""
+    async def _earlier_chunks(self, job_id: str, after: str, *, owner: str) -> Resumption:
+        """The chunks of job `job_id` up to entry `after` (and the model it was queued for), counting
+        one more reader of it; a 404 or a 400 (counting nobody) for a job whose results are gone or
+        are another key's, or an `after` that is no entry of them."""
         try:
             found = await self._queue.resume(job_id, after, owner=owner)
         except UnknownEntry:
@@ -324,7 +329,7 @@ class JobRuns:
                 "within the resume grace), or it was sent with another API key. Send the request "
                 "again without Last-Event-ID."
             )
-        return found.earlier
+        return found
 
     def _run(
         self,

@@ -38,6 +38,10 @@ class Resolution:
     served: str
     route: Route | None = None
 
+    def served_by(self, model: str) -> Resolution:
+        """The same request, answered by `model` (a resumed stream's job keeps the version it had)."""
+        return self if model == self.served else Resolution(self.requested, model, self.route)
+
     def applied_to(self, job: Job) -> Job:
         """`job` naming the route it came through, if any (its `model` is already the served one)."""
         return job if self.route is None else msgspec.structs.replace(job, route=self.route.name)

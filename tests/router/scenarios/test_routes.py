@@ -293,3 +293,26 @@ async def test_the_routes_command_lists_shows_and_sets_weights(
         assert code == 1 and "404" in err
     with pytest.raises(SystemExit):
         parse_args(["routes", "set", ROUTE, "chat-v1:50"])
+
+
+async def test_a_resumed_stream_keeps_the_version_its_job_was_queued_for(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    async with both_targets_answered(redis), serving(routed_settings(redis_server.url, 100, 0)) as client:
+        first = await client.post("/v1/chat/completions", json=chat_body(user="ada", stream=True))
+        assert first.headers["x-switchboard-model"] == STABLE
+        request_id = first.headers["x-request-id"]
+        moved = await client.put(f"/admin/routes/{ROUTE}/weights", json={"weights": {STABLE: 0, CANARY: 100}})
+        assert moved.status_code == 200
+        # The client lost its connection before any event: it counted none, and resumes from the start.
+        resumed = await client.post(
+            "/v1/chat/completions",
+            json=chat_body(user="ada", stream=True),
+            headers={"Last-Event-ID": f"{request_id}:0"},
+        )
+        assert resumed.status_code == 200, resumed.text
+        events = [json.loads(line[6:]) for line in resumed.text.splitlines() if line.startswith("data: {")]
+        assert events and {event["model"] for event in events} == {STABLE}
+        assert resumed.headers["x-switchboard-model"] == STABLE
+        fresh = await client.post("/v1/chat/completions", json=chat_body(user="ada"))
+        assert fresh.json()["model"] == CANARY, "a new request of the same caller goes where the weights say"
