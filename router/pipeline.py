@@ -25,10 +25,12 @@ from router.intake.tools import plan_tools
 from router.openai.chat import ChatCompletionRequest
 from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
+from router.openai.errors import OpenAIError
 from router.queue.run import JobRun, JobRuns
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response
+from router.routing.fallback import failed_on_the_model, note_retry
 from router.routing.resolve import Resolution, resolve, stickiness_key
 from router.routing.table import RouteTable
 from router.status.models import ModelStatusReader
@@ -94,8 +96,7 @@ class Pipeline:
             return await self._resumed(job, caller, resume, relay, form, resolution)
         # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
         await check_job_fits(self._limits, job, template_renders_tools=model.tool_call_parser is not None)
-        run = await self._queued(job, caller)
-        return labelled(await self._relayed(run, relay, stream=chat.stream, form=form), resolution)
+        return await self._answered(job, caller, relay, stream=chat.stream, form=form, resolution=resolution)
 
     async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
         """`POST /v1/completions`."""
@@ -114,8 +115,9 @@ class Pipeline:
         if resume is not None:
             return await self._resumed(job, caller, resume, relay, form, resolution)
         await check_job_fits(self._limits, job)
-        run = await self._queued(job, caller)
-        return labelled(await self._relayed(run, relay, stream=completion.stream, form=form), resolution)
+        return await self._answered(
+            job, caller, relay, stream=completion.stream, form=form, resolution=resolution
+        )
 
     def _resolve(
         self, request: Request[Any, Any, Any], name: str, user: str | None, caller: Caller
@@ -129,6 +131,34 @@ class Pipeline:
         if resolution.route is not None:
             return self._models.require(resolution.served)
         return self._models.resolve(resolution.served, caller)
+
+    async def _answered(
+        self,
+        job: Job,
+        caller: Caller,
+        relay: ChatRelay | CompletionRelay,
+        *,
+        stream: bool,
+        form: StreamForm,
+        resolution: Resolution,
+    ) -> Answer:
+        """The job queued and its answer relayed; a routed job that its version fails before the first
+        byte is queued again on the route's stable version (`router.routing.fallback`)."""
+        try:
+            run = await self._queued(job, caller)
+            return labelled(await self._relayed(run, relay, stream=stream, form=form), resolution)
+        except OpenAIError as error:
+            stable = resolution.fallback
+            if stable is None or resolution.route is None or not failed_on_the_model(error):
+                raise
+            note_retry(resolution.route.name, job.model, stable, error)
+        await self._runs.forget(job.id)
+        job = msgspec.structs.replace(job, model=stable)
+        relay.model = stable
+        run = await self._queued(job, caller)
+        return labelled(
+            await self._relayed(run, relay, stream=stream, form=form), resolution.served_by(stable)
+        )
 
     async def _queued(self, job: Job, caller: Caller) -> JobRun:
         """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no

@@ -38,6 +38,14 @@ class Resolution:
     served: str
     route: Route | None = None
 
+    @property
+    def fallback(self) -> str | None:
+        """The model that answers when the serving one fails before the first byte: the route's stable
+        version (its first target), unless that is the one serving; None for a request not routed."""
+        if self.route is None or self.route.targets[0] == self.served:
+            return None
+        return self.route.targets[0]
+
     def served_by(self, model: str) -> Resolution:
         """The same request, answered by `model` (a resumed stream's job keeps the version it had)."""
         return self if model == self.served else Resolution(self.requested, model, self.route)

@@ -29,8 +29,9 @@ from switchboard.cli.main import parse_args
 from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, Usage, job_decoder
+from switchboard.wire import Chunk, JobError, LoadFailure, Usage, encode, job_decoder
 from tests.support.front_door_harness import serving, settings_for, write_chunks
+from tests.support.metric_samples import counter
 
 STABLE, CANARY, ROUTE = "chat-v1", "chat-v2", "chat"
 # Each caller is one HTTP request per phase (about 5 ms each on a small box); at 90/10, 4 sigma is
@@ -46,13 +47,17 @@ def routed_settings(redis_url: str, stable: int = 90, canary: int = 10) -> Setti
 
 
 @contextlib.asynccontextmanager
-async def both_targets_answered(redis: aioredis.Redis) -> AsyncIterator[list[str]]:
-    """Answer every job queued for either target with the name of the queue it was read from."""
+async def both_targets_answered(
+    redis: aioredis.Redis, failing: frozenset[str] = frozenset()
+) -> AsyncIterator[list[str]]:
+    """Answer every job queued for either target with the name of the queue it was read from; the
+    engine fails every job of a model in `failing`."""
     served: list[str] = []
     # Each answered job is deleted from its stream, as a worker's ack would free its place in the
     # queue, so reading every stream from its start finds only the jobs not answered yet.
     streams: dict[Any, Any] = {keys.job_stream(STABLE): "0", keys.job_stream(CANARY): "0"}
     done = Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))
+    broken = Chunk(error=JobError(code="engine_error", message="the engine died"))
 
     async def answer() -> None:
         while True:
@@ -65,7 +70,8 @@ async def both_targets_answered(redis: aioredis.Redis) -> AsyncIterator[list[str
                     served.append(model)
                     # The answer names the model that served, and says whether the job came through the route.
                     text = model if job.route == ROUTE else f"direct:{model}"
-                    await write_chunks(redis, job.id, msgspec.structs.replace(done, text=text))
+                    answer = msgspec.structs.replace(done, text=text) if model not in failing else broken
+                    await write_chunks(redis, job.id, answer)
                     await redis.xdel(stream, entry_id)
 
     task = asyncio.create_task(answer())
@@ -316,3 +322,37 @@ async def test_a_resumed_stream_keeps_the_version_its_job_was_queued_for(
         assert resumed.headers["x-switchboard-model"] == STABLE
         fresh = await client.post("/v1/chat/completions", json=chat_body(user="ada"))
         assert fresh.json()["model"] == CANARY, "a new request of the same caller goes where the weights say"
+
+
+async def test_a_request_its_canary_fails_before_the_first_byte_is_answered_by_the_stable_version(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    retried = counter("switchboard:route_retries", route=ROUTE, model=CANARY, reason="engine_error")
+    async with (
+        both_targets_answered(redis, failing=frozenset({CANARY})) as served,
+        serving(routed_settings(redis_server.url, 0, 100)) as client,
+    ):
+        for stream in (False, True):
+            answer = await client.post("/v1/chat/completions", json=chat_body(user="ada", stream=stream))
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-switchboard-model"] == STABLE
+            assert STABLE in answer.text and "engine died" not in answer.text
+        assert served == [CANARY, STABLE, CANARY, STABLE]
+        assert (
+            counter("switchboard:route_retries", route=ROUTE, model=CANARY, reason="engine_error")
+            == retried + 2
+        )
+        # Named directly, the canary's failure is the client's answer: nothing to fall back to.
+        direct = await client.post("/v1/chat/completions", json=chat_body(CANARY))
+        assert direct.status_code == 500 and direct.json()["error"]["message"] == "the engine died"
+
+        # A canary whose last load failed is not even queued: the stable version answers at once.
+        failure = LoadFailure(
+            model=CANARY, worker_id="w1", reason="no memory", failed_at=time.time(), retry_at=time.time() + 60
+        )
+        await redis.set(keys.load_failure(CANARY), encode(failure))
+        completion = await client.post(
+            "/v1/completions", json={"model": ROUTE, "prompt": "Hi", "max_tokens": 1}
+        )
+        assert completion.status_code == 200, completion.text
+        assert completion.json()["model"] == STABLE == completion.headers["x-switchboard-model"]

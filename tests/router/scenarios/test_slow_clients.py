@@ -22,10 +22,10 @@ import redis.asyncio as aioredis
 from router.http.connections import MAX_HEADER_BYTES
 from switchboard.config import Settings
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.metrics import REGISTRY
 from switchboard.ports import free_port
 from switchboard.wire import Chunk, Usage
 from tests.support.front_door_harness import BODY, next_job, serving, settings_for, write_chunks
+from tests.support.metric_samples import counter
 
 # Short limits, so that each case takes about a second.
 HEADER_TIMEOUT_S = 0.5
@@ -59,11 +59,6 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> tuple[f
         while chunk := await reader.read(65536):
             received += chunk
     return time.monotonic() - started, received
-
-
-def counter(name: str, **labels: str) -> float:
-    """The value of one sample of the front door's metrics (0 while it has none)."""
-    return REGISTRY.get_sample_value(f"{name}_total", labels) or 0.0
 
 
 async def test_a_slowloris_is_closed_after_the_header_timeout(redis_server: PrivateRedis) -> None:
