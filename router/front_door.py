@@ -46,7 +46,7 @@ class FrontDoor:
         self.redis = redis
         self._reader_redis = reader_redis
         self.tasks = TaskSet("front door")
-        self.models = ModelTable(settings.models, started=time.time())
+        self.models = ModelTable(settings.models, started=time.time(), routes=list(settings.routes))
         self.health = RedisHealth(redis)
         self.heartbeat = RouterHeartbeat(redis, router_id)
         self.reader = ResultReader(reader_redis, router_id, self.health)

@@ -91,12 +91,16 @@ class Pipeline:
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
         relay = chat_relay(chat, job, tools)
-        self._health.require_up()
-        if resume is not None:
-            return await self._resumed(job, caller, resume, relay, form, resolution)
-        # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
-        await check_job_fits(self._limits, job, template_renders_tools=model.tool_call_parser is not None)
-        return await self._answered(job, caller, relay, stream=chat.stream, form=form, resolution=resolution)
+        with resolution.naming_errors():
+            self._health.require_up()
+            if resume is not None:
+                return await self._resumed(job, caller, resume, relay, form, resolution)
+            # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
+            renders_tools = model.tool_call_parser is not None
+            await check_job_fits(self._limits, job, template_renders_tools=renders_tools)
+            return await self._answered(
+                job, caller, relay, stream=chat.stream, form=form, resolution=resolution
+            )
 
     async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
         """`POST /v1/completions`."""
@@ -111,13 +115,14 @@ class Pipeline:
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
         relay = completion_relay(completion, job, prompts)
-        self._health.require_up()
-        if resume is not None:
-            return await self._resumed(job, caller, resume, relay, form, resolution)
-        await check_job_fits(self._limits, job)
-        return await self._answered(
-            job, caller, relay, stream=completion.stream, form=form, resolution=resolution
-        )
+        with resolution.naming_errors():
+            self._health.require_up()
+            if resume is not None:
+                return await self._resumed(job, caller, resume, relay, form, resolution)
+            await check_job_fits(self._limits, job)
+            return await self._answered(
+                job, caller, relay, stream=completion.stream, form=form, resolution=resolution
+            )
 
     def _resolve(
         self, request: Request[Any, Any, Any], name: str, user: str | None, caller: Caller
@@ -155,10 +160,10 @@ class Pipeline:
         await self._runs.forget(job.id)
         job = msgspec.structs.replace(job, model=stable)
         relay.model = stable
-        run = await self._queued(job, caller)
-        return labelled(
-            await self._relayed(run, relay, stream=stream, form=form), resolution.served_by(stable)
-        )
+        retried = resolution.served_by(stable)
+        with retried.naming_errors():
+            run = await self._queued(job, caller)
+            return labelled(await self._relayed(run, relay, stream=stream, form=form), retried)
 
     async def _queued(self, job: Job, caller: Caller) -> JobRun:
         """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no

@@ -20,8 +20,10 @@ NO_WORKER_RETRY_S = 5.0
 class ModelTable:
     """The models this front door routes, and since when (the `created` of their model cards)."""
 
-    def __init__(self, models: Sequence[ModelConfig], started: float) -> None:
+    def __init__(self, models: Sequence[ModelConfig], started: float, routes: Sequence[str] = ()) -> None:
         self._models = {model.name: model for model in models}
+        # Route names are not models, but a 404 lists them beside the models a caller may name.
+        self._routes = list(routes)
         self.started = started
 
     def names(self) -> list[str]:
@@ -33,7 +35,8 @@ class ModelTable:
         use (none without a caller: nobody learns of models their key may not use)."""
         model = self._models.get(name)
         if model is None:
-            visible = [known for known in self._models if caller.may_use(known)] if caller else []
+            names = [*self._models, *self._routes]
+            visible = [known for known in names if caller.may_use(known)] if caller else []
             raise ModelNotFoundError(name, visible)
         note_model(name)
         return model

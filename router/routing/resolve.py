@@ -10,6 +10,8 @@ the answer's `model`) uses the target, the model that serves.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ import msgspec
 from litestar import Request, Response
 
 from router.admission.auth import Caller
+from router.openai.errors import OpenAIError
 from router.routing.table import RouteTable
 from router.telemetry.requests import current_request
 from switchboard.routes import Route
@@ -56,9 +59,24 @@ class Resolution:
 
     def label(self, answer: Response[Any]) -> None:
         """Name the serving model (and the route, if any) in `answer`'s headers."""
-        answer.set_header(MODEL_HEADER, self.served)
-        if self.route is not None:
-            answer.set_header(ROUTE_HEADER, self.route.name)
+        for name, value in self.headers().items():
+            answer.set_header(name, value)
+
+    @contextmanager
+    def naming_errors(self) -> Iterator[None]:
+        """Errors raised within name the model (and route) too, unless an inner one named them."""
+        try:
+            yield
+        except OpenAIError as error:
+            for name, value in self.headers().items():
+                error.headers.setdefault(name, value)
+            raise
+
+    def headers(self) -> dict[str, str]:
+        """The headers that name the serving model, and the route, if any."""
+        if self.route is None:
+            return {MODEL_HEADER: self.served}
+        return {MODEL_HEADER: self.served, ROUTE_HEADER: self.route.name}
 
 
 def resolve(routes: RouteTable, name: str, caller: Caller, stickiness_key: str) -> Resolution:

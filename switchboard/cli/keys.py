@@ -197,9 +197,10 @@ def _limit(value: int | None) -> str:
 
 
 def _warn_unknown_models(models: list[str], settings: Settings) -> None:
-    unknown = sorted(set(models) - {m.name for m in settings.models})
+    # A route is a name a key may be given, like a model (it then may use the route's targets).
+    unknown = sorted(set(models) - {m.name for m in settings.models} - set(settings.routes))
     if unknown:
-        _say(f"warning: models not in this configuration: {', '.join(unknown)}")
+        _say(f"warning: models (or routes) not in this configuration: {', '.join(unknown)}")
 
 
 def _names(text: str) -> list[str]:

@@ -202,11 +202,11 @@ def test_a_killed_front_doors_clients_resume_elsewhere_and_its_other_jobs_end(
         cancelled = orphans_cancelled(stack)
         queued = jobs_queued(store) - queued_before
         # Nothing of these requests stays but what expires by design: the abandoned jobs' result
-        # streams and the resume counter (RESULT_TTL_S), and A's in-flight slots until their
-        # deadline plus SLOT_GRACE_S.
+        # streams and the resume counter (RESULT_TTL_S), and A's in-flight slots, which nobody
+        # released, until their deadline plus SLOT_GRACE_S (allowed with that expiry, not waited for).
         census = stack.wait_until(
-            lambda: clean(stack.redis_url),
-            timeout_s=REQUEST_TIMEOUT_S + keys.SLOT_GRACE_S + 30,
+            lambda: clean(stack.redis_url, slots_expire_within_s=REQUEST_TIMEOUT_S + keys.SLOT_GRACE_S),
+            timeout_s=30,
             what="no stray keys",
         )
         clean_s = time.monotonic() - killed_at

@@ -262,9 +262,9 @@ def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiti
                         async_client.chat.completions.create(
                             model="tiny",
                             messages=MESSAGES,  # type: ignore[arg-type]
-                            max_tokens=128,
+                            max_tokens=96,
                         )
-                        for _ in range(48)
+                        for _ in range(32)
                     )
                 )
             return [reply.choices[0].message.content or "" for reply in replies]

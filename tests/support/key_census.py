@@ -100,8 +100,15 @@ def family_of(key: str) -> str | None:
     return None
 
 
-def take_census(redis_url: str) -> Census:
-    """Every key under Switchboard's prefix, by family; strays described."""
+# Admission slots: released when their request ends, or expiring with their key by themselves.
+SLOTS = {"in flight", "key in flight"}
+
+
+def take_census(redis_url: str, slots_expire_within_s: float | None = None) -> Census:
+    """Every key under Switchboard's prefix, by family; strays described. With
+    `slots_expire_within_s`, admission slots are allowed with an expiry at most that long (those of
+    a front door that was killed, which nobody released: they expire at their job's deadline plus
+    `keys.SLOT_GRACE_S`, too long to wait for)."""
     census = Census()
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         for pattern in keys.all_key_patterns():
@@ -122,8 +129,9 @@ def take_census(redis_url: str) -> Census:
                     pending = client.xpending(key, keys.JOB_GROUP)["pending"] if length else 0
                     if length or pending:
                         census.strays.append(f"{key} holds {length} jobs, {pending} pending")
-                elif family in KEPT_WITH_TTL:
-                    if not 0 < ttl <= KEPT_WITH_TTL[family]:
+                elif family in KEPT_WITH_TTL or (family in SLOTS and slots_expire_within_s):
+                    longest = KEPT_WITH_TTL.get(family) or slots_expire_within_s or 0
+                    if not 0 < ttl <= longest:
                         census.strays.append(f"{key} (ttl {ttl})")
                     census.longest_ttl[family] = max(census.longest_ttl.get(family, 0), ttl)
                 elif family not in LONG_LIVED:
@@ -131,7 +139,7 @@ def take_census(redis_url: str) -> Census:
     return census
 
 
-def clean(redis_url: str) -> Census | None:
+def clean(redis_url: str, slots_expire_within_s: float | None = None) -> Census | None:
     """The census, if it found no stray key (for polling until the strays are gone)."""
-    census = take_census(redis_url)
+    census = take_census(redis_url, slots_expire_within_s)
     return None if census.strays else census

@@ -30,7 +30,7 @@ from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, LoadFailure, Usage, encode, job_decoder
-from tests.support.front_door_harness import serving, settings_for, write_chunks
+from tests.support.front_door_harness import advertise, serving, settings_for, worker_record, write_chunks
 from tests.support.metric_samples import counter
 
 STABLE, CANARY, ROUTE = "chat-v1", "chat-v2", "chat"
@@ -356,3 +356,20 @@ async def test_a_request_its_canary_fails_before_the_first_byte_is_answered_by_t
         )
         assert completion.status_code == 200, completion.text
         assert completion.json()["model"] == STABLE == completion.headers["x-switchboard-model"]
+
+
+async def test_refusals_after_routing_name_the_version_and_a_404_lists_the_routes(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    # A live worker that may hold neither target: the stable version is refused with a 503 at once.
+    await advertise(redis, msgspec.structs.replace(worker_record("w1"), allowed=("elsewhere",)))
+    async with serving(routed_settings(redis_server.url, 100, 0)) as client:
+        refused = await client.post("/v1/chat/completions", json=chat_body(user="ada"))
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "no_worker_for_model"
+        assert refused.headers["x-switchboard-model"] == STABLE
+        assert refused.headers["x-switchboard-route"] == ROUTE
+        unknown = await client.post("/v1/chat/completions", json=chat_body("chat-v3"))
+        assert unknown.status_code == 404
+        assert ROUTE in unknown.json()["error"]["message"] and STABLE in unknown.json()["error"]["message"]
+        assert "x-switchboard-model" not in unknown.headers
