@@ -74,8 +74,12 @@ CORPUS = [
 ]
 
 
-def build_demo_model(target_dir: Path, *, progress: Callable[[str], None] | None = None) -> Path:
-    """Build the demo model into target_dir unless a complete one is already there."""
+def build_demo_model(
+    target_dir: Path, *, progress: Callable[[str], None] | None = None, seed: int = SEED
+) -> Path:
+    """Build the demo model into target_dir unless a complete one is already there. Another `seed`
+    gives another model of the same shape and tokenizer, which answers differently (a second
+    version of the demo model, for routes and rollouts)."""
     target_dir = Path(target_dir)
     report = progress or (lambda _message: None)
     if is_complete(target_dir):
@@ -87,7 +91,7 @@ def build_demo_model(target_dir: Path, *, progress: Callable[[str], None] | None
     scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=target_dir.parent))
     scratch.chmod(0o755)  # mkdtemp makes it private; the model is meant to be shared.
     try:
-        _build_into(scratch, report)
+        _build_into(scratch, report, seed)
         _move_into_place(scratch, target_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -110,11 +114,11 @@ def is_complete(folder: Path) -> bool:
     return marker.is_file() and marker.read_text().strip() == FORMAT_VERSION
 
 
-def _build_into(folder: Path, report: Callable[[str], None]) -> None:
+def _build_into(folder: Path, report: Callable[[str], None], seed: int) -> None:
     report("training tokenizer")
     tokenizer = _make_tokenizer()
     report("building weights")
-    model = _make_model(tokenizer)
+    model = _make_model(tokenizer, seed)
     report("saving")
     from transformers.utils import logging as hf_logging
 
@@ -178,7 +182,7 @@ def _make_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def _make_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def _make_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -199,7 +203,7 @@ def _make_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     # A fixed seed on a private RNG state: the same weights every time, and the
     # caller's random state is left alone.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
+        torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     _discourage_special_tokens(model, tokenizer)
     model.generation_config = GenerationConfig(

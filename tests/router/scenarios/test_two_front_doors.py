@@ -290,8 +290,13 @@ async def test_in_flight_requests_and_queue_depth_are_bounded_across_front_doors
     doors: Deployment,
 ) -> None:
     async with scripted_worker(doors, answer_at_once=False) as worker:
-        held = [started(doors.client(door % 2, "ops")) for door in range(MAX_IN_FLIGHT)]
-        taken = await worker.taken(MAX_IN_FLIGHT, held)
+        # One at a time, each taken before the next is sent: sent together, they could find the
+        # queue full (max_queue_depth) whenever the scripted worker is slower than their arrival.
+        held: list[asyncio.Task[str | None]] = []
+        taken: list[tuple[Job, bytes]] = []
+        for door in range(MAX_IN_FLIGHT):
+            held.append(started(doors.client(door % 2, "ops")))
+            taken += await worker.taken(1, held)
         for door in range(2):
             with pytest.raises(openai.RateLimitError) as busy:
                 await chat(doors.client(door, "ops"))
