@@ -7,6 +7,7 @@ at any step reaches `router.app`'s handler, which answers it with `RedisHealth.u
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -38,7 +39,7 @@ from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from router.telemetry.requests import arrival_id
 from switchboard.config import ModelConfig, Settings
-from switchboard.wire import Job
+from switchboard.wire import Chunk, Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_request = msgspec.json.Decoder(CompletionRequest)
@@ -151,7 +152,8 @@ class Pipeline:
         byte is queued again on the route's stable version (`router.routing.fallback`)."""
         try:
             run = await self._queued(job, caller)
-            return labelled(await self._relayed(run, relay, stream=stream, form=form), resolution)
+            answer = await self._relayed(run, relay, stream=stream, form=form)
+            return labelled(answer, resolution.served_by(run.served_model))
         except OpenAIError as error:
             stable = resolution.fallback
             if stable is None or resolution.route is None or not failed_on_the_model(error):
@@ -206,7 +208,7 @@ class Pipeline:
         if stream:
             return await stream_response(run, relay, self._router, self._status, form)
         try:
-            return json_response(await relay.assemble(run.chunks()))
+            return json_response(await relay.assemble(served_chunks(run, relay)))
         finally:
             await run.close()
 
@@ -215,6 +217,13 @@ def labelled(answer: AnyAnswer, resolution: Resolution) -> AnyAnswer:
     """`answer` with headers naming the model that served it, and the route it came through."""
     resolution.label(answer)
     return answer
+
+
+async def served_chunks(run: JobRun, relay: ChatRelay | CompletionRelay) -> AsyncIterator[Chunk]:
+    """The run's chunks, the relay naming the model that writes them (`JobRun.served_model`)."""
+    async for chunk in run.chunks():
+        relay.model = run.served_model
+        yield chunk
 
 
 def stream_form(request: Request[Any, Any, Any], resume: ResumePoint | None) -> StreamForm:

@@ -93,6 +93,8 @@ TAKEN_FIELD = "taken"
 # A result stream entry: the msgpack Chunk, and the id of the worker that wrote it (the fence).
 CHUNK_FIELD = "c"
 WRITER_FIELD = "w"
+# ... and on a writer's first chunk, the model it ran the job on (the job record's `model` then).
+SERVED_BY_FIELD = "m"
 # A job record (`job_record`): the key that sent it, clients reading it now, times it was resumed,
 # set once its last chunk was written, and the model it is queued for (moved by a route's rollback).
 TENANT_FIELD = "tenant"

@@ -52,6 +52,7 @@ RUN_ID_CHECK_S = 5.0
 
 START = "0-0"
 _CHUNK = keys.CHUNK_FIELD.encode()
+_SERVED_BY = keys.SERVED_BY_FIELD.encode()
 
 
 def entry_order(entry_id: bytes) -> tuple[int, int]:
@@ -90,6 +91,9 @@ class Subscription:
         # Set once its job is known to be in Redis (the enqueue returned, or the stream is resumed):
         # until then, a missing job record means only that it is on its way.
         self.queued = False
+        # The model that writes the job's results, once its first chunk says (`keys.SERVED_BY_FIELD`):
+        # another than `model` for a job moved to another model while it waited.
+        self.served_by: str | None = None
         self._queue: asyncio.Queue[tuple[str, Chunk] | ResultsLost] = asyncio.Queue()
 
     def deliver(self, entry_id: str, chunk: Chunk) -> None:
@@ -318,8 +322,11 @@ class ResultReader:
         if not subscriptions:  # unsubscribed while the read was in flight
             return
         chunks = [(entry_id, chunk_decoder.decode(fields[_CHUNK])) for entry_id, fields in entries]
+        served_by = next((fields[_SERVED_BY] for _, fields in entries if _SERVED_BY in fields), None)
         # A copy: a subscription that takes its last chunk leaves the list.
         for subscription in list(subscriptions):
+            if served_by is not None:
+                subscription.served_by = served_by.decode()
             self._deliver(subscription, chunks)
 
     def _deliver(self, subscription: Subscription, chunks: list[tuple[bytes, Chunk]]) -> None:

@@ -99,6 +99,12 @@ class JobRun:
         return self._subscription.taken_id
 
     @property
+    def served_model(self) -> str:
+        """The model that writes the job's results, as far as its chunks told: the job's own, unless
+        it was moved to another while it waited (`router.queue.move`)."""
+        return self._subscription.served_by or self.job.model
+
+    @property
     def ended(self) -> bool:
         """Whether the job's last chunk was handed out (or, for a resumed stream, its client had it):
         no chunk is left to wait for."""

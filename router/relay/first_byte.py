@@ -74,6 +74,7 @@ async def stream_response(
     run.mark_resumable()
     try:
         first = await run.wait_chunk(settings.first_byte_budget_s)
+        relay.model = run.served_model
         if first is not None and first.error is not None:
             raise error_for(first.error, run.job.model)
     except BaseException:
@@ -104,6 +105,7 @@ async def _events(
         while first is None and not run.ended:
             yield await _progress_comment(run.job.model, status) if form.event_ids else BLANK_LINE
             first = await run.wait_chunk(every_s)
+        relay.model = run.served_model
         # The relay takes a chunk, then yields its events: they come from the chunk taken last.
         async for event in relay.events(run.chunks(first)):
             if to_skip and event != SSE_DONE:

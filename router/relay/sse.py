@@ -30,6 +30,9 @@ _json = msgspec.json.Encoder()
 class Relay(Protocol):
     """One job's chunks as an OpenAI response, streamed or assembled."""
 
+    # The model the answer names: the one that writes its chunks.
+    model: str
+
     def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         """Server-sent events for a streamed response, ending with ``data: [DONE]``."""
         ...

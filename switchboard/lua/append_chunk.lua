@@ -25,8 +25,9 @@
 -- chunk may create its result stream: a stream the front door deleted (its client left, or it read
 -- the last chunk) is never brought back by a late chunk. And only while the job's record exists: a
 -- job whose record is gone (Redis restarted without it, or it expired) has nobody to read it, and
--- results created for it would be generated for nobody and kept until they expire. Fields: `c` the chunk, `w` its writer
--- (keys.CHUNK_FIELD, keys.WRITER_FIELD); `done` on the job record (keys.DONE_FIELD).
+-- results created for it would be generated for nobody and kept until they expire. Fields: `c` the chunk, `w` its writer,
+-- and on a writer's first chunk `m` the model that wrote it (keys.CHUNK_FIELD, keys.WRITER_FIELD,
+-- keys.SERVED_BY_FIELD); `done` on the job record (keys.DONE_FIELD).
 local function writer_of(fields)
   for i = 1, #fields, 2 do
     if fields[i] == 'w' then return fields[i + 1] end
@@ -56,7 +57,14 @@ else
   elseif seq >= 0 and last_writer and last_writer ~= ARGV[7] and ARGV[8] ~= '1' then
     return 2
   else
-    redis.call('XADD', KEYS[1], '0-' .. position, 'c', ARGV[1], 'w', ARGV[7])
+    -- A writer's first chunk names the model the job is queued for now (its record's): a job
+    -- moved to another model while it waited (router.queue.move) is answered under that name.
+    local model = ARGV[8] == '1' and redis.call('HGET', KEYS[4], 'model')
+    if model then
+      redis.call('XADD', KEYS[1], '0-' .. position, 'c', ARGV[1], 'w', ARGV[7], 'm', model)
+    else
+      redis.call('XADD', KEYS[1], '0-' .. position, 'c', ARGV[1], 'w', ARGV[7])
+    end
     redis.call('EXPIRE', KEYS[1], ARGV[2])
   end
 end

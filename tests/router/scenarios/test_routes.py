@@ -21,6 +21,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from router.queue.move import move_waiting_jobs
 from router.routing.table import POLL_S
 from switchboard import keys
 from switchboard.api_keys import digest
@@ -30,8 +31,16 @@ from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, LoadFailure, Usage, encode, job_decoder
-from tests.support.front_door_harness import advertise, serving, settings_for, worker_record, write_chunks
+from tests.support.front_door_harness import (
+    advertise,
+    next_job,
+    serving,
+    settings_for,
+    worker_record,
+    write_chunks,
+)
 from tests.support.metric_samples import counter
+from workers.jobs.writer import ResultWriter
 
 STABLE, CANARY, ROUTE = "chat-v1", "chat-v2", "chat"
 # Each caller is one HTTP request per phase (about 5 ms each on a small box); at 90/10, 4 sigma is
@@ -373,3 +382,29 @@ async def test_refusals_after_routing_name_the_version_and_a_404_lists_the_route
         assert unknown.status_code == 404
         assert ROUTE in unknown.json()["error"]["message"] and STABLE in unknown.json()["error"]["message"]
         assert "x-switchboard-model" not in unknown.headers
+
+
+async def test_a_job_moved_to_the_stable_version_while_it_waited_is_answered_under_its_name(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    """A rollback moves the canary's waiting jobs; the worker that runs one writes under the stable
+    version's name (its record's model, through the real append script), and the answer says so."""
+    writer = ResultWriter(redis, "w1")
+    writer.start()
+    async with serving(routed_settings(redis_server.url, 0, 100)) as client:
+        for stream in (False, True):
+            request = asyncio.create_task(
+                client.post("/v1/chat/completions", json=chat_body(user="ada", stream=stream))
+            )
+            job = await next_job(redis, CANARY)
+            assert await move_waiting_jobs(redis, CANARY, STABLE) == 1
+            done = Chunk(
+                text="moved", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)
+            )
+            await writer.append(job.id, encode(done), seq=0, first=True)
+            answer = await request
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-switchboard-model"] == STABLE
+            assert f'"model":"{STABLE}"' in answer.text and CANARY not in answer.text
+            await redis.delete(keys.job_stream(CANARY), keys.job_stream(STABLE))
+    await writer.stop()
