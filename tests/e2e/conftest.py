@@ -14,13 +14,27 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from switchboard.local.demo_model import build_demo_model, config_entry
-from tests.support.stack import MODEL, Stack, running_stack
+from tests.support.stack import (
+    BROKEN_VERSION,
+    MODEL,
+    ROUTE,
+    SECOND_VERSION,
+    SECOND_VERSION_SEED,
+    Stack,
+    running_stack,
+)
 
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model, built once per test session."""
     return build_demo_model(tmp_path_factory.mktemp("demo-model") / "model")
+
+
+@pytest.fixture(scope="session")
+def second_version_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second version of the demo model (other weights, same shape): it answers differently."""
+    return build_demo_model(tmp_path_factory.mktemp("demo-model-v2") / "model", seed=SECOND_VERSION_SEED)
 
 
 @pytest.fixture
@@ -42,11 +56,25 @@ def start_stack(
 # threads do not slow the rest of the suite.
 @pytest.fixture(scope="package")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+    demo_model_dir: Path,
+    second_version_dir: Path,
 ) -> Iterator[Stack]:
-    """Redis, a worker with the demo model loaded and answering, and the front door."""
-    # Its tool calls, when it makes any, are in the Python-like list syntax.
-    config = {"models": [config_entry(demo_model_dir, preload=True, tool_call_parser="pythonic")]}
+    """Redis, a worker with the demo model loaded and answering, and the front door.
+
+    Beside the demo model, the configuration holds a route over it and two other versions, which
+    load only when a test asks: a second version that answers differently, and one that cannot load
+    (tests/e2e/test_routes.py)."""
+    config = {
+        "models": [
+            # Its tool calls, when it makes any, are in the Python-like list syntax.
+            config_entry(demo_model_dir, preload=True, tool_call_parser="pythonic"),
+            config_entry(second_version_dir, name=SECOND_VERSION),
+            {**config_entry(demo_model_dir, name=BROKEN_VERSION), "path": "/nonexistent/model"},
+        ],
+        "routes": {ROUTE: {"targets": {MODEL: 100, SECOND_VERSION: 0, BROKEN_VERSION: 0}}},
+    }
     with running_stack(config, root=tmp_path_factory.mktemp("e2e"), session=request.session) as stack:
         # Models load on demand: one answered request, so that no test pays for the load.
         stack.wait_serving(MODEL)

@@ -73,6 +73,12 @@ from switchboard.logs import LOG_LABEL_ENV
 from switchboard.ports import free_port
 
 MODEL = DEMO_MODEL_NAME
+# The shared e2e stack's route over the demo model (its stable version) and two other versions:
+# one with other weights, which answers differently, and one that cannot load.
+ROUTE = "tiny-chat"
+SECOND_VERSION = "tiny-v2"
+BROKEN_VERSION = "tiny-broken"
+SECOND_VERSION_SEED = 2
 # Generous: a busy machine took over two minutes to start one vLLM CPU engine.
 STACK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
