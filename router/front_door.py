@@ -46,7 +46,9 @@ class FrontDoor:
         self.redis = redis
         self._reader_redis = reader_redis
         self.tasks = TaskSet("front door")
-        self.models = ModelTable(settings.models, started=time.time(), routes=list(settings.routes))
+        self.models = ModelTable(
+            settings.models, started=time.time(), routes=[*settings.routes, *settings.pipelines]
+        )
         self.health = RedisHealth(redis)
         self.heartbeat = RouterHeartbeat(redis, router_id)
         self.reader = ResultReader(reader_redis, router_id, self.health)
@@ -66,6 +68,7 @@ class FrontDoor:
             admission=self.admission,
             runs=self.runs,
             routes=self.routes,
+            pipelines=settings.pipelines,
         )
 
     @classmethod

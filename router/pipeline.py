@@ -7,7 +7,7 @@ at any step reaches `router.app`'s handler, which answers it with `RedisHealth.u
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -31,7 +31,7 @@ from router.queue.run import JobRun, JobRuns
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response
-from router.routing.fallback import failed_on_the_model, note_retry
+from router.routing.fallback import failed_on_the_model, note_fallback
 from router.routing.resolve import Resolution, resolve, stickiness_key
 from router.routing.table import RouteTable
 from router.status.models import ModelStatusReader
@@ -39,6 +39,7 @@ from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from router.telemetry.requests import arrival_id
 from switchboard.config import ModelConfig, Settings
+from switchboard.model_pipelines import PipelineConfig
 from switchboard.wire import Chunk, Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
@@ -62,10 +63,12 @@ class Pipeline:
         admission: Admission,
         runs: JobRuns,
         routes: RouteTable,
+        pipelines: Mapping[str, PipelineConfig],
     ) -> None:
         self._router = settings.router
         self._models = models
         self._routes = routes
+        self._pipelines = pipelines
         self._health = health
         self._status = status
         self._limits = limits
@@ -77,6 +80,34 @@ class Pipeline:
         chat = await decode_body(request, _chat_request)
         check_chat(chat)
         resolution = self._resolve(request, chat.model, chat.user, caller)
+        resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=chat.stream)
+
+        async def answer_on(served: Resolution) -> Answer:
+            return await self._chat_on(served, request, chat, caller, resume)
+
+        return await self._first_answer(resolution if resume is None else resolution.alone(), answer_on)
+
+    async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
+        """`POST /v1/completions`."""
+        completion = await decode_body(request, _completion_request)
+        prompts = check_completion(completion)
+        resolution = self._resolve(request, completion.model, completion.user, caller)
+        resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=completion.stream)
+
+        async def answer_on(served: Resolution) -> Answer:
+            return await self._completion_on(served, request, completion, prompts, caller, resume)
+
+        return await self._first_answer(resolution if resume is None else resolution.alone(), answer_on)
+
+    async def _chat_on(
+        self,
+        resolution: Resolution,
+        request: Request[Any, Any, Any],
+        chat: ChatCompletionRequest,
+        caller: Caller,
+        resume: ResumePoint | None,
+    ) -> Answer:
+        """A chat completion answered by the resolved model."""
         chat = msgspec.structs.replace(chat, model=resolution.served)
         model = self._served_model(resolution, caller)
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
@@ -88,53 +119,71 @@ class Pipeline:
             job_id=arrival_id(),
         )
         job = resolution.applied_to(job)
-        resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=chat.stream)
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
         relay = chat_relay(chat, job, tools)
-        with resolution.naming_errors():
-            self._health.require_up()
-            if resume is not None:
-                return await self._resumed(job, caller, resume, relay, form, resolution)
-            # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
-            renders_tools = model.tool_call_parser is not None
-            await check_job_fits(self._limits, job, template_renders_tools=renders_tools)
-            return await self._answered(
-                job, caller, relay, stream=chat.stream, form=form, resolution=resolution
-            )
+        self._health.require_up()
+        if resume is not None:
+            return await self._resumed(job, caller, resume, relay, form, resolution)
+        # A model with a tool-call parser has a template that renders tools (`least_chat_chars`).
+        await check_job_fits(self._limits, job, template_renders_tools=model.tool_call_parser is not None)
+        return await self._answered(job, caller, relay, stream=chat.stream, form=form, resolution=resolution)
 
-    async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
-        """`POST /v1/completions`."""
-        completion = await decode_body(request, _completion_request)
-        prompts = check_completion(completion)
-        resolution = self._resolve(request, completion.model, completion.user, caller)
+    async def _completion_on(
+        self,
+        resolution: Resolution,
+        request: Request[Any, Any, Any],
+        completion: CompletionRequest,
+        prompts: int,
+        caller: Caller,
+        resume: ResumePoint | None,
+    ) -> Answer:
+        """A plain completion answered by the resolved model."""
         completion = msgspec.structs.replace(completion, model=resolution.served)
         self._served_model(resolution, caller)
         job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=arrival_id())
         job = resolution.applied_to(job)
-        resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=completion.stream)
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
         relay = completion_relay(completion, job, prompts)
-        with resolution.naming_errors():
-            self._health.require_up()
-            if resume is not None:
-                return await self._resumed(job, caller, resume, relay, form, resolution)
-            await check_job_fits(self._limits, job)
-            return await self._answered(
-                job, caller, relay, stream=completion.stream, form=form, resolution=resolution
-            )
+        self._health.require_up()
+        if resume is not None:
+            return await self._resumed(job, caller, resume, relay, form, resolution)
+        await check_job_fits(self._limits, job)
+        return await self._answered(
+            job, caller, relay, stream=completion.stream, form=form, resolution=resolution
+        )
+
+    async def _first_answer(
+        self, resolution: Resolution, answer_on: Callable[[Resolution], Awaitable[Answer]]
+    ) -> Answer:
+        """The answer of the resolved model; should it fail before the first byte, that of its first
+        fallback that does not (`router.routing.fallback`). Errors name the model that gave them."""
+        while True:
+            try:
+                with resolution.naming_errors():
+                    return await answer_on(resolution)
+            except OpenAIError as error:
+                fallback = resolution.fallback()
+                if fallback is None or not failed_on_the_model(error):
+                    raise
+                note_fallback(resolution, fallback.served, error)
+            # The next model's job takes the same id (the request's): the failed one's results go.
+            request_id = arrival_id()
+            if request_id is not None:
+                await self._runs.forget(request_id)
+            resolution = fallback
 
     def _resolve(
         self, request: Request[Any, Any, Any], name: str, user: str | None, caller: Caller
     ) -> Resolution:
-        """The model that serves a request naming `name` (`router.routing`)."""
-        return resolve(self._routes, name, caller, stickiness_key(request, user, caller))
+        """The model that serves a request naming `name`, and its fallbacks (`router.routing`)."""
+        return resolve(self._routes, self._pipelines, name, caller, stickiness_key(request, user, caller))
 
     def _served_model(self, resolution: Resolution, caller: Caller) -> ModelConfig:
         """The serving model's configuration: a 404 unless routed here; a 403 unless the caller's key
-        may use it, directly or through the route it named."""
-        if resolution.route is not None:
+        may use it, directly or through the route or pipeline it named."""
+        if resolution.chosen_for_the_caller:
             return self._models.require(resolution.served)
         return self._models.resolve(resolution.served, caller)
 
@@ -148,24 +197,10 @@ class Pipeline:
         form: StreamForm,
         resolution: Resolution,
     ) -> Answer:
-        """The job queued and its answer relayed; a routed job that its version fails before the first
-        byte is queued again on the route's stable version (`router.routing.fallback`)."""
-        try:
-            run = await self._queued(job, caller)
-            answer = await self._relayed(run, relay, stream=stream, form=form)
-            return labelled(answer, resolution.served_by(run.served_model))
-        except OpenAIError as error:
-            stable = resolution.fallback
-            if stable is None or resolution.route is None or not failed_on_the_model(error):
-                raise
-            note_retry(resolution.route.name, job.model, stable, error)
-        await self._runs.forget(job.id)
-        job = msgspec.structs.replace(job, model=stable)
-        relay.model = stable
-        retried = resolution.served_by(stable)
-        with retried.naming_errors():
-            run = await self._queued(job, caller)
-            return labelled(await self._relayed(run, relay, stream=stream, form=form), retried)
+        """The job queued and its answer relayed, named after the model that wrote it."""
+        run = await self._queued(job, caller)
+        answer = await self._relayed(run, relay, stream=stream, form=form)
+        return labelled(answer, resolution.served_by(run.served_model))
 
     async def _queued(self, job: Job, caller: Caller) -> JobRun:
         """Admit `job` for `caller` and queue it: 429 at a limit; 503 with Retry-After for a model no

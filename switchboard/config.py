@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from switchboard import keys
+from switchboard.model_pipelines import PipelineConfig, PipelineError, check_pipelines
 from switchboard.redis_address import RedisAddressError, checked_redis_url
 from switchboard.router_config import RouterConfig
 
@@ -227,6 +228,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
     routes: dict[RouteName, RouteConfig] = msgspec.field(default_factory=dict)
+    pipelines: dict[RouteName, PipelineConfig] = msgspec.field(default_factory=dict)
 
     def model(self, name: str) -> ModelConfig | None:
         """The configured model called `name`, if any."""
@@ -340,7 +342,11 @@ def _check_consistency(settings: Settings) -> None:
             f"configured models are: {', '.join(names)}"
         )
     _check_routes(settings.routes, names)
-    _check_api_keys(settings.auth.keys, [*names, *settings.routes])
+    try:
+        check_pipelines(settings.pipelines, names, list(settings.routes))
+    except PipelineError as exc:
+        raise ConfigError(str(exc)) from None
+    _check_api_keys(settings.auth.keys, [*names, *settings.routes, *settings.pipelines])
 
 
 def _check_routes(routes: dict[str, RouteConfig], model_names: list[str]) -> None:

@@ -1,10 +1,12 @@
-"""A routed request that its version fails before the first byte is answered by the route's stable one.
+"""A request that its model fails before the first byte is answered by a fallback.
 
-A canary that cannot load, that no live worker may hold, whose queue is full, or whose engine fails
-the job, fails before anything of the answer went out: the client has seen nothing, and the stable
-version (the route's first target) can answer instead. A bad canary then costs its callers latency,
-not errors. Failures that another version would meet as well (the key's own limits, Redis, the
-request's deadline, the client's mistakes) are answered as they are.
+A model that cannot load, that no live worker may hold, whose queue is full, whose context is too
+short for the prompt, or whose engine fails the job, fails before anything of the answer went out:
+the client has seen nothing, and another model can answer instead. For a route, that is its stable
+version (its first target), so a bad canary costs its callers latency, not errors; for a pipeline of
+fallbacks (`switchboard.model_pipelines`), its next step. Failures that another model would meet as
+well (the key's own limits, Redis, the request's deadline, the client's mistakes) are answered as
+they are, as is the last fallback's failure.
 
 A streamed answer is retried only while its headers wait for the first chunk
 (`router.first_byte_budget_s`); past that budget the headers and keep-alives are out, and an error
@@ -14,41 +16,60 @@ travels as an event, as for any model.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
 from router.openai.errors import (
     EngineError,
+    InvalidRequestError,
     ModelLoadFailedError,
     NoWorkerForModelError,
     OpenAIError,
     TooManyRequestsError,
 )
+from router.telemetry.requests import current_request
+from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.metrics import REGISTRY
+
+if TYPE_CHECKING:
+    from router.routing.resolve import Resolution
 
 logger = logging.getLogger(__name__)
 
-ROUTE_RETRIES = Counter(
-    "switchboard:route_retries",
-    "Routed requests that their version failed before the first byte, answered by the route's stable "
-    "version instead, by route, the version that failed, and why (the error's code).",
-    ["route", "model", "reason"],
+# OpenAI's code for a prompt longer than the model's context (router.admission.fits).
+CONTEXT_TOO_LONG = CONTEXT_LENGTH_EXCEEDED
+
+FALLBACKS = Counter(
+    "switchboard:fallbacks",
+    "Requests that a model failed before the first byte, answered by a fallback instead: a route's "
+    "stable version, or a pipeline's next step; by the route or pipeline the request named, the model "
+    "that failed, and why (the error's code).",
+    ["via", "model", "reason"],
     registry=REGISTRY,
 )
 
 
 def failed_on_the_model(error: OpenAIError) -> bool:
-    """Whether `error` is the model's own failure, which another version of it may not meet."""
+    """Whether `error` is the model's own failure, which another model may not meet."""
     if isinstance(error, TooManyRequestsError):
-        return error.code == "queue_full"  # the key's limits would refuse the stable version too
+        return error.code == "queue_full"  # the key's limits would refuse the next model too
+    if isinstance(error, InvalidRequestError):
+        return error.code == CONTEXT_TOO_LONG  # another model may hold a longer context
     return isinstance(error, EngineError | ModelLoadFailedError | NoWorkerForModelError)
 
 
-def note_retry(route: str, model: str, stable: str, error: OpenAIError) -> None:
-    """Count and log a request of `route` that `model` failed, sent to `stable` instead."""
+def note_fallback(failed: Resolution, fallback: str, error: OpenAIError) -> None:
+    """Count and log a request that `failed.served` failed, sent to `fallback` instead."""
+    via = failed.requested
     reason = error.code or type(error).__name__
-    ROUTE_RETRIES.labels(route, model, reason).inc()
+    FALLBACKS.labels(via, failed.served, reason).inc()
     logger.info(
-        "a routed request failed on its version before the first byte; retried on the stable one",
-        extra={"route": route, "model": model, "stable": stable, "reason": reason},
+        "a model failed a request before its first byte; its fallback answers",
+        extra={"via": via, "model": failed.served, "fallback": fallback, "reason": reason},
     )
+    observed = current_request()
+    if observed is not None and observed.span is not None:
+        observed.span.add_event(
+            "switchboard.fallback", {"switchboard.failed_model": failed.served, "error.type": reason}
+        )

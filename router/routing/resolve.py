@@ -1,16 +1,19 @@
-"""Which model serves a request that names a route, and how the answer says so.
+"""Which model serves a request that names a route or a pipeline, what answers should it fail, and
+how the answer says so.
 
 A request naming a route is resolved here, before anything is queued, to one of the route's targets:
 the caller's key must be allowed the route (it then may use its targets through it), and the caller
 is placed by a stickiness key, so that the same caller stays on the same target while weights stay.
 The stickiness key is, first found: the `x-session-id` header, the request's `user`, the API key,
 the client's address (with no keys). Everything after (admission, limits, context checks, the job,
-the answer's `model`) uses the target, the model that serves.
+the answer's `model`) uses the target, the model that serves. A pipeline of fallbacks
+(`switchboard.model_pipelines`) serves with its first step and keeps the others, in order, for a
+failure before the first byte; a route keeps its stable version for a canary's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -19,39 +22,57 @@ import msgspec
 from litestar import Request, Response
 
 from router.admission.auth import Caller
-from router.openai.errors import OpenAIError
+from router.openai.errors import ModelNotFoundError, OpenAIError
 from router.routing.table import RouteTable
 from router.telemetry.requests import current_request
+from switchboard.model_pipelines import PipelineConfig
 from switchboard.routes import Route
 from switchboard.wire import Job
 
 SESSION_HEADER = "x-session-id"
 ROUTE_HEADER = "x-switchboard-route"
+PIPELINE_HEADER = "x-switchboard-pipeline"
 MODEL_HEADER = "x-switchboard-model"
 # The span attributes of a routed request (the served model is `gen_ai.request.model`, as unrouted).
 ROUTE_ATTRIBUTE = "switchboard.route"
+PIPELINE_ATTRIBUTE = "switchboard.pipeline"
 REQUESTED_ATTRIBUTE = "switchboard.requested_model"
 
 
 @dataclass(frozen=True, slots=True)
 class Resolution:
-    """The name a request gave, the model that serves it, and the route between them, if any."""
+    """The name a request gave, the model that serves it, the route (and pipeline) between them, and
+    the models that answer instead, in order, should it fail before the first byte
+    (`router.routing.fallback`): a route's stable version, a pipeline's later steps."""
 
     requested: str
     served: str
     route: Route | None = None
+    pipeline: str | None = None
+    # The fallbacks: each a model and the route it comes through, if any.
+    later: tuple[tuple[str, Route | None], ...] = ()
 
-    @property
-    def fallback(self) -> str | None:
-        """The model that answers when the serving one fails before the first byte: the route's stable
-        version (its first target), unless that is the one serving; None for a request not routed."""
-        if self.route is None or self.route.targets[0] == self.served:
+    def fallback(self) -> Resolution | None:
+        """The same request resolved to its next fallback; None when none is left."""
+        if not self.later:
             return None
-        return self.route.targets[0]
+        (model, route), *rest = self.later
+        return Resolution(self.requested, model, route, self.pipeline, tuple(rest))
+
+    def alone(self) -> Resolution:
+        """The same request with no fallback (a resumed stream: its job exists already)."""
+        return Resolution(self.requested, self.served, self.route, self.pipeline)
 
     def served_by(self, model: str) -> Resolution:
         """The same request, answered by `model` (a resumed stream's job keeps the version it had)."""
-        return self if model == self.served else Resolution(self.requested, model, self.route)
+        if model == self.served:
+            return self
+        return Resolution(self.requested, model, self.route, self.pipeline, self.later)
+
+    @property
+    def chosen_for_the_caller(self) -> bool:
+        """Whether the caller named a route or pipeline, whose key then may use the served model."""
+        return self.route is not None or self.pipeline is not None
 
     def applied_to(self, job: Job) -> Job:
         """`job` naming the route it came through, if any (its `model` is already the served one)."""
@@ -64,31 +85,75 @@ class Resolution:
 
     @contextmanager
     def naming_errors(self) -> Iterator[None]:
-        """Errors raised within name the model (and route) too, unless an inner one named them."""
+        """Errors raised within name the model (and route) too, unless an inner one named them, or the
+        model is no model here (a 404 names nothing that does not exist)."""
         try:
             yield
         except OpenAIError as error:
+            if isinstance(error, ModelNotFoundError):
+                raise
             for name, value in self.headers().items():
                 error.headers.setdefault(name, value)
             raise
 
     def headers(self) -> dict[str, str]:
-        """The headers that name the serving model, and the route, if any."""
-        if self.route is None:
-            return {MODEL_HEADER: self.served}
-        return {MODEL_HEADER: self.served, ROUTE_HEADER: self.route.name}
+        """The headers that name the serving model, and the route and pipeline, if any."""
+        named = {MODEL_HEADER: self.served}
+        if self.route is not None:
+            named[ROUTE_HEADER] = self.route.name
+        if self.pipeline is not None:
+            named[PIPELINE_HEADER] = self.pipeline
+        return named
 
 
-def resolve(routes: RouteTable, name: str, caller: Caller, stickiness_key: str) -> Resolution:
-    """The model that serves a request naming `name`: `name` itself unless it is a route (a 403 for a
-    route the caller's key may not use)."""
+def resolve(
+    routes: RouteTable,
+    pipelines: Mapping[str, PipelineConfig],
+    name: str,
+    caller: Caller,
+    stickiness_key: str,
+) -> Resolution:
+    """The model that serves a request naming `name`, and its fallbacks: `name` itself unless it is a
+    route or a pipeline (a 403 for one the caller's key may not use; its key then may use what the
+    route or pipeline leads to)."""
+    pipeline = pipelines.get(name)
+    if pipeline is not None:
+        caller.require_model(name)
+        chain = _deduplicated(
+            [placed for step in pipeline.steps() for placed in _placed(routes, step, stickiness_key)]
+        )
+        _note_on_span(PIPELINE_ATTRIBUTE, name)
+        (served, route), *later = chain
+        return Resolution(name, served, route, name, tuple(later))
     route = routes.get(name)
     if route is None:
         return Resolution(requested=name, served=name)
     caller.require_model(name)
-    served = route.target_for(stickiness_key)
-    _note_on_span(name)
-    return Resolution(requested=name, served=served, route=route)
+    _note_on_span(ROUTE_ATTRIBUTE, name)
+    (served, _), *later = _placed(routes, name, stickiness_key)
+    return Resolution(name, served, route, later=tuple(later))
+
+
+def _placed(routes: RouteTable, step: str, stickiness_key: str) -> list[tuple[str, Route | None]]:
+    """The models a step sends a caller to, in order: a model itself; a route's version for this
+    caller, then the route's stable version if that is another."""
+    route = routes.get(step)
+    if route is None:
+        return [(step, None)]
+    target = route.target_for(stickiness_key)
+    stable = route.targets[0]
+    return [(target, route)] if target == stable else [(target, route), (stable, route)]
+
+
+def _deduplicated(chain: list[tuple[str, Route | None]]) -> list[tuple[str, Route | None]]:
+    """`chain` with each model kept at its first place only (it would fail the same way again)."""
+    seen: set[str] = set()
+    kept = []
+    for model, route in chain:
+        if model not in seen:
+            seen.add(model)
+            kept.append((model, route))
+    return kept
 
 
 def stickiness_key(request: Request[Any, Any, Any], user: str | None, caller: Caller) -> str:
@@ -106,8 +171,8 @@ def stickiness_key(request: Request[Any, Any, Any], user: str | None, caller: Ca
     return f"address:{client.host if client else ''}"
 
 
-def _note_on_span(route: str) -> None:
+def _note_on_span(attribute: str, name: str) -> None:
     observed = current_request()
     if observed is not None and observed.span is not None:
-        observed.span.set_attribute(ROUTE_ATTRIBUTE, route)
-        observed.span.set_attribute(REQUESTED_ATTRIBUTE, route)
+        observed.span.set_attribute(attribute, name)
+        observed.span.set_attribute(REQUESTED_ATTRIBUTE, name)

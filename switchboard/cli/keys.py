@@ -197,10 +197,11 @@ def _limit(value: int | None) -> str:
 
 
 def _warn_unknown_models(models: list[str], settings: Settings) -> None:
-    # A route is a name a key may be given, like a model (it then may use the route's targets).
-    unknown = sorted(set(models) - {m.name for m in settings.models} - set(settings.routes))
+    # A route or a pipeline is a name a key may be given, like a model (it then may use its steps).
+    known = {m.name for m in settings.models} | set(settings.routes) | set(settings.pipelines)
+    unknown = sorted(set(models) - known)
     if unknown:
-        _say(f"warning: models (or routes) not in this configuration: {', '.join(unknown)}")
+        _say(f"warning: models (or routes, pipelines) not in this configuration: {', '.join(unknown)}")
 
 
 def _names(text: str) -> list[str]:

@@ -336,7 +336,7 @@ async def test_a_resumed_stream_keeps_the_version_its_job_was_queued_for(
 async def test_a_request_its_canary_fails_before_the_first_byte_is_answered_by_the_stable_version(
     redis_server: PrivateRedis, redis: aioredis.Redis
 ) -> None:
-    retried = counter("switchboard:route_retries", route=ROUTE, model=CANARY, reason="engine_error")
+    retried = counter("switchboard:fallbacks", via=ROUTE, model=CANARY, reason="engine_error")
     async with (
         both_targets_answered(redis, failing=frozenset({CANARY})) as served,
         serving(routed_settings(redis_server.url, 0, 100)) as client,
@@ -348,7 +348,7 @@ async def test_a_request_its_canary_fails_before_the_first_byte_is_answered_by_t
             assert STABLE in answer.text and "engine died" not in answer.text
         assert served == [CANARY, STABLE, CANARY, STABLE]
         assert (
-            counter("switchboard:route_retries", route=ROUTE, model=CANARY, reason="engine_error")
+            counter("switchboard:fallbacks", via=ROUTE, model=CANARY, reason="engine_error")
             == retried + 2
         )
         # Named directly, the canary's failure is the client's answer: nothing to fall back to.
