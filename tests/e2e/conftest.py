@@ -17,6 +17,7 @@ from switchboard.local.demo_model import build_demo_model, config_entry
 from tests.support.stack import (
     BROKEN_VERSION,
     MODEL,
+    PIPELINE,
     ROUTE,
     SECOND_VERSION,
     SECOND_VERSION_SEED,
@@ -65,7 +66,8 @@ def stack(
 
     Beside the demo model, the configuration holds a route over it and two other versions, which
     load only when a test asks: a second version that answers differently, and one that cannot load
-    (tests/e2e/test_routes.py)."""
+    (tests/e2e/test_routes_and_pipelines.py), and a pipeline of fallbacks from the broken one to the
+    demo model."""
     config = {
         "models": [
             # Its tool calls, when it makes any, are in the Python-like list syntax.
@@ -74,6 +76,7 @@ def stack(
             {**config_entry(demo_model_dir, name=BROKEN_VERSION), "path": "/nonexistent/model"},
         ],
         "routes": {ROUTE: {"targets": {MODEL: 100, SECOND_VERSION: 0, BROKEN_VERSION: 0}}},
+        "pipelines": {PIPELINE: {"fallbacks": [BROKEN_VERSION, MODEL]}},
     }
     with running_stack(config, root=tmp_path_factory.mktemp("e2e"), session=request.session) as stack:
         # Models load on demand: one answered request, so that no test pays for the load.

@@ -158,8 +158,8 @@ def test_prompt_longer_than_the_model_takes_is_a_400(client: OpenAI) -> None:
 
 def test_models_and_health_endpoints(client: OpenAI, stack: Stack) -> None:
     models = client.models.list()
-    # The demo model, two more versions of it, and the route over them (tests/e2e/conftest.py).
-    assert [m.id for m in models.data] == [MODEL, "tiny-v2", "tiny-broken", "tiny-chat"]
+    # The demo model, two more versions of it, the route over them and a pipeline (tests/e2e/conftest.py).
+    assert [m.id for m in models.data] == [MODEL, "tiny-v2", "tiny-broken", "tiny-chat", "tiny-resilient"]
     assert httpx.get(f"{stack.base_url}/healthz", timeout=10).json()["status"] == "ok"
     ready = httpx.get(f"{stack.base_url}/readyz", timeout=10)
     assert ready.status_code == 200

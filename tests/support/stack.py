@@ -79,6 +79,8 @@ ROUTE = "tiny-chat"
 SECOND_VERSION = "tiny-v2"
 BROKEN_VERSION = "tiny-broken"
 SECOND_VERSION_SEED = 2
+# ... and its pipeline of fallbacks: the version that cannot load, then the demo model.
+PIPELINE = "tiny-resilient"
 # Generous: a busy machine took over two minutes to start one vLLM CPU engine.
 STACK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
