@@ -1,4 +1,5 @@
-"""`switchboard models`: where every model stands, as a table, from the front door's `/admin/models`.
+"""`switchboard models`: where every model stands, as a table, from the front door's `/admin/models`;
+then the routes and pipelines (`/v1/models`).
 
 Only the standard library: the CLI imports this without the front door's dependencies.
 """
@@ -46,8 +47,29 @@ def show_models(base_url: str, api_key: str | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(render_table(payload), end="")
+    print(render_table(payload) + render_names(_cards(base_url, headers)), end="")
     return 0
+
+
+def render_names(cards: list[dict[str, Any]]) -> str:
+    """Under the table, from `/v1/models`: each route with its targets, each pipeline with its steps."""
+    lines = []
+    for card in cards:
+        if card.get("owned_by") == "switchboard-route":
+            lines.append(f"route {card['id']}: {', '.join(card.get('targets', []))}")
+        elif card.get("owned_by") == "switchboard-pipeline":
+            lines.append(f"pipeline {card['id']}: fallbacks {' -> '.join(card.get('fallbacks', []))}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _cards(base_url: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+    """The model cards of `/v1/models`; none if it cannot be read (the table was, which matters more)."""
+    request = urllib.request.Request(f"{base_url.rstrip('/')}/v1/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return list(json.load(response).get("data", []))
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
 
 
 def render_table(payload: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ import uvicorn
 from router.app import create_app
 from switchboard import api_keys as key_secrets
 from switchboard import keys
-from switchboard.cli.models import COLUMNS, human_seconds, render_table, show_models
+from switchboard.cli.models import COLUMNS, human_seconds, render_names, render_table, show_models
 from switchboard.config import ApiKey, ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.ports import free_port
@@ -144,6 +144,18 @@ async def test_show_models_prints_the_table(
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("MODEL")
     assert len(out.splitlines()) == 6
+
+
+def test_routes_and_pipelines_are_listed_under_the_table() -> None:
+    cards = [
+        {"id": "tiny", "owned_by": "switchboard"},
+        {"id": "chat", "owned_by": "switchboard-route", "targets": ["chat-v1", "chat-v2"]},
+        {"id": "resilient", "owned_by": "switchboard-pipeline", "fallbacks": ["chat", "small"]},
+    ]
+    assert render_names(cards).splitlines() == [
+        "route chat: chat-v1, chat-v2",
+        "pipeline resilient: fallbacks chat -> small",
+    ]
 
 
 def test_show_models_says_what_to_do_when_nothing_listens(capsys: pytest.CaptureFixture[str]) -> None:
