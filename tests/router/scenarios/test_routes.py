@@ -347,10 +347,7 @@ async def test_a_request_its_canary_fails_before_the_first_byte_is_answered_by_t
             assert answer.headers["x-switchboard-model"] == STABLE
             assert STABLE in answer.text and "engine died" not in answer.text
         assert served == [CANARY, STABLE, CANARY, STABLE]
-        assert (
-            counter("switchboard:fallbacks", via=ROUTE, model=CANARY, reason="engine_error")
-            == retried + 2
-        )
+        assert counter("switchboard:fallbacks", via=ROUTE, model=CANARY, reason="engine_error") == retried + 2
         # Named directly, the canary's failure is the client's answer: nothing to fall back to.
         direct = await client.post("/v1/chat/completions", json=chat_body(CANARY))
         assert direct.status_code == 500 and direct.json()["error"]["message"] == "the engine died"
