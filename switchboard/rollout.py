@@ -276,6 +276,11 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     stable: Figures
     reasons: tuple[str, ...] = ()
 
+    def check(self, at: float) -> Check:
+        """This verdict as the check a rollout's state keeps (not for "wait")."""
+        passed = self.outcome == "pass"
+        return Check(at=at, passed=passed, canary=self.canary, stable=self.stable, reasons=self.reasons)
+
 
 def verdict(plan: RolloutPlan, canary: Window, stable: Window, baseline: Figures | None = None) -> Verdict:
     """The canary against stable over one window: "wait" (too few canary requests yet), "pass",

@@ -11,7 +11,6 @@ index, so that workers that do not hold it look at it.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, Literal
 
 import msgspec
@@ -26,12 +25,9 @@ from router.intake.body import decode_body, require_json
 from router.openai.errors import InvalidRequestError, RouteNotFoundError
 from router.routing.table import RouteTable
 from router.routing.views import RouteStatusList, WeightsRequest, route_status
+from router.status import desired
 from router.status.models import ModelStatusList, ModelStatusReader
-from switchboard import keys
-from switchboard.catalogue import bump_catalogue
-from switchboard.demand import note_demand, poke_demand
 from switchboard.routes import Route, WeightsError
-from switchboard.wire import DesiredState, encode
 
 # An admin key while auth is on. With auth off the front door is loopback-only (or its operator
 # chose router.allow_open_access), and these endpoints are open like the rest.
@@ -78,16 +74,7 @@ async def request_model_state(
 async def _request(
     redis: aioredis.Redis, status: ModelStatusReader, name: str, action: Literal["load", "unload"]
 ) -> Response[bytes]:
-    desired = DesiredState(action=action, at=time.time())
-    pipe = redis.pipeline(transaction=False)
-    pipe.set(keys.desired_state(name), encode(desired), ex=keys.DESIRED_TTL_S)
-    # In this order: a controller that reads the demand index, then the version, sees the request.
-    bump_catalogue(pipe)
-    if action == "load":
-        note_demand(pipe, name, uuid.uuid4().hex)  # weighed by every worker that may hold it
-    else:
-        poke_demand(pipe, name)  # only its holders act, and they weigh what they hold
-    await pipe.execute()
+    await desired.request_model_state(redis, name, action)
     return json_response(await status.read_one(name), status_code=202)
 
 
