@@ -30,9 +30,10 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from switchboard import keys
-from switchboard.rollout import RolloutState, decode_state, encode_state
+from switchboard.rollout import RolloutPlan, RolloutState, decode_state, encode_state, new_rollout
 
 # A bucket is a hundredth of a percent: weights are whole percents, and 10,000 buckets spread the
 # callers of a 1 % canary over 100 of them.
@@ -48,6 +49,10 @@ _weights_json = msgspec.json.Decoder(dict[str, int])
 
 class WeightsError(ValueError):
     """Weights a route cannot take; the message says why."""
+
+
+class RolloutConflict(Exception):
+    """A rollout cannot start (one runs) or stop (none runs); the message says which."""
 
 
 class Route(msgspec.Struct, frozen=True, kw_only=True):
@@ -174,6 +179,47 @@ def stage_weights(
     pipe.hset(keys.route(name), mapping=fields)
     pipe.hincrby(keys.route(name), VERSION_FIELD, 1)
     _mark_changed(pipe)
+
+
+async def start_rollout(redis: aioredis.Redis, route: Route, plan: RolloutPlan) -> RolloutState:
+    """Start rolling out `plan` (checked) on `route`: warming first, its canary at weight 0.
+    RolloutConflict while one runs (or the route changed as it started)."""
+    state = new_rollout(plan, stable=route.targets[0])
+    return await _replace_rollout(redis, route, lambda current: _starting(current, state))
+
+
+async def abort_rollout(redis: aioredis.Redis, route: Route, reason: str) -> RolloutState:
+    """End the rollout running on `route` at once, its canary back to weight 0 (stable the rest).
+    RolloutConflict when none runs."""
+    return await _replace_rollout(redis, route, lambda current: _aborted(current, reason))
+
+
+def _starting(current: RolloutState | None, state: RolloutState) -> RolloutState:
+    if current is not None and current.running:
+        raise RolloutConflict(f"a rollout of {current.plan.canary} runs ({current.phase}); abort it first")
+    return state
+
+
+def _aborted(current: RolloutState | None, reason: str) -> RolloutState:
+    if current is None or not current.running:
+        raise RolloutConflict("no rollout runs on this route")
+    return current.moved("aborted", "aborted", reason, reason=reason)
+
+
+async def _replace_rollout(redis: aioredis.Redis, route: Route, change: Any) -> RolloutState:
+    """Write the state `change` makes of the route's current rollout, with its weights, if the
+    route's hash did not change meanwhile (WATCH)."""
+    key = keys.route(route.name)
+    async with redis.pipeline(transaction=True) as pipe:
+        await pipe.watch(key)
+        state: RolloutState = change(decode_state(await pipe.hget(key, ROLLOUT_FIELD)))
+        pipe.multi()
+        stage_weights(pipe, route.name, state.weights(route.targets), route.targets, state)
+        try:
+            await pipe.execute()
+        except WatchError:
+            raise RolloutConflict("the route changed meanwhile; try again") from None
+    return state
 
 
 def _encoded(targets: Sequence[str], weights: Sequence[int]) -> bytes:

@@ -137,7 +137,9 @@ async def read_window(
     return windows_from(fields.items(), models)
 
 
-def windows_from(fields: Iterable[tuple[bytes | str, bytes | str]], models: Sequence[str]) -> dict[str, Window]:
+def windows_from(
+    fields: Iterable[tuple[bytes | str, bytes | str]], models: Sequence[str]
+) -> dict[str, Window]:
     """The `Window` of each of `models` in a window hash's fields."""
     found = {model: Window() for model in models}
     for raw_field, raw_count in fields:
