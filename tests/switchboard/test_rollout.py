@@ -33,7 +33,9 @@ def histogram(*seconds: float) -> dict[int, int]:
     return counts
 
 
-def window(requests: int, failures: int = 0, ttft_s: float = 0.1, itl_s: float = 0.02, cold: int = 0) -> Window:
+def window(
+    requests: int, failures: int = 0, ttft_s: float = 0.1, itl_s: float = 0.02, cold: int = 0
+) -> Window:
     warm = requests - cold
     return Window(
         requests=requests,
@@ -138,7 +140,13 @@ def test_the_state_survives_json_and_gives_the_weights_of_its_phase() -> None:
     assert half.weights(TARGETS) == (50, 50)
     back = half.moved("rolled_back", "rolled_back", "TTFT", 103.0, reason="TTFT")
     assert back.weights(TARGETS) == (100, 0) and back.ended == 103.0 and not back.running
-    assert [e.event for e in decode_state(encode_state(back)).events] == ["started", "step", "step", "rolled_back"]  # type: ignore[union-attr]
+    read_back = decode_state(encode_state(back))
+    assert read_back is not None and [e.event for e in read_back.events] == [
+        "started",
+        "step",
+        "step",
+        "rolled_back",
+    ]  # type: ignore[union-attr]
     assert decode_state(b"not json") is None and decode_state(None) is None
 
 

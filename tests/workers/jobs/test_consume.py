@@ -73,7 +73,9 @@ async def test_no_more_jobs_run_at_once_than_the_worker_allows(worker: Worker) -
     assert all(chunks[-1].finish_reason == "length" for chunks in results)
 
 
-async def test_the_first_chunk_of_a_job_made_before_its_model_was_warm_says_cold_start(worker: Worker) -> None:
+async def test_the_first_chunk_of_a_job_made_before_its_model_was_warm_says_cold_start(
+    worker: Worker,
+) -> None:
     """A job that waited for its model's load says so on its first chunk (a rollout leaves its time to
     first token out); one made after the model was warm does not."""
     waited = msgspec.structs.replace(job("fast 3"), created=time.time() - 3600)
