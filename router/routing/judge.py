@@ -47,6 +47,7 @@ LEASE_MS = 5000
 # A warming canary's load is asked for again this often (a desired state expires; a worker may have
 # started since).
 LOAD_AGAIN_S = 30.0
+TARGETS_CHANGED = "the route's targets changed in the config"
 
 
 class RolloutJudge:
@@ -116,16 +117,27 @@ class RolloutJudge:
             state = decode_state(await pipe.hget(route_key, ROLLOUT_FIELD))
             if state is None or not state.running:
                 return
-            following = await self._next_state(route.name, state, time.time())
-            if following is None:
+            found = await self._following(route, state)
+            if found is None:
                 return
+            following, weights = found
             pipe.multi()
-            stage_weights(pipe, route.name, following.weights(route.targets), route.targets, following)
+            stage_weights(pipe, route.name, weights, route.targets, following)
             try:
                 await pipe.execute()
             except WatchError:
                 return  # the operator changed the route meanwhile, or the lease passed on: read again
         await self._acted(route, following)
+
+    async def _following(
+        self, route: Route, state: RolloutState
+    ) -> tuple[RolloutState, tuple[int, ...]] | None:
+        """The state that follows `state` now and the route's weights in it; None while it stays."""
+        if state.plan.canary not in route.targets or state.stable != route.targets[0]:
+            # The config changed the route's targets under the rollout: it ends, the weights stay.
+            return state.moved("aborted", "aborted", TARGETS_CHANGED, reason=TARGETS_CHANGED), route.weights
+        following = await self._next_state(route.name, state, time.time())
+        return None if following is None else (following, following.weights(route.targets))
 
     async def _next_state(self, route: str, state: RolloutState, now: float) -> RolloutState | None:
         """The state that follows `state` now; None while it stays as it is."""
