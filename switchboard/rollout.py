@@ -315,3 +315,36 @@ def verdict(plan: RolloutPlan, canary: Window, stable: Window, baseline: Figures
 
 def _percent(rate: float) -> str:
     return f"{rate * 100:.1f} %"
+
+
+def after_check(state: RolloutState, judged: Verdict, now: float) -> RolloutState:
+    """The state that follows a judged window (not "wait"): a pass moves to the next step, or
+    promotes from the hold at 100 %; a failure counts, and enough of them, or a fatal one, roll
+    back. Every check but the last starts a new window."""
+    plan = state.plan
+    baseline = judged.stable if judged.stable.requests >= plan.min_requests else state.baseline
+    judged_state = msgspec.structs.replace(state, last_check=judged.check(now), baseline=baseline)
+    if judged.outcome == "pass":
+        if state.phase == "holding":
+            return judged_state.moved("promoted", "promoted", now=now)
+        step = state.step + 1
+        phase: Phase = "holding" if step == len(plan.steps) - 1 else "stepping"
+        detail = f"{plan.steps[step]} %"
+        return judged_state.moved(
+            phase, "step", detail, now, step=step, step_started=now, window=state.window + 1
+        )
+    failed = state.checks_failed + 1
+    reason = "; ".join(judged.reasons)
+    if judged.outcome == "fatal" or failed >= plan.failed_checks_to_roll_back:
+        return judged_state.moved(
+            "rolled_back", "rolled_back", reason, now, checks_failed=failed, reason=reason
+        )
+    return judged_state.moved(
+        state.phase,
+        "check_failed",
+        reason,
+        now,
+        checks_failed=failed,
+        step_started=now,
+        window=state.window + 1,
+    )

@@ -35,7 +35,7 @@ from router.status.desired import request_model_state
 from router.status.models import ModelStatusReader
 from router.telemetry.metrics import ROLLOUT_EVENTS, ROUTE_WEIGHT
 from switchboard import keys
-from switchboard.rollout import Phase, RolloutState, decode_state, verdict
+from switchboard.rollout import Phase, RolloutState, after_check, decode_state, verdict
 from switchboard.routes import ROLLOUT_FIELD, Route, stage_weights
 from switchboard.tasks import TaskSet, poll
 
@@ -150,49 +150,7 @@ class RolloutJudge:
         judged = verdict(plan, windows[plan.canary], windows[state.stable], state.baseline)
         if judged.outcome == "wait":
             return None
-        window = state.window + 1
-        baseline = judged.stable if judged.stable.requests >= plan.min_requests else state.baseline
-        check = judged.check(now)
-        if judged.outcome == "pass":
-            if state.phase == "holding":
-                return state.moved("promoted", "promoted", now=now, last_check=check, baseline=baseline)
-            step = state.step + 1
-            phase: Phase = "holding" if step == len(plan.steps) - 1 else "stepping"
-            detail = f"{plan.steps[step]} %"
-            return state.moved(
-                phase,
-                "step",
-                detail,
-                now,
-                step=step,
-                step_started=now,
-                window=window,
-                last_check=check,
-                baseline=baseline,
-            )
-        failed = state.checks_failed + 1
-        reason = "; ".join(judged.reasons)
-        if judged.outcome == "fatal" or failed >= plan.failed_checks_to_roll_back:
-            return state.moved(
-                "rolled_back",
-                "rolled_back",
-                reason,
-                now,
-                checks_failed=failed,
-                last_check=check,
-                reason=reason,
-            )
-        return state.moved(
-            state.phase,
-            "check_failed",
-            reason,
-            now,
-            checks_failed=failed,
-            step_started=now,
-            window=window,
-            last_check=check,
-            baseline=baseline,
-        )
+        return after_check(state, judged, now)
 
     async def _warming(self, state: RolloutState, now: float) -> RolloutState | None:
         canary = state.plan.canary

@@ -11,6 +11,7 @@ from switchboard.rollout import (
     PlanError,
     RolloutPlan,
     Window,
+    after_check,
     bucket_index,
     bucket_upper_s,
     checked_plan,
@@ -174,3 +175,24 @@ def test_observations_count_only_a_running_rollouts_targets_and_read_back_summed
     assert found["chat-v2"].requests == 4 and found["chat-v2"].cold == 2
     assert found["chat-v2"].ttft == {bucket_index(0.1): 2}  # the cold one's 30 s left out
     assert found["chat-v1"].requests == 2 and found["chat-v1"].failures == 2
+
+
+def test_checks_step_the_canary_up_promote_it_from_the_hold_and_roll_it_back_after_enough_failures() -> None:
+    healthy = verdict(PLAN, window(20), window(50))
+    slow = verdict(PLAN, window(20, ttft_s=0.5), window(50))
+    state = new_rollout(PLAN, stable="chat-v1", now=0.0).moved("stepping", "step", "10 %", 1.0, window=1)
+    state = after_check(state, healthy, 2.0)
+    assert (state.phase, state.step, state.window, state.step_started) == ("stepping", 1, 2, 2.0)
+    state = after_check(state, slow, 3.0)
+    assert (state.phase, state.step, state.window, state.checks_failed) == ("stepping", 1, 3, 1)
+    assert state.last_check is not None and not state.last_check.passed
+    state = after_check(state, healthy, 4.0)
+    assert (state.phase, state.step, state.weights(TARGETS)) == ("holding", 2, (0, 100))
+    assert state.baseline is not None and state.baseline.requests == 50
+    promoted = after_check(state, healthy, 5.0)
+    assert promoted.phase == "promoted" and promoted.weights(TARGETS) == (0, 100) and promoted.ended == 5.0
+    rolled_back = after_check(state, slow, 5.0)  # the second failed check of the rollout
+    assert rolled_back.phase == "rolled_back" and rolled_back.weights(TARGETS) == (100, 0)
+    assert rolled_back.reason == "TTFT p95 5.2× stable's (limit 1.5×)"
+    fatal = after_check(state, verdict(PLAN, window(20, failures=15), window(50)), 5.0)
+    assert fatal.phase == "rolled_back" and fatal.checks_failed == 2
