@@ -40,6 +40,7 @@ class JobObserver:
     def __init__(self, job: Job, *, resumed: bool = False) -> None:
         self.model = job.model
         self.route = job.route
+        self._deadline = job.deadline
         self._resumed = resumed
         request = current_request()
         if request is not None:
@@ -145,11 +146,13 @@ class JobObserver:
             if self._error is not None and self._error not in FAILURE_CODES:
                 return  # the client's mistake (invalid_request)
         else:
-            # The job did not end with its last chunk: an error on its way (a 5xx: the deadline
-            # passed, its model failed to load) is the model's; a client that left is nobody's.
-            # The error is the one in flight here: closing is part of its unwinding.
+            # The job did not end with its last chunk: past its deadline, or with a 5xx on its way
+            # (its model failed to load), it failed; a client that left before is nobody's fault.
+            # The error is the one in flight here, as closing is part of its unwinding; a stream's
+            # error is relayed as an event first, so its deadline is what tells.
             error = sys.exc_info()[1]
-            if not isinstance(error, OpenAIError) or error.status_code < 500:
+            server_error = isinstance(error, OpenAIError) and error.status_code >= 500
+            if not server_error and time.time() < self._deadline:
                 return
             failed = True
         ttft_s = itl_s = None

@@ -97,14 +97,19 @@ async def scripted_workers(redis: aioredis.Redis, behaviour: Behaviour) -> Async
 
 
 @contextlib.asynccontextmanager
-async def traffic(*clients: httpx.AsyncClient) -> AsyncIterator[list[int]]:
+async def traffic(*clients: httpx.AsyncClient, stream: bool = False) -> AsyncIterator[list[int]]:
     """Requests to the route from new callers, 8 at a time through each client, until the block ends;
     the statuses answered."""
     statuses: list[int] = []
+    body = {
+        "model": ROUTE,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "stream": stream,
+    }
 
     async def caller(client: httpx.AsyncClient) -> None:
         while not client.is_closed:  # a front door stopped mid-test closes its client
-            body = {"model": ROUTE, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
             with contextlib.suppress(httpx.HTTPError, RuntimeError):
                 response = await client.post(
                     "/v1/chat/completions", json=body, headers={"x-session-id": uuid.uuid4().hex}
@@ -225,6 +230,23 @@ async def test_a_slow_canary_is_rolled_back_for_its_time_to_first_token(
             ended = await until(client, lambda r: r["phase"] == "rolled_back", 10)
     assert ended["reason"].startswith("TTFT p95 ") and ended["reason"].endswith("× stable's (limit 3×)")
     assert set(statuses) == {200}  # slow, not failing
+
+
+async def test_a_canary_that_never_answers_is_rolled_back_as_its_streams_time_out(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    """Streams whose headers went before their deadline passed end with an error event, not a status:
+    their deadline counts them as the canary's failures."""
+    stuck: Behaviour = lambda model, n: (3600.0 if model == CANARY else 0.01, False)  # noqa: E731
+    settings = routed_settings(redis_server.url, 100, 0)
+    settings.router.request_timeout_s = 1.0
+    settings.router.first_byte_budget_s = 0.2
+    plan = {"canary": CANARY, **QUICK_PLAN, "steps": [50, 100]}
+    async with scripted_workers(redis, stuck), serving(settings) as client:
+        assert (await client.post(f"/admin/routes/{ROUTE}/rollout", json=plan)).status_code == 201
+        async with traffic(client, stream=True):
+            ended = await until(client, lambda r: r["phase"] == "rolled_back", 10)
+    assert ended["reason"].startswith("failure rate 100.0 %") and ended["checks_failed"] == 1
 
 
 async def test_the_operator_starts_shows_and_aborts_a_rollout_and_bad_plans_are_400s(
