@@ -143,13 +143,16 @@ def run(args: argparse.Namespace, base_url: str, api_key: str | None) -> int:
 
 
 def render_routes(routes: list[dict[str, Any]]) -> str:
-    """One line per route: its name, targets with weights in their fixed order, version, last change."""
-    rows = [("ROUTE", "WEIGHTS", "VERSION", "CHANGED")]
+    """One line per route: its name, targets with weights in their fixed order, version, last change,
+    and its last rollout's canary and phase."""
+    rows = [("ROUTE", "WEIGHTS", "VERSION", "CHANGED", "ROLLOUT")]
     for route in routes:
         weights = "  ".join(f"{target['model']}={target['weight']}" for target in route["targets"])
         changed = route.get("updated")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(changed)) if changed else "-"
-        rows.append((route["name"], weights, str(route["version"]), when))
+        rollout = route.get("rollout")
+        state = f"{rollout['canary']} {rollout['phase']}" if rollout else "-"
+        rows.append((route["name"], weights, str(route["version"]), when, state))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n" for row in rows

@@ -299,5 +299,7 @@ async def test_the_operator_starts_shows_and_aborts_a_rollout_and_bad_plans_are_
         code, out, _ = await asyncio.to_thread(routes, "abort", ROUTE)
         assert code == 0 and "aborted" in out and "aborted by operator" in out
         assert (await rollout_of(client))["phase"] == "aborted"
+        code, out, _ = await asyncio.to_thread(routes, "list")
+        assert code == 0 and f"{CANARY} aborted" in out
         code, _, err = await asyncio.to_thread(routes, "abort", ROUTE)
         assert code == 1 and "409" in err
