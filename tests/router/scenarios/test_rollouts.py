@@ -41,7 +41,9 @@ FAST: Behaviour = lambda model, n: (0.1, False)  # noqa: E731  (scheduling noise
 # two: above stable's 0 % + 5 points, below the rate that rolls back at once (50 %).
 FAILING_CANARY: Behaviour = lambda model, n: (0.02, model == CANARY and n % 10 in (3, 6, 9))  # noqa: E731
 
-QUICK_PLAN = {"interval_s": 0.5, "min_requests": 5, "max_ttft_p95_ratio": 3.0, "max_itl_p95_ratio": 3.0}
+# Short steps; a healthy canary's latency is stable's, so its ratios are held only to what a loaded
+# machine's noise could never reach.
+QUICK_PLAN = {"interval_s": 0.5, "min_requests": 5, "max_ttft_p95_ratio": 5.0, "max_itl_p95_ratio": 5.0}
 
 
 @pytest.fixture(autouse=True)
@@ -223,13 +225,16 @@ async def test_a_failing_canary_is_rolled_back_with_its_reason_a_warning_and_the
 async def test_a_slow_canary_is_rolled_back_for_its_time_to_first_token(
     redis_server: PrivateRedis, redis: aioredis.Redis
 ) -> None:
-    slow: Behaviour = lambda model, n: (0.6 if model == CANARY else 0.05, False)  # noqa: E731
+    # 16 times stable's time to first token, judged at the default limit (1.5x): a loaded machine's
+    # noise on stable's 50 ms cannot hide it.
+    slow: Behaviour = lambda model, n: (0.8 if model == CANARY else 0.05, False)  # noqa: E731
     plan = {"canary": CANARY, **QUICK_PLAN, "steps": [50, 100], "failed_checks_to_roll_back": 1}
+    del plan["max_ttft_p95_ratio"]
     async with scripted_workers(redis, slow), serving(routed_settings(redis_server.url, 100, 0)) as client:
         assert (await client.post(f"/admin/routes/{ROUTE}/rollout", json=plan)).status_code == 201
         async with traffic(client) as statuses:
             ended = await until(client, lambda r: r["phase"] == "rolled_back", 10)
-    assert ended["reason"].startswith("TTFT p95 ") and ended["reason"].endswith("× stable's (limit 3×)")
+    assert ended["reason"].startswith("TTFT p95 ") and ended["reason"].endswith("× stable's (limit 1.5×)")
     assert set(statuses) == {200}  # slow, not failing
 
 
