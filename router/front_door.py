@@ -23,6 +23,7 @@ from router.pipeline import Pipeline
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.run import JobRuns
+from router.routing.judge import RolloutJudge
 from router.routing.table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
 from router.status.models import ModelStatusReader
@@ -59,6 +60,7 @@ class FrontDoor:
         queue = JobQueue(redis, self.tasks)
         self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id)
         self.routes = RouteTable(redis, settings.routes)
+        self.judge = RolloutJudge(redis, self.routes, self.status, router_id)
         self.pipeline = Pipeline(
             settings,
             models=self.models,
@@ -98,6 +100,7 @@ class FrontDoor:
                 raise
         front_door.reader.start(front_door.tasks)
         front_door.routes.start(front_door.tasks)
+        front_door.judge.start(front_door.tasks)
         front_door.heartbeat.start(front_door.tasks)
         front_door.health.start(front_door.tasks)
         return front_door
@@ -105,6 +108,7 @@ class FrontDoor:
     async def close(self) -> None:
         """Stop every background task, remove the heartbeat and close the connections."""
         await self.tasks.stop()
+        await self.judge.stop()
         await self.heartbeat.forget()
         await self._reader_redis.aclose()
         await self.redis.aclose()

@@ -293,6 +293,24 @@ def routes_version() -> str:
     return f"{PREFIX}:routes:version"
 
 
+# A rollout's observation windows outlive their last write by this long: a judge reads a window
+# within seconds; a day leaves them for an operator's look afterwards.
+ROLLOUT_WINDOW_TTL_S = 24 * 3600
+
+
+def rollout_lease(route_name: str) -> str:
+    """The front door judging route `route_name`'s rollout (`router.routing.judge`): its id, with
+    an expiry a few seconds ahead that the holder renews. Tagged by the route's name."""
+    return f"{PREFIX}:route:{{{route_name}}}:judge"
+
+
+def rollout_window(route_name: str, rollout_id: str, window: int) -> str:
+    """Hash of what every front door counted for a rollout's targets in one window
+    (`router.routing.observations`): `<model>:<counter>` → count. Expires ROLLOUT_WINDOW_TTL_S
+    after its last write. Tagged by the route's name."""
+    return f"{PREFIX}:route:{{{route_name}}}:rollout:{rollout_id}:{window}"
+
+
 def all_key_patterns() -> list[str]:
     """Glob patterns covering every key family above, for audits and cleanup."""
     return [f"{PREFIX}:*"]

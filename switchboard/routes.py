@@ -8,7 +8,7 @@ operator changes them without a restart:
 - `weights`: JSON object, target → integer percent, in the targets' fixed order, summing to 100;
 - `version`: a counter bumped by every change of the record;
 - `updated`: unix seconds of the last change;
-- `rollout`: reserved for a progressive rollout's state (absent while none runs).
+- `rollout`: the last progressive rollout's state (`switchboard.rollout`), JSON; absent before the first.
 
 Every write also replaces `keys.routes_version`, the one key front doors poll to notice a change:
 with a random token rather than a count, which a Redis that lost its data and counted again from
@@ -30,8 +30,10 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from switchboard import keys
+from switchboard.rollout import RolloutPlan, RolloutState, decode_state, encode_state, new_rollout
 
 # A bucket is a hundredth of a percent: weights are whole percents, and 10,000 buckets spread the
 # callers of a 1 % canary over 100 of them.
@@ -40,12 +42,17 @@ PERCENT = 100
 WEIGHT_FIELD = "weights"
 VERSION_FIELD = "version"
 UPDATED_FIELD = "updated"
+ROLLOUT_FIELD = "rollout"
 
 _weights_json = msgspec.json.Decoder(dict[str, int])
 
 
 class WeightsError(ValueError):
     """Weights a route cannot take; the message says why."""
+
+
+class RolloutConflict(Exception):
+    """A rollout cannot start (one runs) or stop (none runs); the message says which."""
 
 
 class Route(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +63,8 @@ class Route(msgspec.Struct, frozen=True, kw_only=True):
     weights: tuple[int, ...]
     version: int = 0
     updated: float | None = None
+    # The route's last rollout (running or ended), if it had one.
+    rollout: RolloutState | None = None
 
     def weight_map(self) -> dict[str, int]:
         """Target → weight, in the targets' fixed order."""
@@ -140,19 +149,77 @@ def route_from_fields(name: str, targets: Sequence[str], fields: Mapping[Any, An
         return None
     version = int(fields.get(VERSION_FIELD.encode(), b"0"))
     updated = float(fields.get(UPDATED_FIELD.encode(), b"0")) or None
-    return Route(name=name, targets=tuple(targets), weights=weights, version=version, updated=updated)
+    rollout = decode_state(fields.get(ROLLOUT_FIELD.encode()))
+    return Route(
+        name=name, targets=tuple(targets), weights=weights, version=version, updated=updated, rollout=rollout
+    )
 
 
 async def write_weights(
-    redis: aioredis.Redis, name: str, weights: Sequence[int], targets: Sequence[str]
+    redis: aioredis.Redis,
+    name: str,
+    weights: Sequence[int],
+    targets: Sequence[str],
+    rollout: RolloutState | None = None,
 ) -> None:
-    """Store new weights for route `name`, bump its version and the routes' version, in one transaction."""
+    """Store new weights for route `name` (and its rollout's state, if given), bump its version and
+    the routes' version, in one transaction."""
     pipe = redis.pipeline(transaction=True)
+    stage_weights(pipe, name, weights, targets, rollout)
+    await pipe.execute()
+
+
+def stage_weights(
+    pipe: Any, name: str, weights: Sequence[int], targets: Sequence[str], rollout: RolloutState | None = None
+) -> None:
+    """Queue on `pipe` (in MULTI) the writes of `write_weights`: for writers that WATCH keys first."""
     fields = {WEIGHT_FIELD: _encoded(targets, weights), UPDATED_FIELD: repr(time.time())}
-    pipe.hset(keys.route(name), mapping=fields)  # type: ignore[arg-type]
+    if rollout is not None:
+        fields[ROLLOUT_FIELD] = encode_state(rollout)
+    pipe.hset(keys.route(name), mapping=fields)
     pipe.hincrby(keys.route(name), VERSION_FIELD, 1)
     _mark_changed(pipe)
-    await pipe.execute()
+
+
+async def start_rollout(redis: aioredis.Redis, route: Route, plan: RolloutPlan) -> RolloutState:
+    """Start rolling out `plan` (checked) on `route`: warming first, its canary at weight 0.
+    RolloutConflict while one runs (or the route changed as it started)."""
+    state = new_rollout(plan, stable=route.targets[0])
+    return await _replace_rollout(redis, route, lambda current: _starting(current, state))
+
+
+async def abort_rollout(redis: aioredis.Redis, route: Route, reason: str) -> RolloutState:
+    """End the rollout running on `route` at once, its canary back to weight 0 (stable the rest).
+    RolloutConflict when none runs."""
+    return await _replace_rollout(redis, route, lambda current: _aborted(current, reason))
+
+
+def _starting(current: RolloutState | None, state: RolloutState) -> RolloutState:
+    if current is not None and current.running:
+        raise RolloutConflict(f"a rollout of {current.plan.canary} runs ({current.phase}); abort it first")
+    return state
+
+
+def _aborted(current: RolloutState | None, reason: str) -> RolloutState:
+    if current is None or not current.running:
+        raise RolloutConflict("no rollout runs on this route")
+    return current.moved("aborted", "aborted", reason, reason=reason)
+
+
+async def _replace_rollout(redis: aioredis.Redis, route: Route, change: Any) -> RolloutState:
+    """Write the state `change` makes of the route's current rollout, with its weights, if the
+    route's hash did not change meanwhile (WATCH)."""
+    key = keys.route(route.name)
+    async with redis.pipeline(transaction=True) as pipe:
+        await pipe.watch(key)
+        state: RolloutState = change(decode_state(await pipe.hget(key, ROLLOUT_FIELD)))
+        pipe.multi()
+        stage_weights(pipe, route.name, state.weights(route.targets), route.targets, state)
+        try:
+            await pipe.execute()
+        except WatchError:
+            raise RolloutConflict("the route changed meanwhile; try again") from None
+    return state
 
 
 def _encoded(targets: Sequence[str], weights: Sequence[int]) -> bytes:

@@ -158,6 +158,9 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: JobError | None = None
+    # On a job's first chunk: the job waited for its model to load (or wake), so its time to first
+    # token holds a cold start (`router.routing.observations` counts it apart).
+    cold_start: bool = False
 
     @property
     def is_last(self) -> bool:

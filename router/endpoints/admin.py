@@ -10,28 +10,30 @@ index, so that workers that do not hold it look at it.
 
 from __future__ import annotations
 
+import logging
 import time
-import uuid
 from typing import Any, Literal
 
 import msgspec
 import redis.asyncio as aioredis
-from litestar import Request, Response, Router, get, post, put
+from litestar import Request, Response, Router, delete, get, post, put
 from litestar.types import Guard
 
 from router.admission.auth import require_admin
 from router.admission.models import ModelTable
 from router.http.responses import json_response
 from router.intake.body import decode_body, require_json
-from router.openai.errors import InvalidRequestError, RouteNotFoundError
+from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
+from router.queue.move import move_waiting_jobs
 from router.routing.table import RouteTable
 from router.routing.views import RouteStatusList, WeightsRequest, route_status
+from router.status import desired
 from router.status.models import ModelStatusList, ModelStatusReader
-from switchboard import keys
-from switchboard.catalogue import bump_catalogue
-from switchboard.demand import note_demand, poke_demand
-from switchboard.routes import Route, WeightsError
-from switchboard.wire import DesiredState, encode
+from router.telemetry.metrics import ROLLOUT_EVENTS
+from switchboard.rollout import PlanError, RolloutPlan, checked_plan
+from switchboard.routes import RolloutConflict, Route, WeightsError, abort_rollout, start_rollout
+
+logger = logging.getLogger(__name__)
 
 # An admin key while auth is on. With auth off the front door is loopback-only (or its operator
 # chose router.allow_open_access), and these endpoints are open like the rest.
@@ -78,16 +80,7 @@ async def request_model_state(
 async def _request(
     redis: aioredis.Redis, status: ModelStatusReader, name: str, action: Literal["load", "unload"]
 ) -> Response[bytes]:
-    desired = DesiredState(action=action, at=time.time())
-    pipe = redis.pipeline(transaction=False)
-    pipe.set(keys.desired_state(name), encode(desired), ex=keys.DESIRED_TTL_S)
-    # In this order: a controller that reads the demand index, then the version, sees the request.
-    bump_catalogue(pipe)
-    if action == "load":
-        note_demand(pipe, name, uuid.uuid4().hex)  # weighed by every worker that may hold it
-    else:
-        poke_demand(pipe, name)  # only its holders act, and they weigh what they hold
-    await pipe.execute()
+    await desired.request_model_state(redis, name, action)
     return json_response(await status.read_one(name), status_code=202)
 
 
@@ -112,14 +105,73 @@ async def set_route_weights(
     request: Request[Any, Any, Any], name: str, routes: RouteTable
 ) -> Response[bytes]:
     """New weights for a route (JSON `{"weights": {"model": percent, ...}}`): every target named once,
-    whole percents summing to 100, or a 400. Every front door applies them within a second."""
-    _route(routes, name)
+    whole percents summing to 100, or a 400; a 409 while a rollout sets them. Every front door
+    applies them within a second."""
+    route = _route(routes, name)
+    if route.rollout is not None and route.rollout.running:
+        raise RolloutConflictError(f"Route {name}: a rollout sets its weights now; abort it first.")
     body = await decode_body(request, _weights_request)
     try:
         route = await routes.set_weights(name, body.weights)
     except WeightsError as exc:
         raise InvalidRequestError(f"Route {name}: {exc}", param="weights") from None
     return json_response(route_status(route))
+
+
+class RolloutConflictError(OpenAIError):
+    """A rollout that cannot start (one runs) or be aborted (none runs)."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+    default_code = "rollout_conflict"
+
+
+_rollout_request = msgspec.json.Decoder(RolloutPlan)
+
+
+@post("/routes/{name:str}/rollout", status_code=201)
+async def start_route_rollout(
+    request: Request[Any, Any, Any], name: str, routes: RouteTable, redis: aioredis.Redis
+) -> Response[bytes]:
+    """Start a progressive rollout of a canary on a route (JSON: `canary` and any of the plan's
+    settings, `switchboard.rollout.RolloutPlan`): 201 with the route; 400 for a plan the route
+    cannot run; 409 while one runs. The judge warms the canary, then steps its weight."""
+    route = _route(routes, name)
+    plan = await decode_body(request, _rollout_request)
+    try:
+        checked_plan(plan, route.targets, route.weights)
+        state = await start_rollout(redis, route, plan)
+    except PlanError as exc:
+        raise InvalidRequestError(f"Route {name}: {exc}") from None
+    except RolloutConflict as exc:
+        raise RolloutConflictError(f"Route {name}: {exc}") from None
+    ROLLOUT_EVENTS.labels(name, "started").inc()
+    logger.info("rollout started", extra={"route": name, "canary": plan.canary, "rollout": state.id})
+    return json_response(route_status(await _reread(routes, name)), status_code=201)
+
+
+@delete("/routes/{name:str}/rollout", status_code=200)
+async def abort_route_rollout(name: str, routes: RouteTable, redis: aioredis.Redis) -> Response[bytes]:
+    """Abort the rollout running on a route: its canary back to 0 % at once, its waiting jobs moved to
+    stable; 409 when none runs."""
+    route = _route(routes, name)
+    try:
+        state = await abort_rollout(redis, route, ABORTED_BY_OPERATOR)
+    except RolloutConflict as exc:
+        raise RolloutConflictError(f"Route {name}: {exc}") from None
+    ROLLOUT_EVENTS.labels(name, "aborted").inc()
+    logger.warning("rollout aborted by operator", extra={"route": name, "canary": state.plan.canary})
+    await move_waiting_jobs(redis, from_model=state.plan.canary, to_model=state.stable)
+    return json_response(route_status(await _reread(routes, name)))
+
+
+ABORTED_BY_OPERATOR = "aborted by operator"
+
+
+async def _reread(routes: RouteTable, name: str) -> Route:
+    """Route `name` as Redis holds it now (the write just made replaced the routes' version)."""
+    await routes.refresh()
+    return _route(routes, name)
 
 
 def _route(routes: RouteTable, name: str) -> Route:
@@ -141,6 +193,8 @@ def admin_router() -> Router:
             list_routes,
             show_route,
             set_route_weights,
+            start_route_rollout,
+            abort_route_rollout,
         ],
         guards=ADMIN_GUARDS,
     )

@@ -5,17 +5,21 @@ The pipeline makes one per job it queues. Tracing on, it opens the GenAI span of
 job a W3C carrier (`Job.trace`) naming that span, so the worker's spans join the same trace. Each
 chunk the request takes passes `chunk()`: the first ends the wait (`switchboard.await_first_chunk`)
 and starts the relay (`switchboard.relay`), which lasts until the job is closed. Metrics (time to
-first token, per output token, tokens, finish reasons) are recorded whether tracing is on or not.
+first token, per output token, tokens, finish reasons) are recorded whether tracing is on or not,
+and so is what a running rollout of the job's route judges (`router.routing.observations`).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import msgspec
 
+from router.openai.errors import OpenAIError
+from router.routing.observations import FAILURE_CODES, OBSERVATIONS
 from router.telemetry.metrics import (
     GENERATION_TOKENS,
     PROMPT_TOKENS,
@@ -35,6 +39,8 @@ class JobObserver:
 
     def __init__(self, job: Job, *, resumed: bool = False) -> None:
         self.model = job.model
+        self.route = job.route
+        self._deadline = job.deadline
         self._resumed = resumed
         request = current_request()
         if request is not None:
@@ -47,6 +53,7 @@ class JobObserver:
         self._usage: Usage | None = None
         self._finish_reasons: list[str] = []
         self._error: str | None = None
+        self._cold = False
         self._span: Any = None
         self._parent: Any = None
         self._waiting_since_ns = 0
@@ -95,6 +102,7 @@ class JobObserver:
         """The request took `chunk` of its job."""
         if self._first is None:
             self._first = time.perf_counter()
+            self._cold = chunk.cold_start
             if not self._resumed:
                 TIME_TO_FIRST_TOKEN.labels(self.model).observe(self._first - self._arrived)
             if self._span is not None:
@@ -116,6 +124,8 @@ class JobObserver:
         if self._closed:
             return
         self._closed = True
+        if self.route is not None and not self._resumed:
+            self._observe_for_rollout(finished)
         if self._usage is not None:
             PROMPT_TOKENS.labels(self.model).inc(self._usage.prompt_tokens)
             GENERATION_TOKENS.labels(self.model).inc(self._usage.completion_tokens)
@@ -126,6 +136,34 @@ class JobObserver:
             REQUEST_SUCCESS.labels(self.model, reason).inc()
         if self._span is not None:
             self._end_spans(finished)
+
+    def _observe_for_rollout(self, finished: bool) -> None:
+        """Count the job for its route's rollout, if one runs: a failure when it ended in an engine or
+        server error, nothing when its client left or was at fault."""
+        assert self.route is not None
+        if finished:
+            failed = self._error is not None
+            if self._error is not None and self._error not in FAILURE_CODES:
+                return  # the client's mistake (invalid_request)
+        else:
+            # The job did not end with its last chunk: past its deadline, or with a 5xx on its way
+            # (its model failed to load), it failed; a client that left before is nobody's fault.
+            # The error is the one in flight here, as closing is part of its unwinding; a stream's
+            # error is relayed as an event first, so its deadline is what tells.
+            error = sys.exc_info()[1]
+            server_error = isinstance(error, OpenAIError) and error.status_code >= 500
+            if not server_error and time.time() < self._deadline:
+                return
+            failed = True
+        ttft_s = itl_s = None
+        if self._first is not None and not failed:
+            ttft_s = self._first - self._arrived
+            tokens = self._usage.completion_tokens if self._usage is not None else 0
+            if tokens > 1 and self._last is not None:
+                itl_s = (self._last - self._first) / (tokens - 1)
+        OBSERVATIONS.record(
+            self.route, self.model, failed=failed, cold=self._cold, ttft_s=ttft_s, itl_s=itl_s
+        )
 
     def _end_spans(self, finished: bool) -> None:
         from opentelemetry.trace import Status, StatusCode

@@ -81,3 +81,16 @@ CONNECTIONS_CLOSED = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+ROLLOUT_EVENTS = Counter(
+    "switchboard:route_rollout_events",
+    "Rollout events by route: started, step, check_failed, promoted, rolled_back, aborted (counted by "
+    "the front door that judged them, or that the operator asked).",
+    ["route", "event"],
+    registry=REGISTRY,
+)
+ROUTE_WEIGHT = Gauge(
+    "switchboard:route_weight",
+    "A route's live weight (percent) for each of its target models (every front door reports it).",
+    ["route", "model"],
+    registry=REGISTRY,
+)

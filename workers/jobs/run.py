@@ -159,6 +159,9 @@ class JobRunner:
                         return True
                     left = None
                 chunk = chunk_decoder.decode(raw)
+                if seq == 0 and waited_for_load(slot, entry.job.created):
+                    chunk = msgspec.structs.replace(chunk, cold_start=True)
+                    raw = encode(chunk)
                 is_last = chunk.is_last
                 if observer is not None:
                     observer.received(chunk)
@@ -198,6 +201,12 @@ class JobRunner:
             logger.exception(
                 "could not record a failed job", extra={"job_id": entry.job.id, "code": error.code}
             )
+
+
+def waited_for_load(slot: ModelSlot, created: float) -> bool:
+    """Whether a job created at `created` waited for `slot`'s model to load (or wake): the slot
+    became warm after the job was made, so the job's time to first token holds a cold start."""
+    return slot.warm_since is not None and slot.warm_since > created
 
 
 # A fresh job's plan: run it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from switchboard import keys
@@ -70,3 +71,17 @@ async def test_no_more_jobs_run_at_once_than_the_worker_allows(worker: Worker) -
     assert worker.consumer.running <= 4
     results = await asyncio.gather(*(result(worker.redis, j.id) for j in jobs))
     assert all(chunks[-1].finish_reason == "length" for chunks in results)
+
+
+async def test_the_first_chunk_of_a_job_made_before_its_model_was_warm_says_cold_start(
+    worker: Worker,
+) -> None:
+    """A job that waited for its model's load says so on its first chunk (a rollout leaves its time to
+    first token out); one made after the model was warm does not."""
+    waited = msgspec.structs.replace(job("fast 3"), created=time.time() - 3600)
+    fresh = job("fast 3")
+    await submit(worker.redis, waited, fresh)
+    first_waited, *rest_waited = await result(worker.redis, waited.id)
+    first_fresh, *_ = await result(worker.redis, fresh.id)
+    assert first_waited.cold_start and not any(chunk.cold_start for chunk in rest_waited)
+    assert not first_fresh.cold_start
