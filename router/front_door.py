@@ -23,6 +23,7 @@ from router.pipeline import Pipeline
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.run import JobRuns
+from router.routing.shadow import ShadowTraffic
 from router.routing.table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
 from router.status.models import ModelStatusReader
@@ -59,6 +60,16 @@ class FrontDoor:
         queue = JobQueue(redis, self.tasks)
         self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id)
         self.routes = RouteTable(redis, settings.routes)
+        # Copies of routed requests for their routes' shadow versions, run among the front door's tasks.
+        self.shadow = ShadowTraffic(
+            settings.routes,
+            redis=redis,
+            queue=queue,
+            reader=self.reader,
+            status=self.status,
+            tasks=self.tasks,
+            settings=settings.router,
+        )
         self.pipeline = Pipeline(
             settings,
             models=self.models,
@@ -69,6 +80,7 @@ class FrontDoor:
             runs=self.runs,
             routes=self.routes,
             pipelines=settings.pipelines,
+            shadow=self.shadow,
         )
 
     @classmethod
