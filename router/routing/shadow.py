@@ -8,7 +8,8 @@ the front door, so the real request never waits for it and never sees its errors
 - at most MAX_COPIES_IN_FLIGHT copies run per front door; a draw beyond that is dropped ("dropped_busy");
 - the shadow model's status is the shared cached read (`ModelStatusReader.read_shared`): without
   `may_load`, a copy goes only while a live worker holds the model warm ("dropped_cold"), and none
-  goes while `max_waiting` jobs wait on its queue ("dropped_queue");
+  goes while `max_waiting` jobs wait on its queue ("dropped_queue") — as the status read says, or as
+  this front door's own copies not started yet say (the read may be a second old);
 - the copy is queued without admission (no key's limits, no in-flight slot, nothing billed), read to
   its end through the result reader, and its results deleted; a worker without a slot to spare
   answers it "shadow_dropped" (`workers.jobs.consume`), counted as "dropped_busy".
@@ -97,11 +98,13 @@ def shadow_copy(job: Job, model: str) -> Job:
     )
 
 
-def dropped_before_queueing(config: ShadowConfig, status: ModelStatus) -> Outcome | None:
-    """Why a copy is not queued, as the shadow model stands; None: it is queued."""
+def dropped_before_queueing(config: ShadowConfig, status: ModelStatus, unstarted: int = 0) -> Outcome | None:
+    """Why a copy is not queued, as the shadow model stands and with `unstarted` copies of this front
+    door queued and not started yet; None: it is queued."""
     if not config.may_load and status.state != "warm":
         return "dropped_cold"
-    if status.waiting >= config.max_waiting:
+    # The status counts this front door's copies too, unless it was read before they were queued.
+    if max(status.waiting, unstarted) >= config.max_waiting:
         return "dropped_queue"
     return None
 
@@ -147,6 +150,21 @@ class Answer:
         return "failed" if self.error_code is not None else "answered"
 
 
+class Unstarted:
+    """One copy counted among its model's copies not started yet, until `started` (idempotent)."""
+
+    def __init__(self, counts: dict[str, int], model: str) -> None:
+        self._counts = counts
+        self._model = model
+        self._counted = True
+        counts[model] = counts.get(model, 0) + 1
+
+    def started(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._counts[self._model] -= 1
+
+
 class ShadowTraffic:
     """Copies a share of each shadowed route's requests to its shadow version, in the background."""
 
@@ -173,6 +191,8 @@ class ShadowTraffic:
         self._max_in_flight = max_in_flight
         self._draw = draw
         self.in_flight = 0
+        # Per shadow model, this front door's copies queued and not started yet.
+        self._unstarted: dict[str, int] = {}
 
     def mirror(self, job: Job) -> None:
         """After `job` (a real one, just queued) was queued: copy it, if its route has a shadow and the
@@ -185,7 +205,11 @@ class ShadowTraffic:
             return
         self.in_flight += 1
         # The real answer is read from now on, so that none of its chunks is missed.
-        served = self._reader.subscribe(job.id, job.model, streamed=True) if config.keep_answers else None
+        served = (
+            self._reader.subscribe(job.id, job.model, streamed=True, queued=True)
+            if config.keep_answers
+            else None
+        )
         self._tasks.start(self._copied(job, config, served), "shadow copy")
 
     async def _copied(self, job: Job, config: ShadowConfig, served: Subscription | None) -> None:
@@ -210,18 +234,22 @@ class ShadowTraffic:
 
     async def _copy(self, job: Job, config: ShadowConfig, served: Subscription | None) -> Outcome:
         status = await self._status.read_shared(config.model, STATUS_MAX_AGE_S)
-        dropped = dropped_before_queueing(config, status)
+        dropped = dropped_before_queueing(config, status, self._unstarted.get(config.model, 0))
         if dropped is not None:
             return dropped
         copy = shadow_copy(job, config.model)
-        run = await self._queued(copy)
-        if run is None:
-            return "failed"  # the shadow model's last load failed
-        if served is None:
-            answer = await self._read(run)
-            self._observe(job.route or "", config.model, answer)
-            return answer.outcome
-        answer, real = await asyncio.gather(self._read(run), self._read_served(job, served))
+        unstarted = Unstarted(self._unstarted, config.model)
+        try:
+            run = await self._queued(copy)
+            if run is None:
+                return "failed"  # the shadow model's last load failed
+            if served is None:
+                answer = await self._read(run, unstarted)
+                self._observe(job.route or "", config.model, answer)
+                return answer.outcome
+            answer, real = await asyncio.gather(self._read(run, unstarted), self._read_served(job, served))
+        finally:
+            unstarted.started()
         self._observe(job.route or "", config.model, answer)
         if answer.outcome == "answered" and real.error_code is None:
             await self._keep(job, copy, real, answer)
@@ -251,12 +279,13 @@ class ShadowTraffic:
             ticket=None,
         )
 
-    async def _read(self, run: JobRun) -> Answer:
+    async def _read(self, run: JobRun, unstarted: Unstarted) -> Answer:
         """The copy's answer, read to its end (or its deadline); its results are deleted after."""
         loop = asyncio.get_running_loop()
         answer = Answer(started=loop.time())
         try:
             async for chunk in run.chunks():
+                unstarted.started()
                 answer.add(chunk, loop.time())
         finally:
             # An unfinished copy (its deadline passed, the front door stops) is cancelled too.
