@@ -1,7 +1,8 @@
 """Shadow traffic: a share of a route's requests copied to its shadow version, which nobody sees.
 
 After a routed request's job is queued, a draw below the route's `shadow.percent` copies it
-(`ShadowTraffic.mirror`): a new job for the shadow model, with the same messages or prompts, sampling
+(`ShadowTraffic.mirror`; once per request: a fallback's job, which keeps the request's id, is not
+drawn again): a new job for the shadow model, with the same messages or prompts, sampling
 and deadline, `shadow` set and no tenant. Everything about the copy happens in a background task of
 the front door, so the real request never waits for it and never sees its errors:
 
@@ -27,6 +28,7 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -57,6 +59,8 @@ Outcome = Literal["answered", "failed", "dropped_queue", "dropped_cold", "droppe
 MAX_COPIES_IN_FLIGHT = 32
 # How old the shadow model's status may be (the same shared read the relay's progress comments use).
 STATUS_MAX_AGE_S = 1.0
+# Requests whose copy was drawn lately, remembered so that a fallback's job is not drawn again.
+RECENT_DRAWS = 4096
 # The owner of every copy's record: no key's identity (a SHA-256, or "" without keys), so no caller
 # may resume a copy's stream.
 SHADOW_OWNER = "shadow"
@@ -191,6 +195,7 @@ class ShadowTraffic:
         self._max_in_flight = max_in_flight
         self._draw = draw
         self.in_flight = 0
+        self._drawn: OrderedDict[str, None] = OrderedDict()
         # Per shadow model, this front door's copies queued and not started yet.
         self._unstarted: dict[str, int] = {}
 
@@ -198,7 +203,7 @@ class ShadowTraffic:
         """After `job` (a real one, just queued) was queued: copy it, if its route has a shadow and the
         draw says so. Never raises, never waits: the copy runs in a task of its own."""
         config = self._shadows.get(job.route) if job.route is not None else None
-        if config is None or not drawn(config.percent, self._draw):
+        if config is None or not self._first_draw(job.id) or not drawn(config.percent, self._draw):
             return
         if self.in_flight >= self._max_in_flight:
             SHADOW_REQUESTS.labels(job.route, config.model, "dropped_busy").inc()
@@ -211,6 +216,15 @@ class ShadowTraffic:
             else None
         )
         self._tasks.start(self._copied(job, config, served), "shadow copy")
+
+    def _first_draw(self, request_id: str) -> bool:
+        """Whether this is the request's first job drawn for (not the job of one of its fallbacks)."""
+        if request_id in self._drawn:
+            return False
+        self._drawn[request_id] = None
+        if len(self._drawn) > RECENT_DRAWS:
+            self._drawn.popitem(last=False)
+        return True
 
     async def _copied(self, job: Job, config: ShadowConfig, served: Subscription | None) -> None:
         route = job.route or ""

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from router.routing.shadow import Answer, drawn, dropped_before_queueing, shadow_copy
+from router.routing.shadow import Answer, ShadowTraffic, drawn, dropped_before_queueing, shadow_copy
 from router.status.models import ModelStatus
 from switchboard.cli.main import parse_args
 from switchboard.cli.shadow import pair_of
-from switchboard.config import ConfigError, Settings, ShadowConfig, load_settings
+from switchboard.config import ConfigError, RouteConfig, Settings, ShadowConfig, load_settings
 from switchboard.wire import Chunk, JobError, SamplingParams, Usage
 from switchboard.wire import Job as WireJob
+from tests.support.metric_samples import counter
 
 MODELS = """
 [[models]]
@@ -169,3 +172,66 @@ def test_the_cli_prints_a_kept_pair_as_json() -> None:
         "served_ttft_s": 0.0123,
         "shadow_finish_reason": None,
     }
+
+
+class StartedTasks:
+    """Stands in for the front door's TaskSet: records what would start, runs nothing."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def start(self, coroutine: Coroutine[Any, Any, Any], name: str) -> None:
+        coroutine.close()
+        self.names.append(name)
+
+
+def shadow_traffic(tasks: StartedTasks, *, max_in_flight: int = 32) -> ShadowTraffic:
+    routes = {
+        "chat": RouteConfig(targets={"chat-v1": 100}, shadow=ShadowConfig(model="chat-v3", percent=100))
+    }
+    parts: Any = None  # the pieces a copy's task uses; none runs here
+    return ShadowTraffic(
+        routes,
+        redis=parts,
+        queue=parts,
+        reader=parts,
+        status=parts,
+        tasks=tasks,  # type: ignore[arg-type]
+        settings=parts,
+        max_in_flight=max_in_flight,
+    )
+
+
+def routed_job(job_id: str, route: str | None = "chat") -> WireJob:
+    now = time.time()
+    return WireJob(
+        id=job_id,
+        model="chat-v1",
+        sampling=SamplingParams(),
+        prompts=("Hi",),
+        created=now,
+        deadline=now + 9,
+        route=route,
+    )
+
+
+def test_a_request_is_copied_once_even_when_a_fallback_queues_it_again_and_unrouted_ones_never() -> None:
+    tasks = StartedTasks()
+    traffic = shadow_traffic(tasks)
+    traffic.mirror(routed_job("r1"))
+    traffic.mirror(routed_job("r1"))  # the same request's job on the route's stable version
+    traffic.mirror(routed_job("r2", route=None))
+    assert tasks.names == ["shadow copy"] and traffic.in_flight == 1
+
+
+def test_copies_beyond_the_front_doors_bound_are_dropped_busy() -> None:
+    tasks = StartedTasks()
+    traffic = shadow_traffic(tasks, max_in_flight=2)
+    before = counter("switchboard:shadow_requests", route="chat", model="chat-v3", outcome="dropped_busy")
+    for n in range(5):
+        traffic.mirror(routed_job(f"r{n}"))
+    assert len(tasks.names) == 2
+    assert (
+        counter("switchboard:shadow_requests", route="chat", model="chat-v3", outcome="dropped_busy")
+        == before + 3
+    )
