@@ -75,7 +75,7 @@ SHADOW_REQUESTS = Counter(
 )
 SHADOW_TIME_TO_FIRST_TOKEN = Histogram(
     "switchboard:shadow_time_to_first_token_seconds",
-    "From a shadow copy's enqueue to its first result chunk.",
+    "From a shadow copy's enqueue (its start) to its first result chunk.",
     ["route", "model"],
     buckets=TTFT_BUCKETS,
     registry=REGISTRY,
@@ -215,7 +215,8 @@ class ShadowTraffic:
             if config.keep_answers
             else None
         )
-        self._tasks.start(self._copied(job, config, served), "shadow copy")
+        queued_at = asyncio.get_running_loop().time()
+        self._tasks.start(self._copied(job, config, served, queued_at), "shadow copy")
 
     def _first_draw(self, request_id: str) -> bool:
         """Whether this is the request's first job drawn for (not the job of one of its fallbacks)."""
@@ -226,10 +227,12 @@ class ShadowTraffic:
             self._drawn.popitem(last=False)
         return True
 
-    async def _copied(self, job: Job, config: ShadowConfig, served: Subscription | None) -> None:
+    async def _copied(
+        self, job: Job, config: ShadowConfig, served: Subscription | None, queued_at: float
+    ) -> None:
         route = job.route or ""
         try:
-            outcome = await self._copy(job, config, served)
+            outcome = await self._copy(job, config, served, queued_at)
         except (RedisError, OpenAIError, OSError) as exc:
             logger.info(
                 "a shadow copy failed",
@@ -237,7 +240,8 @@ class ShadowTraffic:
             )
             outcome = "failed"
         except Exception:
-            logger.debug("a shadow copy failed", exc_info=True, extra={"route": route, "model": config.model})
+            # Not the caller's concern, whatever it was: logged with its trace, never raised.
+            logger.info("a shadow copy failed", exc_info=True, extra={"route": route, "model": config.model})
             outcome = "failed"
         finally:
             self.in_flight -= 1
@@ -246,22 +250,28 @@ class ShadowTraffic:
                 self._reader.unsubscribe(served, keep=True)
         SHADOW_REQUESTS.labels(route, config.model, outcome).inc()
 
-    async def _copy(self, job: Job, config: ShadowConfig, served: Subscription | None) -> Outcome:
+    async def _copy(
+        self, job: Job, config: ShadowConfig, served: Subscription | None, queued_at: float
+    ) -> Outcome:
+        """The copy's outcome; `served` reads the real answer, whose job was queued at `queued_at`."""
         status = await self._status.read_shared(config.model, STATUS_MAX_AGE_S)
         dropped = dropped_before_queueing(config, status, self._unstarted.get(config.model, 0))
         if dropped is not None:
             return dropped
         copy = shadow_copy(job, config.model)
         unstarted = Unstarted(self._unstarted, config.model)
+        started = asyncio.get_running_loop().time()
         try:
             run = await self._queued(copy)
             if run is None:
                 return "failed"  # the shadow model's last load failed
             if served is None:
-                answer = await self._read(run, unstarted)
+                answer = await self._read(run, unstarted, started)
                 self._observe(job.route or "", config.model, answer)
                 return answer.outcome
-            answer, real = await asyncio.gather(self._read(run, unstarted), self._read_served(job, served))
+            answer, real = await asyncio.gather(
+                self._read(run, unstarted, started), self._read_served(job, served, queued_at)
+            )
         finally:
             unstarted.started()
         self._observe(job.route or "", config.model, answer)
@@ -293,10 +303,10 @@ class ShadowTraffic:
             ticket=None,
         )
 
-    async def _read(self, run: JobRun, unstarted: Unstarted) -> Answer:
+    async def _read(self, run: JobRun, unstarted: Unstarted, started: float) -> Answer:
         """The copy's answer, read to its end (or its deadline); its results are deleted after."""
         loop = asyncio.get_running_loop()
-        answer = Answer(started=loop.time())
+        answer = Answer(started=started)
         try:
             async for chunk in run.chunks():
                 unstarted.started()
@@ -306,10 +316,10 @@ class ShadowTraffic:
             await run.close()
         return answer
 
-    async def _read_served(self, job: Job, served: Subscription) -> Answer:
+    async def _read_served(self, job: Job, served: Subscription, queued_at: float) -> Answer:
         """The real answer, read beside the request that relays it, until its end or its deadline."""
         loop = asyncio.get_running_loop()
-        answer = Answer(started=loop.time())
+        answer = Answer(started=queued_at)
         deadline = loop.time() + (job.deadline - time.time())
         try:
             while True:
@@ -322,7 +332,9 @@ class ShadowTraffic:
             return answer
 
     def _observe(self, route: str, model: str, answer: Answer) -> None:
-        if answer.ttft_s is not None and answer.outcome == "answered":
+        if answer.outcome != "answered":
+            return
+        if answer.ttft_s is not None:
             SHADOW_TIME_TO_FIRST_TOKEN.labels(route, model).observe(answer.ttft_s)
         if answer.inter_token_s is not None:
             SHADOW_INTER_TOKEN_LATENCY.labels(route, model).observe(answer.inter_token_s)

@@ -215,7 +215,7 @@ def routed_job(job_id: str, route: str | None = "chat") -> WireJob:
     )
 
 
-def test_a_request_is_copied_once_even_when_a_fallback_queues_it_again_and_unrouted_ones_never() -> None:
+async def test_a_request_is_copied_once_even_when_a_fallback_queues_it_again_and_unrouted_ones_never() -> None:
     tasks = StartedTasks()
     traffic = shadow_traffic(tasks)
     traffic.mirror(routed_job("r1"))
@@ -224,7 +224,7 @@ def test_a_request_is_copied_once_even_when_a_fallback_queues_it_again_and_unrou
     assert tasks.names == ["shadow copy"] and traffic.in_flight == 1
 
 
-def test_copies_beyond_the_front_doors_bound_are_dropped_busy() -> None:
+async def test_copies_beyond_the_front_doors_bound_are_dropped_busy() -> None:
     tasks = StartedTasks()
     traffic = shadow_traffic(tasks, max_in_flight=2)
     before = counter("switchboard:shadow_requests", route="chat", model="chat-v3", outcome="dropped_busy")
