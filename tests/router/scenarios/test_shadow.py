@@ -41,10 +41,12 @@ def shadowed_settings(redis_url: str, shadow: ShadowConfig) -> Settings:
     models = [ModelConfig(name=name, path="/nonexistent") for name in (STABLE, CANARY, SHADOW)]
     settings = settings_for(redis_url, models=models)
     settings.routes = {ROUTE: RouteConfig(targets={STABLE: 50, CANARY: 50}, shadow=shadow)}
-    # One request at a time for this key: a copy that held one of its places would get it refused.
+    # One request at a time for this key and for the server: a copy that held one of their places
+    # would get the next request refused.
     settings.auth.keys = [
         ApiKey(name="app", sha256=digest(SECRET), models=[ROUTE], max_parallel=1, rpm=10_000)
     ]
+    settings.limits.max_in_flight = 1
     return settings
 
 
