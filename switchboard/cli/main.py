@@ -1,4 +1,4 @@
-"""`switchboard up | router | worker | models | routes | keys | make-demo-model`."""
+"""`switchboard up | router | worker | models | routes | keys | shadow-answers | make-demo-model`."""
 
 from __future__ import annotations
 

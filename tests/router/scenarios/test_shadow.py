@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
 from collections.abc import AsyncIterator
@@ -19,11 +20,12 @@ from typing import Any, Literal
 
 import httpx
 import msgspec
+import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.api_keys import digest
-from switchboard.cli.shadow import pair_of
+from switchboard.cli import main as cli
 from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings, ShadowConfig
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.tasks import cancel_and_wait
@@ -134,7 +136,10 @@ async def settled(check: Any, timeout_s: float = 5.0) -> None:
 
 
 async def test_copies_go_at_the_routes_percent_without_tenant_or_cost_and_their_pairs_are_kept(
-    redis_server: PrivateRedis, redis: aioredis.Redis
+    redis_server: PrivateRedis,
+    redis: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     requests, percent = 300, 30.0
     shadow = ShadowConfig(model=SHADOW, percent=percent, max_waiting=1000, keep_answers=True)
@@ -155,8 +160,12 @@ async def test_copies_go_at_the_routes_percent_without_tenant_or_cost_and_their_
     assert all(job.tenant is None and job.shadow and job.route == ROUTE for job in copies)
     assert not any(job.shadow for job in real.values()) and all(job.tenant == "app" for job in real.values())
 
-    entries: Any = await redis.xrange(keys.shadow_answers(ROUTE))
-    kept = [pair_of(entry_id, fields) for entry_id, fields in entries]
+    # As `switchboard shadow-answers chat` prints them, one JSON object a line.
+    monkeypatch.setattr(cli, "configure_logging", lambda *_, **__: None)
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    capsys.readouterr()
+    assert cli.main(["shadow-answers", ROUTE, "--count", str(requests)]) == 0
+    kept = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(kept) == len(copies)
     for pair in kept:
         served = real[str(pair["request_id"])]
