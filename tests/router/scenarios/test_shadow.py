@@ -201,7 +201,8 @@ async def test_a_shadow_that_never_answers_delays_nothing_costs_the_key_nothing_
         await settled(lambda: sum(since(before).values()) == 9)
         assert await redis.xlen(keys.job_stream(SHADOW)) == 3
     assert since(before) == {"dropped_queue": 9}
-    assert max(took) < 1.0, took
+    # Waiting for a copy would take its whole deadline (30 s): no answer comes near that.
+    assert max(took) < 5.0, took
 
 
 async def test_no_copy_goes_while_no_worker_holds_the_shadow_warm_unless_it_may_load_nor_runs_on_a_busy_worker(
