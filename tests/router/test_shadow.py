@@ -215,7 +215,9 @@ def routed_job(job_id: str, route: str | None = "chat") -> WireJob:
     )
 
 
-async def test_a_request_is_copied_once_even_when_a_fallback_queues_it_again_and_unrouted_ones_never() -> None:
+async def test_a_request_is_copied_once_even_when_a_fallback_queues_it_again_and_unrouted_ones_never() -> (
+    None
+):
     tasks = StartedTasks()
     traffic = shadow_traffic(tasks)
     traffic.mirror(routed_job("r1"))
