@@ -24,6 +24,7 @@ from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.run import JobRuns
 from router.routing.judge import RolloutJudge
+from router.routing.shadow import ShadowTraffic
 from router.routing.table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
 from router.status.models import ModelStatusReader
@@ -61,6 +62,16 @@ class FrontDoor:
         self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id)
         self.routes = RouteTable(redis, settings.routes)
         self.judge = RolloutJudge(redis, self.routes, self.status, router_id)
+        # Copies of routed requests for their routes' shadow versions, run among the front door's tasks.
+        self.shadow = ShadowTraffic(
+            settings.routes,
+            redis=redis,
+            queue=queue,
+            reader=self.reader,
+            status=self.status,
+            tasks=self.tasks,
+            settings=settings.router,
+        )
         self.pipeline = Pipeline(
             settings,
             models=self.models,
@@ -71,6 +82,7 @@ class FrontDoor:
             runs=self.runs,
             routes=self.routes,
             pipelines=settings.pipelines,
+            shadow=self.shadow,
         )
 
     @classmethod

@@ -33,6 +33,7 @@ from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response
 from router.routing.fallback import failed_on_the_model, note_fallback
 from router.routing.resolve import Resolution, resolve, stickiness_key
+from router.routing.shadow import ShadowTraffic
 from router.routing.table import RouteTable
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
@@ -64,6 +65,7 @@ class Pipeline:
         runs: JobRuns,
         routes: RouteTable,
         pipelines: Mapping[str, PipelineConfig],
+        shadow: ShadowTraffic | None = None,
     ) -> None:
         self._router = settings.router
         self._models = models
@@ -74,6 +76,7 @@ class Pipeline:
         self._limits = limits
         self._admission = admission
         self._runs = runs
+        self._shadow = shadow
 
     async def chat(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
         """`POST /v1/chat/completions`."""
@@ -199,6 +202,8 @@ class Pipeline:
     ) -> Answer:
         """The job queued and its answer relayed, named after the model that wrote it."""
         run = await self._queued(job, caller)
+        if self._shadow is not None:
+            self._shadow.mirror(run.job)  # a copy for the route's shadow version, in the background
         answer = await self._relayed(run, relay, stream=stream, form=form)
         return labelled(answer, resolution.served_by(run.served_model))
 

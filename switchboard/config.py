@@ -87,6 +87,24 @@ class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     private_dir: str = "~/.cache/switchboard/redis"
 
 
+class ShadowConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A route's shadow version: a share of its requests is copied to it, at the lowest priority, and
+    nobody sees its answers (`router.routing.shadow`). `[routes.chat.shadow] model = "chat-v3"`."""
+
+    # A configured model that is not a target of the route.
+    model: ModelName
+    # The share of the route's requests copied (0.5 copies one in two hundred).
+    percent: Annotated[float, msgspec.Meta(ge=0, le=100)]
+    # A copy is dropped when this many jobs already wait on the shadow model's queue.
+    max_waiting: Annotated[int, msgspec.Meta(ge=1)] = 4
+    # False: a copy is sent only while a live worker holds the shadow model warm, so that shadow
+    # traffic never loads it; true: copies may wake it.
+    may_load: bool = False
+    # Keep each compared pair (both answers, their times to first token and finish reasons) in a
+    # capped Redis stream for offline comparison (`switchboard shadow-answers ROUTE`).
+    keep_answers: bool = False
+
+
 class RouteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A route: a name clients use that resolves to one of its target models by weight
     (`switchboard.routes`). `[routes.chat] targets = {"chat-v1" = 90, "chat-v2" = 10}`.
@@ -96,6 +114,7 @@ class RouteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """
 
     targets: dict[ModelName, int]
+    shadow: ShadowConfig | None = None
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
@@ -176,6 +195,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     controller_tick_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Jobs this worker runs at once, across its models (the engine batches them).
     max_concurrent_jobs: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # Shadow copies of routed requests (`routes.*.shadow`) run here at once, at most, and only while
+    # no real job waits; None: a quarter of max_concurrent_jobs.
+    max_shadow_jobs: Annotated[int, msgspec.Meta(ge=0)] | None = None
     # Tokens that reach the Triton callable within this window travel as one chunk. Every hop
     # after the engine costs CPU per chunk, so with many streams the window widens, up to
     # coalesce_max_ms, to keep each model under max_chunks_per_s in total.
@@ -366,6 +388,21 @@ def _check_routes(routes: dict[str, RouteConfig], model_names: list[str]) -> Non
             checked_weights(list(route.targets), route.targets)
         except WeightsError as exc:
             raise ConfigError(f"routes.{name}: {exc}") from None
+        if route.shadow is not None:
+            _check_shadow(name, route.shadow.model, list(route.targets), model_names)
+
+
+def _check_shadow(name: str, shadow: str, targets: list[str], model_names: list[str]) -> None:
+    if shadow not in model_names:
+        raise ConfigError(
+            f"routes.{name}.shadow: model {shadow!r} is not configured; "
+            f"configured models are: {', '.join(model_names)}"
+        )
+    if shadow in targets:
+        raise ConfigError(
+            f"routes.{name}.shadow: model {shadow!r} is a target of the route; a shadow version gets "
+            "copies of the route's requests, so it must be another model"
+        )
 
 
 def _check_api_keys(api_keys: list[ApiKey], model_names: list[str]) -> None:

@@ -311,6 +311,18 @@ def rollout_window(route_name: str, rollout_id: str, window: int) -> str:
     return f"{PREFIX}:route:{{{route_name}}}:rollout:{rollout_id}:{window}"
 
 
+# Pairs of answers kept per route for offline comparison (`shadow_answers`): at most about this many,
+# and for this long after the last one.
+SHADOW_ANSWERS_MAXLEN = 1000
+SHADOW_ANSWERS_TTL_S = 7 * 24 * 3600
+
+
+def shadow_answers(route: str) -> str:
+    """Stream of a route's compared pairs, the served answer beside its shadow copy's
+    (`router.routing.shadow`, with `keep_answers`); capped at about SHADOW_ANSWERS_MAXLEN entries."""
+    return f"{PREFIX}:shadow:{{{route}}}:answers"
+
+
 def all_key_patterns() -> list[str]:
     """Glob patterns covering every key family above, for audits and cleanup."""
     return [f"{PREFIX}:*"]

@@ -120,6 +120,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     router_id: str | None = None
     # The route the request named, when `model` is one of its targets (`switchboard.routes`).
     route: str | None = None
+    # A copy of a routed request sent to the route's shadow version (`router.routing.shadow`):
+    # nobody waits for it, so a worker runs it only with slots to spare (`workers.jobs.consume`).
+    shadow: bool = False
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,7 +135,8 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 class JobError(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why a job failed; `code` maps to an HTTP status at the front door."""
 
-    code: Literal["invalid_request", "timeout", "engine_error", "load_failed"]
+    # "shadow_dropped": a shadow copy a busy worker did not run; only shadow copies get it.
+    code: Literal["invalid_request", "timeout", "engine_error", "load_failed", "shadow_dropped"]
     message: str
     # For the client's mistakes: the request parameter at fault, and OpenAI's code for the mistake
     # (for example "context_length_exceeded").

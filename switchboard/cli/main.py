@@ -1,4 +1,4 @@
-"""`switchboard up | router | worker | models | routes | keys | make-demo-model`."""
+"""`switchboard up | router | worker | models | routes | keys | shadow-answers | make-demo-model`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from switchboard.cli import keys as key_commands
 from switchboard.cli import routes as route_commands
+from switchboard.cli import shadow as shadow_commands
 from switchboard.config import ConfigError, Settings, load_settings
 from switchboard.logs import LOG_LABEL_ENV, configure_logging
 
@@ -71,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
     route_commands.add_parser(commands)
     key_commands.add_parser(commands)
+    shadow_commands.add_parser(commands)
 
     demo = commands.add_parser("make-demo-model", help="build the tiny demo model into a folder")
     demo.add_argument("directory", type=Path)
@@ -116,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return route_commands.run(args, url, args.key or os.environ.get(ADMIN_KEY_ENV))
     if args.command == "keys":
         return key_commands.run(args, settings)
+    if args.command == "shadow-answers":
+        return shadow_commands.run(args, settings)
     if args.command == "up":
         from switchboard.local.stack import run_stack
 

@@ -8,6 +8,12 @@ so a worker that dies mid-job leaves it pending, and another worker's sweep puts
 (`workers.jobs.takeover`); the worker that takes it then goes on where the client's stream stopped
 (`workers.jobs.continuation`). An entry that cannot be decoded goes to the dead-letter stream, and nothing
 that goes wrong in one pass stops the loop.
+
+Shadow copies of routed requests (`Job.shadow`, `router.routing.shadow`) come last: nobody waits for
+them, so one runs only while the worker has slots to spare — fewer than `max_shadow_jobs` of them
+running, a slot free once the real jobs of the same read have theirs, and no real job left waiting
+(no stream of the read gave as many jobs as were asked for). Otherwise it is acknowledged at once
+with a "shadow_dropped" error, which its front door counts.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ BLOCK_MS = 250
 RETRY_DELAY_S = 0.5
 # Waiting jobs answered per round trip when a model cannot be loaded.
 REFUSE_BATCH = 256
+# The answer to a shadow copy that found no slot to spare.
+SHADOW_DROPPED = JobError(
+    code="shadow_dropped", message="the worker had no slot to spare for a shadow copy; it was dropped"
+)
 
 
 class JobConsumer:
@@ -54,18 +64,22 @@ class JobConsumer:
         worker_id: str,
         slots: Slots,
         max_concurrent_jobs: int,
+        max_shadow_jobs: int | None = None,
         max_deliveries: int = 3,
         takeover_check_s: float = 2.0,
         orphan_grace_s: float = ORPHAN_GRACE_S,
         on_failure: Callable[[], None] = lambda: None,
     ) -> None:
-        """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping."""
+        """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping;
+        `max_shadow_jobs` (None: a quarter of `max_concurrent_jobs`) bounds the shadow copies running."""
         self._redis = redis
         self._worker_id = worker_id
         self._slots = slots
         self._by_stream = {keys.job_stream(name): slot for name, slot in slots.items()}
         self._demand = DemandIndex(redis)
         self._max_jobs = max_concurrent_jobs
+        self._max_shadow_jobs = max_concurrent_jobs // 4 if max_shadow_jobs is None else max_shadow_jobs
+        self._shadow_jobs: set[asyncio.Task[None]] = set()
         self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
         self._takeover_check_s = takeover_check_s
         self._on_failure = on_failure
@@ -228,35 +242,66 @@ class JobConsumer:
             logger.exception("reading jobs failed; retrying")
             await asyncio.sleep(RETRY_DELAY_S)
             return
+        shadows: list[Entry] = []
+        crowded = False
         for stream, entries in stream_entries(response):
+            # A stream that gave as many jobs as were asked for may hold more: real jobs may wait.
+            crowded = crowded or len(entries) >= free
             for entry_id, fields in entries:
-                self._take(stream.decode(), entry_id, fields)
+                shadow = self._take(stream.decode(), entry_id, fields)
+                if shadow is not None:
+                    shadows.append(shadow)
+        if shadows:
+            self._take_shadows(shadows, crowded=crowded)
 
     # --- one job --------------------------------------------------------------------------------
 
-    def _take(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        """Start a task for one entry read; its lease is taken here, before the task starts."""
+    def _take(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
+        """Start a task for one entry read; its lease is taken here, before the task starts. A shadow
+        copy is returned instead, to be judged once the whole read is taken (`_take_shadows`)."""
         try:
             entry = decode_entry(stream, entry_id, fields)
         except (KeyError, msgspec.DecodeError) as exc:
             reason = f"the entry cannot be decoded as a job: {exc!r}"
             self._start(self._bury(stream, entry_id, fields, reason))
-            return
+            return None
+        if entry.job.shadow:
+            return entry
+        self._run(entry)
+        return None
+
+    def _take_shadows(self, entries: list[Entry], *, crowded: bool) -> None:
+        """Run the shadow copies of one read that find a slot to spare; drop the others."""
+        for entry in entries:
+            spare = (
+                not crowded
+                and len(self._shadow_jobs) < self._max_shadow_jobs
+                and len(self._jobs) < self._max_jobs
+            )
+            if not spare:
+                self._start(self._runner.fail(entry, SHADOW_DROPPED, create=True))
+                continue
+            task = self._run(entry)
+            self._shadow_jobs.add(task)
+            task.add_done_callback(self._shadow_jobs.discard)
+
+    def _run(self, entry: Entry) -> asyncio.Task[None]:
+        """Start running `entry`'s job on its model's slot (or hand it back if the slot cannot serve)."""
         try:
-            slot = self._by_stream[stream]
+            slot = self._by_stream[entry.stream]
             lease = slot.lease()
         except SlotNotServing:
             # Cannot happen after the read barrier; if it ever does, the job goes back in line.
-            self._start(self._hand_back(entry))
-        else:
-            self._start(self._runner.run(entry, slot, lease), entry)
+            return self._start(self._hand_back(entry))
+        return self._start(self._runner.run(entry, slot, lease), entry)
 
-    def _start(self, work: Coroutine[Any, Any, None], entry: Entry | None = None) -> None:
+    def _start(self, work: Coroutine[Any, Any, None], entry: Entry | None = None) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._jobs.add(task)
         if entry is not None:
             self._entries[task] = entry
         task.add_done_callback(self._job_done)
+        return task
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
