@@ -19,16 +19,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from switchboard import keys
+from switchboard.config_names import ModelName, RouteName
 from switchboard.model_pipelines import PipelineConfig, PipelineError, check_pipelines
 from switchboard.redis_address import RedisAddressError, checked_redis_url
+from switchboard.route_config import RouteConfig, RouteConfigError, check_routes
 from switchboard.router_config import RouterConfig
 
 ENV_PREFIX = "SWITCHBOARD_"
 DEMO_MODEL_NAME = "switchboard-demo"
-
-ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")]
-# A route's name is one path segment of `/admin/routes/{name}`: a model's name without slashes.
-RouteName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
 class ConfigError(Exception):
@@ -85,36 +83,6 @@ class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Where that private Redis keeps its append-only file, so that queued jobs, API keys and
     # measured load times survive a restart of it; "" keeps nothing.
     private_dir: str = "~/.cache/switchboard/redis"
-
-
-class ShadowConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A route's shadow version: a share of its requests is copied to it, at the lowest priority, and
-    nobody sees its answers (`router.routing.shadow`). `[routes.chat.shadow] model = "chat-v3"`."""
-
-    # A configured model that is not a target of the route.
-    model: ModelName
-    # The share of the route's requests copied (0.5 copies one in two hundred).
-    percent: Annotated[float, msgspec.Meta(ge=0, le=100)]
-    # A copy is dropped when this many jobs already wait on the shadow model's queue.
-    max_waiting: Annotated[int, msgspec.Meta(ge=1)] = 4
-    # False: a copy is sent only while a live worker holds the shadow model warm, so that shadow
-    # traffic never loads it; true: copies may wake it.
-    may_load: bool = False
-    # Keep each compared pair (both answers, their times to first token and finish reasons) in a
-    # capped Redis stream for offline comparison (`switchboard shadow-answers ROUTE`).
-    keep_answers: bool = False
-
-
-class RouteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A route: a name clients use that resolves to one of its target models by weight
-    (`switchboard.routes`). `[routes.chat] targets = {"chat-v1" = 90, "chat-v2" = 10}`.
-
-    The targets' order is fixed (stable first, canary last): callers are placed on cumulative ranges
-    in that order. These weights are the first ones; the live ones are in Redis (`switchboard routes set`).
-    """
-
-    targets: dict[ModelName, int]
-    shadow: ShadowConfig | None = None
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
@@ -363,46 +331,15 @@ def _check_consistency(settings: Settings) -> None:
             f"worker.models names unknown models: {', '.join(unknown)}; "
             f"configured models are: {', '.join(names)}"
         )
-    _check_routes(settings.routes, names)
+    try:
+        check_routes(settings.routes, names)
+    except RouteConfigError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         check_pipelines(settings.pipelines, names, list(settings.routes))
     except PipelineError as exc:
         raise ConfigError(str(exc)) from None
     _check_api_keys(settings.auth.keys, [*names, *settings.routes, *settings.pipelines])
-
-
-def _check_routes(routes: dict[str, RouteConfig], model_names: list[str]) -> None:
-    # Imported here: the routes module speaks to Redis, which reading a config does not need.
-    from switchboard.routes import WeightsError, checked_weights
-
-    for name, route in routes.items():
-        if name in model_names:
-            raise ConfigError(f"routes.{name}: a route may not take the name of a model")
-        unknown = sorted(set(route.targets) - set(model_names))
-        if unknown:
-            raise ConfigError(
-                f"routes.{name}: targets name unknown models: {', '.join(unknown)}; "
-                f"configured models are: {', '.join(model_names)}"
-            )
-        try:
-            checked_weights(list(route.targets), route.targets)
-        except WeightsError as exc:
-            raise ConfigError(f"routes.{name}: {exc}") from None
-        if route.shadow is not None:
-            _check_shadow(name, route.shadow.model, list(route.targets), model_names)
-
-
-def _check_shadow(name: str, shadow: str, targets: list[str], model_names: list[str]) -> None:
-    if shadow not in model_names:
-        raise ConfigError(
-            f"routes.{name}.shadow: model {shadow!r} is not configured; "
-            f"configured models are: {', '.join(model_names)}"
-        )
-    if shadow in targets:
-        raise ConfigError(
-            f"routes.{name}.shadow: model {shadow!r} is a target of the route; a shadow version gets "
-            "copies of the route's requests, so it must be another model"
-        )
 
 
 def _check_api_keys(api_keys: list[ApiKey], model_names: list[str]) -> None:

@@ -12,11 +12,10 @@ Steps name models and routes only, and routes name models only, so no configurat
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Annotated
 
 import msgspec
 
-ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")]
+from switchboard.config_names import ModelName
 
 
 class PipelineError(ValueError):

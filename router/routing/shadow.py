@@ -44,8 +44,8 @@ from router.queue.results import ResultReader, Subscription
 from router.queue.run import JobRun
 from router.status.models import ModelStatus, ModelStatusReader
 from switchboard import keys
-from switchboard.config import RouteConfig, ShadowConfig
 from switchboard.metrics import REGISTRY, TPOT_BUCKETS, TTFT_BUCKETS
+from switchboard.route_config import RouteConfig, ShadowConfig
 from switchboard.router_config import RouterConfig
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job

@@ -17,8 +17,10 @@ import msgspec
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.config import ModelConfig, PipelineConfig, RouteConfig, Settings
+from switchboard.config import ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.model_pipelines import PipelineConfig
+from switchboard.route_config import RouteConfig
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, ModelLimits, Usage, encode, job_decoder
 from tests.support.front_door_harness import serving, settings_for, write_chunks
