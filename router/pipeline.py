@@ -38,7 +38,7 @@ from router.routing.table import RouteTable
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
-from router.telemetry.requests import arrival_id
+from router.telemetry.requests import arrival_id, new_request_id
 from switchboard.config import ModelConfig, Settings
 from switchboard.model_pipelines import PipelineConfig
 from switchboard.wire import Chunk, Job
@@ -85,8 +85,8 @@ class Pipeline:
         resolution = self._resolve(request, chat.model, chat.user, caller)
         resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=chat.stream)
 
-        async def answer_on(served: Resolution) -> Answer:
-            return await self._chat_on(served, request, chat, caller, resume)
+        async def answer_on(served: Resolution, job_id: str | None) -> Answer:
+            return await self._chat_on(served, request, chat, caller, resume, job_id)
 
         return await self._first_answer(resolution if resume is None else resolution.alone(), answer_on)
 
@@ -97,8 +97,8 @@ class Pipeline:
         resolution = self._resolve(request, completion.model, completion.user, caller)
         resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=completion.stream)
 
-        async def answer_on(served: Resolution) -> Answer:
-            return await self._completion_on(served, request, completion, prompts, caller, resume)
+        async def answer_on(served: Resolution, job_id: str | None) -> Answer:
+            return await self._completion_on(served, request, completion, prompts, caller, resume, job_id)
 
         return await self._first_answer(resolution if resume is None else resolution.alone(), answer_on)
 
@@ -109,8 +109,9 @@ class Pipeline:
         chat: ChatCompletionRequest,
         caller: Caller,
         resume: ResumePoint | None,
+        job_id: str | None,
     ) -> Answer:
-        """A chat completion answered by the resolved model."""
+        """A chat completion answered by the resolved model, as job `job_id`."""
         chat = msgspec.structs.replace(chat, model=resolution.served)
         model = self._served_model(resolution, caller)
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
@@ -119,7 +120,7 @@ class Pipeline:
             timeout_s=self._router.request_timeout_s,
             structured=structured,
             parse_tool_calls=tools.mode == "auto",
-            job_id=arrival_id(),
+            job_id=job_id,
         )
         job = resolution.applied_to(job)
         job = resume.applied_to(job) if resume is not None else job
@@ -140,11 +141,12 @@ class Pipeline:
         prompts: int,
         caller: Caller,
         resume: ResumePoint | None,
+        job_id: str | None,
     ) -> Answer:
-        """A plain completion answered by the resolved model."""
+        """A plain completion answered by the resolved model, as job `job_id`."""
         completion = msgspec.structs.replace(completion, model=resolution.served)
         self._served_model(resolution, caller)
-        job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=arrival_id())
+        job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=job_id)
         job = resolution.applied_to(job)
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
@@ -158,24 +160,24 @@ class Pipeline:
         )
 
     async def _first_answer(
-        self, resolution: Resolution, answer_on: Callable[[Resolution], Awaitable[Answer]]
+        self, resolution: Resolution, answer_on: Callable[[Resolution, str | None], Awaitable[Answer]]
     ) -> Answer:
         """The answer of the resolved model; should it fail before the first byte, that of its first
-        fallback that does not (`router.routing.fallback`). Errors name the model that gave them."""
+        fallback that does not (`router.routing.fallback`). Errors name the model that gave them.
+
+        The first job takes the request's id; each fallback's job a new one, which `x-request-id`
+        then names (the failed job's results are its own, and are cleaned up as any job's)."""
+        job_id = arrival_id()
         while True:
             try:
                 with resolution.naming_errors():
-                    return await answer_on(resolution)
+                    return await answer_on(resolution, job_id)
             except OpenAIError as error:
                 fallback = resolution.fallback()
                 if fallback is None or not failed_on_the_model(error):
                     raise
                 note_fallback(resolution, fallback.served, error)
-            # The next model's job takes the same id (the request's): the failed one's results go.
-            request_id = arrival_id()
-            if request_id is not None:
-                await self._runs.forget(request_id)
-            resolution = fallback
+            resolution, job_id = fallback, new_request_id()
 
     def _resolve(
         self, request: Request[Any, Any, Any], name: str, user: str | None, caller: Caller

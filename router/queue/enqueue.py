@@ -127,11 +127,6 @@ class JobQueue:
         pipe.unlink(keys.result_stream(job_id), keys.job_record(job_id))
         await pipe.execute()
 
-    async def forget(self, job_id: str) -> None:
-        """Delete a failed job's results and record, so that its id may be queued again (on another
-        model: `router.routing.fallback`). Only for a job that ended: no cancel mark is left."""
-        await self._redis.unlink(keys.result_stream(job_id), keys.job_record(job_id))
-
     async def step_away(self, job_id: str) -> int:
         """A streamed reader that left mid-stream, whose client may resume it: counted out of the job's
         readers, its results kept until they expire (or the job is given up). Returns the job's

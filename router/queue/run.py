@@ -284,10 +284,6 @@ class JobRuns:
             raise
         return self._run(job, subscription, ticket, observer)
 
-    async def forget(self, job_id: str) -> None:
-        """A failed job's results and record deleted, so that its id may be queued again."""
-        await self._queue.forget(job_id)
-
     async def resume(
         self, job: Job, ticket: Ticket, after: str, observer: JobObserver
     ) -> tuple[JobRun, list[Chunk]]:

@@ -1,8 +1,8 @@
 """Shadow traffic: a share of a route's requests copied to its shadow version, which nobody sees.
 
 After a routed request's job is queued, a draw below the route's `shadow.percent` copies it
-(`ShadowTraffic.mirror`; once per request: a fallback's job, which keeps the request's id, is not
-drawn again): a new job for the shadow model, with the same messages or prompts, sampling
+(`ShadowTraffic.mirror`; once per request, by the request's own id: a fallback's job is not drawn
+again): a new job for the shadow model, with the same messages or prompts, sampling
 and deadline, `shadow` set and no tenant. Everything about the copy happens in a background task of
 the front door, so the real request never waits for it and never sees its errors:
 
@@ -43,6 +43,7 @@ from router.queue.enqueue import JobQueue
 from router.queue.results import ResultReader, Subscription
 from router.queue.run import JobRun
 from router.status.models import ModelStatus, ModelStatusReader
+from router.telemetry.requests import arrival_id
 from switchboard import keys
 from switchboard.metrics import REGISTRY, TPOT_BUCKETS, TTFT_BUCKETS
 from switchboard.route_config import RouteConfig, ShadowConfig
@@ -203,7 +204,11 @@ class ShadowTraffic:
         """After `job` (a real one, just queued) was queued: copy it, if its route has a shadow and the
         draw says so. Never raises, never waits: the copy runs in a task of its own."""
         config = self._shadows.get(job.route) if job.route is not None else None
-        if config is None or not self._first_draw(job.id) or not drawn(config.percent, self._draw):
+        if (
+            config is None
+            or not self._first_draw(arrival_id() or job.id)
+            or not drawn(config.percent, self._draw)
+        ):
             return
         if self.in_flight >= self._max_in_flight:
             SHADOW_REQUESTS.labels(job.route, config.model, "dropped_busy").inc()

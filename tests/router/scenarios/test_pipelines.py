@@ -23,8 +23,9 @@ from switchboard.model_pipelines import PipelineConfig
 from switchboard.route_config import RouteConfig
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, ModelLimits, Usage, encode, job_decoder
-from tests.support.front_door_harness import serving, settings_for, write_chunks
+from tests.support.front_door_harness import serving, settings_for
 from tests.support.metric_samples import counter
+from workers.jobs.writer import ResultWriter
 
 BIG, SMALL, SHORT, PIPELINE = "big", "small", "short", "resilient"
 MODELS = (BIG, SMALL, SHORT)
@@ -41,8 +42,12 @@ def pipeline_settings(redis_url: str, *steps: str) -> Settings:
 async def models_answering(
     redis: aioredis.Redis, failing: frozenset[str] = frozenset()
 ) -> AsyncIterator[list[str]]:
-    """Answer every job of every model with the model's name; the engine fails those in `failing`."""
+    """Answer every job of every model with the model's name; the engine fails those in `failing`.
+    Chunks go through the workers' own append script, which writes only for a job whose record
+    exists, as a worker's do."""
     served: list[str] = []
+    writer = ResultWriter(redis, "w1")
+    writer.start()
     streams: dict[Any, Any] = {keys.job_stream(model): "0" for model in MODELS}
     done = Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))
     broken = Chunk(error=JobError(code="engine_error", message="the engine died"))
@@ -56,7 +61,7 @@ async def models_answering(
                     job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
                     served.append(model)
                     chunk = broken if model in failing else msgspec.structs.replace(done, text=model)
-                    await write_chunks(redis, job.id, chunk)
+                    await writer.append(job.id, encode(chunk), seq=0, first=True)
                     await redis.xdel(stream, entry_id)
 
     task = asyncio.create_task(answer())
@@ -64,6 +69,7 @@ async def models_answering(
         yield served
     finally:
         await cancel_and_wait(task)  # a blocked XREAD can lose one cancellation (redis-py on 3.11)
+        await writer.stop()
 
 
 def body(stream: bool = False, content: str = "Hi") -> dict[str, Any]:
@@ -81,6 +87,8 @@ async def test_the_first_model_that_does_not_fail_answers_streamed_or_not(
             assert answer.status_code == 200, answer.text
             assert answer.headers["x-switchboard-model"] == SMALL
             assert answer.headers["x-switchboard-pipeline"] == PIPELINE
+            # Named by the job that answered: a fallback's job has an id of its own.
+            assert await redis.exists(keys.result_stream(answer.headers["x-request-id"])) or not stream
             if stream:
                 events = [
                     json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")
