@@ -40,11 +40,13 @@ class JobObserver:
     def __init__(self, job: Job, *, resumed: bool = False) -> None:
         self.model = job.model
         self.route = job.route
+        self._route_label = job.route or ""  # its metrics' `route` label (empty: not routed)
         self._deadline = job.deadline
         self._resumed = resumed
         request = current_request()
         if request is not None:
             request.model = job.model
+            request.route = self._route_label
             request.job_id = job.id
             request.generated = not resumed
         self._arrived = request.started if request is not None else time.perf_counter()
@@ -104,7 +106,7 @@ class JobObserver:
             self._first = time.perf_counter()
             self._cold = chunk.cold_start
             if not self._resumed:
-                TIME_TO_FIRST_TOKEN.labels(self.model).observe(self._first - self._arrived)
+                TIME_TO_FIRST_TOKEN.labels(self.model, self._route_label).observe(self._first - self._arrived)
             if self._span is not None:
                 now = tracing.now_ns()
                 tracing.record_span(
@@ -127,13 +129,15 @@ class JobObserver:
         if self.route is not None and not self._resumed:
             self._observe_for_rollout(finished)
         if self._usage is not None:
-            PROMPT_TOKENS.labels(self.model).inc(self._usage.prompt_tokens)
-            GENERATION_TOKENS.labels(self.model).inc(self._usage.completion_tokens)
+            PROMPT_TOKENS.labels(self.model, self._route_label).inc(self._usage.prompt_tokens)
+            GENERATION_TOKENS.labels(self.model, self._route_label).inc(self._usage.completion_tokens)
             tokens = self._usage.completion_tokens
             if not self._resumed and tokens > 1 and self._first is not None and self._last is not None:
-                TIME_PER_OUTPUT_TOKEN.labels(self.model).observe((self._last - self._first) / (tokens - 1))
+                TIME_PER_OUTPUT_TOKEN.labels(self.model, self._route_label).observe(
+                    (self._last - self._first) / (tokens - 1)
+                )
         for reason in self._finish_reasons:
-            REQUEST_SUCCESS.labels(self.model, reason).inc()
+            REQUEST_SUCCESS.labels(self.model, self._route_label, reason).inc()
         if self._span is not None:
             self._end_spans(finished)
 

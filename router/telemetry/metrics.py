@@ -1,6 +1,7 @@
 """The front door's Prometheus metrics (served by `router.endpoints.metrics`).
 
-Requests are counted by model and HTTP status, and timed from the moment the request arrived: to
+Requests are counted by model (the one that served), the route the request named (empty for none)
+and HTTP status, and timed from the moment the request arrived: to
 the first result chunk (time to first token), to the last byte (end to end), and per output token
 between the two. The queue's depth and the age of its oldest job are read from Redis when scraped
 (`router.status.models.queue_depths`), so every front door reports the same queues.
@@ -14,42 +15,46 @@ from switchboard.metrics import REGISTRY, REQUEST_BUCKETS, TPOT_BUCKETS, TTFT_BU
 
 REQUESTS = Counter(
     "switchboard:requests",
-    "Requests answered by the front door, by model and HTTP status (model is empty when unknown).",
-    ["model", "status"],
+    "Requests answered by the front door, by model, the route it came through and HTTP status (model "
+    "is empty when unknown; route when the request named none).",
+    ["model", "route", "status"],
     registry=REGISTRY,
 )
 REQUEST_SUCCESS = Counter(
     "switchboard:request_success",
-    "Choices that finished, by model and finish reason (as vllm:request_success_total).",
-    ["model", "finished_reason"],
+    "Choices that finished, by model, route and finish reason (as vllm:request_success_total).",
+    ["model", "route", "finished_reason"],
     registry=REGISTRY,
 )
 TIME_TO_FIRST_TOKEN = Histogram(
     "switchboard:time_to_first_token_seconds",
     "From the request's arrival to its first result chunk at the front door.",
-    ["model"],
+    ["model", "route"],
     buckets=TTFT_BUCKETS,
     registry=REGISTRY,
 )
 TIME_PER_OUTPUT_TOKEN = Histogram(
     "switchboard:time_per_output_token_seconds",
     "A request's time per output token after its first: (last chunk - first chunk) / (tokens - 1).",
-    ["model"],
+    ["model", "route"],
     buckets=TPOT_BUCKETS,
     registry=REGISTRY,
 )
 E2E_LATENCY = Histogram(
     "switchboard:e2e_request_latency_seconds",
     "From the request's arrival to its last byte.",
-    ["model"],
+    ["model", "route"],
     buckets=REQUEST_BUCKETS,
     registry=REGISTRY,
 )
 PROMPT_TOKENS = Counter(
-    "switchboard:prompt_tokens", "Prompt tokens of finished requests.", ["model"], registry=REGISTRY
+    "switchboard:prompt_tokens", "Prompt tokens of finished requests.", ["model", "route"], registry=REGISTRY
 )
 GENERATION_TOKENS = Counter(
-    "switchboard:generation_tokens", "Tokens generated for finished requests.", ["model"], registry=REGISTRY
+    "switchboard:generation_tokens",
+    "Tokens generated for finished requests.",
+    ["model", "route"],
+    registry=REGISTRY,
 )
 REQUESTS_IN_FLIGHT = Gauge(
     "switchboard:num_requests_in_flight",

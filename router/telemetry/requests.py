@@ -56,6 +56,8 @@ class RequestObservation:
     client_request_id: str | None = None
     # Set once the request names a configured model, and once it has a job.
     model: str = ""
+    # The route the request named, if any (`router.routing`): its metrics' `route` label.
+    route: str = ""
     job_id: str = ""
     status: int = 0
     # Whether the request carried a job whose answer took time (end-to-end latency is recorded).
@@ -205,9 +207,9 @@ def _start_span(scope: Scope, request: RequestObservation) -> Any:
 def _finished(request: RequestObservation, span: Any) -> None:
     # No response started: the client left first, or the server failed.
     status = request.status or CLIENT_CLOSED
-    REQUESTS.labels(request.model, str(status)).inc()
+    REQUESTS.labels(request.model, request.route, str(status)).inc()
     if request.generated:
-        E2E_LATENCY.labels(request.model).observe(time.perf_counter() - request.started)
+        E2E_LATENCY.labels(request.model, request.route).observe(time.perf_counter() - request.started)
     if span is not None:
         from opentelemetry.trace import Status, StatusCode
 

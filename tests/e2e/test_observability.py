@@ -89,8 +89,11 @@ def test_a_streamed_request_is_one_trace_across_both_processes_with_a_cold_start
     assert prefill["end_ns"] <= decode["start_ns"] + 1
     assert decode["end_ns"] <= by_name["switchboard.relay"]["end_ns"]
 
-    assert front[("switchboard:requests_total", (("model", MODEL), ("status", "200")))] >= 1
-    assert front[("switchboard:generation_tokens_total", (("model", MODEL),))] >= usage.completion_tokens
+    assert front[("switchboard:requests_total", (("model", MODEL), ("route", ""), ("status", "200")))] >= 1
+    assert (
+        front[("switchboard:generation_tokens_total", (("model", MODEL), ("route", "")))]
+        >= usage.completion_tokens
+    )
     assert worker[("switchboard:model_loads_total", (("model", MODEL), ("outcome", "ok")))] == 1
     assert worker[("switchboard:model_load_seconds_count", (("model", MODEL),))] == 1
     assert any(name.startswith("nv_inference") for name, _ in worker), "Triton's metrics on the worker's port"

@@ -2,8 +2,8 @@
 
 Families that describe the deployment live on: worker records and their index, replica leases, model
 state (limits, measured costs, load failures, desired state), the demand stream and index, the
-catalogue version, API keys and their rate buckets, a running front door's heartbeat and wake
-stream, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
+catalogue version, API keys and their rate buckets, routes and their version, a running front
+door's heartbeat and wake stream, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
 in-flight slots. Cancel marks are removed when their job ends, but a job given up after its client
 left (`lua/give_up.lua`) while its worker was being killed may keep its mark until it expires, so
 they are allowed with an expiry of at most `keys.CANCEL_TTL_S`. Result streams and job records
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from router.routing.judge import LEASE_MS
 from switchboard import keys
 
 # (family, glob); the first match names a key.
@@ -47,6 +48,11 @@ FAMILIES = [
     ("key rate", keys.key_rate("*")),
     ("key in flight", keys.key_in_flight("*")),
     ("in flight", keys.in_flight()),
+    ("rollout lease", keys.rollout_lease("*")),
+    ("rollout window", keys.rollout_window("*", "*", "*")),  # type: ignore[arg-type]
+    ("shadow answers", keys.shadow_answers("*")),
+    ("routes version", keys.routes_version()),
+    ("route", keys.route("*")),  # after the route families its glob also matches
 ]
 LONG_LIVED = {
     "job stream",
@@ -65,12 +71,17 @@ LONG_LIVED = {
     "api keys",
     "retired key names",
     "key rate",
+    "route",
+    "routes version",
 }
 # Kept for a resumption, with an expiry of at most this long.
 KEPT_WITH_TTL = {
     "result stream": keys.RESULT_TTL_S,
     "job record": keys.RESULT_TTL_S,
     "cancel mark": keys.CANCEL_TTL_S,
+    "rollout lease": LEASE_MS // 1000,
+    "rollout window": keys.ROLLOUT_WINDOW_TTL_S,
+    "shadow answers": keys.SHADOW_ANSWERS_TTL_S,
 }
 
 

@@ -84,7 +84,9 @@ async def test_a_response_sent_in_full_is_not_disturbed(
 
 def requests_counted(model: str, status: int) -> float:
     return (
-        REGISTRY.get_sample_value("switchboard:requests_total", {"model": model, "status": str(status)})
+        REGISTRY.get_sample_value(
+            "switchboard:requests_total", {"model": model, "route": "", "status": str(status)}
+        )
         or 0.0
     )
 

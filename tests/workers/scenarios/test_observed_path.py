@@ -201,16 +201,34 @@ async def test_metrics_move_by_the_right_amounts_after_known_traffic() -> None:
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    assert moved(front, front_before, "switchboard:requests_total", model=MODEL, status="200") == 3
+    assert moved(front, front_before, "switchboard:requests_total", model=MODEL, route="", status="200") == 3
     # Refused before its model was read: counted without one.
-    assert moved(front, front_before, "switchboard:requests_total", model="", status="400") == 1
-    assert moved(front, front_before, "switchboard:time_to_first_token_seconds_count", model=MODEL) == 3
-    assert moved(front, front_before, "switchboard:e2e_request_latency_seconds_count", model=MODEL) == 3
-    assert moved(front, front_before, "switchboard:time_per_output_token_seconds_count", model=MODEL) == 3
-    assert moved(front, front_before, "switchboard:generation_tokens_total", model=MODEL) == 3 * TOKENS
-    assert moved(front, front_before, "switchboard:prompt_tokens_total", model=MODEL) == 3 * 3
+    assert moved(front, front_before, "switchboard:requests_total", model="", route="", status="400") == 1
     assert (
-        moved(front, front_before, "switchboard:request_success_total", model=MODEL, finished_reason="length")
+        moved(front, front_before, "switchboard:time_to_first_token_seconds_count", model=MODEL, route="")
+        == 3
+    )
+    assert (
+        moved(front, front_before, "switchboard:e2e_request_latency_seconds_count", model=MODEL, route="")
+        == 3
+    )
+    assert (
+        moved(front, front_before, "switchboard:time_per_output_token_seconds_count", model=MODEL, route="")
+        == 3
+    )
+    assert (
+        moved(front, front_before, "switchboard:generation_tokens_total", model=MODEL, route="") == 3 * TOKENS
+    )
+    assert moved(front, front_before, "switchboard:prompt_tokens_total", model=MODEL, route="") == 3 * 3
+    assert (
+        moved(
+            front,
+            front_before,
+            "switchboard:request_success_total",
+            model=MODEL,
+            route="",
+            finished_reason="length",
+        )
         == 3
     )
     assert moved(front, front_before, "switchboard:redis_round_trips_total", client="pooled") > 0
