@@ -31,7 +31,7 @@ from router.queue.run import JobRun, JobRuns
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response
-from router.routing.fallback import failed_on_the_model, note_fallback
+from router.routing.fallback import failed_on_the_model, note_failure, note_fallback
 from router.routing.resolve import Resolution, resolve, stickiness_key
 from router.routing.shadow import ShadowTraffic
 from router.routing.table import RouteTable
@@ -173,6 +173,7 @@ class Pipeline:
                 with resolution.naming_errors():
                     return await answer_on(resolution, job_id)
             except OpenAIError as error:
+                note_failure(resolution, error)
                 fallback = resolution.fallback()
                 if fallback is None or not failed_on_the_model(error):
                     raise

@@ -28,6 +28,7 @@ from router.openai.errors import (
     OpenAIError,
     TooManyRequestsError,
 )
+from router.routing.observations import record_refused
 from router.telemetry.requests import current_request
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.metrics import REGISTRY
@@ -57,6 +58,17 @@ def failed_on_the_model(error: OpenAIError) -> bool:
     if isinstance(error, InvalidRequestError):
         return error.code == CONTEXT_TOO_LONG  # another model may hold a longer context
     return isinstance(error, EngineError | ModelLoadFailedError | NoWorkerForModelError)
+
+
+def note_failure(failed: Resolution, error: OpenAIError) -> None:
+    """A routed request refused before its job existed (no worker may hold its version, or its
+    queue is full), counted as its version's failure while a rollout judges it: the job's own
+    observer never saw it. Failures of a job that ran are counted by its observer."""
+    refused = isinstance(error, NoWorkerForModelError) or (
+        isinstance(error, TooManyRequestsError) and error.code == "queue_full"
+    )
+    if refused and failed.route is not None:
+        record_refused(failed.route.name, failed.served)
 
 
 def note_fallback(failed: Resolution, fallback: str, error: OpenAIError) -> None:

@@ -54,12 +54,13 @@ def quick_judge(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @contextlib.asynccontextmanager
-async def scripted_workers(redis: aioredis.Redis, behaviour: Behaviour) -> AsyncIterator[None]:
-    """A live worker holding both targets warm, answering every job as `behaviour` says."""
+async def scripted_workers(
+    redis: aioredis.Redis, behaviour: Behaviour, holding: set[str] | None = None
+) -> AsyncIterator[None]:
+    """A live worker holding both targets warm (or those in `holding`, which the test may change:
+    the worker's record says so from its next beat), answering every job as `behaviour` says."""
     streams: dict[Any, Any] = {keys.job_stream(STABLE): "0", keys.job_stream(CANARY): "0"}
-    record = worker_record(
-        "w1", SlotStatus(model=STABLE, state="warm"), SlotStatus(model=CANARY, state="warm")
-    )
+    holding = {STABLE, CANARY} if holding is None else holding
     served = {STABLE: 0, CANARY: 0}
     answering: set[asyncio.Task[None]] = set()
 
@@ -72,11 +73,13 @@ async def scripted_workers(redis: aioredis.Redis, behaviour: Behaviour) -> Async
         await write_chunks(redis, job_id, chunk)
 
     async def take() -> None:
-        beat = 0.0
+        beat, held = 0.0, 0
         while True:
-            if time.monotonic() - beat > 1.0:
-                await advertise(redis, msgspec.structs.replace(record, heartbeat=time.time()))
-                beat = time.monotonic()
+            if time.monotonic() - beat > 1.0 or len(holding) != held:
+                slots = [SlotStatus(model=model, state="warm") for model in sorted(holding)]
+                record = msgspec.structs.replace(worker_record("w1", *slots), allowed=tuple(sorted(holding)))
+                await advertise(redis, record)
+                beat, held = time.monotonic(), len(holding)
             response: Any = await redis.xread(streams, block=50)
             for stream, entries in response or ():
                 model = STABLE if stream.decode() == keys.job_stream(STABLE) else CANARY
@@ -220,6 +223,27 @@ async def test_a_failing_canary_is_rolled_back_with_its_reason_a_warning_and_the
     [warning] = [r for r in caplog.records if r.getMessage().startswith("rollout rolled back")]
     assert warning.levelno == logging.WARNING and ended["reason"] in warning.getMessage()
     assert vars(warning)["route"] == ROUTE and vars(warning)["canary"] == CANARY
+
+
+async def test_a_canary_no_live_worker_may_hold_any_more_is_rolled_back_and_its_callers_served(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    # Its refusals (503 before any job exists, retried on stable) count as the canary's failures:
+    # without them its windows would stay empty, and the rollout would wait at 50 % for ever.
+    settings = routed_settings(redis_server.url, stable=100, canary=0)
+    # A step long enough for the front door to see the canary's worker gone (its copy of the worker
+    # records is at most a second old) well before the step's check.
+    plan = {"canary": CANARY, **QUICK_PLAN, "steps": [50, 100], "interval_s": 2.5}
+    holding = {STABLE, CANARY}
+    async with scripted_workers(redis, FAST, holding), serving(settings) as client:
+        assert (await client.post(f"/admin/routes/{ROUTE}/rollout", json=plan)).status_code == 201
+        await until(client, lambda r: r["phase"] == "stepping", 5)
+        holding.discard(CANARY)  # the workers that held the canary are gone
+        async with traffic(client) as statuses:
+            ended = await until(client, lambda r: r["phase"] == "rolled_back", 15)
+    assert set(statuses) == {200}, "every caller placed on the canary was answered by stable"
+    assert ended["last_check"]["canary"]["failures"] >= 5
+    assert ended["reason"].startswith("failure rate 100")
 
 
 async def test_a_slow_canary_is_rolled_back_for_its_time_to_first_token(
