@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import router.routing.fallback  # registers the fallbacks' counter
 import router.telemetry.metrics  # noqa: F401  (registers the front door's metrics)
 import workers.runtime.metrics  # noqa: F401  (registers the worker's metrics)
 from switchboard.metrics import REGISTRY, metric_names
@@ -91,5 +92,8 @@ def test_the_dashboard_covers_what_the_issue_asks_for() -> None:
         "switchboard:model_wakes_total",
         "switchboard:model_resident",
         "switchboard:redis_round_trips_total",
+        # The rollouts row: weights over time, rollout events, canary against stable.
+        "switchboard:route_weight",
+        "switchboard:route_rollout_events_total",
     ):
         assert metric in text, metric
