@@ -242,8 +242,9 @@ async def test_a_canary_no_live_worker_may_hold_any_more_is_rolled_back_and_its_
         async with traffic(client) as statuses:
             ended = await until(client, lambda r: r["phase"] == "rolled_back", 15)
     assert set(statuses) == {200}, "every caller placed on the canary was answered by stable"
+    # Judged on its failure rate (the window may hold requests it served before its workers went).
     assert ended["last_check"]["canary"]["failures"] >= 5
-    assert ended["reason"].startswith("failure rate 100")
+    assert ended["reason"].startswith("failure rate ")
 
 
 async def test_a_slow_canary_is_rolled_back_for_its_time_to_first_token(

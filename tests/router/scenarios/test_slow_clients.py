@@ -94,8 +94,8 @@ async def test_an_upload_that_stops_midway_is_closed_and_counted_as_the_clients(
     redis_server: PrivateRedis,
 ) -> None:
     async with serving(slow_client_settings(redis_server.url)) as client:
-        before = counter("switchboard:requests", model="", status="499")
-        errors_before = counter("switchboard:requests", model="", status="500")
+        before = counter("switchboard:requests", model="", route="", status="499")
+        errors_before = counter("switchboard:requests", model="", route="", status="500")
         reader, writer = await raw_connection(client)
         body = json.dumps(BODY).encode()
         writer.write(
@@ -109,11 +109,11 @@ async def test_an_upload_that_stops_midway_is_closed_and_counted_as_the_clients(
             writer.close()
         assert waited < 4 * BODY_TIMEOUT_S
         for _ in range(100):  # the handler hears the disconnect, then the request is counted
-            if counter("switchboard:requests", model="", status="499") > before:
+            if counter("switchboard:requests", model="", route="", status="499") > before:
                 break
             await asyncio.sleep(0.02)
-        assert counter("switchboard:requests", model="", status="499") == before + 1
-        assert counter("switchboard:requests", model="", status="500") == errors_before
+        assert counter("switchboard:requests", model="", route="", status="499") == before + 1
+        assert counter("switchboard:requests", model="", route="", status="500") == errors_before
 
 
 async def test_past_the_connection_cap_new_connections_are_refused_at_once_until_room_frees(
