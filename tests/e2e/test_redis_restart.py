@@ -7,7 +7,9 @@ keep arriving, when Redis is stopped (SIGTERM: it writes its file and exits; SIG
 started again on the same port. With append-only persistence (appendfsync everysec, as
 `switchboard up` runs it) a clean stop loses nothing. Without it (many managed caches) the restart
 loses every job: each request in flight then gets a 503 `redis_restarted` within seconds of Redis's
-return, none waits for its deadline. Each test prints its figures: `pytest -s` shows them.
+return, none waits for its deadline. The two restarts with persistence run one after the other on
+one stack (each a fresh outage: it waits for what its worker logs from then on). Each test prints
+its figures: `pytest -s` shows them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import contextlib
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from switchboard.local.demo_model import config_entry
 from switchboard.local.launcher import probe_readiness
 from tests.support.fault_traffic import ARRIVAL_EVERY_S, FaultTraffic, greedy_body, wait_for
 from tests.support.outcomes import Outcome, call, failures, table
-from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
+from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -68,9 +70,20 @@ async def references(base_url: str) -> dict[tuple[str, int], str]:
     return found
 
 
-def writes_given_up(stack: Stack) -> bool:
-    """Whether the worker gave up writing a chunk (its retries spent), leaving its job for a takeover."""
-    return any(GIVEN_UP.search(path.read_text(errors="replace")) for path in stack.log_paths.values())
+def log_sizes(stack: Stack) -> dict[Path, int]:
+    """How long each log is now: where what is logged from now on starts."""
+    return {path: path.stat().st_size for path in stack.log_paths.values()}
+
+
+def writes_given_up(stack: Stack, since: dict[Path, int]) -> bool:
+    """Whether the worker gave up writing a chunk (its retries spent) since `since`, leaving its job
+    for a takeover."""
+    for path in stack.log_paths.values():
+        with path.open("rb") as log:
+            log.seek(since.get(path, 0))
+            if GIVEN_UP.search(log.read().decode(errors="replace")):
+                return True
+    return False
 
 
 async def restart_under_load(
@@ -94,11 +107,12 @@ async def restart_under_load(
         # Every streamed one has text: all eight were admitted together and are generating.
         await traffic.start(first_text_within_s=120)
         stopped_at = time.monotonic()
+        logged_before = log_sizes(stack)
         await asyncio.to_thread(stack.stop_redis, sig)
         # Down until the front door has noticed (it reports not ready), then back.
         await wait_for(lambda: probe_readiness(stack.base_url) is not None, 30, "the front door to notice")
         if long_outage:
-            await wait_for(lambda: writes_given_up(stack), 30, "the worker to give up a write")
+            await wait_for(lambda: writes_given_up(stack, logged_before), 30, "the worker to give up a write")
         await asyncio.sleep(max(0.0, min_down_s - (time.monotonic() - stopped_at)))
         down_s = time.monotonic() - stopped_at
         # On this thread, which outlives it: a child started through `with_parent` gets SIGTERM when
@@ -157,25 +171,63 @@ def audit(
     assert wrong == [], "complete answers must be whole and the same greedy text as when asked alone"
 
 
-@pytest.mark.parametrize(
-    ("sig", "persist", "long_outage"),
-    [(signal.SIGTERM, True, False), (signal.SIGKILL, False, False), (signal.SIGKILL, True, True)],
-    ids=["sigterm", "sigkill-no-persistence", "sigkill-long-outage"],
-)
-def test_redis_restarted_under_load_loses_no_request(
-    start_stack: StartStack, demo_model_dir: Path, sig: signal.Signals, persist: bool, long_outage: bool
-) -> None:
-    config = {
+def config(demo_model_dir: Path) -> dict[str, Any]:
+    return {
         "router": {"request_timeout_s": REQUEST_TIMEOUT_S},
         "models": [config_entry(demo_model_dir, preload=True)],
     }
-    with start_stack(config, env=FAST, persist_redis=persist) as stack:
+
+
+@pytest.fixture(scope="module")
+def append_only_stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
+) -> Iterator[tuple[Stack, dict[tuple[str, int], str]]]:
+    """A stack whose Redis keeps an append-only file, serving, and the greedy answers asked before
+    any fault; shared by the restarts with persistence."""
+    root = tmp_path_factory.mktemp("append-only")
+    with running_stack(
+        config(demo_model_dir), root=root, env=FAST, persist_redis=True, session=request.session
+    ) as stack:
+        stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
+        yield stack, asyncio.run(references(stack.base_url))
+
+
+# Without persistence first: its stack is stopped before the shared one starts.
+@pytest.mark.parametrize(
+    ("sig", "persist", "long_outage"),
+    [(signal.SIGKILL, False, False), (signal.SIGTERM, True, False), (signal.SIGKILL, True, True)],
+    ids=["sigkill-no-persistence", "sigterm", "sigkill-long-outage"],
+)
+def test_redis_restarted_under_load_loses_no_request(
+    request: pytest.FixtureRequest,
+    start_stack: StartStack,
+    demo_model_dir: Path,
+    sig: signal.Signals,
+    persist: bool,
+    long_outage: bool,
+) -> None:
+    if persist:
+        stack, expected = request.getfixturevalue("append_only_stack")
+        restart_and_audit(stack, expected, sig, persist=persist, long_outage=long_outage)
+        return
+    with start_stack(config(demo_model_dir), env=FAST) as stack:
         stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
         expected = asyncio.run(references(stack.base_url))
-        # Without persistence, down 3 s while requests keep arriving, as an operator's restart is.
-        min_down_s = 0.0 if persist else 3.0
-        figures = asyncio.run(restart_under_load(stack, sig, long_outage=long_outage, min_down_s=min_down_s))
-        what = f"{sig.name}, {'append-only' if persist else 'no persistence: it comes back empty'}"
-        if long_outage:
-            what += ", down until the worker gave up a write"
-        audit(figures, expected, what, lossless=sig == signal.SIGTERM)
+        restart_and_audit(stack, expected, sig, persist=persist, long_outage=long_outage)
+
+
+def restart_and_audit(
+    stack: Stack,
+    expected: dict[tuple[str, int], str],
+    sig: signal.Signals,
+    *,
+    persist: bool,
+    long_outage: bool,
+) -> None:
+    # Without persistence, down 3 s while requests keep arriving, as an operator's restart is.
+    min_down_s = 0.0 if persist else 3.0
+    figures = asyncio.run(restart_under_load(stack, sig, long_outage=long_outage, min_down_s=min_down_s))
+    what = f"{sig.name}, {'append-only' if persist else 'no persistence: it comes back empty'}"
+    if long_outage:
+        what += ", down until the worker gave up a write"
+    audit(figures, expected, what, lossless=sig == signal.SIGTERM)

@@ -28,6 +28,9 @@ like `switchboard up`:
   `stop_redis` and `start_redis` are then refused.
   `stack.spawn_front_door()` starts one more front door (a `FrontDoor`: its `base_url` and
   `component`) on another port, sharing the stack's Redis and config; it stops with the rest.
+  `spawn_front_door(env={"SWITCHBOARD_ROUTER__REQUEST_TIMEOUT_S": "1.5"})` gives that one other
+  settings (environment overrides the config file), so a test can share a stack it would otherwise
+  start for one front-door setting.
 
 A test on several workers (for example in tests/e2e/test_serverless.py)::
 
@@ -165,21 +168,22 @@ class Stack:
         """Start one more worker (its log is `worker-N.log`); it is stopped with the rest."""
         return self.launcher.spawn_worker(env)
 
-    def spawn_front_door(self, timeout_s: float = 60.0) -> FrontDoor:
+    def spawn_front_door(self, timeout_s: float = 60.0, env: Mapping[str, str] | None = None) -> FrontDoor:
         """Start one more front door on a free port, on the same Redis and config; wait until it is ready.
 
         Started as the Launcher starts its own (`switchboard router`, its own process group, log
-        `router-N.log`); stopped (SIGTERM) before the rest of the stack.
+        `router-N.log`); stopped (SIGTERM) before the rest of the stack. `env` is added to its
+        environment (settings that differ from the config's).
         """
         port = free_port()
         name = f"router-{len(self.front_doors) + 2}"
         log_path = self.log_dir / f"{name}.log"
         log_path.write_bytes(b"")
         argv = [*SWITCHBOARD_ARGV, "--log-level", "INFO", "--config", str(self.config_path), "router"]
-        env = {**(self.launcher.env or os.environ), "SWITCHBOARD_ROUTER__PORT": str(port)}
-        env.update({LOG_LABEL_ENV: name, "REDIS_URL": self.redis_url})
+        environ = {**(self.launcher.env or os.environ), **(env or {}), "SWITCHBOARD_ROUTER__PORT": str(port)}
+        environ.update({LOG_LABEL_ENV: name, "REDIS_URL": self.redis_url})
         with self.console_log.open("ab") as console:
-            process = spawn_group([*argv, "--log-file", str(log_path)], env, stdout=console)
+            process = spawn_group([*argv, "--log-file", str(log_path)], environ, stdout=console)
         front_door = FrontDoor(Component(name=name, role="router", process=process, log_path=log_path), port)
         self.front_doors.append(front_door)
         self.wait_until(
