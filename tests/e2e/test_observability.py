@@ -96,6 +96,10 @@ def test_a_streamed_request_is_one_trace_across_both_processes_with_a_cold_start
     )
     assert worker[("switchboard:model_loads_total", (("model", MODEL), ("outcome", "ok")))] == 1
     assert worker[("switchboard:model_load_seconds_count", (("model", MODEL),))] == 1
+    # The request waited for that load: its wait, by model and route (none named here).
+    assert (
+        worker[("switchboard:request_cold_start_wait_seconds_count", (("model", MODEL), ("route", "")))] == 1
+    )
     assert any(name.startswith("nv_inference") for name, _ in worker), "Triton's metrics on the worker's port"
 
 

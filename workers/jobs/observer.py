@@ -23,7 +23,7 @@ import msgspec
 from switchboard import gen_ai, tracing
 from switchboard.wire import Chunk, Usage, encode
 from workers.jobs.takeover import Entry
-from workers.runtime.metrics import FIRST_CHUNK, JOBS, QUEUE_TIME, RESULT_CHUNKS
+from workers.runtime.metrics import COLD_START_WAIT, FIRST_CHUNK, JOBS, QUEUE_TIME, RESULT_CHUNKS
 from workers.triton.model import engine_job_decoder
 
 _current: contextvars.ContextVar[JobObserver | None] = contextvars.ContextVar(
@@ -53,9 +53,12 @@ class JobObserver:
         self._chunks_written = RESULT_CHUNKS.labels(self.model)
         taken_ns = time.time_ns()
         enqueued_ns = _enqueued_ns(entry)
-        QUEUE_TIME.labels(self.model).observe(max(0, taken_ns - enqueued_ns) / 1e9)
+        route = job.route or ""
+        QUEUE_TIME.labels(self.model, route).observe(max(0, taken_ns - enqueued_ns) / 1e9)
         warmed = _warmed_while_waiting(slot, enqueued_ns)
         self.cold = warmed is not None
+        if warmed is not None:
+            COLD_START_WAIT.labels(self.model, route).observe(max(0, warmed[2] - enqueued_ns) / 1e9)
         self._span: Any = None
         self._token: Any = None
         self._triton: Any = None

@@ -26,9 +26,18 @@ JOBS = Counter(
 )
 QUEUE_TIME = Histogram(
     "switchboard:request_queue_time_seconds",
-    "How long a job waited in its model's queue before a worker took it (model loads included).",
-    ["model"],
+    "How long a job waited in its model's queue before a worker took it (model loads included), by "
+    "model and the route its request named (empty for none).",
+    ["model", "route"],
     buckets=QUEUE_BUCKETS,
+    registry=REGISTRY,
+)
+COLD_START_WAIT = Histogram(
+    "switchboard:request_cold_start_wait_seconds",
+    "For a job that waited for its model to load (or wake): from its enqueue until the model was warm, "
+    "by model and route.",
+    ["model", "route"],
+    buckets=LOAD_BUCKETS,
     registry=REGISTRY,
 )
 FIRST_CHUNK = Histogram(
