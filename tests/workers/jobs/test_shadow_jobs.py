@@ -9,6 +9,7 @@ import asyncio
 
 import msgspec
 import pytest
+import pytest_asyncio
 
 from switchboard import keys
 from switchboard.demand import note_demand
@@ -31,6 +32,13 @@ async def submit_at_once(worker: Worker, *jobs: Job) -> None:
         pipe.xadd(keys.job_stream(one.model), {keys.JOB_FIELD: encode(one)})
         note_demand(pipe, one.model, one.id)
     await pipe.execute()
+
+
+@pytest_asyncio.fixture(loop_scope="module", autouse=True)
+async def idle_worker(worker: Worker) -> None:
+    """Each test starts on an idle worker: a job's last chunk reaches its reader before the job's task
+    has ended, and the previous test's shadow copy would still count against the cap."""
+    await until(lambda: worker.consumer.running == 0, 10, "the previous test's jobs have ended")
 
 
 async def pending(worker: Worker) -> int:
