@@ -20,7 +20,8 @@ import msgspec
 
 from switchboard import keys
 from switchboard.config_names import ModelName, RouteName
-from switchboard.model_pipelines import PipelineConfig, PipelineError, check_pipelines
+from switchboard.model_pipelines import PipelineConfig, PipelineError, check_pipelines, leads_to
+from switchboard.name_graph import LoopError, check_no_loop
 from switchboard.redis_address import RedisAddressError, checked_redis_url
 from switchboard.route_config import RouteConfig, RouteConfigError, check_routes
 from switchboard.router_config import RouterConfig
@@ -332,12 +333,13 @@ def _check_consistency(settings: Settings) -> None:
             f"configured models are: {', '.join(names)}"
         )
     try:
-        check_routes(settings.routes, names)
+        check_routes(settings.routes, names, list(settings.pipelines))
     except RouteConfigError as exc:
         raise ConfigError(str(exc)) from None
     try:
         check_pipelines(settings.pipelines, names, list(settings.routes))
-    except PipelineError as exc:
+        check_no_loop(leads_to(settings.routes, settings.pipelines))
+    except (PipelineError, LoopError) as exc:
         raise ConfigError(str(exc)) from None
     _check_api_keys(settings.auth.keys, [*names, *settings.routes, *settings.pipelines])
 

@@ -1,61 +1,223 @@
 """Model pipelines: a configured name that clients call like a model, answered by several models.
 
-The first shape is a chain of fallbacks: `[pipelines.NAME] fallbacks = ["big", "small"]` answers
-with the first step that does not fail before its first byte (`router.routing.fallback`). A step
-names a model or a route (whose weights and stickiness then place the caller on one of its
-versions). A pipeline's name is none of a model's or a route's, and a key allowed the pipeline may
-use its steps through it.
+Three shapes, one per pipeline:
 
-Steps name models and routes only, and routes name models only, so no configuration can loop.
+- **fallbacks** — `fallbacks = ["big", "small"]`: the first step that does not fail before its first
+  byte answers (`router.routing.fallback`).
+- **router** — `[pipelines.NAME.router]`: a small model chooses, per request, one of described
+  targets (a constrained `choice` among their labels); a warm target close to the best wins over a
+  cold one; a router that fails or is too slow leaves the choice to `default`
+  (`router.routing.router_model`).
+- **cascade** — `[pipelines.NAME.cascade]`: a cheap draft model answers first; its answer is kept
+  when it finished normally, fits the requested structure and is confident enough (mean token
+  log-probability), else the strong model answers afresh (`router.routing.cascade`).
+
+A step names a model, a route (whose weights and stickiness place the caller on one of its
+versions) or, where the shape allows, another pipeline; routes may name pipelines too. A name that
+leads back to itself is refused with the path of the loop (`switchboard.name_graph`).
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Collection, Mapping
+from typing import Annotated, Literal
 
 import msgspec
 
 from switchboard.config_names import ModelName
+from switchboard.route_config import RouteConfig
+
+Shape = Literal["fallbacks", "router", "cascade"]
+
+# What the router model reads: the targets described, one per line ("- label: description"), and
+# the request's text (its last user message, or its prompt), cut to `request_chars`.
+DEFAULT_ROUTER_PROMPT = (
+    "You choose which assistant answers a request. The assistants:\n"
+    "{targets}\n\n"
+    "The request:\n{request}\n\n"
+    "Answer with the label of the assistant that suits the request best."
+)
+ROUTER_PLACEHOLDERS = frozenset({"targets", "request"})
 
 
 class PipelineError(ValueError):
     """A pipeline the configuration cannot hold; the message names it and says why."""
 
 
+class RouterTarget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One target a router model may choose: what it answers with, and what the router reads of it."""
+
+    # A model, a route or another pipeline.
+    model: ModelName
+    # Shown to the router model beside the target's label.
+    description: str
+
+
+class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A router model's choice between targets (`router.routing.router_model`)."""
+
+    # The router: a model or a route (its answer's log-probabilities weigh the targets).
+    model: ModelName
+    # Label -> target. The router's answer is constrained to one of the labels.
+    targets: dict[Annotated[str, msgspec.Meta(min_length=1, max_length=64)], RouterTarget]
+    # The label taken when the router fails, is too slow, or no target can be told apart.
+    default: str
+    # The router's instructions, with the placeholders {targets} and {request}.
+    prompt: str = DEFAULT_ROUTER_PROMPT
+    # The router's whole answer (queue, load, generation) must come within this, else `default`.
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    # A warm target whose share of the router's belief is within this of the best target's wins
+    # over the best one when that is cold (0: never; 1: any warm target the router considered).
+    warm_margin: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
+    # The request's text shown to the router is cut to this many characters (its end is kept).
+    request_chars: Annotated[int, msgspec.Meta(ge=1)] = 4000
+    # Biases on the router's token ids (as OpenAI's `logit_bias`), to nudge its choices.
+    logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]] | None = None
+
+
+class CascadeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A draft model answering first, and a strong model answering when the draft is not kept
+    (`router.routing.cascade`)."""
+
+    # The cheap model: a model or a route.
+    draft: ModelName
+    # The strong model: a model, a route or another pipeline.
+    strong: ModelName
+    # The draft is kept only when the mean log-probability of its tokens is at least this.
+    min_mean_logprob: Annotated[float, msgspec.Meta(le=0)] = -1.0
+    # How long a streamed cascade holds the draft before the client sees anything; a draft not
+    # finished by then is dropped and the strong model answers (a non-streamed one waits for it).
+    hold_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+
+
 class PipelineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One pipeline: for now, an ordered chain of fallbacks (at least two steps)."""
+    """One pipeline, of exactly one shape."""
 
     # Tried in this order: the next answers when the one before fails before its first byte.
-    fallbacks: list[ModelName]
+    fallbacks: list[ModelName] = msgspec.field(default_factory=list)
+    router: RouterConfig | None = None
+    cascade: CascadeConfig | None = None
+
+    @property
+    def shape(self) -> Shape:
+        if self.router is not None:
+            return "router"
+        if self.cascade is not None:
+            return "cascade"
+        return "fallbacks"
 
     def steps(self) -> list[str]:
-        """Every model or route the pipeline may send a request to, in order."""
+        """Every model, route or pipeline the pipeline may send a request to, in order."""
+        if self.router is not None:
+            return [self.router.model, *(target.model for target in self.router.targets.values())]
+        if self.cascade is not None:
+            return [self.cascade.draft, self.cascade.strong]
         return list(self.fallbacks)
 
 
 def check_pipelines(
     pipelines: Mapping[str, PipelineConfig], model_names: Collection[str], route_names: Collection[str]
 ) -> None:
-    """PipelineError unless every pipeline has a free name and at least two known, distinct steps."""
+    """PipelineError unless every pipeline has a free name, one shape, and steps of the kinds that
+    shape takes. Loops are checked with the routes (`switchboard.name_graph`)."""
     for name, pipeline in pipelines.items():
         where = f"pipelines.{name}"
         if name in model_names or name in route_names:
             kind = "model" if name in model_names else "route"
             raise PipelineError(f"{where}: a pipeline may not take the name of a {kind}")
-        steps = pipeline.steps()
-        if len(steps) < 2:
-            raise PipelineError(f"{where}: fallbacks need at least two steps, not {steps}")
-        repeated = sorted({s for s in steps if steps.count(s) > 1})
-        if repeated:
-            raise PipelineError(f"{where}: a step may appear once; repeated: {', '.join(repeated)}")
-        unknown = [s for s in steps if s not in model_names and s not in route_names]
-        if unknown:
-            inner = [s for s in unknown if s in pipelines]
-            if inner:
-                raise PipelineError(
-                    f"{where}: a step may name a model or a route, not a pipeline: {', '.join(inner)}"
-                )
+        names = _Names(model_names, route_names, pipelines, where)
+        shapes = [pipeline.fallbacks != [], pipeline.router is not None, pipeline.cascade is not None]
+        if sum(shapes) != 1:
+            raise PipelineError(f"{where}: give exactly one of `fallbacks`, `router` or `cascade`")
+        if pipeline.router is not None:
+            _check_router(pipeline.router, names)
+        elif pipeline.cascade is not None:
+            _check_cascade(pipeline.cascade, names)
+        else:
+            _check_fallbacks(pipeline.fallbacks, names)
+
+
+def leads_to(
+    routes: Mapping[str, RouteConfig], pipelines: Mapping[str, PipelineConfig]
+) -> dict[str, list[str]]:
+    """Each route and pipeline with the names it may send a request to (`switchboard.name_graph`)."""
+    return {
+        **{name: list(route.targets) for name, route in routes.items()},
+        **{name: pipeline.steps() for name, pipeline in pipelines.items()},
+    }
+
+
+class _Names:
+    """The names a pipeline's steps may take, and the errors that name the step that is wrong."""
+
+    def __init__(
+        self,
+        models: Collection[str],
+        routes: Collection[str],
+        pipelines: Mapping[str, PipelineConfig],
+        where: str,
+    ) -> None:
+        self.models, self.routes, self.pipelines, self.where = models, routes, pipelines, where
+
+    def require(self, step: str, field: str, *, pipelines: bool) -> None:
+        """PipelineError unless `step` is a model or a route (or, if `pipelines`, a pipeline)."""
+        if step in self.models or step in self.routes:
+            return
+        if step in self.pipelines:
+            if pipelines:
+                return
             raise PipelineError(
-                f"{where}: steps name unknown models or routes: {', '.join(unknown)}; "
-                f"models: {', '.join(model_names)}; routes: {', '.join(route_names) or 'none'}"
+                f"{self.where}.{field}: names the pipeline {step!r}; it takes a model or a route"
             )
+        raise PipelineError(
+            f"{self.where}.{field}: {step!r} is no model, route or pipeline; models: "
+            f"{', '.join(self.models)}; routes: {', '.join(self.routes) or 'none'}; "
+            f"pipelines: {', '.join(self.pipelines)}"
+        )
+
+
+def _check_fallbacks(steps: list[str], names: _Names) -> None:
+    if len(steps) < 2:
+        raise PipelineError(f"{names.where}: fallbacks need at least two steps, not {steps}")
+    repeated = sorted({s for s in steps if steps.count(s) > 1})
+    if repeated:
+        raise PipelineError(f"{names.where}: a step may appear once; repeated: {', '.join(repeated)}")
+    for step in steps:
+        names.require(step, "fallbacks", pipelines=True)
+        inner = names.pipelines.get(step)
+        if inner is not None and inner.shape != "fallbacks":
+            raise PipelineError(
+                f"{names.where}.fallbacks: {step!r} is a {inner.shape} pipeline; a fallback step is a "
+                "model, a route or a pipeline of fallbacks"
+            )
+
+
+def _check_router(router: RouterConfig, names: _Names) -> None:
+    names.require(router.model, "router.model", pipelines=False)
+    if len(router.targets) < 2:
+        raise PipelineError(f"{names.where}.router.targets: a router needs at least two targets")
+    for label, target in router.targets.items():
+        names.require(target.model, f"router.targets.{label}.model", pipelines=True)
+    if router.default not in router.targets:
+        raise PipelineError(
+            f"{names.where}.router.default: {router.default!r} is no target's label; "
+            f"labels: {', '.join(router.targets)}"
+        )
+    fields = {field for _, field, _, _ in string.Formatter().parse(router.prompt) if field is not None}
+    if fields != ROUTER_PLACEHOLDERS:
+        raise PipelineError(
+            f"{names.where}.router.prompt: the prompt takes the placeholders {{targets}} and {{request}} "
+            f"once each at least and no others; it has {', '.join(sorted(fields)) or 'none'} "
+            "(write a literal brace twice: {{ }})"
+        )
+    for token in router.logit_bias or {}:
+        if not token.isdigit():
+            raise PipelineError(f"{names.where}.router.logit_bias: keys are token ids, not {token!r}")
+
+
+def _check_cascade(cascade: CascadeConfig, names: _Names) -> None:
+    names.require(cascade.draft, "cascade.draft", pipelines=False)
+    names.require(cascade.strong, "cascade.strong", pipelines=True)
+    if cascade.draft == cascade.strong:
+        raise PipelineError(f"{names.where}.cascade: the draft and the strong model must differ")

@@ -3,7 +3,7 @@ versions; read by `switchboard.config`, checked against its models here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Annotated
 
 import msgspec
@@ -45,20 +45,23 @@ class RouteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     shadow: ShadowConfig | None = None
 
 
-def check_routes(routes: Mapping[str, RouteConfig], model_names: list[str]) -> None:
-    """RouteConfigError unless every route has a free name, known targets, weights it can take, and
-    a shadow version that is a configured model outside its targets."""
+def check_routes(
+    routes: Mapping[str, RouteConfig], model_names: list[str], pipeline_names: Collection[str] = ()
+) -> None:
+    """RouteConfigError unless every route has a free name, known targets (models or pipelines),
+    weights it can take, and a shadow version that is a configured model outside its targets."""
     # Imported here: the routes module speaks to Redis, which reading a config does not need.
     from switchboard.routes import WeightsError, checked_weights
 
     for name, route in routes.items():
         if name in model_names:
             raise RouteConfigError(f"routes.{name}: a route may not take the name of a model")
-        unknown = sorted(set(route.targets) - set(model_names))
+        unknown = sorted(set(route.targets) - set(model_names) - set(pipeline_names))
         if unknown:
             raise RouteConfigError(
                 f"routes.{name}: targets name unknown models: {', '.join(unknown)}; "
                 f"configured models are: {', '.join(model_names)}"
+                + (f"; pipelines: {', '.join(pipeline_names)}" if pipeline_names else "")
             )
         try:
             checked_weights(list(route.targets), route.targets)
