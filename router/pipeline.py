@@ -7,7 +7,7 @@ at any step reaches `router.app`'s handler, which answers it with `RedisHealth.u
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -40,7 +40,7 @@ from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from router.telemetry.requests import arrival_id, new_request_id
 from switchboard.config import ModelConfig, Settings
-from switchboard.model_pipelines import PipelineConfig
+from switchboard.model_pipelines import PipelineLookup
 from switchboard.wire import Chunk, Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
@@ -64,7 +64,7 @@ class Pipeline:
         admission: Admission,
         runs: JobRuns,
         routes: RouteTable,
-        pipelines: Mapping[str, PipelineConfig],
+        pipelines: PipelineLookup,
         shadow: ShadowTraffic | None = None,
     ) -> None:
         self._router = settings.router

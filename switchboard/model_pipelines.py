@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Collection, Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 import msgspec
 
@@ -114,6 +114,13 @@ class PipelineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.cascade is not None:
             return [self.cascade.draft, self.cascade.strong]
         return list(self.fallbacks)
+
+
+class PipelineLookup(Protocol):
+    """Where a front door finds a pipeline by name: the config's, or the live table that admin
+    changes reach (`router.routing.pipeline_table`)."""
+
+    def get(self, name: str, /) -> PipelineConfig | None: ...
 
 
 def check_pipelines(

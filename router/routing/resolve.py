@@ -13,7 +13,7 @@ failure before the first byte; a route keeps its stable version for a canary's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,7 @@ from router.admission.auth import Caller
 from router.openai.errors import ModelNotFoundError, OpenAIError
 from router.routing.table import RouteTable
 from router.telemetry.requests import current_request
-from switchboard.model_pipelines import PipelineConfig
+from switchboard.model_pipelines import PipelineLookup
 from switchboard.routes import Route
 from switchboard.wire import Job
 
@@ -108,7 +108,7 @@ class Resolution:
 
 def resolve(
     routes: RouteTable,
-    pipelines: Mapping[str, PipelineConfig],
+    pipelines: PipelineLookup,
     name: str,
     caller: Caller,
     stickiness_key: str,
