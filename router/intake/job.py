@@ -193,3 +193,11 @@ def _structured_outputs(request: SamplingRequest) -> StructuredOutput | None:
 def addressed(job: Job, tenant: str | None, router_id: str) -> Job:
     """`job` as it is queued: sent with `tenant`'s key, and waited for by front door `router_id`."""
     return msgspec.structs.replace(job, tenant=tenant, router_id=router_id)
+
+
+def step_job(
+    model: str, messages: tuple[ChatMessage, ...], sampling: SamplingParams, *, timeout_s: float
+) -> Job:
+    """A job a pipeline's step asks of a model on the request's behalf (a router's choice), with an
+    id of its own."""
+    return _job(model, sampling, timeout_s=timeout_s, job_id=None, tenant=None, messages=messages)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -41,33 +41,44 @@ REQUESTED_ATTRIBUTE = "switchboard.requested_model"
 
 @dataclass(frozen=True, slots=True)
 class Resolution:
-    """The name a request gave, the model that serves it, the route (and pipeline) between them, and
-    the models that answer instead, in order, should it fail before the first byte
-    (`router.routing.fallback`): a route's stable version, a pipeline's later steps."""
+    """The name a request gave, what serves it, the route (and pipeline) between them, and what
+    answers instead, in order, should it fail before the first byte (`router.routing.fallback`): a
+    route's stable version, a pipeline's later steps.
+
+    What serves is a model, or a pipeline of the router or cascade shape, which the request's
+    pipeline (`router.pipeline`) then runs as a step of its own; `notes` are headers that earlier
+    steps add to the answer (the router that chose, the draft that was not kept)."""
 
     requested: str
     served: str
     route: Route | None = None
     pipeline: str | None = None
-    # The fallbacks: each a model and the route it comes through, if any.
+    # The fallbacks: each a model (or a router or cascade pipeline) and the route it comes through.
     later: tuple[tuple[str, Route | None], ...] = ()
+    notes: tuple[tuple[str, str], ...] = ()
 
     def fallback(self) -> Resolution | None:
         """The same request resolved to its next fallback; None when none is left."""
         if not self.later:
             return None
         (model, route), *rest = self.later
-        return Resolution(self.requested, model, route, self.pipeline, tuple(rest))
+        return replace(self, served=model, route=route, later=tuple(rest))
 
     def alone(self) -> Resolution:
         """The same request with no fallback (a resumed stream: its job exists already)."""
-        return Resolution(self.requested, self.served, self.route, self.pipeline)
+        return replace(self, later=())
 
     def served_by(self, model: str) -> Resolution:
         """The same request, answered by `model` (a resumed stream's job keeps the version it had)."""
-        if model == self.served:
-            return self
-        return Resolution(self.requested, model, self.route, self.pipeline, self.later)
+        return self if model == self.served else replace(self, served=model)
+
+    def noted(self, *notes: tuple[str, str]) -> Resolution:
+        """The same request with headers that a step adds to its answer."""
+        return replace(self, notes=(*self.notes, *notes))
+
+    def then(self, *later: tuple[str, Route | None]) -> Resolution:
+        """The same request with more fallbacks after its own (each model kept once)."""
+        return replace(self, later=tuple(_deduplicated([*self.later, *later], skip={self.served})))
 
     @property
     def chosen_for_the_caller(self) -> bool:
@@ -98,7 +109,7 @@ class Resolution:
 
     def headers(self) -> dict[str, str]:
         """The headers that name the serving model, and the route and pipeline, if any."""
-        named = {MODEL_HEADER: self.served}
+        named = {MODEL_HEADER: self.served, **dict(self.notes)}
         if self.route is not None:
             named[ROUTE_HEADER] = self.route.name
         if self.pipeline is not None:
@@ -113,41 +124,70 @@ def resolve(
     caller: Caller,
     stickiness_key: str,
 ) -> Resolution:
-    """The model that serves a request naming `name`, and its fallbacks: `name` itself unless it is a
-    route or a pipeline (a 403 for one the caller's key may not use; its key then may use what the
-    route or pipeline leads to)."""
-    pipeline = pipelines.get(name)
-    if pipeline is not None:
+    """What serves a request naming `name`, and its fallbacks: `name` itself unless it is a route or
+    a pipeline (a 403 for one the caller's key may not use; its key then may use what the route or
+    pipeline leads to)."""
+    if pipelines.get(name) is not None:
         caller.require_model(name)
-        chain = _deduplicated(
-            [placed for step in pipeline.steps() for placed in _placed(routes, step, stickiness_key)]
-        )
         _note_on_span(PIPELINE_ATTRIBUTE, name)
-        (served, route), *later = chain
-        return Resolution(name, served, route, name, tuple(later))
+        return _resolved(
+            Resolution(name, name, pipeline=name), _placed(routes, pipelines, name, stickiness_key)
+        )
     route = routes.get(name)
     if route is None:
         return Resolution(requested=name, served=name)
     caller.require_model(name)
     _note_on_span(ROUTE_ATTRIBUTE, name)
-    (served, _), *later = _placed(routes, name, stickiness_key)
-    return Resolution(name, served, route, later=tuple(later))
+    return _resolved(Resolution(name, name), _placed(routes, pipelines, name, stickiness_key))
 
 
-def _placed(routes: RouteTable, step: str, stickiness_key: str) -> list[tuple[str, Route | None]]:
-    """The models a step sends a caller to, in order: a model itself; a route's version for this
-    caller, then the route's stable version if that is another."""
+def resolve_step(
+    routes: RouteTable, pipelines: PipelineLookup, step: str, stickiness_key: str, within: Resolution
+) -> Resolution:
+    """What serves step `step` of the pipeline `within` runs (a router's target, a cascade's draft or
+    strong model), and its fallbacks; the request, its pipeline and notes stay `within`'s."""
+    return _resolved(within, _placed(routes, pipelines, step, stickiness_key))
+
+
+def _resolved(request: Resolution, chain: list[tuple[str, Route | None]]) -> Resolution:
+    (served, route), *later = _deduplicated(chain)
+    return replace(request, served=served, route=route, later=tuple(later))
+
+
+def _placed(
+    routes: RouteTable, pipelines: PipelineLookup, step: str, stickiness_key: str
+) -> list[tuple[str, Route | None]]:
+    """What a step sends a caller to, in order: a model itself; a route's version for this caller,
+    then the route's stable version if that is another; a pipeline of fallbacks, its steps placed in
+    turn; a router or cascade pipeline itself (it runs as a step of its own). The config refuses
+    loops (`switchboard.name_graph`), so this ends."""
+    pipeline = pipelines.get(step)
+    if pipeline is not None:
+        if pipeline.shape != "fallbacks":
+            return [(step, None)]
+        return [
+            placed
+            for inner in pipeline.steps()
+            for placed in _placed(routes, pipelines, inner, stickiness_key)
+        ]
     route = routes.get(step)
     if route is None:
         return [(step, None)]
-    target = route.target_for(stickiness_key)
-    stable = route.targets[0]
-    return [(target, route)] if target == stable else [(target, route), (stable, route)]
+    target, stable = route.target_for(stickiness_key), route.targets[0]
+    chosen = [target] if target == stable else [target, stable]
+    # A version that is a pipeline answers through its steps, each counted under the route.
+    return [
+        (placed, inner_route or route)
+        for version in chosen
+        for placed, inner_route in _placed(routes, pipelines, version, stickiness_key)
+    ]
 
 
-def _deduplicated(chain: list[tuple[str, Route | None]]) -> list[tuple[str, Route | None]]:
+def _deduplicated(
+    chain: list[tuple[str, Route | None]], skip: set[str] | None = None
+) -> list[tuple[str, Route | None]]:
     """`chain` with each model kept at its first place only (it would fail the same way again)."""
-    seen: set[str] = set()
+    seen: set[str] = set(skip or ())
     kept = []
     for model, route in chain:
         if model not in seen:

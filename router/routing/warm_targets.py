@@ -1,0 +1,62 @@
+"""Which of a router model's targets would answer warm for a caller, read while the router decides
+(`router.routing.router_model` prefers a warm target close to the best one)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from router.status.models import ModelStatus, ModelStatusReader
+from switchboard.model_pipelines import PipelineLookup
+
+if TYPE_CHECKING:
+    from router.routing.resolve import Resolution
+
+
+class WarmTargets:
+    """Which of a router's targets are warm, read while the router decides: a target is warm when a
+    live worker holds the model it would be answered by for this caller (for a cascade, its draft;
+    for another router, its default). Until the read is in, nothing counts as warm."""
+
+    # How old a model's shared status may be (`ModelStatusReader.read_shared`).
+    MAX_AGE_S = 1.0
+
+    def __init__(
+        self, status: ModelStatusReader, targets: Mapping[str, Resolution], pipelines: PipelineLookup
+    ) -> None:
+        self._model_of = {target: _answering_model(r.served, pipelines) for target, r in targets.items()}
+        self._warm: set[str] = set()
+        self._read = asyncio.create_task(self._read_states(status))
+
+    async def _read_states(self, status: ModelStatusReader) -> None:
+        models = sorted(set(self._model_of.values()))
+        states = await asyncio.gather(
+            *(status.read_shared(model, self.MAX_AGE_S) for model in models), return_exceptions=True
+        )
+        self._warm = {
+            model
+            for model, state in zip(models, states, strict=True)
+            if isinstance(state, ModelStatus) and state.state == "warm"
+        }
+
+    def is_warm(self, target: str) -> bool:
+        """Whether `target` (a router target's model, route or pipeline) would answer warm."""
+        return self._model_of.get(target) in self._warm
+
+    def close(self) -> None:
+        self._read.cancel()
+
+
+def _answering_model(served: str, pipelines: PipelineLookup) -> str:
+    """The model that first answers for `served`: itself, or a router's default's, a cascade's draft's."""
+    seen: set[str] = set()
+    while (pipeline := pipelines.get(served)) is not None and served not in seen:
+        seen.add(served)
+        if pipeline.router is not None:
+            served = pipeline.router.targets[pipeline.router.default].model
+        elif pipeline.cascade is not None:
+            served = pipeline.cascade.draft
+        else:
+            served = pipeline.fallbacks[0]
+    return served
