@@ -163,10 +163,9 @@ def _unstructured(chunks: Sequence[Chunk], structure: Structure | None) -> str |
             return f"{where}not valid JSON: nested too deeply to read"
         if structure.json_object and not isinstance(document, dict):
             return f"{where}not a JSON object"
-        if validator is not None:
-            mismatch = _mismatch(validator, document)
-            if mismatch is not None:
-                return _cut(f"{where}does not match the schema: {mismatch}")
+        mismatch = _mismatch(validator, document) if validator is not None else None
+        if mismatch is not None:
+            return _cut(where + mismatch)
     return None
 
 
@@ -223,16 +222,16 @@ def _validator(schema_text: str) -> tuple[Validator | None, str | None]:
 
 
 def _mismatch(validator: Validator, document: Any) -> str | None:
-    """What about `document` the schema refuses (its most telling error), or None."""
+    """Why the schema refuses `document` (its most telling error), or None."""
     try:
         error = best_match(validator.iter_errors(document))
     except Unresolvable as exc:  # a `$ref` to a schema that is not in it: nothing is fetched
-        return f"the schema cannot be applied: {exc}"
+        return f"the requested schema cannot be applied: {exc}"
     except RecursionError:  # a `$ref` that leads back to itself with nothing in between
-        return "the schema cannot be applied: its references loop"
+        return "the requested schema cannot be applied: its references loop"
     if error is None:
         return None
-    return f"{error.json_path}: {error.message}"
+    return f"does not match the schema: {error.json_path}: {error.message}"
 
 
 def _not_json(constant: str) -> Any:
