@@ -32,7 +32,7 @@ from litestar.response import Stream
 from redis.exceptions import RedisError
 
 from router.openai.errors import OpenAIError
-from router.queue.run import JobRun
+from router.queue.source import ChunkSource
 from router.relay.sse import SSE_DONE, Relay, error_for, sse_comment
 from router.status.models import ModelStatus, ModelStatusReader
 from switchboard.router_config import RouterConfig
@@ -61,7 +61,7 @@ OPENAI_SHAPE = StreamForm()
 
 
 async def stream_response(
-    run: JobRun,
+    run: ChunkSource,
     relay: Relay,
     settings: RouterConfig,
     status: ModelStatusReader,
@@ -92,7 +92,7 @@ async def stream_response(
 
 
 async def _events(
-    run: JobRun,
+    run: ChunkSource,
     relay: Relay,
     first: Chunk | None,
     every_s: float,
@@ -120,7 +120,7 @@ async def _events(
         await run.close()
 
 
-def event_id(run: JobRun) -> bytes:
+def event_id(run: ChunkSource) -> bytes:
     """The SSE `id:` line of an event relayed from the chunk that `run` handed out last."""
     return f"id: {run.job.id}:{run.last_entry_id}\n".encode()
 
