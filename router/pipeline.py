@@ -30,15 +30,16 @@ from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
 from router.openai.errors import OpenAIError
 from router.queue.held import HeldAnswer, collect
+from router.queue.source import ChunkSource
 from router.queue.run import JobRun, JobRuns
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response
 from router.relay.sse import error_for
-from router.routing.cascade import DraftVerdict, client_chunks, draft_sampling, judge_draft
+from router.routing.cascade import client_chunks, draft_failed, draft_sampling, draft_too_slow, judge_draft
 from router.routing.fallback import failed_on_the_model, note_failure, note_fallback
 from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution, resolve, resolve_step
-from router.routing.router_model import Asker, choice_attributes, choose
+from router.routing.router_model import Ask, choose
 from router.routing.shadow import ShadowTraffic
 from router.routing.spent import SpentBefore, usage_of
 from router.routing.steps import (
@@ -50,6 +51,7 @@ from router.routing.steps import (
     STEPS,
     Draft,
     DraftRejected,
+    choice_attributes,
     set_attributes,
     step_span,
 )
@@ -248,7 +250,7 @@ class Pipeline:
             chosen = chosen.then((fallback.served, fallback.route), *fallback.later)
         return await self._first_answer(chosen, call)
 
-    def _asker(self, router: Resolution, call: Call) -> Asker:
+    def _asker(self, router: Resolution, call: Call) -> Ask:
         """How the router's job is run for `call`: queued under the caller's key (its tokens are the
         request's), its chunks read to the last; its own fallbacks if it is a route's canary."""
 
@@ -296,7 +298,7 @@ class Pipeline:
             except OpenAIError as error:
                 if not failed_on_the_model(error):
                     raise
-                verdict, outcome = DraftVerdict(False, f"the draft failed: {error.message}", None), "failed"
+                verdict, outcome = draft_failed(error.message), "failed"
             finally:
                 STEP_SECONDS.labels(pipeline, "draft").observe(time.perf_counter() - started)
             set_attributes(
@@ -328,9 +330,7 @@ class Pipeline:
         finally:
             await run.close()
         if chunks is None:
-            slow = DraftVerdict(False, f"the draft took longer than {draft.hold_s:g} s", None)
-            raise DraftRejected(slow, "too_slow")
-        call.spent.add(usage_of(chunks))
+            raise DraftRejected(draft_too_slow(draft.hold_s), "too_slow")
         verdict = judge_draft(
             chunks,
             min_mean_logprob=draft.min_mean_logprob,
@@ -338,6 +338,7 @@ class Pipeline:
             length_is_normal=call.max_tokens_set,
         )
         if not verdict.accepted:
+            call.spent.add(usage_of(chunks))  # the strong model's answer counts it
             raise DraftRejected(verdict, "rejected")
         STEPS.labels(draft.pipeline, "draft", job.model, "accepted").inc()
         told = client_chunks(chunks, wanted_logprobs=call.wants_logprobs, extra_usage=call.spent.usage)
@@ -404,7 +405,7 @@ class Pipeline:
         return labelled(answer, resolution.served_by(run.job.model))
 
     async def _relayed(
-        self, run: JobRun, relay: ChatRelay | CompletionRelay, *, stream: bool, form: StreamForm
+        self, run: ChunkSource, relay: ChatRelay | CompletionRelay, *, stream: bool, form: StreamForm
     ) -> Answer:
         """The job's result, streamed, or whole once it has finished. A client that leaves cancels the
         job either way (`router.http.disconnect`)."""
@@ -422,7 +423,7 @@ def labelled(answer: AnyAnswer, resolution: Resolution) -> AnyAnswer:
     return answer
 
 
-async def served_chunks(run: JobRun, relay: ChatRelay | CompletionRelay) -> AsyncIterator[Chunk]:
+async def served_chunks(run: ChunkSource, relay: ChatRelay | CompletionRelay) -> AsyncIterator[Chunk]:
     """The run's chunks, the relay naming the model that writes them (`JobRun.served_model`)."""
     async for chunk in run.chunks():
         relay.model = run.served_model

@@ -16,6 +16,7 @@ from switchboard.model_pipelines import CascadeConfig
 
 if TYPE_CHECKING:
     from router.routing.cascade import DraftVerdict
+    from router.routing.router_model import RouterChoice
 
 # Headers of a pipeline's answer (beside x-switchboard-model, -route and -pipeline).
 ROUTER_HEADER = "x-switchboard-router"  # the router model that chose
@@ -87,3 +88,17 @@ class DraftRejected(Exception):
         super().__init__(verdict.reason)
         self.verdict = verdict
         self.outcome = outcome
+
+
+def choice_attributes(choice: RouterChoice) -> dict[str, Any]:
+    """A router's choice as span attributes: the label, how it was chosen, why (for the default),
+    and each label's share of the router's belief."""
+    attributes: dict[str, Any] = {
+        "switchboard.router.label": choice.label,
+        "switchboard.router.target": choice.target,
+        "switchboard.router.chosen_by": choice.chosen_by,
+        "switchboard.router.reason": choice.reason,
+    }
+    for label, share in choice.scores.items():
+        attributes[f"switchboard.router.score.{label}"] = round(share, 4)
+    return attributes
