@@ -109,6 +109,8 @@ def test_a_draft_that_failed_is_not_kept_and_says_why() -> None:
     assert not verdict.accepted
     assert rejected_for(answer()[:1]) == "the draft failed: its answer ended before its last chunk"
     assert rejected_for([]) == "the draft failed: its answer ended before its last chunk"
+    long_failure = [Chunk(error=JobError(code="engine_error", message="trace " * 1000))]
+    assert len(rejected_for(long_failure)) <= 300
 
 
 def test_verdicts_for_a_run_that_failed_or_was_too_slow() -> None:
