@@ -68,7 +68,7 @@ def judge_draft(
 
 def draft_failed(message: str) -> DraftVerdict:
     """The verdict on a draft whose run failed (its deadline passed, its results were lost)."""
-    return DraftVerdict(accepted=False, reason=f"the draft failed: {message}", mean_logprob=None)
+    return DraftVerdict(accepted=False, reason=_cut(f"the draft failed: {message}"), mean_logprob=None)
 
 
 def draft_too_slow(hold_s: float) -> DraftVerdict:
@@ -127,7 +127,7 @@ def usage_added(chunk: Chunk, extra: Usage | None) -> Chunk:
 def _failure(chunks: Sequence[Chunk]) -> str | None:
     for chunk in chunks:
         if chunk.error is not None:
-            return f"the draft failed: {chunk.error.message}"
+            return _cut(f"the draft failed: {chunk.error.message}")
     if not chunks or not chunks[-1].is_last:
         return "the draft failed: its answer ended before its last chunk"
     return None

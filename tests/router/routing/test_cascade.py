@@ -77,7 +77,8 @@ def rejected_for(chunks: list[Chunk], **options: Any) -> str:
 
 def test_a_confident_draft_that_stopped_is_kept_with_its_mean_log_probability() -> None:
     verdict = judged(answer(logprobs=(-0.2, -0.4)))
-    assert verdict == DraftVerdict(accepted=True, reason=ACCEPTED, mean_logprob=pytest.approx(-0.3))
+    assert (verdict.accepted, verdict.reason) == (True, ACCEPTED)
+    assert verdict.mean_logprob == pytest.approx(-0.3)
 
 
 def test_a_draft_cut_at_its_length_is_kept_only_when_the_client_set_that_length() -> None:
@@ -108,6 +109,8 @@ def test_a_draft_that_failed_is_not_kept_and_says_why() -> None:
     assert not verdict.accepted
     assert rejected_for(answer()[:1]) == "the draft failed: its answer ended before its last chunk"
     assert rejected_for([]) == "the draft failed: its answer ended before its last chunk"
+    long_failure = [Chunk(error=JobError(code="engine_error", message="trace " * 1000))]
+    assert len(rejected_for(long_failure)) <= 300
 
 
 def test_verdicts_for_a_run_that_failed_or_was_too_slow() -> None:
