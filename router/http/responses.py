@@ -6,8 +6,12 @@ import time
 
 import msgspec
 from litestar import Response
+from litestar.response import Stream
 
 _json = msgspec.json.Encoder()
+
+# What an API handler answers: a whole JSON body, or a stream of server-sent events.
+Answer = Response[bytes] | Stream
 
 
 def json_response(
