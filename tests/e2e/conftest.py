@@ -15,12 +15,18 @@ from openai import AsyncOpenAI, OpenAI
 
 from switchboard.local.demo_model import build_demo_model, config_entry
 from tests.support.stack import (
+    BROKEN_ROUTER_PIPELINE,
     BROKEN_VERSION,
+    CASCADE_MIN_MEAN_LOGPROB,
+    CASCADE_PIPELINE,
+    COLD_VERSION,
     MODEL,
     PIPELINE,
     ROUTE,
+    ROUTER_PIPELINE,
     SECOND_VERSION,
     SECOND_VERSION_SEED,
+    WARM_ROUTER_PIPELINE,
     Stack,
     running_stack,
 )
@@ -74,14 +80,51 @@ def stack(
             config_entry(demo_model_dir, preload=True, tool_call_parser="pythonic"),
             config_entry(second_version_dir, name=SECOND_VERSION),
             {**config_entry(demo_model_dir, name=BROKEN_VERSION), "path": "/nonexistent/model"},
+            config_entry(demo_model_dir, name=COLD_VERSION),
         ],
         "routes": {ROUTE: {"targets": {MODEL: 100, SECOND_VERSION: 0, BROKEN_VERSION: 0}}},
-        "pipelines": {PIPELINE: {"fallbacks": [BROKEN_VERSION, MODEL]}},
+        "pipelines": {
+            PIPELINE: {"fallbacks": [BROKEN_VERSION, MODEL]},
+            ROUTER_PIPELINE: router_steered_to_b(demo_model_dir, MODEL, SECOND_VERSION),
+            WARM_ROUTER_PIPELINE: router_steered_to_b(demo_model_dir, MODEL, COLD_VERSION, warm_margin=1.0),
+            BROKEN_ROUTER_PIPELINE: router_steered_to_b(demo_model_dir, BROKEN_VERSION, SECOND_VERSION),
+            CASCADE_PIPELINE: {
+                "cascade": {
+                    "draft": MODEL,
+                    "strong": SECOND_VERSION,
+                    "min_mean_logprob": CASCADE_MIN_MEAN_LOGPROB,
+                }
+            },
+        },
     }
     with running_stack(config, root=tmp_path_factory.mktemp("e2e"), session=request.session) as stack:
         # Models load on demand: one answered request, so that no test pays for the load.
         stack.wait_serving(MODEL)
         yield stack
+
+
+def router_steered_to_b(
+    model_dir: Path, router: str, b_target: str, *, warm_margin: float = 0.0
+) -> dict[str, Any]:
+    """A router pipeline whose router model (`router`) is steered by a logit bias to label "B" (the
+    demo tokenizer has "A" and "B" as tokens of their own); "A", the demo model, is the default."""
+    from transformers import AutoTokenizer
+
+    b_token = AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("B")
+    targets = {
+        "A": {"model": MODEL, "description": "short questions"},
+        "B": {"model": b_target, "description": "long questions"},
+    }
+    return {
+        "router": {
+            "model": router,
+            "targets": targets,
+            "default": "A",
+            "logit_bias": {str(b_token): 100},
+            "warm_margin": warm_margin,
+            "timeout_s": 30,
+        }
+    }
 
 
 @pytest.fixture

@@ -84,6 +84,19 @@ BROKEN_VERSION = "tiny-broken"
 SECOND_VERSION_SEED = 2
 # ... and its pipeline of fallbacks: the version that cannot load, then the demo model.
 PIPELINE = "tiny-resilient"
+# A version nobody loads unless a test chooses it: a router's cold target.
+COLD_VERSION = "tiny-v3"
+# Router pipelines over the demo model (label "A") and another version (label "B"), each router's
+# choice steered to "B" by a logit bias: one whose "B" is the second version; one whose "B" is the
+# cold version, any warm target winning over it; one whose router cannot load.
+ROUTER_PIPELINE = "tiny-router"
+WARM_ROUTER_PIPELINE = "tiny-router-warm"
+BROKEN_ROUTER_PIPELINE = "tiny-router-broken"
+# A cascade: the demo model drafts, the second version answers what the draft is unsure of.
+CASCADE_PIPELINE = "tiny-cascade"
+# Between the demo model's greedy answers' mean token log-probability (about -1.8) and that of its
+# answers sampled at temperature 2 (about -6).
+CASCADE_MIN_MEAN_LOGPROB = -3.5
 # Generous: a busy machine took over two minutes to start one vLLM CPU engine.
 STACK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
