@@ -109,7 +109,9 @@ class PipelineTable:
         version = await self._redis.get(keys.pipelines_version())
         if version == self._version:
             return
-        stored = _decoded(await self._redis.hgetall(keys.pipelines()))  # type: ignore[misc]
+        stored, unreadable = _decoded(await self._redis.hgetall(keys.pipelines()))  # type: ignore[misc]
+        for name in unreadable:
+            logger.warning("a stored pipeline definition cannot be read; left out", extra={"pipeline": name})
         admin, left_out = self._applicable(stored)
         for name, reason in left_out.items():
             logger.warning(
@@ -125,7 +127,7 @@ class PipelineTable:
         door's within about POLL_S. PipelineError or LoopError, changing nothing, unless the set it
         leaves passes the checks made at start."""
 
-        def change(stored: dict[str, PipelineConfig], pipe: Any) -> bool:
+        def change(stored: dict[str, PipelineConfig], unreadable: set[str], pipe: Any) -> bool:
             # Over the set in effect: what names `name` must still fit its new definition.
             admin, _ = self._applicable(stored)
             self._check(_merged(self._configured, {**admin, name: config}))
@@ -133,9 +135,8 @@ class PipelineTable:
             return True
 
         await self._write(change)
-        entry = self.entry(name)
-        assert entry is not None  # just stored, and checked with this config
-        return entry
+        # (None only if another front door removed it since)
+        return self.entry(name) or PipelineEntry(name, config, "admin")
 
     async def remove(self, name: str) -> PipelineEntry | None:
         """Remove the admin API's definition of `name`: a configured pipeline returns to the config's
@@ -143,8 +144,8 @@ class PipelineTable:
         PipelineConflict, changing nothing, for one that routes or pipelines still name, or a
         configured one whose definition would no longer fit what the admin API set around it."""
 
-        def change(stored: dict[str, PipelineConfig], pipe: Any) -> bool:
-            if name not in stored:
+        def change(stored: dict[str, PipelineConfig], unreadable: set[str], pipe: Any) -> bool:
+            if name not in stored and name not in unreadable:
                 if name in self._configured:
                     return False  # it has the config's definition already
                 raise UnknownPipeline(name)
@@ -169,17 +170,18 @@ class PipelineTable:
         """Poll the pipelines' version in the background while `tasks` runs."""
         tasks.start(self._poll(), "pipelines")
 
-    async def _write(self, change: Callable[[dict[str, PipelineConfig], Any], bool]) -> None:
-        """Run `change(stored, pipe)` on the definitions Redis holds now, and commit what it staged on
+    async def _write(self, change: Callable[[dict[str, PipelineConfig], set[str], Any], bool]) -> None:
+        """Run `change(stored, unreadable, pipe)` on the definitions Redis holds now (and the names of
+        those it cannot read: written by another version), and commit what it staged on
         `pipe` (if it says it staged anything) with a new version, unless another front door changed
         them meanwhile (then again). What `change` raises leaves Redis as it was."""
         for _ in range(WRITE_TRIES):
             async with self._redis.pipeline(transaction=True) as pipe:
                 try:
                     await pipe.watch(keys.pipelines_version(), keys.pipelines())
-                    stored = _decoded(await pipe.hgetall(keys.pipelines()))
+                    stored, unreadable = _decoded(await pipe.hgetall(keys.pipelines()))
                     pipe.multi()
-                    if not change(stored, pipe):
+                    if not change(stored, unreadable, pipe):
                         break
                     pipe.set(keys.pipelines_version(), uuid.uuid4().hex)
                     await pipe.execute()
@@ -257,16 +259,14 @@ def _require_unnamed(
         )
 
 
-def _decoded(fields: Mapping[Any, Any]) -> dict[str, PipelineConfig]:
-    """The definitions a `keys.pipelines` hash holds; one that cannot be read is logged and left out."""
-    found = {}
+def _decoded(fields: Mapping[Any, Any]) -> tuple[dict[str, PipelineConfig], set[str]]:
+    """The definitions a `keys.pipelines` hash holds, and the names of those that cannot be read (a
+    front door of another version wrote them): left out, but `DELETE` still removes them."""
+    found, unreadable = {}, set()
     for raw_name, raw in fields.items():
         name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
         try:
             found[name] = _definition.decode(raw)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            logger.warning(
-                "a stored pipeline definition cannot be read; left out",
-                extra={"pipeline": name, "error": str(exc)},
-            )
-    return found
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            unreadable.add(name)
+    return found, unreadable

@@ -178,3 +178,6 @@ async def test_stored_definitions_that_do_not_fit_this_config_are_left_out(redis
     pipelines = table(redis)
     await pipelines.refresh()
     assert pipelines.names() == ["resilient", "later", "zz-first"]
+    # What cannot be read can still be deleted; what does not fit is deleted like any other.
+    assert await pipelines.remove("garbled") is None and await pipelines.remove("other") is None
+    assert sorted(await redis.hkeys(keys.pipelines())) == [b"later", b"zz-first"]  # type: ignore[misc]

@@ -38,6 +38,7 @@ from switchboard.route_config import RouteConfig
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, Usage, encode, job_decoder
 from tests.support.front_door_harness import serving, settings_for
+from tests.support.key_census import take_census
 from workers.jobs.writer import ResultWriter
 
 BIG, SMALL, CODER = "big", "small", "coder"
@@ -336,3 +337,7 @@ async def test_a_request_naming_a_pipeline_reads_none_of_the_pipelines_keys(
     await monitor_client.aclose()
     assert all(command == f"GET {keys.pipelines_version()}" for command in seen), seen
     assert len(seen) <= elapsed / POLL_S + 2
+    # The definitions set through the admin API are operator data that lives on, like the routes'.
+    census = await asyncio.to_thread(take_census, redis_server.url)
+    assert census.families["pipelines"] == census.families["pipelines version"] == 1, census
+    assert not census.strays, census
