@@ -119,8 +119,8 @@ async def test_a_pipeline_created_through_one_front_door_is_answered_through_its
         models_answering(redis, failing=frozenset({SMALL})),
         serving(settings) as first,
         serving(settings) as second,
+        openai.AsyncOpenAI(base_url=f"{second.base_url}/v1", api_key=app, max_retries=0) as sdk,
     ):
-        sdk = openai.AsyncOpenAI(base_url=f"{second.base_url}/v1", api_key=app, max_retries=0)
         with pytest.raises(openai.NotFoundError):
             await sdk.chat.completions.create(model=FRESH, messages=[{"role": "user", "content": "Hi"}])
 
@@ -174,7 +174,6 @@ async def test_a_pipeline_created_through_one_front_door_is_answered_through_its
             return FRESH not in await listed(first, ops)
 
         assert await seconds_until(first_forgot_it) < 2 * POLL_S + 0.5
-        await sdk.close()
 
 
 async def test_what_the_config_could_not_hold_is_a_400_and_a_pipeline_still_named_a_409(
@@ -225,7 +224,7 @@ async def test_what_the_config_could_not_hold_is_a_400_and_a_pipeline_still_name
             await client.delete(f"/admin/pipelines/{FRESH}", headers=bearer(ops)), 409, "pipeline_conflict"
         )
         assert "named by pipeline 'resilient'" in in_use
-        # A fallback step is a pipeline of fallbacks: the one named cannot become a router.
+        # A fallback step is a pipeline of fallbacks: the one named cannot become a cascade.
         cascade = {"cascade": {"draft": SMALL, "strong": BIG}}
         assert "cascade pipeline" in error(await put(FRESH, cascade), 400)
         back = await client.delete(f"/admin/pipelines/{CONFIGURED}", headers=bearer(ops))
