@@ -37,7 +37,19 @@ logger = logging.getLogger(__name__)
 _departures = SummarizedLog(logger, level=logging.INFO)
 
 # The parts of the front door (`FrontDoor`'s attributes) that handlers may ask for by name.
-PARTS = ("settings", "redis", "models", "routes", "health", "status", "limits", "runs", "reader", "pipeline")
+PARTS = (
+    "settings",
+    "redis",
+    "models",
+    "routes",
+    "pipelines",
+    "health",
+    "status",
+    "limits",
+    "runs",
+    "reader",
+    "pipeline",
+)
 
 
 def create_app(settings: Settings) -> Litestar:

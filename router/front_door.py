@@ -1,7 +1,7 @@
 """The long-lived parts of one front door: opened as the app starts, closed as it stops.
 
 Redis clients (a pooled one, and one for the result reader's blocking reads), the key table, the
-model table and status, the limits cache, admission, the job queue and its runs, and the
+model table and status, the routes and pipelines, the limits cache, admission, the job queue and its runs, and the
 background tasks (result reader, heartbeat, Redis probe, delayed cancel marks) in one `TaskSet`
 that closing stops. `router.app` hands each part to the handlers that ask for it.
 """
@@ -24,6 +24,7 @@ from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.run import JobRuns
 from router.routing.judge import RolloutJudge
+from router.routing.pipeline_table import PipelineTable
 from router.routing.shadow import ShadowTraffic
 from router.routing.table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
@@ -48,8 +49,12 @@ class FrontDoor:
         self.redis = redis
         self._reader_redis = reader_redis
         self.tasks = TaskSet("front door")
+        # The config's pipelines, and those the admin API sets (read from Redis by a background task).
+        self.pipelines = PipelineTable(
+            redis, settings.pipelines, models=[m.name for m in settings.models], routes=settings.routes
+        )
         self.models = ModelTable(
-            settings.models, started=time.time(), routes=[*settings.routes, *settings.pipelines]
+            settings.models, started=time.time(), routes=list(settings.routes), pipelines=self.pipelines.names
         )
         self.health = RedisHealth(redis)
         self.heartbeat = RouterHeartbeat(redis, router_id)
@@ -81,7 +86,7 @@ class FrontDoor:
             admission=self.admission,
             runs=self.runs,
             routes=self.routes,
-            pipelines=settings.pipelines,
+            pipelines=self.pipelines,
             shadow=self.shadow,
         )
 
@@ -112,6 +117,7 @@ class FrontDoor:
                 raise
         front_door.reader.start(front_door.tasks)
         front_door.routes.start(front_door.tasks)
+        front_door.pipelines.start(front_door.tasks)
         front_door.judge.start(front_door.tasks)
         front_door.heartbeat.start(front_door.tasks)
         front_door.health.start(front_door.tasks)

@@ -293,6 +293,24 @@ def routes_version() -> str:
     return f"{PREFIX}:routes:version"
 
 
+def pipelines() -> str:
+    """Hash of the pipelines set through the admin API (`router.routing.pipeline_table`): name →
+    the pipeline's definition (`switchboard.model_pipelines.PipelineConfig`) as msgspec JSON. A
+    name the config also has is that pipeline's new definition; the others are pipelines the admin
+    API created.
+
+    Operator data, like `route`: no expiry; `switchboard pipelines set|delete` changes it."""
+    return f"{PREFIX}:pipelines"
+
+
+def pipelines_version() -> str:
+    """A token replaced by every change of `pipelines`; front doors poll it, and read the pipelines
+    again when it moved.
+
+    Operator data, like `pipelines`: no expiry."""
+    return f"{PREFIX}:pipelines:version"
+
+
 # A rollout's observation windows outlive their last write by this long: a judge reads a window
 # within seconds; a day leaves them for an operator's look afterwards.
 ROLLOUT_WINDOW_TTL_S = 24 * 3600

@@ -3,7 +3,7 @@ a 403 for one the caller's key may not use, a 503 at once for one that no live w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from router.admission.auth import Caller
 from router.openai.errors import ModelNotFoundError, NoWorkerForModelError
@@ -20,10 +20,18 @@ NO_WORKER_RETRY_S = 5.0
 class ModelTable:
     """The models this front door routes, and since when (the `created` of their model cards)."""
 
-    def __init__(self, models: Sequence[ModelConfig], started: float, routes: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        models: Sequence[ModelConfig],
+        started: float,
+        routes: Sequence[str] = (),
+        pipelines: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
         self._models = {model.name: model for model in models}
-        # Route names are not models, but a 404 lists them beside the models a caller may name.
+        # Route and pipeline names are not models, but a 404 lists them beside the models a caller
+        # may name; the pipelines are asked for each time (the admin API adds some at run time).
         self._routes = list(routes)
+        self._pipelines = pipelines
         self.started = started
 
     def names(self) -> list[str]:
@@ -35,7 +43,7 @@ class ModelTable:
         use (none without a caller: nobody learns of models their key may not use)."""
         model = self._models.get(name)
         if model is None:
-            names = [*self._models, *self._routes]
+            names = [*self._models, *self._routes, *self._pipelines()]
             visible = [known for known in names if caller.may_use(known)] if caller else []
             raise ModelNotFoundError(name, visible)
         note_model(name)

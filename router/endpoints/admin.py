@@ -1,5 +1,5 @@
-"""Operator endpoints: where every model stands, requests to load or unload one, and the routes'
-weights (`router.routing`).
+"""Operator endpoints: where every model stands, requests to load or unload one, the routes'
+weights (`router.routing`), and the pipelines (`router.endpoints.admin_pipelines`).
 
 The front door never calls a worker: status is read from Redis (`router.status.models`), and a load
 or unload request is a desired state that the workers' model controllers read: it bumps the
@@ -21,6 +21,7 @@ from litestar.types import Guard
 
 from router.admission.auth import require_admin
 from router.admission.models import ModelTable
+from router.endpoints.admin_pipelines import PIPELINE_HANDLERS
 from router.http.responses import json_response
 from router.intake.body import decode_body, require_json
 from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
@@ -195,6 +196,7 @@ def admin_router() -> Router:
             set_route_weights,
             start_route_rollout,
             abort_route_rollout,
+            *PIPELINE_HANDLERS,
         ],
         guards=ADMIN_GUARDS,
     )

@@ -15,10 +15,10 @@ from router.admission.models import ModelTable
 from router.http.responses import json_response
 from router.openai.models import ModelCard, ModelList
 from router.pipeline import Pipeline
+from router.routing.pipeline_table import PipelineTable
 from router.routing.pipeline_views import pipeline_card
 from router.routing.table import RouteTable
 from router.routing.views import RouteCard
-from switchboard.config import Settings
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -39,17 +39,15 @@ async def create_completion(
 
 @get("/v1/models")
 async def list_models(
-    models: ModelTable, routes: RouteTable, settings: Settings, caller: Caller
+    models: ModelTable, routes: RouteTable, pipelines: PipelineTable, caller: Caller
 ) -> Response[bytes]:
     """The models this front door routes that the caller's key may use, then the routes and the
-    pipelines it may use."""
+    pipelines (the config's and the admin API's) it may use."""
     cards: list[ModelCard] = [_card(models, name) for name in models.names() if caller.may_use(name)]
     cards += [_route_card(models, routes, name) for name in routes.names() if caller.may_use(name)]
     created = int(models.started)
     cards += [
-        pipeline_card(name, pipeline, created)
-        for name, pipeline in settings.pipelines.items()
-        if caller.may_use(name)
+        pipeline_card(name, pipeline, created) for name, pipeline in pipelines.items() if caller.may_use(name)
     ]
     return json_response(ModelList(data=cards))
 
@@ -57,12 +55,12 @@ async def list_models(
 # Model names may hold slashes (`Qwen/Qwen2.5-0.5B`), so the id is the rest of the path.
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(
-    model_id: str, models: ModelTable, routes: RouteTable, settings: Settings, caller: Caller
+    model_id: str, models: ModelTable, routes: RouteTable, pipelines: PipelineTable, caller: Caller
 ) -> Response[bytes]:
     """One model (or route, or pipeline) this front door routes, or a 404; a 403 for one the caller's
     key may not use."""
     name = model_id.strip("/")
-    pipeline = settings.pipelines.get(name)
+    pipeline = pipelines.get(name)
     if pipeline is not None:
         caller.require_model(name)
         return json_response(pipeline_card(name, pipeline, int(models.started)))

@@ -1,4 +1,5 @@
-"""`switchboard up | router | worker | models | routes | keys | shadow-answers | make-demo-model`."""
+"""`switchboard up | router | worker | models | routes | pipelines | keys | shadow-answers |
+make-demo-model`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from switchboard.cli import keys as key_commands
+from switchboard.cli import pipelines as pipeline_commands
 from switchboard.cli import routes as route_commands
 from switchboard.cli import shadow as shadow_commands
 from switchboard.config import ConfigError, Settings, load_settings
@@ -71,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     models.add_argument("--key", help=f"an admin API key, needed once keys exist (default: ${ADMIN_KEY_ENV})")
 
     route_commands.add_parser(commands)
+    pipeline_commands.add_parser(commands)
     key_commands.add_parser(commands)
     shadow_commands.add_parser(commands)
 
@@ -116,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "routes":
         url = args.url or f"http://127.0.0.1:{settings.router.port}"
         return route_commands.run(args, url, args.key or os.environ.get(ADMIN_KEY_ENV))
+    if args.command == "pipelines":
+        url = args.url or f"http://127.0.0.1:{settings.router.port}"
+        return pipeline_commands.run(args, url, args.key or os.environ.get(ADMIN_KEY_ENV))
     if args.command == "keys":
         return key_commands.run(args, settings)
     if args.command == "shadow-answers":

@@ -13,6 +13,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from switchboard.cli.pipelines import describe_steps
+
 COLUMNS = ("MODEL", "STATE", "WHERE", "QUEUE", "IN-FLIGHT", "LAST LOAD", "TYPICAL LOAD", "IDLE", "LEAVES IN")
 TIMEOUT_S = 10.0
 
@@ -52,13 +54,16 @@ def show_models(base_url: str, api_key: str | None = None) -> int:
 
 
 def render_names(cards: list[dict[str, Any]]) -> str:
-    """Under the table, from `/v1/models`: each route with its targets, each pipeline with its steps."""
+    """Under the table, from `/v1/models`: each route with its targets, each pipeline with its shape
+    and steps."""
     lines = []
     for card in cards:
         if card.get("owned_by") == "switchboard-route":
             lines.append(f"route {card['id']}: {', '.join(card.get('targets', []))}")
         elif card.get("owned_by") == "switchboard-pipeline":
-            lines.append(f"pipeline {card['id']}: fallbacks {' -> '.join(card.get('fallbacks', []))}")
+            shape = card.get("shape", "fallbacks")
+            steps = card.get("steps") or card.get("fallbacks", [])
+            lines.append(f"pipeline {card['id']}: {shape} {describe_steps(shape, steps)}")
     return "".join(f"{line}\n" for line in lines)
 
 

@@ -2,8 +2,8 @@
 
 Families that describe the deployment live on: worker records and their index, replica leases, model
 state (limits, measured costs, load failures, desired state), the demand stream and index, the
-catalogue version, API keys and their rate buckets, routes and their version, a running front
-door's heartbeat and wake stream, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
+catalogue version, API keys and their rate buckets, routes and their version, the pipelines set
+through the admin API and their version, a running front door's heartbeat and wake stream, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
 in-flight slots. Cancel marks are removed when their job ends, but a job given up after its client
 left (`lua/give_up.lua`) while its worker was being killed may keep its mark until it expires, so
 they are allowed with an expiry of at most `keys.CANCEL_TTL_S`. Result streams and job records
@@ -52,6 +52,8 @@ FAMILIES = [
     ("rollout window", keys.rollout_window("*", "*", "*")),  # type: ignore[arg-type]
     ("shadow answers", keys.shadow_answers("*")),
     ("routes version", keys.routes_version()),
+    ("pipelines", keys.pipelines()),
+    ("pipelines version", keys.pipelines_version()),
     ("route", keys.route("*")),  # after the route families its glob also matches
 ]
 LONG_LIVED = {
@@ -73,6 +75,8 @@ LONG_LIVED = {
     "key rate",
     "route",
     "routes version",
+    "pipelines",
+    "pipelines version",
 }
 # Kept for a resumption, with an expiry of at most this long.
 KEPT_WITH_TTL = {
