@@ -51,7 +51,10 @@ def test_a_router_model_chooses_the_target_and_the_answer_names_it_and_counts_th
     )
     chunks = list(stream)
     assert {chunk.model for chunk in chunks} == {SECOND_VERSION}
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer.choices[0].message.content
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == answer.choices[0].message.content
+    )
 
 
 def test_a_warm_target_wins_over_the_routers_cold_choice_and_the_cold_one_is_not_loaded(
