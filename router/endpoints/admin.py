@@ -130,9 +130,20 @@ class RolloutConflictError(OpenAIError):
 _rollout_request = msgspec.json.Decoder(RolloutPlan)
 
 
+def _require_models(canary: str, stable: str, models: ModelTable) -> None:
+    """PlanError unless both versions are models: a rollout warms its canary and judges each
+    version's own answers, which a pipeline's steps share out among other models."""
+    for version in (canary, stable):
+        if version not in models.names():
+            raise PlanError(
+                f"{version!r} is a pipeline; a rollout needs models for its canary and stable version "
+                "(set a pipeline's weight by hand: switchboard routes set)"
+            )
+
+
 @post("/routes/{name:str}/rollout", status_code=201)
 async def start_route_rollout(
-    request: Request[Any, Any, Any], name: str, routes: RouteTable, redis: aioredis.Redis
+    request: Request[Any, Any, Any], name: str, routes: RouteTable, models: ModelTable, redis: aioredis.Redis
 ) -> Response[bytes]:
     """Start a progressive rollout of a canary on a route (JSON: `canary` and any of the plan's
     settings, `switchboard.rollout.RolloutPlan`): 201 with the route; 400 for a plan the route
@@ -141,6 +152,7 @@ async def start_route_rollout(
     plan = await decode_body(request, _rollout_request)
     try:
         checked_plan(plan, route.targets, route.weights)
+        _require_models(plan.canary, route.targets[0], models)
         state = await start_rollout(redis, route, plan)
     except PlanError as exc:
         raise InvalidRequestError(f"Route {name}: {exc}") from None

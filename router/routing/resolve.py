@@ -145,8 +145,10 @@ def resolve_step(
     routes: RouteTable, pipelines: PipelineLookup, step: str, stickiness_key: str, within: Resolution
 ) -> Resolution:
     """What serves step `step` of the pipeline `within` runs (a router's target, a cascade's draft or
-    strong model), and its fallbacks; the request, its pipeline and notes stay `within`'s."""
-    return _resolved(within, _placed(routes, pipelines, step, stickiness_key))
+    strong model), and its fallbacks; the request, its pipeline and notes stay `within`'s, and so does
+    the route that led to the pipeline, for the models no route of their own places."""
+    chain = _placed(routes, pipelines, step, stickiness_key)
+    return _resolved(within, [(model, route or within.route) for model, route in chain])
 
 
 def _resolved(request: Resolution, chain: list[tuple[str, Route | None]]) -> Resolution:

@@ -11,10 +11,15 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from switchboard import tracing
 from switchboard.config import ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.model_pipelines import CascadeConfig, PipelineConfig, RouterConfig, RouterTarget
+from switchboard.route_config import RouteConfig
 from switchboard.wire import Chunk, Job, JobError, SlotStatus, TokenLogprob, TopLogprob, Usage
 from tests.support.front_door_harness import advertise, serving, settings_for, worker_record
 from tests.support.metric_samples import counter
@@ -317,3 +322,72 @@ async def test_a_streamed_cascade_holds_the_draft_no_longer_than_its_bound(
         assert answer.headers["x-switchboard-model"] == STRONG
         assert "strong answers" in answer.text
         assert served.models == [DRAFT, STRONG]
+
+
+# --- the trace ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spans() -> Any:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_tracer_provider(provider)
+    yield exporter
+    tracing.use_tracer_provider(None)
+    provider.shutdown()
+
+
+async def test_the_trace_shows_the_routers_choice_the_draft_rejected_and_each_steps_job(
+    redis_server: PrivateRedis, redis: aioredis.Redis, spans: InMemorySpanExporter
+) -> None:
+    def script(model: str, job: Job) -> Scripted:
+        if model == ROUTER:
+            return Scripted(router_says("code", "chat", -0.05, -3.0))
+        return Scripted(drafted("maybe", -2.5) if model == DRAFT else answered_by_name(model))
+
+    async with scripted_models(redis, MODELS, script), serving(settings(redis_server.url)) as client:
+        assert (await client.post("/v1/chat/completions", json=body(ROUTED))).status_code == 200
+        assert (await client.post("/v1/chat/completions", json=body(CASCADE))).status_code == 200
+    finished = spans.get_finished_spans()
+    by_name = {span.name: span for span in finished}
+    router = by_name["switchboard.pipeline.router"]
+    assert router.attributes is not None
+    assert router.attributes["switchboard.router.label"] == "code"
+    assert router.attributes["switchboard.router.chosen_by"] == "router"
+    assert router.attributes["switchboard.router.score.code"] > 0.9
+    draft = by_name["switchboard.pipeline.draft"]
+    assert draft.attributes is not None and draft.attributes["switchboard.draft.kept"] is False
+    assert "below -1" in str(draft.attributes["switchboard.draft.reason"])
+    # Each step's job is a span of its own inside its step's, and the answer's job beside them.
+    jobs = [span for span in finished if span.name.startswith("chat ")]
+    inside = {
+        span.name
+        for span in jobs
+        if span.parent is not None and span.parent.span_id in (router.context.span_id, draft.context.span_id)
+    }
+    assert inside == {f"chat {ROUTER}", f"chat {DRAFT}"}
+    assert {f"chat {CODER}", f"chat {STRONG}"} <= {span.name for span in jobs}
+
+
+# --- a route naming a pipeline -----------------------------------------------------------------------
+
+
+async def test_a_route_may_send_callers_to_a_pipeline_but_not_roll_one_out(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    configured = settings(redis_server.url)
+    configured.routes = {"assistant": RouteConfig(targets={GENERAL: 0, CASCADE: 100})}
+
+    def script(model: str, job: Job) -> Scripted:
+        return Scripted(drafted("a sure answer", -0.2) if model == DRAFT else answered_by_name(model))
+
+    async with scripted_models(redis, MODELS, script) as served, serving(configured) as client:
+        answer = await client.post("/v1/chat/completions", json=body("assistant"))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == DRAFT and answer.headers["x-switchboard-cascade"] == "accepted"
+        assert answer.headers["x-switchboard-route"] == "assistant"
+        assert served.models == [DRAFT]
+        await client.put("/admin/routes/assistant/weights", json={"weights": {GENERAL: 100, CASCADE: 0}})
+        refused = await client.post("/admin/routes/assistant/rollout", json={"canary": CASCADE})
+        assert refused.status_code == 400 and "is a pipeline" in refused.json()["error"]["message"]
