@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from jsonschema.exceptions import SchemaError, best_match
 from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
 
+from router.routing.spent import usage_added
 from switchboard.wire import Chunk, SamplingParams, StructuredOutput, Usage
 
 # What a draft's text must be: the job's own constraint (only its JSON kinds are checked here).
@@ -102,23 +103,6 @@ def client_chunks(
             chunk = msgspec.structs.replace(chunk, logprobs=())
         kept.append(usage_added(chunk, extra_usage))
     return kept
-
-
-async def with_usage_added(chunks: AsyncIterator[Chunk], extra: Usage | None) -> AsyncIterator[Chunk]:
-    """A live run's chunks, its last one's usage counting `extra` too (a rejected draft's tokens)."""
-    async for chunk in chunks:
-        yield usage_added(chunk, extra)
-
-
-def usage_added(chunk: Chunk, extra: Usage | None) -> Chunk:
-    """`chunk`, its usage (if it carries one: the job's last chunk) counting `extra` too."""
-    if chunk.usage is None or extra is None:
-        return chunk
-    total = Usage(
-        prompt_tokens=chunk.usage.prompt_tokens + extra.prompt_tokens,
-        completion_tokens=chunk.usage.completion_tokens + extra.completion_tokens,
-    )
-    return msgspec.structs.replace(chunk, usage=total)
 
 
 # --- the checks: each returns why the draft is not kept, or None -----------------------------------

@@ -24,7 +24,7 @@ class Spent:
     def add(self, usage: Usage | None) -> None:
         if usage is None:
             return
-        self.usage = usage if self.usage is None else added(self.usage, usage)
+        self.usage = usage if self.usage is None else _sum(self.usage, usage)
 
 
 def usage_of(chunks: list[Chunk]) -> Usage | None:
@@ -59,19 +59,27 @@ class SpentBefore:
     async def wait_chunk(self, within_s: float) -> Chunk | None:
         return await self._run.wait_chunk(within_s)
 
-    async def chunks(self, first: Chunk | None = None) -> AsyncIterator[Chunk]:
-        async for chunk in self._run.chunks(first):
-            yield (
-                chunk
-                if chunk.usage is None
-                else msgspec.structs.replace(chunk, usage=added(chunk.usage, self._spent))
-            )
+    def chunks(self, first: Chunk | None = None) -> AsyncIterator[Chunk]:
+        return with_usage_added(self._run.chunks(first), self._spent)
 
     async def close(self) -> None:
         await self._run.close()
 
 
-def added(usage: Usage, more: Usage) -> Usage:
+async def with_usage_added(chunks: AsyncIterator[Chunk], extra: Usage | None) -> AsyncIterator[Chunk]:
+    """A live run's chunks, its last one's usage counting `extra` too (a rejected draft's tokens)."""
+    async for chunk in chunks:
+        yield usage_added(chunk, extra)
+
+
+def usage_added(chunk: Chunk, extra: Usage | None) -> Chunk:
+    """`chunk`, its usage (if it carries one: the job's last chunk) counting `extra` too."""
+    if chunk.usage is None or extra is None:
+        return chunk
+    return msgspec.structs.replace(chunk, usage=_sum(chunk.usage, extra))
+
+
+def _sum(usage: Usage, more: Usage) -> Usage:
     return Usage(
         prompt_tokens=usage.prompt_tokens + more.prompt_tokens,
         completion_tokens=usage.completion_tokens + more.completion_tokens,

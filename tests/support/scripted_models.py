@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, Job, encode, job_decoder
+from switchboard.wire import Chunk, Job, JobError, Usage, encode, job_decoder
 from workers.jobs.writer import ResultWriter
 
 
@@ -83,3 +83,26 @@ async def scripted_models(
         for task in list(answering):
             await cancel_and_wait(task)
         await writer.stop()
+
+
+ENGINE_DIED = Chunk(error=JobError(code="engine_error", message="the engine died"))
+
+
+def named_answers(failing: frozenset[str] = frozenset()) -> Script:
+    """Each model answers with its own name; the engines of those in `failing` fail the job."""
+
+    def script(model: str, job: Job) -> Scripted:
+        if model in failing:
+            return Scripted([ENGINE_DIED])
+        return Scripted(
+            [Chunk(text=model, finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))]
+        )
+
+    return script
+
+
+def models_answering(
+    redis: aioredis.Redis, models: Sequence[str], failing: frozenset[str] = frozenset()
+) -> contextlib.AbstractAsyncContextManager[Served]:
+    """`scripted_models` answering with the models' names (`named_answers`)."""
+    return scripted_models(redis, models, named_answers(failing))

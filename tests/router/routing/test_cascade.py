@@ -22,8 +22,8 @@ from router.routing.cascade import (
     draft_sampling,
     draft_too_slow,
     judge_draft,
-    with_usage_added,
 )
+from router.routing.spent import with_usage_added
 from switchboard.wire import (
     Chunk,
     JobError,

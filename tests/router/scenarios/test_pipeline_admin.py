@@ -11,16 +11,13 @@ by its engine for a model in `failing`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import openai
 import pytest
 import redis
@@ -36,10 +33,9 @@ from switchboard.local.redis_server import PrivateRedis
 from switchboard.model_pipelines import PipelineConfig
 from switchboard.route_config import RouteConfig
 from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, JobError, Usage, encode, job_decoder
 from tests.support.front_door_harness import serving, settings_for
 from tests.support.key_census import take_census
-from workers.jobs.writer import ResultWriter
+from tests.support.scripted_models import models_answering
 
 BIG, SMALL, CODER = "big", "small", "coder"
 MODELS = (BIG, SMALL, CODER)
@@ -52,36 +48,6 @@ def admin_settings(redis_url: str) -> Settings:
     settings.routes = {ROUTE: RouteConfig(targets={BIG: 90, CONFIGURED: 10})}
     settings.pipelines = {CONFIGURED: PipelineConfig(fallbacks=[BIG, SMALL])}
     return settings
-
-
-@contextlib.asynccontextmanager
-async def models_answering(
-    redis: aioredis.Redis, failing: frozenset[str] = frozenset()
-) -> AsyncIterator[None]:
-    """Answer every job of every model with the model's name; the engine fails those in `failing`."""
-    writer = ResultWriter(redis, "w1")
-    writer.start()
-    streams: dict[Any, Any] = {keys.job_stream(model): "0" for model in MODELS}
-    done = Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))
-    broken = Chunk(error=JobError(code="engine_error", message="the engine died"))
-
-    async def answer() -> None:
-        while True:
-            response: Any = await redis.xread(streams, block=50)
-            for stream, entries in response or ():
-                model = next(m for m in MODELS if keys.job_stream(m) == stream.decode())
-                for entry_id, fields in entries:
-                    job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
-                    chunk = broken if model in failing else msgspec.structs.replace(done, text=model)
-                    await writer.append(job.id, encode(chunk), seq=0, first=True)
-                    await redis.xdel(stream, entry_id)
-
-    task = asyncio.create_task(answer())
-    try:
-        yield
-    finally:
-        await cancel_and_wait(task)  # a blocked XREAD can lose one cancellation (redis-py on 3.11)
-        await writer.stop()
 
 
 def stored_key(redis_url: str, name: str, **rights: Any) -> str:
@@ -116,7 +82,7 @@ async def test_a_pipeline_created_through_one_front_door_is_answered_through_its
     app = stored_key(redis_server.url, "app", models=[FRESH])
     settings = admin_settings(redis_server.url)
     async with (
-        models_answering(redis, failing=frozenset({SMALL})),
+        models_answering(redis, MODELS, failing=frozenset({SMALL})),
         serving(settings) as first,
         serving(settings) as second,
         openai.AsyncOpenAI(base_url=f"{second.base_url}/v1", api_key=app, max_retries=0) as sdk,
@@ -322,7 +288,7 @@ async def test_a_request_naming_a_pipeline_reads_none_of_the_pipelines_keys(
                     seen.append(command["command"])
 
     monitor_client = aioredis.Redis.from_url(redis_server.url)
-    async with models_answering(redis), serving(admin_settings(redis_server.url)) as client:
+    async with models_answering(redis, MODELS), serving(admin_settings(redis_server.url)) as client:
         put = await client.put(f"/admin/pipelines/{FRESH}", json={"fallbacks": [SMALL, BIG]})
         assert put.status_code == 200
         watching = asyncio.create_task(watch(monitor_client))

@@ -7,13 +7,9 @@ from the first model that did not fail before the first byte, named in `model` a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 import redis.asyncio as aioredis
 
 from switchboard import keys
@@ -21,11 +17,10 @@ from switchboard.config import ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.model_pipelines import PipelineConfig
 from switchboard.route_config import RouteConfig
-from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, JobError, ModelLimits, Usage, encode, job_decoder
+from switchboard.wire import ModelLimits, encode
 from tests.support.front_door_harness import serving, settings_for
 from tests.support.metric_samples import counter
-from workers.jobs.writer import ResultWriter
+from tests.support.scripted_models import models_answering
 
 BIG, SMALL, SHORT, PIPELINE = "big", "small", "short", "resilient"
 MODELS = (BIG, SMALL, SHORT)
@@ -38,40 +33,6 @@ def pipeline_settings(redis_url: str, *steps: str) -> Settings:
     return settings
 
 
-@contextlib.asynccontextmanager
-async def models_answering(
-    redis: aioredis.Redis, failing: frozenset[str] = frozenset()
-) -> AsyncIterator[list[str]]:
-    """Answer every job of every model with the model's name; the engine fails those in `failing`.
-    Chunks go through the workers' own append script, which writes only for a job whose record
-    exists, as a worker's do."""
-    served: list[str] = []
-    writer = ResultWriter(redis, "w1")
-    writer.start()
-    streams: dict[Any, Any] = {keys.job_stream(model): "0" for model in MODELS}
-    done = Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))
-    broken = Chunk(error=JobError(code="engine_error", message="the engine died"))
-
-    async def answer() -> None:
-        while True:
-            response: Any = await redis.xread(streams, block=50)
-            for stream, entries in response or ():
-                model = next(m for m in MODELS if keys.job_stream(m) == stream.decode())
-                for entry_id, fields in entries:
-                    job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
-                    served.append(model)
-                    chunk = broken if model in failing else msgspec.structs.replace(done, text=model)
-                    await writer.append(job.id, encode(chunk), seq=0, first=True)
-                    await redis.xdel(stream, entry_id)
-
-    task = asyncio.create_task(answer())
-    try:
-        yield served
-    finally:
-        await cancel_and_wait(task)  # a blocked XREAD can lose one cancellation (redis-py on 3.11)
-        await writer.stop()
-
-
 def body(stream: bool = False, content: str = "Hi") -> dict[str, Any]:
     return {"model": PIPELINE, "messages": [{"role": "user", "content": content}], "stream": stream}
 
@@ -81,7 +42,10 @@ async def test_the_first_model_that_does_not_fail_answers_streamed_or_not(
 ) -> None:
     before = counter("switchboard:fallbacks", via=PIPELINE, model=BIG, reason="engine_error")
     settings = pipeline_settings(redis_server.url, BIG, SMALL)
-    async with models_answering(redis, failing=frozenset({BIG})) as served, serving(settings) as client:
+    async with (
+        models_answering(redis, MODELS, failing=frozenset({BIG})) as served,
+        serving(settings) as client,
+    ):
         for stream in (False, True):
             answer = await client.post("/v1/chat/completions", json=body(stream))
             assert answer.status_code == 200, answer.text
@@ -97,7 +61,7 @@ async def test_the_first_model_that_does_not_fail_answers_streamed_or_not(
             else:
                 assert answer.json()["model"] == SMALL
                 assert answer.json()["choices"][0]["message"]["content"] == SMALL
-        assert served == [BIG, SMALL, BIG, SMALL]
+        assert served.models == [BIG, SMALL, BIG, SMALL]
         after = counter("switchboard:fallbacks", via=PIPELINE, model=BIG, reason="engine_error")
         assert after == before + 2
         listed = (await client.get("/v1/models")).json()["data"]
@@ -112,13 +76,16 @@ async def test_a_prompt_too_long_for_one_model_goes_to_the_next_and_the_last_fai
         keys.model_limits(SHORT), encode(ModelLimits(max_model_len=16, vocab_size=1000, max_token_chars=4))
     )
     settings = pipeline_settings(redis_server.url, SHORT, BIG)
-    async with models_answering(redis, failing=frozenset({BIG})) as served, serving(settings) as client:
+    async with (
+        models_answering(redis, MODELS, failing=frozenset({BIG})) as served,
+        serving(settings) as client,
+    ):
         # SHORT refuses the prompt before any job exists; BIG's engine fails: BIG's error is the answer.
         failed = await client.post("/v1/chat/completions", json=body(content="word " * 100))
         assert failed.status_code == 500, failed.text
         assert failed.json()["error"]["message"] == "the engine died"
         assert failed.headers["x-switchboard-model"] == BIG
-        assert served == [BIG], "the prompt that does not fit was never queued for SHORT"
+        assert served.models == [BIG], "the prompt that does not fit was never queued for SHORT"
         # A prompt that fits is SHORT's.
         fits = await client.post("/v1/chat/completions", json=body(content="Hi"))
         assert fits.status_code == 200 and fits.json()["model"] == SHORT
@@ -129,9 +96,12 @@ async def test_a_route_in_a_pipeline_places_the_caller_and_falls_back_to_its_sta
 ) -> None:
     settings = pipeline_settings(redis_server.url, "chat", SHORT)
     settings.routes = {"chat": RouteConfig(targets={SMALL: 0, BIG: 100})}  # the caller is on BIG
-    async with models_answering(redis, failing=frozenset({BIG})) as served, serving(settings) as client:
+    async with (
+        models_answering(redis, MODELS, failing=frozenset({BIG})) as served,
+        serving(settings) as client,
+    ):
         answer = await client.post("/v1/chat/completions", json=body())
         assert answer.status_code == 200, answer.text
         assert answer.json()["model"] == SMALL, "the route's stable version before the pipeline's next step"
         assert answer.headers["x-switchboard-route"] == "chat"
-        assert served == [BIG, SMALL]
+        assert served.models == [BIG, SMALL]
