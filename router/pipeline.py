@@ -35,7 +35,7 @@ from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response
 from router.routing.fallback import failed_on_the_model, note_failure, note_fallback
-from router.routing.resolve import Resolution, resolve, resolve_step
+from router.routing.resolve import Resolution, answering_model, resolve, resolve_step
 from router.routing.shadow import ShadowTraffic
 from router.routing.spent import SpentBefore
 from router.routing.steps import (
@@ -196,6 +196,11 @@ class Pipeline:
 
     async def _answer_of(self, resolution: Resolution, call: Call, draft: Draft | None) -> Answer:
         pipeline = self._pipelines.get(resolution.served)
+        if pipeline is not None and call.resume is not None:
+            # A resumed stream's job exists and its record names its model: no router or draft runs
+            # again. The request is rebuilt for the model the pipeline answers with first.
+            first = self.step(call, answering_model(resolution.served, self._pipelines), resolution)
+            return await self._on(resolution.served_by(first.served), call, call.ids.next(), None)
         if pipeline is not None and pipeline.router is not None:
             return await self._shapes.routed(resolution, call, pipeline.router)
         if pipeline is not None and pipeline.cascade is not None:

@@ -198,6 +198,20 @@ def _deduplicated(
     return kept
 
 
+def answering_model(served: str, pipelines: PipelineLookup) -> str:
+    """The model that first answers for `served`: itself, or a router's default's, a cascade's draft's."""
+    seen: set[str] = set()
+    while (pipeline := pipelines.get(served)) is not None and served not in seen:
+        seen.add(served)
+        if pipeline.router is not None:
+            served = pipeline.router.targets[pipeline.router.default].model
+        elif pipeline.cascade is not None:
+            served = pipeline.cascade.draft
+        else:
+            served = pipeline.fallbacks[0]
+    return served
+
+
 def stickiness_key(request: Request[Any, Any, Any], user: str | None, caller: Caller) -> str:
     """Who the caller is, for sticky placement: session header, else `user`, else key, else address.
 

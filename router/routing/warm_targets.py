@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+from router.routing.resolve import Resolution, answering_model
 from router.status.models import ModelStatus, ModelStatusReader
 from switchboard.model_pipelines import PipelineLookup
-
-if TYPE_CHECKING:
-    from router.routing.resolve import Resolution
 
 
 class WarmTargets:
@@ -25,7 +22,7 @@ class WarmTargets:
     def __init__(
         self, status: ModelStatusReader, targets: Mapping[str, Resolution], pipelines: PipelineLookup
     ) -> None:
-        self._model_of = {target: _answering_model(r.served, pipelines) for target, r in targets.items()}
+        self._model_of = {target: answering_model(r.served, pipelines) for target, r in targets.items()}
         self._warm: set[str] = set()
         self._read = asyncio.create_task(self._read_states(status))
 
@@ -46,17 +43,3 @@ class WarmTargets:
 
     def close(self) -> None:
         self._read.cancel()
-
-
-def _answering_model(served: str, pipelines: PipelineLookup) -> str:
-    """The model that first answers for `served`: itself, or a router's default's, a cascade's draft's."""
-    seen: set[str] = set()
-    while (pipeline := pipelines.get(served)) is not None and served not in seen:
-        seen.add(served)
-        if pipeline.router is not None:
-            served = pipeline.router.targets[pipeline.router.default].model
-        elif pipeline.cascade is not None:
-            served = pipeline.cascade.draft
-        else:
-            served = pipeline.fallbacks[0]
-    return served

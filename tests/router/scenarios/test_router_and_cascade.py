@@ -391,3 +391,33 @@ async def test_a_route_may_send_callers_to_a_pipeline_but_not_roll_one_out(
         await client.put("/admin/routes/assistant/weights", json={"weights": {GENERAL: 100, CASCADE: 0}})
         refused = await client.post("/admin/routes/assistant/rollout", json={"canary": CASCADE})
         assert refused.status_code == 400 and "is a pipeline" in refused.json()["error"]["message"]
+
+
+async def test_a_resumed_stream_of_a_routed_answer_runs_no_router_again(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    def script(model: str, job: Job) -> Scripted:
+        if model == ROUTER:
+            return Scripted(router_says("code", "chat", -0.05, -3.0))
+        words = [Chunk(text=f"{model} {i} ") for i in range(3)]
+        return Scripted([*words, Chunk(finish_reason="stop", usage=USED)])
+
+    async with (
+        scripted_models(redis, MODELS, script) as served,
+        serving(settings(redis_server.url)) as client,
+    ):
+        headers = {"x-switchboard-resumable": "1"}
+        first = await client.post("/v1/chat/completions", json=body(ROUTED, True), headers=headers)
+        assert first.status_code == 200 and first.headers["x-switchboard-model"] == CODER
+        ids = [line[4:] for line in first.text.splitlines() if line.startswith("id: ")]
+        assert len(ids) >= 3
+        resumed = await client.post(
+            "/v1/chat/completions", json=body(ROUTED, True), headers={"last-event-id": ids[0]}
+        )
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.headers["x-switchboard-model"] == CODER
+        rest = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events_of(resumed.text) if e["choices"]
+        )
+        assert rest == "coder 1 coder 2 "
+        assert served.models == [ROUTER, CODER], "the resume read the answer's job; nothing ran again"
