@@ -18,7 +18,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from switchboard.cli.routes import _add_front_door_flags, _call
+from switchboard.cli.routes import add_front_door_flags, admin_call
 
 
 def add_parser(commands: Any) -> None:
@@ -26,10 +26,10 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "pipelines", help="model pipelines: list, show, set or delete them on the running front doors"
     )
-    _add_front_door_flags(parser, default=None)
+    add_front_door_flags(parser, default=None)
     # Also accepted after the subcommand; SUPPRESS leaves what was given before it alone.
     after = argparse.ArgumentParser(add_help=False)
-    _add_front_door_flags(after, default=argparse.SUPPRESS)
+    add_front_door_flags(after, default=argparse.SUPPRESS)
     actions = parser.add_subparsers(dest="pipelines_command", required=True)
     actions.add_parser("list", parents=[after], help="every pipeline with its shape and steps")
     show = actions.add_parser("show", parents=[after], help="one pipeline, and its definition as JSON")
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, base_url: str, api_key: str | None) -> int:
     """Run `pipelines list|show|set|delete` against the front door at `base_url`; the exit code."""
     base = f"{base_url.rstrip('/')}/admin/pipelines"
     if args.pipelines_command == "list":
-        payload = _call("GET", base, api_key)
+        payload = admin_call("GET", base, api_key)
         if payload is None:
             return 1
         print(render_pipelines(payload["data"]), end="")
@@ -70,11 +70,11 @@ def run(args: argparse.Namespace, base_url: str, api_key: str | None) -> int:
         except (OSError, ValueError) as exc:
             print(f"switchboard: cannot read the pipeline from {args.file}: {exc}", file=sys.stderr)
             return 2
-        answer = _call("PUT", path, api_key, fields)
+        answer = admin_call("PUT", path, api_key, fields)
     elif args.pipelines_command == "delete":
-        answer = _call("DELETE", path, api_key)
+        answer = admin_call("DELETE", path, api_key)
     else:
-        answer = _call("GET", path, api_key)
+        answer = admin_call("GET", path, api_key)
     if answer is None:
         return 1
     if answer.get("deleted"):

@@ -24,11 +24,11 @@ ADMIN_KEY_ENV = "SWITCHBOARD_ADMIN_KEY"
 def add_parser(commands: Any) -> None:
     """The `routes` command and its subcommands, on the CLI's subparsers."""
     parser = commands.add_parser("routes", help="model routes: their live weights, and new weights")
-    _add_front_door_flags(parser, default=None)
+    add_front_door_flags(parser, default=None)
     # Also accepted after the subcommand (`routes set chat a=50 b=50 --url ...`); SUPPRESS leaves
     # what was given before it alone.
     after = argparse.ArgumentParser(add_help=False)
-    _add_front_door_flags(after, default=argparse.SUPPRESS)
+    add_front_door_flags(after, default=argparse.SUPPRESS)
     actions = parser.add_subparsers(dest="routes_command", required=True)
     actions.add_parser("list", parents=[after], help="every route with its targets' weights")
     show = actions.add_parser("show", parents=[after], help="one route's targets and weights")
@@ -106,7 +106,7 @@ PLAN_OPTIONS = (
 )
 
 
-def _add_front_door_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+def add_front_door_flags(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument(
         "--url", default=default, help="the front door (default http://127.0.0.1:<router.port>)"
     )
@@ -119,21 +119,21 @@ def run(args: argparse.Namespace, base_url: str, api_key: str | None) -> int:
     """Run `routes list|show|set` against the front door at `base_url`; the process's exit code."""
     base = f"{base_url.rstrip('/')}/admin/routes"
     if args.routes_command == "list":
-        payload = _call("GET", base, api_key)
+        payload = admin_call("GET", base, api_key)
         if payload is None:
             return 1
         print(render_routes(payload["data"]), end="")
         return 0
     path = f"{base}/{urllib.parse.quote(args.name, safe='')}"
     if args.routes_command == "show":
-        route = _call("GET", path, api_key)
+        route = admin_call("GET", path, api_key)
     elif args.routes_command == "rollout":
         plan = {option: getattr(args, option) for option in PLAN_OPTIONS if getattr(args, option) is not None}
-        route = _call("POST", f"{path}/rollout", api_key, plan)
+        route = admin_call("POST", f"{path}/rollout", api_key, plan)
     elif args.routes_command == "abort":
-        route = _call("DELETE", f"{path}/rollout", api_key)
+        route = admin_call("DELETE", f"{path}/rollout", api_key)
     else:
-        route = _call("PUT", f"{path}/weights", api_key, {"weights": dict(args.weights)})
+        route = admin_call("PUT", f"{path}/weights", api_key, {"weights": dict(args.weights)})
     if route is None:
         return 1
     print(render_routes([route]), end="")
@@ -225,7 +225,7 @@ def _points(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected percentage points such as 5, not {text!r}") from None
 
 
-def _call(method: str, url: str, api_key: str | None, body: Any = None) -> Any:
+def admin_call(method: str, url: str, api_key: str | None, body: Any = None) -> Any:
     """The JSON the front door answers, or None once the trouble is printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     data = None
