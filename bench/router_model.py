@@ -40,6 +40,7 @@ TARGET, ROUTER, PIPELINE = "bench-target", "bench-router", "bench-routed"
 KINDS = {"direct": TARGET, "routed": PIPELINE}
 # The front door's headers that name who served and who chose (any `x-switchboard-*` is kept).
 HEADER_PREFIX = "x-switchboard-"
+SERVED_HEADER = "x-switchboard-model"
 # A router's first answer compiles its `choice` grammar (seconds on a CPU); warm-up pays for it.
 WARMUP_REQUESTS = 4
 
@@ -195,6 +196,9 @@ def print_table(levels: list[Level]) -> None:
             print("-+-".join("-" * width for width in widths))
     for level in levels:
         print(f"concurrency {level.concurrency}: routed requests' headers: {level.routed_headers}")
+        served = level.routed_headers.get(f"{SERVED_HEADER}={TARGET}", 0)
+        if served < level.requests_per_kind - level.errors["routed"]:
+            print(f"  ! only {served} routed answers came from {TARGET}: the router did not choose")
         for sample in level.error_samples:
             print(f"  ! {sample}")
 
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     warm_s = launcher.wait_serving(model, READY_TIMEOUT_S)
                 except LauncherError as exc:
                     raise StartupError(f"switchboard: {exc}") from exc
-                print(f"{model}: serving after {server.start_s + warm_s:.0f} s", flush=True)
+                print(f"{model}: serving, {server.start_s + warm_s:.0f} s after the start", flush=True)
             for concurrency in args.concurrency:
                 print(f"concurrency {concurrency}: {args.requests} requests of each kind ...", flush=True)
                 levels.append(
