@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -54,6 +55,11 @@ def softmax(*log_scores: float) -> list[float]:
 
 def end(logprob: float = 0.0, **top: float) -> TokenLogprob:
     return token(EOS, logprob, **top)
+
+
+def warm(*models: str) -> Callable[[str], bool]:
+    """The caller's view of which targets are warm."""
+    return lambda model: model in models
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -129,11 +135,29 @@ def test_an_answer_without_log_probabilities_names_its_label_and_no_shares() -> 
     assert label_scores(["math", "code"], chunks) == ("code", {})
 
 
+def test_the_demo_models_answer_as_vllm_gives_it_under_a_choice_and_a_bias() -> None:
+    # Recorded from vLLM 0.32's CPU engine on the demo model (labels math, code, coding, chat; a
+    # +30 bias on "ch"). The grammar's mask comes before the log-probabilities (tokens outside it
+    # at -9999, the end token certain); the bias comes after them: "ch" was taken at -1.18 while
+    # "c" stood at -0.39, so the router's unbiased belief still favours "code" and "coding".
+    chunks = answer(
+        token("ch", -1.184, c=-0.394, m=-3.929, ance=MASKED, mode=MASKED),
+        token("at", -0.0002, a=-8.646, ant=MASKED),
+        end(0.0, ance=MASKED, orning=MASKED),
+    )
+    labels = ["math", "code", "coding", "chat"]
+
+    answered, scores = label_scores(labels, chunks)
+
+    assert answered == "chat"
+    # "c" starts both "code" and "coding": the path toward each is as likely as far as it is seen.
+    assert [scores[label] for label in labels] == pytest.approx(softmax(-3.929, -0.394, -0.394, -1.1842))
+    routed = config(*labels, warm_margin=0.1)
+    assert pick(routed, answered, scores, warm(*(f"{label}-model" for label in labels))).label == "chat"
+    assert pick(routed, answered, scores, warm("code-model")).chosen_by == "warm"
+
+
 # --- picking -------------------------------------------------------------------------------------
-
-
-def warm(*models: str):  # type: ignore[no-untyped-def]
-    return lambda model: model in models
 
 
 def test_the_answered_label_wins_when_its_target_is_warm() -> None:
