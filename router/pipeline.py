@@ -236,7 +236,7 @@ class Pipeline:
         run = await self.queued(job, call.caller)
         if self._shadow is not None:
             self._shadow.mirror(run.job)  # a copy for the route's shadow version, in the background
-        source = run if call.spent.usage is None else SpentBefore(run, call.spent.usage)
+        source = run if call.spent.nothing else SpentBefore(run, call.spent)
         answer = await self.relayed(source, relay, stream=call.stream, form=form)
         return labelled(answer, resolution.served_by(run.served_model))
 

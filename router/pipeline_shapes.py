@@ -5,10 +5,13 @@ pipeline (`router.pipeline`, the host) and leaves the answer to another of its s
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 import msgspec
+from redis.exceptions import RedisError
 
 from router.admission.auth import Caller
 from router.http.responses import Answer
@@ -22,7 +25,6 @@ from router.queue.source import ChunkSource
 from router.relay.chat import ChatRelay
 from router.relay.completions import CompletionRelay
 from router.relay.first_byte import StreamForm
-from router.relay.sse import error_for
 from router.routing.cascade import client_chunks, draft_failed, draft_sampling, draft_too_slow, judge_draft
 from router.routing.fallback import failed_on_the_model
 from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
@@ -45,7 +47,7 @@ from router.routing.warm_targets import WarmTargets
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from switchboard.model_pipelines import CascadeConfig, PipelineLookup, RouterConfig
-from switchboard.wire import ChatMessage, Chunk, Job, SamplingParams
+from switchboard.wire import ChatMessage, Chunk, Job, SamplingParams, Usage
 
 
 class StepHost(Protocol):
@@ -115,35 +117,39 @@ class PipelineShapes:
 
     def _asker(self, router: Resolution, call: Call) -> Ask:
         """How the router's job is run for `call`: queued under the caller's key (its tokens are the
-        request's), its chunks read to the last; its own fallbacks if it is a route's canary."""
+        request's; should its model refuse it, the router route's stable version is asked), its
+        chunks yielded as they come. Closed before the job's end (its label was known), the job is
+        stopped and its end read in the background, for the usage it tells."""
 
-        async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> list[Chunk]:
-            attempt: Resolution | None = router
-            while attempt is not None:
-                try:
-                    return await self._asked(attempt.served, messages, sampling, call)
-                except OpenAIError as error:
-                    if not failed_on_the_model(error) or attempt.fallback() is None:
-                        raise
-                attempt = attempt.fallback()
-            raise AssertionError("unreachable")
+        async def ask(
+            messages: tuple[ChatMessage, ...], sampling: SamplingParams
+        ) -> AsyncGenerator[Chunk, None]:
+            run = await self._router_run(router, messages, sampling, call)
+            try:
+                async for chunk in run.chunks():
+                    yield chunk
+            finally:
+                if run.ended:
+                    await run.close()
+                else:
+                    call.spent.add_later(_stopped_usage(run))
 
         return ask
 
-    async def _asked(
-        self, model: str, messages: tuple[ChatMessage, ...], sampling: SamplingParams, call: Call
-    ) -> list[Chunk]:
-        job = step_job(model, messages, sampling, timeout_s=self._timeout_s)
-        self._health.require_up()
-        run = await self._host.queued(job, call.caller)
-        try:
-            chunks = [chunk async for chunk in run.chunks()]
-        finally:
-            await run.close()
-        failed = next((chunk.error for chunk in chunks if chunk.error is not None), None)
-        if failed is not None:
-            raise error_for(failed, model)
-        return chunks
+    async def _router_run(
+        self, router: Resolution, messages: tuple[ChatMessage, ...], sampling: SamplingParams, call: Call
+    ) -> JobRun:
+        attempt: Resolution | None = router
+        while True:
+            assert attempt is not None
+            job = step_job(attempt.served, messages, sampling, timeout_s=self._timeout_s)
+            self._health.require_up()
+            try:
+                return await self._host.queued(job, call.caller)
+            except OpenAIError as error:
+                if not failed_on_the_model(error) or attempt.fallback() is None:
+                    raise
+            attempt = attempt.fallback()
 
     # --- a cascade --------------------------------------------------------------------------------
 
@@ -207,8 +213,28 @@ class PipelineShapes:
             call.spent.add(usage_of(chunks))  # the strong model's answer counts it
             raise DraftRejected(verdict, "rejected")
         STEPS.labels(draft.pipeline, "draft", job.model, "accepted").inc()
-        told = client_chunks(chunks, wanted_logprobs=call.wants_logprobs, extra_usage=call.spent.usage)
+        earlier = await call.spent.settled()
+        told = client_chunks(chunks, wanted_logprobs=call.wants_logprobs, extra_usage=earlier)
         held = HeldAnswer(run.job, told, served_model=run.served_model)
         answer = await self._host.relayed(held, relay, stream=call.stream, form=form)
         resolution.served_by(run.served_model).noted((CASCADE_HEADER, "accepted")).label(answer)
         return answer
+
+
+# How long the end of a router's job stopped early is waited for (its usage).
+STOPPED_END_S = 5.0
+
+
+async def _stopped_usage(run: JobRun) -> Usage | None:
+    """The usage a job tells once stopped (`JobRun.stop_generating`): read to its end, then closed."""
+    usage = None
+    try:
+        await run.stop_generating()
+        async with asyncio.timeout(STOPPED_END_S):
+            async for chunk in run.chunks():
+                usage = chunk.usage or usage
+    except (TimeoutError, OpenAIError, RedisError):
+        pass  # its tokens go uncounted; the job ends at its cancel mark or its deadline all the same
+    finally:
+        await run.close()
+    return usage

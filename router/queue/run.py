@@ -129,6 +129,12 @@ class JobRun:
             chunk = await self._next(self._deadline, before_deadline=False)
         yield chunk
 
+    async def stop_generating(self) -> None:
+        """Ask the worker to stop generating (a cancel mark), and go on reading: the job's end, with
+        its usage, still comes. For a step whose answer was known before it ended."""
+        if not self.ended:
+            await self._queue.cancel(self.job.id)
+
     async def close(self) -> None:
         """Stop reading the job's results; an unfinished job gets a cancel mark; its admission ticket
         is released. Idempotent."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -32,8 +32,9 @@ from router.openai.errors import OpenAIError
 from switchboard.model_pipelines import RouterConfig
 from switchboard.wire import ChatMessage, Chunk, SamplingParams, StructuredOutput, TokenLogprob, Usage
 
-# Runs the router's job and returns its chunks; raises on failure.
-Ask = Callable[[tuple[ChatMessage, ...], SamplingParams], Awaitable[list[Chunk]]]
+# Runs the router's job and yields its chunks (raises if it cannot run it); closed early, it stops
+# the router's generation: a label is known as soon as its text leaves every other label.
+Ask = Callable[[tuple[ChatMessage, ...], SamplingParams], AsyncGenerator[Chunk, None]]
 ChosenBy = Literal["router", "warm", "default"]
 
 # vLLM refuses more alternatives than its `max_logprobs` (20 by default).
@@ -95,8 +96,9 @@ def router_sampling(config: RouterConfig) -> SamplingParams:
 def label_scores(labels: Sequence[str], chunks: Sequence[Chunk]) -> tuple[str | None, dict[str, float]]:
     """The label the router answered (None if its text is no label) and each label's share of the
     router's belief (empty when the answer carried no log-probabilities; 0 for a label not seen)."""
-    text = "".join(chunk.text for chunk in chunks if chunk.index == 0)
-    answered = text.strip() if text.strip() in labels else None
+    first = [chunk for chunk in chunks if chunk.index == 0]
+    ended = any(chunk.finish_reason is not None for chunk in first)
+    answered = _label_of(labels, "".join(chunk.text for chunk in first), ended=ended)
     tokens = [token for chunk in chunks if chunk.index == 0 for token in chunk.logprobs]
     if not tokens:
         return answered, {}
@@ -132,10 +134,22 @@ def default_choice(config: RouterConfig, reason: str) -> RouterChoice:
 
 async def choose(config: RouterConfig, text: str, ask: Ask, is_warm: Callable[[str], bool]) -> RouterChoice:
     """Ask the router which target answers `text`, within `config.timeout_s`. A router that fails,
-    is too slow or answers no label leaves the choice to the default; this never raises for it."""
+    is too slow or answers no label leaves the choice to the default; this never raises for it.
+
+    The router's answer is read only until it names one label: the tokens that would finish the
+    label (and the end of the answer) would cost time and tell nothing more."""
+    labels = tuple(config.targets)
+    chunks: list[Chunk] = []
     try:
         async with asyncio.timeout(config.timeout_s):
-            chunks = await ask(router_messages(config, text), router_sampling(config))
+            answer = ask(router_messages(config, text), router_sampling(config))
+            try:
+                async for chunk in answer:
+                    chunks.append(chunk)
+                    if chunk.error is not None or decided(labels, chunks):
+                        break
+            finally:
+                await answer.aclose()
     except TimeoutError:
         return default_choice(config, f"timeout after {config.timeout_s:g} s")
     except Exception as error:  # whatever failed the router, the default answers
@@ -144,8 +158,25 @@ async def choose(config: RouterConfig, text: str, ask: Ask, is_warm: Callable[[s
     if failed is not None:
         return default_choice(config, f"the router failed: {failed.code}: {failed.message}")
     usage = next((chunk.usage for chunk in reversed(chunks) if chunk.usage is not None), None)
-    answered, scores = label_scores(tuple(config.targets), chunks)
+    answered, scores = label_scores(labels, chunks)
     return replace(pick(config, answered, scores, is_warm), usage=usage)
+
+
+def decided(labels: Sequence[str], chunks: Sequence[Chunk]) -> bool:
+    """Whether the router's answer so far names one label: its text begins one label only (a label
+    that begins another, "code" and "codes", is named only once the answer ends)."""
+    text = "".join(chunk.text for chunk in chunks if chunk.index == 0).strip()
+    return bool(text) and sum(label.startswith(text) for label in labels) == 1
+
+
+def _label_of(labels: Sequence[str], text: str, *, ended: bool) -> str | None:
+    """The label the router's text names: itself, or, for an answer read only until it was decided
+    (not `ended`), the only label it begins; None if it names none."""
+    text = text.strip()
+    if text in labels or ended:
+        return text if text in labels else None
+    begun = [label for label in labels if text and label.startswith(text)]
+    return begun[0] if len(begun) == 1 else None
 
 
 def _log_score(label: str, answered: str | None, tokens: Sequence[TokenLogprob]) -> float:

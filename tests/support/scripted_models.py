@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ class Scripted:
 
     chunks: Sequence[Chunk]
     delay_s: float = 0.0
+    # A pause before the last chunk (a job still generating after its first chunks).
+    pause_before_last_s: float = 0.0
 
 
 Script = Callable[[str, Job], Scripted]
@@ -34,6 +37,8 @@ class Served:
     """The jobs the scripted models took, in order."""
 
     jobs: list[tuple[str, Job]] = field(default_factory=list)
+    # When each job was taken (time.monotonic()), in the same order.
+    taken_at: list[float] = field(default_factory=list)
 
     @property
     def models(self) -> list[str]:
@@ -60,6 +65,8 @@ async def scripted_models(
         scripted = script(model, job)
         await asyncio.sleep(scripted.delay_s)
         for seq, chunk in enumerate(scripted.chunks):
+            if seq == len(scripted.chunks) - 1 and seq > 0:
+                await asyncio.sleep(scripted.pause_before_last_s)
             await writer.append(job.id, encode(chunk), seq=seq, first=seq == 0)
 
     async def read() -> None:
@@ -70,6 +77,7 @@ async def scripted_models(
                 for entry_id, fields in entries:
                     job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
                     served.jobs.append((model, job))
+                    served.taken_at.append(time.monotonic())
                     task = asyncio.create_task(answer(model, job))
                     answering.add(task)
                     task.add_done_callback(answering.discard)

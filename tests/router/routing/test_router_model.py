@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
 import pytest
 
 from router.openai.errors import ModelLoadFailedError
 from router.routing.router_model import (
     choose,
+    decided,
     label_scores,
     pick,
     request_text,
@@ -42,10 +43,9 @@ def token(text: str, logprob: float, **top: float) -> TokenLogprob:
 def answer(*tokens: TokenLogprob, usage: Usage | None = None) -> list[Chunk]:
     """The router's chunks: its tokens' text (the end-of-sequence token has none) and log-probs."""
     text = "".join(t.token for t in tokens if t.token != EOS)
-    return [
-        Chunk(text=text, logprobs=tokens, finish_reason="stop"),
-        Chunk(usage=usage or Usage(prompt_tokens=30, completion_tokens=len(tokens))),
-    ]
+    usage = usage or Usage(prompt_tokens=30, completion_tokens=len(tokens))
+    # As a worker writes a job's end: the last chunk carries the finish reason and the usage.
+    return [Chunk(text=text, logprobs=tokens, finish_reason="stop", usage=usage)]
 
 
 def softmax(*log_scores: float) -> list[float]:
@@ -225,9 +225,10 @@ async def test_the_router_is_asked_once_and_its_choice_carries_its_usage() -> No
     asked: list[tuple[tuple[ChatMessage, ...], SamplingParams]] = []
     usage = Usage(prompt_tokens=41, completion_tokens=2)
 
-    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> list[Chunk]:
+    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> AsyncGenerator[Chunk, None]:
         asked.append((messages, sampling))
-        return answer(token("code", -0.1, math=-2.4), end(), usage=usage)
+        for chunk in answer(token("code", -0.1, math=-2.4), end(), usage=usage):
+            yield chunk
 
     choice = await choose(routed, "fix my loop", ask, warm("math-model", "code-model"))
 
@@ -238,9 +239,10 @@ async def test_the_router_is_asked_once_and_its_choice_carries_its_usage() -> No
 async def test_a_router_slower_than_its_timeout_leaves_the_choice_to_the_default() -> None:
     routed = config("math", "code", default="math", timeout_s=0.05)
 
-    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> list[Chunk]:
+    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> AsyncGenerator[Chunk, None]:
         await asyncio.sleep(5)
         raise AssertionError("not reached")
+        yield Chunk()
 
     choice = await choose(routed, "hi", ask, warm())
 
@@ -262,8 +264,9 @@ LOAD_FAILED = ModelLoadFailedError("router", "out of memory", 5.0)
 async def test_a_router_that_fails_leaves_the_choice_to_the_default(failure: Exception, reason: str) -> None:
     routed = config("math", "code", default="code")
 
-    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> list[Chunk]:
+    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> AsyncGenerator[Chunk, None]:
         raise failure
+        yield Chunk()
 
     choice = await choose(routed, "hi", ask, warm())
 
@@ -273,8 +276,8 @@ async def test_a_router_that_fails_leaves_the_choice_to_the_default(failure: Exc
 async def test_a_router_job_that_ends_in_an_error_leaves_the_choice_to_the_default() -> None:
     routed = config("math", "code")
 
-    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> list[Chunk]:
-        return [Chunk(error=JobError(code="engine_error", message="the engine died"))]
+    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> AsyncGenerator[Chunk, None]:
+        yield Chunk(error=JobError(code="engine_error", message="the engine died"))
 
     choice = await choose(routed, "hi", ask, warm())
 
@@ -287,11 +290,9 @@ async def test_a_router_job_that_ends_in_an_error_leaves_the_choice_to_the_defau
 async def test_a_router_answering_no_label_leaves_the_choice_to_the_default_with_its_usage() -> None:
     routed = config("math", "code")
 
-    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> list[Chunk]:
-        return [
-            Chunk(text="banana", finish_reason="length"),
-            Chunk(usage=Usage(prompt_tokens=9, completion_tokens=6)),
-        ]
+    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> AsyncGenerator[Chunk, None]:
+        yield Chunk(text="banana", finish_reason="length")
+        yield Chunk(usage=Usage(prompt_tokens=9, completion_tokens=6))
 
     choice = await choose(routed, "hi", ask, warm())
 
@@ -354,3 +355,35 @@ def test_the_router_is_asked_greedily_for_one_label_with_alternatives_and_its_bi
     assert sampling.logit_bias == {17: 5.0, 3: -100.0}
     assert router_sampling(config(*(f"label{i}" for i in range(15)))).logprobs == 20
     assert router_sampling(config("a", "b")).logit_bias is None
+
+
+async def test_the_answer_is_read_only_until_it_names_one_label() -> None:
+    routed = config("math", "code")
+    read: list[str] = []
+    closed = asyncio.Event()
+
+    async def ask(messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> AsyncGenerator[Chunk, None]:
+        try:
+            for piece, logprob in (("c", -0.2), ("o", -0.01), ("de", -0.01)):
+                read.append(piece)
+                alternatives = (TopLogprob(piece, logprob), TopLogprob("m", -1.9)) if piece == "c" else ()
+                yield Chunk(text=piece, logprobs=(TokenLogprob(piece, logprob, alternatives),))
+            yield Chunk(finish_reason="stop", usage=Usage(prompt_tokens=9, completion_tokens=4))
+        finally:
+            closed.set()
+
+    choice = await choose(routed, "fix my loop", ask, warm("math-model", "code-model"))
+
+    assert (choice.label, choice.chosen_by) == ("code", "router")
+    assert read == ["c"], "the first token already left 'math': nothing more was read"
+    assert closed.is_set(), "the router's answer was closed (its job stopped)"
+    assert choice.usage is None  # told later, by the stopped job's end
+    assert choice.scores["code"] > 0.8 and choice.scores["math"] > 0
+
+
+def test_a_label_that_begins_another_is_named_only_when_the_answer_ends() -> None:
+    labels = ("code", "codes")
+    assert not decided(labels, [Chunk(text="code")])
+    assert decided(labels, [Chunk(text="codes")])
+    assert decided(("math", "code"), [Chunk(text="m")])
+    assert not decided(("math", "code"), [Chunk(text=" ")])

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from switchboard import tracing
+from switchboard import keys, tracing
 from switchboard.config import ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.model_pipelines import CascadeConfig, PipelineConfig, RouterConfig, RouterTarget
@@ -421,3 +421,30 @@ async def test_a_resumed_stream_of_a_routed_answer_runs_no_router_again(
         )
         assert rest == "coder 1 coder 2 "
         assert served.models == [ROUTER, CODER], "the resume read the answer's job; nothing ran again"
+
+
+async def test_the_routers_answer_is_read_until_it_names_a_label_and_its_usage_still_counts(
+    redis_server: PrivateRedis, redis: aioredis.Redis
+) -> None:
+    def script(model: str, job: Job) -> Scripted:
+        if model != ROUTER:
+            return Scripted(answered_by_name(model))
+        c = TokenLogprob("c", -0.1, (TopLogprob("c", -0.1), TopLogprob("ch", -2.5)))
+        o = TokenLogprob("o", -0.01, (TopLogprob("o", -0.01),))
+        chunks = [Chunk(text="co", logprobs=(c, o)), Chunk(text="de", finish_reason="stop", usage=USED)]
+        return Scripted(chunks, pause_before_last_s=1.0)
+
+    async with (
+        scripted_models(redis, MODELS, script) as served,
+        serving(settings(redis_server.url)) as client,
+    ):
+        answer = await client.post("/v1/chat/completions", json=body(ROUTED))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == CODER
+        assert served.models == [ROUTER, CODER]
+        # "co" leaves "chat": the coder's job was queued without waiting for the router's end,
+        assert served.taken_at[1] - served.taken_at[0] < 0.9
+        # the router's job was told to stop,
+        assert await redis.exists(keys.cancel_mark(served.of(ROUTER)[0].id))
+        # and its usage, told by its end, is in the answer's.
+        assert answer.json()["usage"]["prompt_tokens"] == 20
