@@ -20,7 +20,13 @@ import msgspec
 
 from switchboard import keys
 from switchboard.config_names import ModelName, RouteName
-from switchboard.model_pipelines import PipelineConfig, PipelineError, check_pipelines, leads_to
+from switchboard.model_pipelines import (
+    PipelineConfig,
+    PipelineError,
+    check_pipelines,
+    leads_to,
+    router_models,
+)
 from switchboard.name_graph import LoopError, check_no_loop
 from switchboard.redis_address import RedisAddressError, checked_redis_url
 from switchboard.route_config import RouteConfig, RouteConfigError, check_routes
@@ -59,6 +65,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # "pythonic", ...): with one, `tool_choice: "auto"` lets the model decide to call tools. The
     # TensorRT-LLM engine parses no tool calls: a trtllm model with a parser fails to load.
     tool_call_parser: str | None = None
+    # Compile the engine's structured-output backend while the model loads (beside Triton's own
+    # binding), so that its first constrained answer takes milliseconds rather than seconds. On for
+    # every model a pipeline uses as its router (a router answers with a constrained label only).
+    warm_structured_output: bool = False
 
 
 class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -264,6 +274,9 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
     if not settings.models:
         settings.models = [demo_model(settings)]
     _check_consistency(settings)
+    routers = router_models(settings.routes, settings.pipelines)
+    for model in settings.models:
+        model.warm_structured_output = model.warm_structured_output or model.name in routers
     keys.set_prefix(settings.redis.key_prefix)
     return settings
 

@@ -155,6 +155,12 @@ def leads_to(
     }
 
 
+def router_models(routes: Mapping[str, RouteConfig], pipelines: Mapping[str, PipelineConfig]) -> set[str]:
+    """The models pipelines ask as routers (a router that is a route: each of its versions)."""
+    named = {pipeline.router.model for pipeline in pipelines.values() if pipeline.router is not None}
+    return {target for name in named for target in (routes[name].targets if name in routes else [name])}
+
+
 class _Names:
     """The names a pipeline's steps may take, and the errors that name the step that is wrong."""
 

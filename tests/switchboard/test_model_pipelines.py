@@ -130,3 +130,11 @@ def test_a_route_leading_back_to_itself_through_a_pipeline_is_refused_with_the_p
     text = "[routes.smart]\ntargets = {'big' = 90, 'p' = 10}\n[pipelines.p]\nfallbacks = ['smart', 'small']\n"
     with pytest.raises(ConfigError, match="loop: smart -> p -> smart"):
         settings_with(tmp_path, text)
+
+
+def test_a_model_a_pipeline_asks_as_its_router_warms_its_structured_output_as_it_loads(
+    tmp_path: Path,
+) -> None:
+    settings = settings_with(tmp_path, ROUTER)
+    warmed = {model.name for model in settings.models if model.warm_structured_output}
+    assert warmed == {"small"}

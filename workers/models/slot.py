@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from switchboard import keep_alive
 from switchboard.config import ModelConfig, triton_model_name
-from switchboard.wire import SlotState, SlotStatus
-from workers.engines.base import Engine
+from switchboard.wire import SamplingParams, SlotState, SlotStatus, StructuredOutput
+from workers.engines.base import Engine, EngineRequest
 from workers.triton.client import TritonJobClient
 from workers.triton.host import TritonHost
 from workers.triton.model import EngineCallable
@@ -229,7 +230,9 @@ class ModelSlot:
         try:
             await self._host_started.wait()
             engine = self._create_engine(self.model)
-            triton_model = await _start_and_bind(engine, self._host, self.name)
+            triton_model = await _start_and_bind(
+                engine, self._host, self.name, warm_structured_output=self.model.warm_structured_output
+            )
         except BaseException:
             self._set_state("cold")
             raise
@@ -291,14 +294,17 @@ class ModelSlot:
         self._on_change()
 
 
-async def _start_and_bind(engine: Engine, host: TritonHost, name: str) -> EngineCallable:
-    """Start the engine while Triton binds it (about 2 s of Triton's own work, done in parallel).
+async def _start_and_bind(
+    engine: Engine, host: TritonHost, name: str, *, warm_structured_output: bool = False
+) -> EngineCallable:
+    """Start the engine while Triton binds it (about 2 s of Triton's own work, done in parallel);
+    with `warm_structured_output`, the engine's first constrained answer is made meanwhile too.
 
     Whatever fails, nothing is left behind: a bound model is unbound and the engine stopped. A
     cancelled load (the worker is stopping) waits for both to finish before cleaning up, since
     neither thread can be interrupted.
     """
-    starting = asyncio.ensure_future(engine.start())
+    starting = asyncio.ensure_future(_started(engine, warm_structured_output=warm_structured_output))
     binding = asyncio.ensure_future(asyncio.to_thread(host.bind, name, engine))
     both = asyncio.gather(starting, binding, return_exceptions=True)
     try:
@@ -315,3 +321,29 @@ async def _start_and_bind(engine: Engine, host: TritonHost, name: str) -> Engine
         raise error
     assert isinstance(bound, EngineCallable)
     return bound
+
+
+async def _started(engine: Engine, *, warm_structured_output: bool) -> None:
+    await engine.start()
+    if warm_structured_output:
+        await warm_structured_output_of(engine)
+
+
+# A constrained answer of one token: it makes the engine set its structured-output backend up.
+_WARM_UP = SamplingParams(max_tokens=1, temperature=0.0, structured=StructuredOutput(choice=("yes", "no")))
+
+
+async def warm_structured_output_of(engine: Engine) -> None:
+    """Make the engine's first constrained answer now (seconds on a CPU: its grammar backend starts),
+    not a router's first request's. A failure only costs that request the wait; it is logged."""
+    request = EngineRequest(
+        request_id=f"warm-up-{uuid.uuid4().hex[:8]}", sampling=_WARM_UP, prompt="Yes or no?"
+    )
+    started = time.perf_counter()
+    try:
+        async for _ in engine.generate(request):
+            pass
+    except Exception:
+        logger.warning("could not warm the structured-output backend up", exc_info=True)
+        return
+    logger.info("structured output warmed up", extra={"seconds": round(time.perf_counter() - started, 3)})

@@ -12,6 +12,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -44,14 +45,14 @@ class Host:
         self.redis = redis
         self.writer = writer
 
-    def slot(self, engine: ScriptedEngine, name: str | None = None) -> ModelSlot:
-        """A fresh slot for a model of its own, whose loads create `engine`."""
+    def slot(self, engine: ScriptedEngine, name: str | None = None, **model: Any) -> ModelSlot:
+        """A fresh slot for a model of its own (with `model`'s settings), whose loads create `engine`."""
 
         async def no_read_in_progress() -> None:
             return None
 
         return ModelSlot(
-            ModelConfig(name=name or f"m-{uuid.uuid4().hex[:8]}", path="unused"),
+            ModelConfig(name=name or f"m-{uuid.uuid4().hex[:8]}", path="unused", **model),
             host=self.triton,
             host_started=self.started,
             create_engine=lambda _: engine,
@@ -91,6 +92,14 @@ async def test_concurrent_callers_share_one_load_and_the_model_is_bound(host: Ho
     assert slot.state == "warm" and slot.wants_jobs
     assert host.ready_in_triton(slot.name)
     await slot.unload()
+
+
+async def test_a_router_model_makes_its_first_constrained_answer_while_it_loads(host: Host) -> None:
+    plain, router = ScriptedEngine(), ScriptedEngine()
+    await host.slot(plain).ensure_warm()
+    await host.slot(router, warm_structured_output=True).ensure_warm()
+    assert plain.requests == []
+    assert [request.startswith("warm-up-") for request in router.requests] == [True]
 
 
 async def test_an_unload_waits_for_leased_jobs_then_unbinds_and_stops_the_engine(host: Host) -> None:
