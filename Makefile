@@ -1,10 +1,16 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients gpu-check clean
 
 VENV := .venv/bin
 
 install:
 	@scripts/install.sh
+
+# The benchmarks also need pyproject.toml's `bench` group (LiteLLM's proxy, py-spy). Every bench target
+# installs it, so going from one benchmark to another installs nothing; `make install` (and so
+# `make test`) removes it again.
+install-bench:
+	@scripts/install.sh bench
 
 # After changing a dependency in pyproject.toml: write uv.lock anew (commit it; every install uses it).
 lock:
@@ -36,17 +42,17 @@ e2e: install
 clients: install
 	$(VENV)/pytest tests/clients
 
-bench: install
+bench: install-bench
 	$(VENV)/python bench/path_overhead.py
 
-bench-cold: install
+bench-cold: install-bench
 	$(VENV)/python bench/cold_start.py
 
-bench-scale: install
+bench-scale: install-bench
 	$(VENV)/python bench/scale.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
-bench-clients: install
+bench-clients: install-bench
 	$(VENV)/python bench/vllm_bench_serve.py
 
 # The GPU check (tests/gpu; the README's "TensorRT-LLM workers" section). On a machine with an

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Install everything Switchboard needs into .venv: uv, redis-server, Python packages.
 # Idempotent: a second run only checks. Run by `make install` (and so by `make up` and `make test`).
+# Arguments: more of pyproject.toml's optional groups to install beside the engine build and `dev`
+# (`make bench` passes `bench`). The environment then holds exactly those: a later run without
+# them removes their packages again, so `make test` always tests what CI installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,13 +59,18 @@ if [ "$EXTRA" = cpu ]; then
 fi
 
 # --- the environment ---------------------------------------------------------------------------
+extras=(--extra "$EXTRA" --extra dev)
+for group in "$@"; do extras+=(--extra "$group"); done
 if [ ! -x .venv/bin/python ]; then
   say "Creating .venv"
   uv venv --quiet --python "$PYTHON" .venv
 fi
-stamp=".venv/.switchboard-install-$EXTRA"
+# The stamp names the groups installed; each install removes the others' stamps, since the sync
+# below removes their packages.
+stamp=".venv/.switchboard-install-$(IFS=+; echo "$EXTRA${*:++$*}")"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ uv.lock -nt "$stamp" ]; then
-  say "Installing Python packages from uv.lock (engine build: $EXTRA; a first install downloads about 1 GB)"
+  say "Installing Python packages from uv.lock (engine build: $EXTRA${*:+; also: $*}; a first install downloads about 1 GB)"
+  rm -f .venv/.switchboard-install-*
   # --locked: install what uv.lock records, never resolve anew, and refuse a lock out of step with
   # pyproject.toml (scripts/lock.sh brings it up to date).
   # --compile-bytecode: uv writes no .pyc files otherwise, and where PYTHONDONTWRITEBYTECODE is set
@@ -71,12 +79,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ uv.lock -nt "$stamp
     # The lock as a requirements file (every line pinned, with its hashes), synced with the local
     # folder searched beside PyPI; then the project itself, editable.
     requirements=".venv/switchboard-requirements.txt"
-    uv export --quiet --locked --no-emit-project --extra "$EXTRA" --extra dev --output-file "$requirements"
+    uv export --quiet --locked --no-emit-project "${extras[@]}" --output-file "$requirements"
     uv pip sync --python .venv/bin/python --compile-bytecode --require-hashes \
       --find-links "$local_wheels" "$requirements"
     uv pip install --python .venv/bin/python --compile-bytecode --no-deps -e .
   else
-    uv sync --locked --compile-bytecode --extra "$EXTRA" --extra dev
+    uv sync --locked --compile-bytecode "${extras[@]}"
   fi
   touch "$stamp"
 else
