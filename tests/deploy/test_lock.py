@@ -136,3 +136,31 @@ def test_the_exported_lock_pins_every_package_with_the_locked_hashes() -> None:
         assert set(re.findall(r"sha256:[0-9a-f]{64}", hashes)) <= locked[(name, version)], name
     assert ("torch", "2.13.0+cpu") in {(name, version) for name, version, _ in requirements}
     assert not re.search(r"^-e|^\.|^--(extra-)?index-url", exported, re.M)
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\[<>=~!; ]", requirement)[0].lower().replace("_", "-")
+
+
+def test_make_test_installs_none_of_the_bench_groups_own_packages() -> None:
+    """`make bench` adds the `bench` group (LiteLLM's proxy, py-spy); `make test` and CI install the
+    engine build and dev alone, so none of the packages the bench group adds enters their install."""
+    optional = _pyproject()["project"]["optional-dependencies"]
+    bench_only = {_requirement_name(r) for r in optional["bench"]} - {
+        _requirement_name(r) for r in optional["dev"]
+    }
+    assert bench_only, "the bench group adds packages"
+    exported = subprocess.run(
+        [_uv(), "export", "--locked", "--offline", "--no-emit-project", "--extra", "cpu", "--extra", "dev"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    installed = {name.lower() for name in re.findall(r"^([A-Za-z0-9._-]+)==", exported, re.M)}
+    assert not bench_only & installed
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^test: install$", makefile, re.M) and re.search(
+        r"^install:\n\t@scripts/install.sh$", makefile, re.M
+    ), "make test installs with no extra group"
