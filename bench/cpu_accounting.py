@@ -1,7 +1,9 @@
 """CPU a level of load cost each process and thread group, less what they spend with no load at all.
 
-Between two snapshots each thread's CPU grows by some seconds; a process's own counter also holds its
-threads that ended in between, shown as a group of their own. The idle baseline is the same reading
+Between two snapshots each thread's CPU grows by some seconds. A process's own counter also holds its
+threads that ended in between: where threads came or went, the counter's growth less its live
+threads' is shown as a group of its own. That counter is in whole clock ticks (10 ms), so where no
+thread came or went the difference is rounding and is left out. The idle baseline is the same reading
 over a stretch with no requests: each thread's idle rate times the level's wall time is background
 work (polling, timers) that would have happened anyway, and is not charged to the requests.
 """
@@ -48,8 +50,8 @@ class LevelLoad:
 
 
 def cpu_deltas(before: Snapshot, after: Snapshot) -> dict[ThreadKey, float]:
-    """Each thread's CPU seconds between the snapshots (new threads from zero), and per process the
-    seconds of threads that ended in between (under tid `ENDED_TID`)."""
+    """Each thread's CPU seconds between the snapshots (new threads from zero), and per process whose
+    threads changed the seconds of threads that ended in between (under tid `ENDED_TID`)."""
     deltas: dict[ThreadKey, float] = {}
     for key, thread in after.threads.items():
         earlier = before.threads.get(key)
@@ -58,11 +60,18 @@ def cpu_deltas(before: Snapshot, after: Snapshot) -> dict[ThreadKey, float]:
     for (pid, _), seconds in deltas.items():
         live[pid] = live.get(pid, 0.0) + seconds
     for pid, process in after.processes.items():
+        if not threads_changed(pid, before, after):
+            continue
         earlier_process = before.processes.get(pid)
         grown = process.cpu_s - (earlier_process.cpu_s if earlier_process else 0.0)
         # Thread and process counters are read moments apart: a tick or two either way is noise.
         deltas[(pid, ENDED_TID)] = round(grown - live.get(pid, 0.0), 6)
     return deltas
+
+
+def threads_changed(pid: int, before: Snapshot, after: Snapshot) -> bool:
+    """Whether a thread of `pid` started or ended between the snapshots (or the process is new)."""
+    return {t for p, t in before.threads if p == pid} != {t for p, t in after.threads if p == pid}
 
 
 def group_cpu(

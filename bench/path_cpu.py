@@ -4,8 +4,10 @@ Starts Switchboard on the demo model (as `path_overhead.py` does), finds the sta
 this one (front door, redis-server, worker, tritonserver, Triton's Python backend stub, the engine's
 processes) and, at each concurrency level, reads every thread's CPU time from /proc before and after
 the level's closed-loop streamed requests, then again over an idle stretch of the same length, whose
-CPU (polling, timers) is subtracted thread by thread. With `--profile`, py-spy samples the front
-door, the worker and the stub during each level; the frames that spend the most themselves are listed.
+CPU (polling, timers) is subtracted thread by thread. With `--profile`, each level's requests are
+sent a second time while py-spy samples the front door, the worker and the stub (apart from the
+measured pass, whose figures py-spy's own CPU would skew on a small machine); the frames that spend
+the most themselves are listed.
 """
 
 from __future__ import annotations
@@ -79,13 +81,12 @@ def read_now() -> Reading:
     return Reading(time.monotonic(), snapshot(os.getpid(), LOAD_GENERATOR), busy, every)
 
 
-def start_profiles(reading: Reading, args: argparse.Namespace, level: int) -> dict[str, Recording]:
-    """py-spy on one process of each profiled kind, if py-spy is there and asked for."""
-    if not (args.profile and args.py_spy):
-        return {}
+def start_profiles(names: Snapshot, args: argparse.Namespace, level: int) -> dict[str, Recording]:
+    """py-spy on one process of each profiled kind."""
+    assert args.py_spy is not None
     recordings = {}
     for kind in PROFILED:
-        pids = sorted(p.pid for p in reading.threads.processes.values() if p.kind == kind)
+        pids = sorted(p.pid for p in names.processes.values() if p.kind == kind)
         if pids:
             output = args.log_dir / f"profile-c{level}-{kind.replace(' ', '-')}.txt"
             recordings[kind] = Recording(args.py_spy, pids[0], output, args.profile_rate, args.native)
@@ -117,24 +118,40 @@ def samples_by_group(by_tid: dict[int, int], names: Snapshot) -> dict[str, int]:
 
 
 async def run_level(server: Server, concurrency: int, args: argparse.Namespace) -> LevelCpu:
-    """Warm up, read, send the level's requests (profiled if asked), read; then the idle baseline."""
+    """Warm up, read, send the level's requests, read; the idle baseline; then, if asked, the same
+    requests again under py-spy (apart, so that py-spy's own CPU does not skew the figures)."""
     requests = args.requests or max(16, 4 * concurrency)
     async with AsyncOpenAI(
         base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
     ) as client:
         await run_batch(client, WARMUP_REQUESTS, min(concurrency, WARMUP_REQUESTS), args.max_tokens)
         await asyncio.sleep(SETTLE_S)
-        recordings = start_profiles(read_now(), args, concurrency)
-        if recordings:
-            await asyncio.sleep(SETTLE_S)  # py-spy attaches before the reading
         before = read_now()
         results = await run_batch(client, requests, concurrency, args.max_tokens)
         after = read_now()
-    after.threads = with_python_names(after.threads, args.py_spy)
-    profiles = finish_profiles(recordings, after.threads)
-    wall_s = after.at - before.at
-    idle_before, idle_after = await idle_stretch(min(wall_s, args.idle_max_s))
-    return level_cpu(concurrency, results, (before, after), (idle_before, idle_after), args, profiles)
+        after.threads = with_python_names(after.threads, args.py_spy)
+        idle_before, idle_after = await idle_stretch(min(after.at - before.at, args.idle_max_s))
+        level = level_cpu(concurrency, results, (before, after), (idle_before, idle_after), args)
+        if args.profile and args.py_spy:
+            level.profiles = await profiled_pass(client, level, requests, args, after.threads)
+    return level
+
+
+async def profiled_pass(
+    client: AsyncOpenAI, level: LevelCpu, requests: int, args: argparse.Namespace, names: Snapshot
+) -> dict[str, dict[str, Any]]:
+    """The level's requests again with py-spy recording; each profile, and the pass's own figures."""
+    recordings = start_profiles(names, args, level.load.concurrency)
+    await asyncio.sleep(SETTLE_S)  # py-spy attaches first
+    started = time.monotonic()
+    results = await run_batch(client, requests, level.load.concurrency, args.max_tokens)
+    wall_s = time.monotonic() - started
+    metrics = summarize(results, level.load.concurrency, wall_s, args.max_tokens)
+    profiles = finish_profiles(recordings, names)
+    for profile in profiles.values():
+        profile["pass"] = {"wall_s": round(wall_s, 3), "ttft_p50_ms": metrics.ttft_p50_ms}
+        profile["pass"] |= {"errors": metrics.errors, "rate_hz": args.profile_rate}
+    return profiles
 
 
 def with_python_names(snap: Snapshot, py_spy: str | None) -> Snapshot:
@@ -162,7 +179,6 @@ def level_cpu(
     level: tuple[Reading, Reading],
     idle: tuple[Reading, Reading],
     args: argparse.Namespace,
-    profiles: dict[str, dict[str, Any]],
 ) -> LevelCpu:
     """The level's figures from its results and the four readings."""
     before, after = level
@@ -197,7 +213,6 @@ def level_cpu(
         ttft_p50_ms=metrics.ttft_p50_ms,
         ttft_p99_ms=metrics.ttft_p99_ms,
         processes=processes,
-        profiles=profiles,
     )
 
 
@@ -350,7 +365,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
     add("--idle-max-s", type=float, default=60.0, help="longest idle baseline, in s (default 60)")
     add("--profile", action="store_true", help="record py-spy profiles of " + ", ".join(PROFILED))
-    add("--profile-rate", type=int, default=50, help="py-spy samples per second (default 50)")
+    add("--profile-rate", type=int, default=100, help="py-spy samples per second (default 100)")
     add("--native", action="store_true", help="py-spy --native (stops the targets at every sample)")
     add_model_and_output_args(parser, "path_cpu")
     return parser.parse_args(argv)
