@@ -19,14 +19,24 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from cpu_accounting import GroupCpu, LevelLoad, cpu_deltas, group_cpu, per_chunk_us, per_request_ms
+from cpu_accounting import LevelLoad, cpu_deltas, group_cpu
 from loadgen import PROMPT, REQUEST_TIMEOUT_S, WARMUP_REQUESTS, RequestResult, run_batch, summarize
 from openai import AsyncOpenAI
+from path_cpu_report import (
+    FRAMES_PER_GROUP,
+    LOAD_GENERATOR,
+    PROFILER,
+    LevelCpu,
+    as_json,
+    describe,
+    markdown,
+    profile_summary,
+)
 from proc_cpu import Snapshot, machine_cpu, renamed, snapshot, thread_group
 from pyspy_profile import (
     MISSING,
@@ -40,14 +50,9 @@ from servers import Server, StartupError, add_model_and_output_args, engine_core
 
 from switchboard.local.demo_model import build_demo_model
 
-LOAD_GENERATOR = "load generator (this script)"
-PROFILER = "profiler (py-spy)"
-NOT_THE_STACK = (LOAD_GENERATOR, PROFILER)
 PROFILED = ("front door", "worker", "Python backend stub")
 NOT_PYTHON = ("redis-server", "tritonserver", PROFILER)
 SETTLE_S = 1.0  # after warm-up or a level, before the next reading, so stragglers finish
-GROUPS_SHOWN = 6  # thread groups per process in the table; the rest are summed
-NEGLIGIBLE_S = 0.002  # a thread group with less net CPU than this at every level is left out
 
 
 @dataclass
@@ -58,21 +63,6 @@ class Reading:
     threads: Snapshot
     machine_busy_s: float
     machine_all_s: float
-
-
-@dataclass
-class LevelCpu:
-    """One level's load, its CPU by group (net of the idle baseline) and its profiles."""
-
-    load: LevelLoad
-    groups: list[GroupCpu]
-    idle_wall_s: float
-    machine_busy_s: float
-    machine_all_s: float
-    ttft_p50_ms: float | None
-    ttft_p99_ms: float | None
-    processes: list[dict[str, Any]]
-    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def read_now() -> Reading:
@@ -94,27 +84,39 @@ def start_profiles(names: Snapshot, args: argparse.Namespace, level: int) -> dic
 
 
 def finish_profiles(recordings: dict[str, Recording], names: Snapshot) -> dict[str, dict[str, Any]]:
-    """Stop each recording; its file, or why there is none, its top frames and samples per thread group."""
+    """Stop each recording: its file (or why there is none), its top frames by self time, overall and
+    per thread group."""
     profiles: dict[str, dict[str, Any]] = {}
     for kind, recording in recordings.items():
         error = recording.stop()
         entry: dict[str, Any] = {"file": str(recording.output), "error": error}
         if error is None:
             text = recording.output.read_text()
+            by_tid = samples_by_thread(text)
+            entry["samples"] = sum(by_tid.values())
             entry["top_self_frames"] = [frame.__dict__ for frame in top_self_frames(text, 15)]
-            entry["samples_by_thread_group"] = samples_by_group(samples_by_thread(text), names)
+            entry["thread_groups"] = thread_group_profiles(text, by_tid, names)
         profiles[kind] = entry
     return profiles
 
 
-def samples_by_group(by_tid: dict[int, int], names: Snapshot) -> dict[str, int]:
-    """Profile samples per thread group, the thread ids looked up in the level's snapshot."""
-    groups: dict[str, int] = {}
-    for tid, samples in by_tid.items():
-        thread = next((t for (_, t_id), t in names.threads.items() if t_id == tid), None)
+def thread_group_profiles(text: str, by_tid: dict[int, int], names: Snapshot) -> dict[str, dict[str, Any]]:
+    """Per thread group (the thread ids looked up in the level's snapshot), most samples first: its
+    samples and its top frames by self time."""
+    threads = {tid: thread for (_, tid), thread in names.threads.items()}
+    tids: dict[str, set[int]] = {}
+    for tid in by_tid:
+        thread = threads.get(tid)
         name = thread_group(thread.name, thread.pid, tid) if thread else f"thread {tid}"
-        groups[name] = groups.get(name, 0) + samples
-    return dict(sorted(groups.items(), key=lambda item: -item[1]))
+        tids.setdefault(name, set()).add(tid)
+    samples = {name: sum(by_tid[tid] for tid in ids) for name, ids in tids.items()}
+    return {
+        name: {
+            "samples": samples[name],
+            "top_self_frames": [f.__dict__ for f in top_self_frames(text, FRAMES_PER_GROUP, tids[name])],
+        }
+        for name in sorted(tids, key=lambda name: -samples[name])
+    }
 
 
 async def run_level(server: Server, concurrency: int, args: argparse.Namespace) -> LevelCpu:
@@ -214,138 +216,6 @@ def level_cpu(
         ttft_p99_ms=metrics.ttft_p99_ms,
         processes=processes,
     )
-
-
-# --- the figures -----------------------------------------------------------------------------------
-
-
-def kind_totals(level: LevelCpu) -> dict[str, float]:
-    """Net CPU seconds per process kind, busiest first."""
-    totals: dict[str, float] = {}
-    for group in level.groups:
-        totals[group.kind] = totals.get(group.kind, 0.0) + group.net_s
-    return dict(sorted(totals.items(), key=lambda item: -item[1]))
-
-
-def table_rows(levels: list[LevelCpu]) -> list[tuple[str, list[float]]]:
-    """(label, net CPU seconds per level) for the table: each process kind, its busiest thread groups
-    and the rest of its threads, then the stack's total; kinds in order of their most at any level."""
-    kinds: dict[str, list[float]] = {}
-    for index, level in enumerate(levels):
-        for kind, seconds in kind_totals(level).items():
-            kinds.setdefault(kind, [0.0] * len(levels))[index] = seconds
-    ordered = sorted(kinds, key=lambda kind: (kind in NOT_THE_STACK, -max(kinds[kind])))
-    rows: list[tuple[str, list[float]]] = []
-    for kind in ordered:
-        rows.append((f"**{kind}**", kinds[kind]))
-        rows.extend(group_rows(kind, levels))
-    stack = [sum(s for k, s in kind_totals(level).items() if k not in NOT_THE_STACK) for level in levels]
-    rows.append(("**stack total** (all but the load generator and py-spy)", stack))
-    return rows
-
-
-def group_rows(kind: str, levels: list[LevelCpu]) -> list[tuple[str, list[float]]]:
-    """A kind's busiest thread groups, then "other threads" for the rest (if any)."""
-    by_group: dict[str, list[float]] = {}
-    for index, level in enumerate(levels):
-        for group in level.groups:
-            if group.kind == kind:
-                by_group.setdefault(group.group, [0.0] * len(levels))[index] += group.net_s
-    if len(by_group) <= 1:
-        return []
-    ranked = sorted(by_group, key=lambda name: -max(by_group[name]))
-    # Groups that round to nothing at every level are noise in the table (the JSON keeps them).
-    ranked = [name for name in ranked if max(map(abs, by_group[name])) >= NEGLIGIBLE_S]
-    rows = [(f"&nbsp;&nbsp;{name}", by_group[name]) for name in ranked[:GROUPS_SHOWN]]
-    rest = ranked[GROUPS_SHOWN:]
-    if rest:
-        others = [sum(by_group[name][i] for name in rest) for i in range(len(levels))]
-        rows.append((f"&nbsp;&nbsp;{len(rest)} other thread groups", others))
-    return rows
-
-
-def cell(value: float | None, digits: int) -> str:
-    """A figure, or a dash."""
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def markdown(levels: list[LevelCpu]) -> str:
-    """The table (net CPU per request and per chunk, each level) and one line per level on its load."""
-    head = ["process / thread group"]
-    for level in levels:
-        head += [f"c={level.load.concurrency} ms/request", f"c={level.load.concurrency} µs/chunk"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, seconds in table_rows(levels):
-        cells = [label]
-        for level, value in zip(levels, seconds, strict=True):
-            cells += [cell(per_request_ms(value, level.load), 2), cell(per_chunk_us(value, level.load), 0)]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.extend(describe(level) for level in levels)
-    return "\n".join(lines) + "\n"
-
-
-def describe(level: LevelCpu) -> str:
-    """One line on a level's load and the machine's CPU over it."""
-    load = level.load
-    done = max(load.requests - load.errors, 1)
-    idle = sum(group.idle_s for group in level.groups if group.kind not in NOT_THE_STACK)
-    busy = level.machine_busy_s / level.machine_all_s * 100 if level.machine_all_s else 0.0
-    return (
-        f"- c={load.concurrency}: {load.requests} requests ({load.errors} failed) in {load.wall_s:.1f} s, "
-        f"{load.chunks / done:.1f} chunks and {load.tokens / done:.1f} tokens per request; TTFT p50 "
-        f"{cell(level.ttft_p50_ms, 1)} ms, p99 {cell(level.ttft_p99_ms, 1)} ms; machine busy "
-        f"{level.machine_busy_s:.1f} of {level.machine_all_s:.1f} core-s ({busy:.0f}%, every process on "
-        f"it, others' included); the stack's idle baseline subtracted: {idle:.2f} CPU-s."
-    )
-
-
-def profile_summary(levels: list[LevelCpu], count: int = 10) -> str:
-    """Per level and profiled process: its top frames by self time, or why there is no profile."""
-    lines = []
-    for level in levels:
-        for kind, profile in level.profiles.items():
-            lines.append(f"\n### c={level.load.concurrency}, {kind}: top {count} frames by self time\n")
-            if profile["error"]:
-                lines.append(f"no profile: {profile['error']}")
-                continue
-            lines.append(
-                f"profile: `{profile['file']}`; samples by thread group: {profile['samples_by_thread_group']}\n"
-            )
-            lines.append("| self samples | share | frame |\n|---|---|---|")
-            for frame in profile["top_self_frames"][:count]:
-                lines.append(f"| {frame['samples']} | {frame['share'] * 100:.1f}% | `{frame['frame']}` |")
-    return "\n".join(lines) + "\n"
-
-
-def as_json(level: LevelCpu) -> dict[str, Any]:
-    """A level for the results file: the raw groups, with their per-request and per-chunk figures."""
-    groups = [
-        {
-            "kind": g.kind,
-            "group": g.group,
-            "pids": sorted(g.pids),
-            "threads": g.threads,
-            "level_cpu_s": round(g.level_s, 4),
-            "idle_baseline_s": round(g.idle_s, 4),
-            "net_cpu_s": round(g.net_s, 4),
-            "ms_per_request": per_request_ms(g.net_s, level.load),
-            "us_per_chunk": per_chunk_us(g.net_s, level.load),
-        }
-        for g in level.groups
-    ]
-    return {
-        "load": level.load.__dict__,
-        "idle_wall_s": level.idle_wall_s,
-        "ttft_p50_ms": level.ttft_p50_ms,
-        "ttft_p99_ms": level.ttft_p99_ms,
-        "machine_busy_core_s": round(level.machine_busy_s, 3),
-        "machine_all_core_s": round(level.machine_all_s, 3),
-        "kind_net_cpu_s": {kind: round(s, 4) for kind, s in kind_totals(level).items()},
-        "groups": groups,
-        "processes": level.processes,
-        "profiles": level.profiles,
-    }
 
 
 # --- the run ---------------------------------------------------------------------------------------

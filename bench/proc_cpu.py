@@ -5,6 +5,8 @@ here), or, where the kernel has it, the nanoseconds on a CPU in the same folder'
 runtime those ticks are scaled from, without their rounding: a thread that ran 3 ms per second shows
 as 0 or 10 ms per tick). Its name is the stat file's `comm`, the name the thread gave itself, cut to
 15 characters by the kernel. A process's own stat counts all its threads, those that ended too.
+schedstat also says how long the thread waited for a core while ready to run, and how many times it
+was put on one (a thread that sleeps and is woken once per chunk runs at least once per chunk).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class Thread:
     tid: int
     name: str
     cpu_s: float
+    # From schedstat, where the kernel has it: time it was ready to run but waited for a core, and
+    # how many times it got one (each wake-up from a wait is one more).
+    waited_s: float = 0.0
+    runs: int = 0
 
 
 @dataclass
@@ -118,7 +124,8 @@ def renamed(snap: Snapshot, names: dict[int, str]) -> Snapshot:
     Python 3.11 does not give its threads' names to the kernel (all are "python"), but py-spy reads them.
     """
     threads = {
-        key: Thread(t.pid, t.tid, names.get(t.tid, t.name), t.cpu_s) for key, t in snap.threads.items()
+        key: Thread(t.pid, t.tid, names.get(t.tid, t.name), t.cpu_s, t.waited_s, t.runs)
+        for key, t in snap.threads.items()
     }
     return Snapshot(snap.processes, threads)
 
@@ -148,15 +155,18 @@ def read_thread_cpu(task: Path) -> Thread | None:
     stat = read_stat(task / "stat")
     if stat is None:
         return None
-    cpu_s = stat.cpu_s
+    pid, tid = int(task.parent.parent.name), int(task.name)
     with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError, IndexError):
-        cpu_s = parse_schedstat((task / "schedstat").read_text())
-    return Thread(int(task.parent.parent.name), int(task.name), stat.comm, cpu_s)
+        cpu_s, waited_s, runs = parse_schedstat((task / "schedstat").read_text())
+        return Thread(pid, tid, stat.comm, cpu_s, waited_s, runs)
+    return Thread(pid, tid, stat.comm, stat.cpu_s)
 
 
-def parse_schedstat(text: str) -> float:
-    """CPU seconds from a schedstat line (`ns-on-cpu ns-waiting timeslices`)."""
-    return int(text.split()[0]) / 1e9
+def parse_schedstat(text: str) -> tuple[float, float, int]:
+    """(seconds on a core, seconds ready but waiting for one, times run) from a schedstat line
+    (`ns-on-cpu ns-waiting timeslices`)."""
+    on_cpu, waiting, runs = text.split()[:3]
+    return int(on_cpu) / 1e9, int(waiting) / 1e9, int(runs)
 
 
 def read_argv(pid: int) -> tuple[str, ...]:

@@ -114,11 +114,14 @@ def without_line(frame: str) -> str:
     return LINE_NUMBER.sub(")", frame)
 
 
-def top_self_frames(text: str, count: int = 10) -> list[Frame]:
-    """The functions that were on top of the stack (running themselves) in the most samples."""
+def top_self_frames(text: str, count: int = 10, thread_ids: set[int] | None = None) -> list[Frame]:
+    """The functions that were on top of the stack (running themselves) in the most samples, of all
+    threads or of those in `thread_ids`; shares are of those threads' samples."""
     selfs: dict[str, int] = {}
     total = 0
     for frames, samples in parse_collapsed(text):
+        if thread_ids is not None and thread_id(frames) not in thread_ids:
+            continue
         frames = [frame for frame in frames if not THREAD_FRAME.match(frame)]
         top = without_line(frames[-1]) if frames else "(thread only)"
         selfs[top] = selfs.get(top, 0) + samples
@@ -127,12 +130,16 @@ def top_self_frames(text: str, count: int = 10) -> list[Frame]:
     return [Frame(frame, samples, round(samples / total, 4)) for frame, samples in ranked]
 
 
+def thread_id(frames: list[str]) -> int | None:
+    """The thread id of the `thread (id)` frame `--threads` puts at a stack's root, if there is one."""
+    match = THREAD_FRAME.match(frames[0]) if frames else None
+    return int(match.group(1), 0) if match else None
+
+
 def samples_by_thread(text: str) -> dict[int, int]:
-    """Samples per thread id, from the `thread (id)` frame `--threads` puts at each stack's root."""
+    """Samples per thread id (stacks without a thread frame left out)."""
     counts: dict[int, int] = {}
     for frames, samples in parse_collapsed(text):
-        match = THREAD_FRAME.match(frames[0]) if frames else None
-        if match:
-            tid = int(match.group(1), 0)
+        if (tid := thread_id(frames)) is not None:
             counts[tid] = counts.get(tid, 0) + samples
     return counts

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 from cpu_accounting import ENDED_THREADS, LevelLoad, cpu_deltas, group_cpu, per_chunk_us, per_request_ms
+from path_cpu_report import LevelCpu, markdown
 from proc_cpu import (
     CLOCK_TICKS,
     MAIN_THREAD,
@@ -41,8 +42,8 @@ def test_a_stat_line_gives_name_parent_and_cpu_even_when_the_name_holds_spaces_a
     assert stat.cpu_s == pytest.approx(200 / CLOCK_TICKS)
 
 
-def test_schedstat_is_nanoseconds_on_a_cpu() -> None:
-    assert parse_schedstat("1500000000 25534074 12\n") == pytest.approx(1.5)
+def test_schedstat_is_nanoseconds_on_a_cpu_and_waiting_for_one_then_runs() -> None:
+    assert parse_schedstat("1500000000 25534074 12\n") == pytest.approx((1.5, 0.025534074, 12))
 
 
 def test_the_machine_is_busy_for_all_but_idle_and_iowait() -> None:
@@ -162,7 +163,7 @@ def test_threads_that_ended_during_a_level_are_charged_from_their_process_counte
     before = snap([process(10, "worker", 4.0)], {(10, 10): ("python", 2.0), (10, 11): ("short", 2.0)})
     after = snap([process(10, "worker", 7.0)], {(10, 10): ("python", 3.0), (10, 13): ("new", 0.5)})
     deltas = cpu_deltas(before, after)
-    assert deltas[(10, 13)] == pytest.approx(0.5)
+    assert deltas[(10, 13)].cpu_s == pytest.approx(0.5)
     groups = group_cpu(deltas, {}, 10.0, 10.0, after)
     ended = next(g for g in groups if g.group == ENDED_THREADS)
     assert ended.net_s == pytest.approx(3.0 - 1.0 - 0.5)
@@ -211,3 +212,28 @@ def test_top_frames_by_self_time_add_up_per_function_across_lines() -> None:
 
 def test_profile_samples_add_up_per_thread() -> None:
     assert samples_by_thread(COLLAPSED) == {100: 50, 101: 50}
+
+
+def test_top_frames_of_some_threads_leave_the_others_out() -> None:
+    frames = top_self_frames(COLLAPSED, 5, thread_ids={101})
+    assert [(f.frame, f.samples) for f in frames] == [("send (zmq/socket.py)", 40), ("run (worker.py)", 10)]
+    assert frames[0].share == pytest.approx(0.8)
+
+
+def test_runs_on_a_core_and_waits_for_one_are_charged_net_of_the_idle_baseline() -> None:
+    def one(cpu_s: float, waited_s: float, runs: int) -> Snapshot:
+        return Snapshot(
+            {20: process(20, "front door", cpu_s)},
+            {(20, 20): Thread(20, 20, "python", cpu_s, waited_s, runs)},
+        )
+
+    level = cpu_deltas(one(1.0, 0.1, 100), one(2.0, 0.6, 1100))
+    idle = cpu_deltas(one(2.0, 0.6, 1100), one(2.01, 0.61, 1150))  # 50 timer wake-ups in 5 s
+    (group,) = group_cpu(level, idle, 10.0, 5.0, one(2.0, 0.6, 1100))
+    assert group.net_runs == pytest.approx(900)
+    assert group.net_waited_s == pytest.approx(0.48)
+    load = LevelLoad(concurrency=1, requests=100, errors=0, chunks=900, tokens=6400, wall_s=10.0)
+    table = markdown([LevelCpu(load, [group], 5.0, 15.0, 20.0, 10.0, 20.0, [])])
+    assert "| **front door** | 9.80 | 1089 | 1.00 |" in table
+    assert "| **stack total** (all but the load generator) | 9.80 | 1089 | 1.00 |" in table
+    assert "waited 4.8 ms per request for a core" in table
