@@ -122,7 +122,7 @@ def thread_group_profiles(text: str, by_tid: dict[int, int], names: Snapshot) ->
 async def run_level(server: Server, concurrency: int, args: argparse.Namespace) -> LevelCpu:
     """Warm up, read, send the level's requests, read; the idle baseline; then, if asked, the same
     requests again under py-spy (apart, so that py-spy's own CPU does not skew the figures)."""
-    requests = args.requests or max(16, 4 * concurrency)
+    requests = requests_at(args, concurrency)
     async with AsyncOpenAI(
         base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
     ) as client:
@@ -152,8 +152,24 @@ async def profiled_pass(
     profiles = finish_profiles(recordings, names)
     for profile in profiles.values():
         profile["pass"] = {"wall_s": round(wall_s, 3), "ttft_p50_ms": metrics.ttft_p50_ms}
+        profile["pass"] |= {"ttft_p99_ms": metrics.ttft_p99_ms, "ttft_max_ms": slowest_ttft_ms(results)}
         profile["pass"] |= {"errors": metrics.errors, "rate_hz": args.profile_rate}
     return profiles
+
+
+def requests_at(args: argparse.Namespace, concurrency: int) -> int:
+    """The level's measured requests: its own from --requests, the one given for all, or the default."""
+    if not args.requests:
+        return max(16, 4 * concurrency)
+    if len(args.requests) == 1:
+        return int(args.requests[0])
+    return int(args.requests[args.concurrency.index(concurrency)])
+
+
+def slowest_ttft_ms(results: list[RequestResult]) -> float | None:
+    """The longest time to first token of a pass (a stall shows here before it shows in a percentile)."""
+    ttfts = [r.ttft_s for r in results if r.ttft_s is not None]
+    return round(max(ttfts) * 1000, 1) if ttfts else None
 
 
 def with_python_names(snap: Snapshot, py_spy: str | None) -> Snapshot:
@@ -231,7 +247,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add = parser.add_argument
     add("--concurrency", type=int_list, default=[1, 32], help="concurrency levels (default 1,32)")
-    add("--requests", type=int, default=0, help="measured requests per level (default max(16, 4 x level))")
+    add(
+        "--requests",
+        type=int_list,
+        default=[],
+        help="measured requests per level: one number for all, or one per level (default max(16, 4 x level))",
+    )
     add("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
     add("--idle-max-s", type=float, default=60.0, help="longest idle baseline, in s (default 60)")
     add("--profile", action="store_true", help="record py-spy profiles of " + ", ".join(PROFILED))
@@ -244,6 +265,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Start the stack, measure each level, print the table and write JSON and Markdown."""
     args = parse_args(argv)
+    if len(args.requests) not in (0, 1, len(args.concurrency)):
+        print("error: --requests takes one number, or one per concurrency level", file=sys.stderr)
+        return 2
     args.log_dir = args.output.with_suffix("")  # logs and profiles beside the JSON
     args.log_dir.mkdir(parents=True, exist_ok=True)
     args.py_spy = py_spy_path()

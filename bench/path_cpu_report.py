@@ -126,7 +126,8 @@ def describe(level: LevelCpu) -> str:
     done = max(load.requests - load.errors, 1)
     stack = [group for group in level.groups if group.kind not in NOT_THE_STACK]
     idle = sum(group.idle_s for group in stack)
-    waited = sum(group.net_waited_s for group in stack)
+    # Not net of the idle baseline: the wait depends on what else runs then, not on background work.
+    waited = sum(group.level_waited_s for group in stack)
     busy = level.machine_busy_s / level.machine_all_s * 100 if level.machine_all_s else 0.0
     return (
         f"- c={load.concurrency}: {load.requests} requests ({load.errors} failed) in {load.wall_s:.1f} s, "
@@ -150,7 +151,8 @@ def profile_summary(levels: list[LevelCpu], count: int = 10) -> str:
             run = profile["pass"]
             lines.append(
                 f"`{profile['file']}`: {profile['samples']} samples at {run['rate_hz']} Hz over "
-                f"{run['wall_s']:.1f} s (TTFT p50 {cell(run['ttft_p50_ms'], 1)} ms in this pass)\n"
+                f"{run['wall_s']:.1f} s (in this pass TTFT p50 {cell(run['ttft_p50_ms'], 1)} ms, p99 "
+                f"{cell(run['ttft_p99_ms'], 1)} ms, max {cell(run['ttft_max_ms'], 1)} ms)\n"
             )
             lines.append("| self samples | share | frame |\n|---:|---:|---|")
             for frame in profile["top_self_frames"][:count]:
