@@ -21,9 +21,9 @@ from pathlib import Path
 STOP_TIMEOUT_S = 30.0
 MISSING = (
     "py-spy was not found (next to this Python or on PATH), so no profiles are recorded and Python "
-    'threads go by their kernel name (all "python"); the CPU accounting goes on. Install it into this '
-    "environment with `uv pip install py-spy` (or sync the project's bench dependency group once it "
-    "lists py-spy), then run again with --profile."
+    'threads go by their kernel name (all "python"); the CPU accounting goes on. py-spy is in the '
+    "project's bench dependency group: `make install-bench` (or `uv pip install py-spy`), then "
+    "run again."
 )
 THREAD_FRAME = re.compile(r"^(?:thread|process) \(?(0x[0-9a-fA-F]+|\d+)\)?")
 LINE_NUMBER = re.compile(r":\d+\)$")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from cpu_accounting import ENDED_THREADS, LevelLoad, cpu_deltas, group_cpu, per_chunk_us, per_request_ms
@@ -26,7 +28,7 @@ from proc_cpu import (
     snapshot,
     thread_group,
 )
-from pyspy_profile import parse_thread_names, samples_by_thread, top_self_frames
+from pyspy_profile import parse_thread_names, py_spy_path, samples_by_thread, top_self_frames
 
 
 def stat_line(pid: int, comm: str, ppid: int, utime: int, stime: int) -> str:
@@ -237,3 +239,13 @@ def test_runs_on_a_core_and_waits_for_one_are_charged_net_of_the_idle_baseline()
     assert "| **front door** | 9.80 | 1089 | 1.00 |" in table
     assert "| **stack total** (all but the load generator) | 9.80 | 1089 | 1.00 |" in table
     assert "waited 5.0 ms per request for a core" in table  # not net of the idle baseline
+
+
+def test_without_py_spy_beside_python_or_on_the_path_there_is_none_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert py_spy_path() is None
+    (tmp_path / "py-spy").write_text("")
+    assert py_spy_path() == str(tmp_path / "py-spy")
