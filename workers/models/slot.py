@@ -298,13 +298,13 @@ async def _start_and_bind(
     engine: Engine, host: TritonHost, name: str, *, warm_structured_output: bool = False
 ) -> EngineCallable:
     """Start the engine while Triton binds it (about 2 s of Triton's own work, done in parallel);
-    with `warm_structured_output`, the engine's first constrained answer is made meanwhile too.
+    with `warm_structured_output`, the engine's first constrained answer is made once both are done.
 
     Whatever fails, nothing is left behind: a bound model is unbound and the engine stopped. A
     cancelled load (the worker is stopping) waits for both to finish before cleaning up, since
     neither thread can be interrupted.
     """
-    starting = asyncio.ensure_future(_started(engine, warm_structured_output=warm_structured_output))
+    starting = asyncio.ensure_future(engine.start())
     binding = asyncio.ensure_future(asyncio.to_thread(host.bind, name, engine))
     both = asyncio.gather(starting, binding, return_exceptions=True)
     try:
@@ -320,13 +320,10 @@ async def _start_and_bind(
         assert isinstance(error, BaseException)
         raise error
     assert isinstance(bound, EngineCallable)
-    return bound
-
-
-async def _started(engine: Engine, *, warm_structured_output: bool) -> None:
-    await engine.start()
     if warm_structured_output:
-        await warm_structured_output_of(engine)
+        # On the engine's loop: vLLM's output task lives on the loop its first request ran on.
+        await asyncio.wrap_future(bound.on_engine_loop(lambda: warm_structured_output_of(engine)))
+    return bound
 
 
 # A constrained answer of one token: it makes the engine set its structured-output backend up.
