@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router gpu-check clean
 
 VENV := .venv/bin
 
@@ -50,6 +50,14 @@ bench-cold: install-bench
 
 bench-scale: install-bench
 	$(VENV)/python bench/scale.py
+
+# Where the path's CPU goes: per process and thread, per request and per streamed chunk, with profiles.
+bench-cpu: install-bench
+	$(VENV)/python bench/path_cpu.py --profile
+
+# What a router pipeline's choice adds to the time to first token, against calling the target directly.
+bench-router: install-bench
+	$(VENV)/python bench/router_model.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench
