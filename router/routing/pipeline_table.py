@@ -16,7 +16,6 @@ does not fit this front door's config (written by one with other models) is left
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Collection, Mapping
@@ -25,8 +24,9 @@ from typing import Any, Literal
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import WatchError
 
+from router.routing.table import poll_version
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard import keys
 from switchboard.model_pipelines import PipelineConfig, PipelineError, check_pipelines, leads_to
@@ -38,8 +38,6 @@ logger = logging.getLogger(__name__)
 # A Redis outage fails every poll: a line now and then, not two a second.
 _poll_failures = SummarizedLog(logger)
 
-# How often the pipelines' version is polled: how long a change takes to reach every front door.
-POLL_S = 0.5
 # A change retried this many times while other front doors change pipelines under it.
 WRITE_TRIES = 5
 
@@ -224,16 +222,12 @@ class PipelineTable:
                 return kept, reasons
 
     async def _poll(self) -> None:
-        while True:
-            try:
-                await self.refresh()
-            except RedisError as exc:
-                _poll_failures.event(
-                    "pipelines_unread",
-                    "could not read the pipelines set through the admin API (the last ones read still apply)",
-                    error=str(exc) or type(exc).__name__,
-                )
-            await asyncio.sleep(POLL_S)
+        await poll_version(
+            self.refresh,
+            _poll_failures,
+            "pipelines_unread",
+            "could not read the pipelines set through the admin API (the last ones read still apply)",
+        )
 
 
 def _merged(

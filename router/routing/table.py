@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -80,18 +80,27 @@ class RouteTable:
             tasks.start(self._poll(), "route weights")
 
     async def _poll(self) -> None:
-        while True:
-            try:
-                await self.refresh()
-            except RedisError as exc:
-                _poll_failures.event(
-                    "routes_unread",
-                    "could not read the routes' weights (the last ones read still apply)",
-                    error=str(exc) or type(exc).__name__,
-                )
-            await asyncio.sleep(POLL_S)
+        await poll_version(
+            self.refresh,
+            _poll_failures,
+            "routes_unread",
+            "could not read the routes' weights (the last ones read still apply)",
+        )
 
 
 def _configured(name: str, config: RouteConfig) -> Route:
     targets = tuple(config.targets)
     return Route(name=name, targets=targets, weights=checked_weights(targets, config.targets))
+
+
+async def poll_version(
+    refresh: Callable[[], Awaitable[None]], failures: SummarizedLog, event: str, message: str
+) -> None:
+    """Call `refresh` every POLL_S until cancelled; a Redis outage fails every poll, so it is told
+    now and then (`failures`), not twice a second, while the last state read still applies."""
+    while True:
+        try:
+            await refresh()
+        except RedisError as exc:
+            failures.event(event, message, error=str(exc) or type(exc).__name__)
+        await asyncio.sleep(POLL_S)
