@@ -9,7 +9,19 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.support.stack import MODEL, Stack
+from tests.support.stack import (
+    BROKEN_ROUTER_PIPELINE,
+    BROKEN_VERSION,
+    CASCADE_PIPELINE,
+    COLD_VERSION,
+    MODEL,
+    PIPELINE,
+    ROUTE,
+    ROUTER_PIPELINE,
+    SECOND_VERSION,
+    WARM_ROUTER_PIPELINE,
+    Stack,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -159,7 +171,10 @@ def test_prompt_longer_than_the_model_takes_is_a_400(client: OpenAI) -> None:
 def test_models_and_health_endpoints(client: OpenAI, stack: Stack) -> None:
     models = client.models.list()
     # The demo model, two more versions of it, the route over them and a pipeline (tests/e2e/conftest.py).
-    assert [m.id for m in models.data] == [MODEL, "tiny-v2", "tiny-broken", "tiny-chat", "tiny-resilient"]
+    # Models first, in the config's order, then routes, then pipelines (tests/e2e/conftest.py).
+    models_first = [MODEL, SECOND_VERSION, BROKEN_VERSION, COLD_VERSION, ROUTE]
+    pipelines = [PIPELINE, ROUTER_PIPELINE, WARM_ROUTER_PIPELINE, BROKEN_ROUTER_PIPELINE, CASCADE_PIPELINE]
+    assert [m.id for m in models.data] == models_first + pipelines
     assert httpx.get(f"{stack.base_url}/healthz", timeout=10).json()["status"] == "ok"
     ready = httpx.get(f"{stack.base_url}/readyz", timeout=10)
     assert ready.status_code == 200
