@@ -35,6 +35,7 @@ from servers import (
     run_switchboard,
     run_vllm,
 )
+from tables import fmt, print_aligned
 from trace_breakdown import breakdown, format_breakdown, is_request, read_traces
 
 from switchboard.config import WorkerConfig
@@ -125,11 +126,6 @@ def summarize_runs(runs: list[dict[str, Any]], levels: list[int]) -> list[dict[s
     return rows
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
-    """A number for the table, or a dash when there is none."""
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def print_table(rows: list[dict[str, Any]], runs: list[dict[str, Any]], stream_interval: int) -> None:
     """The summary: medians over rounds, Switchboard (SB) against each baseline, ratio = SB / baseline."""
     titles = {"vllm": "vLLM's server, default (1 token per chunk)"}
@@ -166,11 +162,7 @@ def print_comparison(rows: list[dict[str, Any]], baseline: str) -> None:
         sb_bad = row["switchboard_errors"] + row["switchboard_token_mismatches"]
         cells.append(f"{sb_bad} / {row[f'{baseline}_errors'] + row[f'{baseline}_token_mismatches']}")
         lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    for i, line in enumerate(lines):
-        print(" | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
-        if i == 0:
-            print("-+-".join("-" * width for width in widths))
+    print_aligned(lines)
 
 
 def traced_breakdown(

@@ -32,6 +32,7 @@ from typing import Any
 from loadgen import PROMPT, REQUEST_TIMEOUT_S, percentile
 from openai import AsyncOpenAI
 from servers import READY_TIMEOUT_S, StartupError, add_model_and_output_args, run_stack
+from tables import fmt, print_aligned
 
 from switchboard.local.demo_model import build_demo_model, config_entry
 from switchboard.local.launcher import LauncherError
@@ -172,10 +173,6 @@ def added(level: Level, quantile: str) -> tuple[float | None, float | None]:
     return round(routed - direct, 2), round(routed / direct, 3) if direct else None
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def print_table(levels: list[Level]) -> None:
     """Direct against routed, per level: TTFT p50 and p99, the added ms and the ratio."""
     head = ["conc", "TTFT p50 ms direct / routed", "added p50 ms (ratio)", "TTFT p99 ms direct / routed"]
@@ -189,11 +186,7 @@ def print_table(levels: list[Level]) -> None:
             cells += [f"{fmt(direct)} / {fmt(routed)}", f"{fmt(extra)} ({fmt(ratio, 2)})"]
         cells.append(f"{level.errors['direct']} / {level.errors['routed']}")
         lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    for i, line in enumerate(lines):
-        print(" | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
-        if i == 0:
-            print("-+-".join("-" * width for width in widths))
+    print_aligned(lines)
     for level in levels:
         print(f"concurrency {level.concurrency}: routed requests' headers: {level.routed_headers}")
         served = level.routed_headers.get(f"{SERVED_HEADER}={TARGET}", 0)

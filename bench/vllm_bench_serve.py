@@ -30,6 +30,7 @@ from servers import (
     run_switchboard,
     run_vllm,
 )
+from tables import fmt, print_aligned
 
 from switchboard.local.demo_model import build_demo_model
 
@@ -111,11 +112,6 @@ def describe(result: dict[str, Any]) -> str:
     return f"{result['completed']} completed, {result['failed']} failed; {shown}"
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
-    """A number for the table, or a dash when there is none."""
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per endpoint: the median over rounds of each metric per system, failures summed, and SB / vLLM."""
     rows = []
@@ -146,11 +142,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             cells.append(f"{fmt(sb)} / {fmt(base)} / {fmt(ratio, 2)}")
         cells.append(f"{row['switchboard_failed']} / {row['vllm_failed']}")
         lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    for i, line in enumerate(lines):
-        print(" | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
-        if i == 0:
-            print("-+-".join("-" * width for width in widths))
+    print_aligned(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
