@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from pytriton.proxy.types import Request
 
 import workers.main
 import workers.models.slot
@@ -182,7 +183,7 @@ class InProcessJobClient:
     async def stream(self, job_payload: bytes) -> AsyncGenerator[bytes, None]:
         """Send an encoded job; yield each encoded chunk the model returns, in order."""
         callable_ = self._host.callable_for(self.model_name)
-        request = {JOB_INPUT: np.array([job_payload], dtype=np.object_)}
+        request = Request(data={JOB_INPUT: np.array([job_payload], dtype=np.object_)})
         responses = callable_([request])
         try:
             async for (response,) in responses:

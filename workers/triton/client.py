@@ -2,11 +2,13 @@
 
 Opening a gRPC stream per job (as Triton's own asyncio client does) cost about 0.8 ms of every
 job's first chunk on a small CPU machine, and CPU at every job in the worker and in Triton. One
-long-lived bidirectional stream per model carries every job's request instead; Triton's responses
-come back on it tagged with their request's id and are handed to the job that waits for them, and
-Triton marks each request's last response (`triton_enable_empty_final_response`). The client
-knows the model's one input and one output, so it also skips the readiness and configuration
-questions that Triton's client asks before every request.
+long-lived bidirectional stream per model carries every job's request instead. The first request on
+it opens the model's output stream (`workers.triton.output_stream`): every job's chunks come back
+on that one request's responses, many jobs' per response, tagged with their job's request, and a
+job's last chunk says so. A job's own request lasts as long as the job and only an error comes
+back on it (Triton marks its end with an empty final response, `triton_enable_empty_final_response`).
+The client knows the model's one input and one output, so it also skips the readiness and
+configuration questions that Triton's client asks before every request.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT
+from workers.triton.output_stream import OPEN_OUTPUT, STREAM_PARAMETER, TAG_PARAMETER, posted_batch_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,11 @@ MAX_MESSAGE_BYTES = 2**31 - 1
 
 # The end of a job's responses, as the stream's reader hands it to the job.
 _END = None
+# The request id of the output stream's request (jobs' requests are numbered).
+_OUTPUT_ID = "output"
+# How long a job whose request has ended may still wait for its last chunk (it is on its way on the
+# output stream, which Triton need not deliver after the request's end).
+LAST_CHUNK_GRACE_S = 5.0
 
 
 class TritonStreamError(RuntimeError):
@@ -52,9 +60,11 @@ class TritonJobClient:
             ],
         )
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        self._request_ids = (str(n) for n in itertools.count())
-        # Each waiting job's inbox: its chunks, then _END or the error that ended it.
-        self._inboxes: dict[str, asyncio.Queue[bytes | BaseException | None]] = {}
+        self._tags = itertools.count()
+        self._streams = itertools.count()
+        self._stream = -1  # the number of the gRPC stream open now
+        # Each waiting job's inbox, by its request's tag: its chunks, then _END or the error that ended it.
+        self._inboxes: dict[int, asyncio.Queue[bytes | BaseException | None]] = {}
         self._outbox: asyncio.Queue[service_pb2.ModelInferRequest] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
@@ -63,19 +73,21 @@ class TritonJobClient:
         """Send an encoded job; yield each encoded chunk the model returns, in order."""
         if self._closed:
             raise TritonStreamError(f"the client of {self.model_name} is closed")
-        request_id = next(self._request_ids)
+        tag = next(self._tags)
         inbox: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
-        self._inboxes[request_id] = inbox
+        self._inboxes[tag] = inbox
         try:
             self._open()
-            self._outbox.put_nowait(_infer_request(self.model_name, request_id, job_payload))
+            self._outbox.put_nowait(
+                _infer_request(self.model_name, str(tag), job_payload, stream=self._stream, tag=tag)
+            )
             while (item := await inbox.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
             # Whatever still comes for a job left early is dropped by the reader.
-            self._inboxes.pop(request_id, None)
+            self._inboxes.pop(tag, None)
 
     async def close(self) -> None:
         """End the stream and close the channel; jobs still waiting end with an error."""
@@ -89,6 +101,10 @@ class TritonJobClient:
         """Start the stream and its reader, unless they run; a stream that ended is opened anew."""
         if self._reader is None:
             self._outbox = asyncio.Queue()
+            self._stream = next(self._streams)
+            self._outbox.put_nowait(
+                _infer_request(self.model_name, _OUTPUT_ID, OPEN_OUTPUT, stream=self._stream)
+            )
             self._reader = asyncio.create_task(
                 self._read(self._outbox), name=f"triton-stream-{self.model_name}"
             )
@@ -98,7 +114,10 @@ class TritonJobClient:
         try:
             call = self._stub.ModelStreamInfer(_sent(outbox))
             async for response in call:
-                self._route(response)
+                if response.infer_response.id == _OUTPUT_ID:
+                    self._deliver(response)
+                else:
+                    self._note_job_response(response)
             ended = TritonStreamError(f"Triton ended the stream of {self.model_name}")
         except asyncio.CancelledError:
             ended = TritonStreamError(f"the stream of {self.model_name} was closed")
@@ -112,22 +131,46 @@ class TritonJobClient:
             for inbox in self._inboxes.values():
                 inbox.put_nowait(ended)
 
-    def _route(self, response: service_pb2.ModelStreamInferResponse) -> None:
+    def _deliver(self, response: service_pb2.ModelStreamInferResponse) -> None:
+        """Hand each chunk of an output stream's response to its job; the job's last ends it."""
+        if response.error_message:
+            raise TritonStreamError(
+                f"the output stream of {self.model_name} failed: {response.error_message}"
+            )
         result = response.infer_response
-        inbox = self._inboxes.get(result.id)
+        if not result.raw_output_contents:  # its final response: the model is being unbound
+            raise TritonStreamError(f"the output stream of {self.model_name} ended")
+        for posted in posted_batch_decoder.decode(_only_element(result.raw_output_contents[0])):
+            inbox = self._inboxes.get(posted.tag)
+            if inbox is None:
+                continue  # its job has stopped reading
+            inbox.put_nowait(posted.chunk)
+            if posted.last:
+                inbox.put_nowait(_END)
+                self._inboxes.pop(posted.tag, None)
+
+    def _note_job_response(self, response: service_pb2.ModelStreamInferResponse) -> None:
+        """A job's own request answers only an error, or its end; the chunks come on the output stream."""
+        tag = int(response.infer_response.id)
+        inbox = self._inboxes.get(tag)
         if inbox is None:
-            return  # its job has stopped reading
+            return  # its job has ended, or stopped reading
         if response.error_message:
             # Triton's error responses carry no final flag: the error ends the job.
             inbox.put_nowait(TritonStreamError(response.error_message))
-            self._inboxes.pop(result.id, None)
+            self._inboxes.pop(tag, None)
             return
-        if result.raw_output_contents:  # the last response of a decoupled request may be empty
-            inbox.put_nowait(_only_element(result.raw_output_contents[0]))
-        final = result.parameters.get("triton_final_response")
+        final = response.infer_response.parameters.get("triton_final_response")
         if final is not None and final.bool_param:
-            inbox.put_nowait(_END)
-            self._inboxes.pop(result.id, None)
+            # Its last chunk may still be on its way; a job whose last chunk never comes fails.
+            asyncio.get_running_loop().call_later(LAST_CHUNK_GRACE_S, self._end_unfinished, tag, inbox)
+
+    def _end_unfinished(self, tag: int, inbox: asyncio.Queue[bytes | BaseException | None]) -> None:
+        if self._inboxes.get(tag) is inbox:
+            self._inboxes.pop(tag, None)
+            inbox.put_nowait(
+                TritonStreamError(f"a job's request on {self.model_name} ended without its last chunk")
+            )
 
 
 async def _sent(
@@ -137,8 +180,13 @@ async def _sent(
         yield await outbox.get()
 
 
-def _infer_request(model_name: str, request_id: str, payload: bytes) -> service_pb2.ModelInferRequest:
+def _infer_request(
+    model_name: str, request_id: str, payload: bytes, *, stream: int, tag: int | None = None
+) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    request.parameters[STREAM_PARAMETER].int64_param = stream
+    if tag is not None:
+        request.parameters[TAG_PARAMETER].int64_param = tag
     job_input = request.inputs.add()
     job_input.name = JOB_INPUT
     job_input.datatype = "BYTES"

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 import numpy.typing as npt
+from pytriton.proxy.types import Request
 
 from switchboard.config import WorkerConfig
 from switchboard.wire import Chunk, Job, JobError, Usage, encode
@@ -25,6 +26,13 @@ from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequ
 from workers.triton.coalesce import DeltaInbox, coalesce
 from workers.triton.fan_in import fan_in
 from workers.triton.observer import EngineObserver
+from workers.triton.output_stream import (
+    OPEN_OUTPUT,
+    STREAM_PARAMETER,
+    TAG_PARAMETER,
+    OutputStreams,
+    posted_batch_encoder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -117,15 +125,20 @@ class CoalescingPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EngineCallable:
-    """Triton infer function: one request in, a stream of coalesced chunks out.
+    """Triton infer function: one job per request, its coalesced chunks out on the model's output stream.
 
-    The engine is driven from PyTriton's own event loop (the thread that calls this), so deltas
-    reach the coalescer without crossing threads; `abort` is the only way in from elsewhere.
+    A request tagged by the worker's client (`TAG_PARAMETER`) lasts as long as its job and posts
+    the job's chunks to the model's output stream (`workers.triton.output_stream`), which the one
+    request that opened it (`OPEN_OUTPUT`) answers; an untagged request, as any Triton client sends
+    it, gets its chunks as its own responses. The engine is driven from PyTriton's own event loop
+    (the thread that calls this), so deltas reach the coalescer without crossing threads; `abort`
+    is the only way in from elsewhere.
     """
 
     def __init__(self, engine: Engine, policy: CoalescingPolicy) -> None:
         self._engine = engine
         self._policy = policy
+        self._outputs = OutputStreams(gap_s=policy.min_window_s)
         self._streams = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         # The engine's request ids of each running job (one per prompt), for abort.
@@ -134,13 +147,36 @@ class EngineCallable:
         # its client is still there): they end as they arrive, without reaching the engine.
         self._aborted_early: OrderedDict[str, None] = OrderedDict()
 
-    async def __call__(self, requests: list[object]) -> AsyncIterator[Responses]:
-        """Decoupled inference: yields one response per coalesced chunk, the last one final."""
+    async def __call__(self, requests: list[Request]) -> AsyncIterator[Responses]:
+        """Decoupled inference: a job's chunks (as responses, or posted to the output stream), or
+        the output stream's batches."""
         (request,) = requests  # batching is off for decoupled models: one request per call
-        job = engine_job_decoder.decode(request[JOB_INPUT][0])  # type: ignore[index]
+        payload = request[JOB_INPUT][0]
+        parameters = request.parameters or {}
+        if payload == OPEN_OUTPUT:
+            async for batch in self._outputs.of(int(parameters[STREAM_PARAMETER])).listen():
+                yield _response(posted_batch_encoder.encode(batch))
+            return
+        job = engine_job_decoder.decode(payload)  # type: ignore[arg-type]
+        tag = parameters.get(TAG_PARAMETER)
+        if tag is None:
+            async for chunk, _ in self._chunks(job):
+                yield _response(chunk)
+            return
+        output = self._outputs.of(int(parameters[STREAM_PARAMETER]))
+        first = True
+        async for chunk, last in self._chunks(job):
+            output.post(int(tag), chunk, last=last, urgent=first)
+            first = False
+
+    async def _chunks(self, job: EngineJob) -> AsyncIterator[tuple[bytes, bool]]:
+        """The job's encoded chunks, coalesced, each with whether it is the last (usage, or an error)."""
         if job.id in self._aborted_early:
             del self._aborted_early[job.id]
-            yield _response(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=0, completion_tokens=0)))
+            yield (
+                encode(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=0, completion_tokens=0))),
+                True,
+            )
             return
         inbox = DeltaInbox()
         requests_ = engine_requests(job)
@@ -153,15 +189,15 @@ class EngineCallable:
             async for deltas in coalesce(inbox, self._window_s):
                 for delta in deltas:
                     observer.sent()
-                    yield _response(chunk_for(delta))
+                    yield encode(chunk_for(delta)), delta.last
         except InvalidEngineRequest as exc:
             error = JobError(code="invalid_request", message=str(exc), param=exc.param, client_code=exc.code)
-            yield _response(Chunk(error=error))
+            yield encode(Chunk(error=error)), True
         except Exception:
             logger.exception("generation failed", extra={"job_id": job.id, "model": job.model})
             # The reason goes to the log; the client gets the job's id to quote.
             message = f"The engine failed while generating (job {job.id}); the worker's log has the reason."
-            yield _response(Chunk(error=JobError(code="engine_error", message=message)))
+            yield encode(Chunk(error=JobError(code="engine_error", message=message))), True
         finally:
             self._streams -= 1
             self._running.pop(job.id, None)
@@ -208,11 +244,17 @@ class EngineCallable:
             self._aborted_early.popitem(last=False)
 
     async def stop_engine(self) -> None:
-        """Stop the engine on the loop that drives it (or here, if it was never bound)."""
-        if self._loop is None or self._loop.is_closed():
+        """Stop the engine on the loop that drives it (or here, if it was never bound), and end the
+        output stream's request: Triton waits for every request in flight before it unloads a model."""
+
+        async def stop() -> None:
             await self._engine.stop()
+            self._outputs.close()
+
+        if self._loop is None or self._loop.is_closed():
+            await stop()
             return
-        await asyncio.wrap_future(self.on_engine_loop(self._engine.stop))
+        await asyncio.wrap_future(self.on_engine_loop(stop))
 
     def _window_s(self) -> float:
         return self._policy.window_s(self._streams)
@@ -236,5 +278,5 @@ class EngineCallable:
             inbox.put_nowait(exc)
 
 
-def _response(chunk: Chunk) -> Responses:
-    return [{CHUNK_OUTPUT: np.array([encode(chunk)], dtype=np.object_)}]
+def _response(chunk: bytes) -> Responses:
+    return [{CHUNK_OUTPUT: np.array([chunk], dtype=np.object_)}]

@@ -6,6 +6,7 @@ import asyncio
 
 import msgspec
 import numpy as np
+from pytriton.proxy.types import Request
 
 from switchboard.wire import Chunk, chunk_decoder, encode
 from tests.support.jobs import make_job
@@ -25,7 +26,7 @@ async def run(callable_: EngineCallable, prompt: str, job_id: str | None = None)
     job = make_job("scripted", prompt)
     if job_id is not None:
         job = msgspec.structs.replace(job, id=job_id)
-    request = {JOB_INPUT: np.array([encode(job)], dtype=np.object_)}
+    request = Request(data={JOB_INPUT: np.array([encode(job)], dtype=np.object_)})
     chunks = [chunk_decoder.decode(bytes(r[0][CHUNK_OUTPUT][0])) async for r in callable_([request])]
     return job.id, chunks
 
