@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton gpu-check clean
 
 VENV := .venv/bin
 
@@ -54,6 +54,10 @@ bench-scale: install-bench
 # Where the path's CPU goes: per process and thread, per request and per streamed chunk, with profiles.
 bench-cpu: install-bench
 	$(VENV)/python bench/path_cpu.py --profile
+
+# What the hop through the worker's Triton costs, against calling the same Triton model in process.
+bench-triton: install-bench
+	$(VENV)/python bench/triton_hop.py
 
 # What a router pipeline's choice adds to the time to first token, against calling the target directly.
 bench-router: install-bench

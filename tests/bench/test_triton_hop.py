@@ -1,0 +1,35 @@
+"""The Triton-hop benchmark's own pieces: its paced engine, a level measured in process, the table."""
+
+from __future__ import annotations
+
+import argparse
+
+from triton_hop import DEFAULT_POLICY, Level, PacedEngine, direct, table
+
+from switchboard.wire import SamplingParams
+from workers.engines.base import EngineRequest
+
+
+async def test_the_paced_engine_streams_the_tokens_asked_for_and_marks_the_last() -> None:
+    engine = PacedEngine(token_s=0.0)
+    request = EngineRequest(request_id="r", sampling=SamplingParams(max_tokens=4), prompt="x")
+    deltas = [delta async for delta in engine.generate(request)]
+    assert [d.text for d in deltas] == ["t0 ", "t1 ", "t2 ", "t3 "]
+    assert [d.last for d in deltas] == [False, False, False, True]
+    assert deltas[-1].completion_tokens == 4 and deltas[-1].finish_reason == "length"
+
+
+async def test_levels_in_process_count_every_job_and_chunk() -> None:
+    args = argparse.Namespace(streams=[4], tokens=8, token_s=0.001, jobs_per_stream=2, single_jobs=5)
+    single, loaded = await direct(args, DEFAULT_POLICY)
+    assert (single.streams, single.jobs, single.chunks) == (1, 5, 5)
+    assert (loaded.streams, loaded.jobs) == (4, 8)
+    assert 8 <= loaded.chunks <= 64, "coalesced: at least a chunk per job, at most one per token"
+    assert loaded.end_ms_p50 >= loaded.first_ms_p50 > 0
+
+
+def test_the_table_puts_the_ratio_under_each_level() -> None:
+    hop = Level("Triton", 8, 10, 100, 4.0, 40.0, 6.0, 600.0)
+    base = Level("direct", 8, 10, 100, 2.0, 20.0, 2.0, 200.0)
+    lines = table([hop], [base])
+    assert lines[-1][:6] == ["8", "Triton / direct", "2.00x", "2.00x", "3.00x", "3.00x"]
