@@ -111,6 +111,7 @@ class TritonJobClient:
 
     async def _read(self, outbox: asyncio.Queue[service_pb2.ModelInferRequest]) -> None:
         ended: BaseException
+        call = None
         try:
             call = self._stub.ModelStreamInfer(_sent(outbox))
             async for response in call:
@@ -127,6 +128,8 @@ class TritonJobClient:
             ended = TritonStreamError(f"the Triton stream of {self.model_name} failed: {exc}")
         finally:
             # Every job sent on this stream, or waiting to be, ends; the next job opens a new one.
+            if call is not None:
+                call.cancel()
             self._reader = None
             for inbox in self._inboxes.values():
                 inbox.put_nowait(ended)
@@ -151,19 +154,21 @@ class TritonJobClient:
 
     def _note_job_response(self, response: service_pb2.ModelStreamInferResponse) -> None:
         """A job's own request answers only an error, or its end; the chunks come on the output stream."""
-        tag = int(response.infer_response.id)
-        inbox = self._inboxes.get(tag)
+        request_id = response.infer_response.id
+        inbox = self._inboxes.get(int(request_id)) if request_id.isdigit() else None
         if inbox is None:
             return  # its job has ended, or stopped reading
         if response.error_message:
             # Triton's error responses carry no final flag: the error ends the job.
             inbox.put_nowait(TritonStreamError(response.error_message))
-            self._inboxes.pop(tag, None)
+            self._inboxes.pop(int(request_id), None)
             return
         final = response.infer_response.parameters.get("triton_final_response")
         if final is not None and final.bool_param:
             # Its last chunk may still be on its way; a job whose last chunk never comes fails.
-            asyncio.get_running_loop().call_later(LAST_CHUNK_GRACE_S, self._end_unfinished, tag, inbox)
+            asyncio.get_running_loop().call_later(
+                LAST_CHUNK_GRACE_S, self._end_unfinished, int(request_id), inbox
+            )
 
     def _end_unfinished(self, tag: int, inbox: asyncio.Queue[bytes | BaseException | None]) -> None:
         if self._inboxes.get(tag) is inbox:

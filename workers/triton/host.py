@@ -92,6 +92,8 @@ class TritonHost:
         self._shm: ShmRegions | None = None
         # Models being unbound in the background: the thread, and the old stub's data socket.
         self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
+        # The Triton model of each bound model: their output streams end before Triton stops.
+        self._bound: dict[str, EngineCallable] = {}
         # start() runs in a thread that a worker stopping early cannot interrupt: stop() marks the
         # host closed and waits for a start in progress, which then stops what it started.
         self._lifecycle = threading.Lock()
@@ -173,6 +175,7 @@ class TritonHost:
         # PyTriton drives the callable from one event loop thread per bound model; the engine is
         # driven from that same loop, so it is handed over explicitly here.
         callable_.attach_loop(self._handler_loop(name))
+        self._bound[name] = callable_
         return callable_
 
     def unbind(self, model: str) -> None:
@@ -182,6 +185,9 @@ class TritonHost:
         waits for that but a later bind of the same name (and `stop`).
         """
         name = triton_model_name(model)
+        callable_ = self._bound.pop(name, None)
+        if callable_ is not None:
+            callable_.end_output_streams()
         bound = self._running()._model_manager._models.pop((name.lower(), 1), None)  # (name, version)
         if bound is None:
             return
@@ -269,6 +275,11 @@ class TritonHost:
         for unbinding, _ in list(self._unbinding.values()):
             unbinding.join(UNLOAD_TIMEOUT_S)
         self._unbinding.clear()
+        # A model still bound (its unload failed or timed out) keeps its output stream's request
+        # open, which Triton would wait for until its own timeout.
+        for callable_ in self._bound.values():
+            callable_.end_output_streams()
+        self._bound.clear()
         if self._triton is not None:
             self._triton.stop()
             self._triton = None

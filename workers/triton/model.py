@@ -256,6 +256,13 @@ class EngineCallable:
             return
         await asyncio.wrap_future(self.on_engine_loop(stop))
 
+    def end_output_streams(self) -> None:
+        """End the output streams' requests, from any thread (the model is being unbound)."""
+        if self._loop is None or self._loop.is_closed():
+            self._outputs.close()
+            return
+        self._loop.call_soon_threadsafe(self._outputs.close)
+
     def _window_s(self) -> float:
         return self._policy.window_s(self._streams)
 
