@@ -204,8 +204,15 @@ def test_a_killed_front_doors_clients_resume_elsewhere_and_its_other_jobs_end(
         # Nothing of these requests stays but what expires by design: the abandoned jobs' result
         # streams and the resume counter (RESULT_TTL_S), and A's in-flight slots, which nobody
         # released, until their deadline plus SLOT_GRACE_S (allowed with that expiry, not waited for).
+        # The abandoned jobs' records, which no front door stepped away from, live until their
+        # deadline plus RESULT_TTL_S: allowed with that expiry too (a fast run ends before those
+        # deadlines pass).
         census = stack.wait_until(
-            lambda: clean(stack.redis_url, slots_expire_within_s=REQUEST_TIMEOUT_S + keys.SLOT_GRACE_S),
+            lambda: clean(
+                stack.redis_url,
+                slots_expire_within_s=REQUEST_TIMEOUT_S + keys.SLOT_GRACE_S,
+                deadlines_within_s=REQUEST_TIMEOUT_S,
+            ),
             timeout_s=30,
             what="no stray keys",
         )

@@ -119,11 +119,15 @@ def family_of(key: str) -> str | None:
 SLOTS = {"in flight", "key in flight"}
 
 
-def take_census(redis_url: str, slots_expire_within_s: float | None = None) -> Census:
+def take_census(
+    redis_url: str, slots_expire_within_s: float | None = None, deadlines_within_s: float = 0.0
+) -> Census:
     """Every key under Switchboard's prefix, by family; strays described. With
     `slots_expire_within_s`, admission slots are allowed with an expiry at most that long (those of
     a front door that was killed, which nobody released: they expire at their job's deadline plus
-    `keys.SLOT_GRACE_S`, too long to wait for)."""
+    `keys.SLOT_GRACE_S`, too long to wait for). `deadlines_within_s`: how far the jobs' deadlines
+    may still be; a job record nobody stepped away from lives until its deadline plus
+    `keys.RESULT_TTL_S` (`switchboard.keys.job_record`), so it is allowed that much longer."""
     census = Census()
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         for pattern in keys.all_key_patterns():
@@ -146,6 +150,8 @@ def take_census(redis_url: str, slots_expire_within_s: float | None = None) -> C
                         census.strays.append(f"{key} holds {length} jobs, {pending} pending")
                 elif family in KEPT_WITH_TTL or (family in SLOTS and slots_expire_within_s):
                     longest = KEPT_WITH_TTL.get(family) or slots_expire_within_s or 0
+                    if family == "job record":
+                        longest += deadlines_within_s
                     if not 0 < ttl <= longest:
                         census.strays.append(f"{key} (ttl {ttl})")
                     census.longest_ttl[family] = max(census.longest_ttl.get(family, 0), ttl)
@@ -154,7 +160,9 @@ def take_census(redis_url: str, slots_expire_within_s: float | None = None) -> C
     return census
 
 
-def clean(redis_url: str, slots_expire_within_s: float | None = None) -> Census | None:
+def clean(
+    redis_url: str, slots_expire_within_s: float | None = None, deadlines_within_s: float = 0.0
+) -> Census | None:
     """The census, if it found no stray key (for polling until the strays are gone)."""
-    census = take_census(redis_url, slots_expire_within_s)
+    census = take_census(redis_url, slots_expire_within_s, deadlines_within_s)
     return None if census.strays else census
