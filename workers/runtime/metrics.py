@@ -32,6 +32,14 @@ QUEUE_TIME = Histogram(
     buckets=QUEUE_BUCKETS,
     registry=REGISTRY,
 )
+SLOT_WAIT = Histogram(
+    "switchboard:worker_slot_wait_seconds",
+    "How long a job waited in line while its model was warm on the worker that took it: the wait for "
+    "one of the worker's job slots (its model's share of them), by model.",
+    ["model"],
+    buckets=QUEUE_BUCKETS,
+    registry=REGISTRY,
+)
 COLD_START_WAIT = Histogram(
     "switchboard:request_cold_start_wait_seconds",
     "For a job that waited for its model to load (or wake): from its enqueue until the model was warm, "
