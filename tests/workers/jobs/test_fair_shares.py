@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.metrics import REGISTRY
 from switchboard.wire import Job
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import until
@@ -28,6 +29,7 @@ from tests.support.scripted_engine import ScriptedEngine
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slots import Slots
+from workers.runtime.metrics import SLOTS as SLOT_METRICS
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 
@@ -155,3 +157,29 @@ async def test_a_model_takes_no_more_jobs_than_its_engine_batches(worker: TwoMod
     assert await worker.redis.xlen(stream) - pending == SLOTS - QUIET_BATCH
     answers = await asyncio.gather(*(result(worker.redis, one.id) for one in jobs))
     assert all(chunks[-1].finish_reason == "length" for chunks in answers)
+
+
+async def test_the_metrics_show_each_models_running_and_waiting_jobs_and_their_waits_for_a_slot(
+    worker: TwoModels,
+) -> None:
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    waits_before = sample("switchboard:worker_slot_wait_seconds_count", model=QUIET)
+    waited_before = sample("switchboard:worker_slot_wait_seconds_sum", model=QUIET)
+    jobs = [make_job(QUIET, "slow 10 0.05") for _ in range(QUIET_BATCH + 2)]
+    await submit(worker.redis, *jobs)
+    await until(lambda: running(worker, QUIET) == QUIET_BATCH, 5, "the quiet model runs its batch")
+    worker.slots[QUIET].jobs_waiting = 2  # as the controller's pass leaves it (tests/workers/controller)
+    SLOT_METRICS.add("fair-w1", worker.slots)
+    try:
+        assert sample("switchboard:num_requests_running", model=QUIET, worker="fair-w1") == QUIET_BATCH
+        assert sample("switchboard:worker_jobs_waiting", model=QUIET, worker="fair-w1") == 2
+    finally:
+        SLOT_METRICS.remove("fair-w1")
+        worker.slots[QUIET].jobs_waiting = 0
+    for one in jobs:
+        await result(worker.redis, one.id)
+    # Each job's wait for a slot is measured; the last two waited for the first ones to end (0.5 s).
+    assert sample("switchboard:worker_slot_wait_seconds_count", model=QUIET) == waits_before + len(jobs)
+    assert sample("switchboard:worker_slot_wait_seconds_sum", model=QUIET) - waited_before >= 2 * 0.4
