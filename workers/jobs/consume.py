@@ -225,8 +225,13 @@ class JobConsumer:
             self._slot_freed.clear()
             await _first_of(self._slot_freed, self._slots.changed, timeout_s=BLOCK_MS / 1000)
             return
+        counts = {keys.job_stream(name): count for name, count in allotted.items()}
+        # Models with jobs waiting that take none on this read: their share (or the free slots) is
+        # taken, or their engine's batch is full.
+        held_back = any(d.hungry and d.room > 0 and d.name not in allotted for d in demands)
+        at_batch = any(d.hungry and d.room == 0 for d in demands)
         with self._slots.reading():
-            await self._read_allotted({keys.job_stream(name): count for name, count in allotted.items()})
+            await self._read_allotted(counts, held_back=held_back, at_batch=at_batch)
 
     def _demand_of(self, slot: ModelSlot) -> shares.ModelDemand:
         """What the share policy needs to know of one warm model."""
@@ -263,19 +268,18 @@ class JobConsumer:
         streams = [stream for stream, slot in self._by_stream.items() if slot.name in noted]
         await self._takeover.sweep(streams, running)
 
-    async def _read_allotted(self, counts: dict[str, int]) -> None:
-        """Read the allotted streams: without blocking first if a model may have jobs waiting, then
-        (nothing taken) blocking, briefly if a model with jobs waiting was held back."""
+    async def _read_allotted(self, counts: dict[str, int], *, held_back: bool, at_batch: bool) -> None:
+        """Read the allotted streams: without blocking first if a model read may have jobs waiting,
+        then (nothing taken) blocking, briefly while a model with jobs waiting takes none."""
+        in_turn = held_back and not self._fair  # one pool: the held-back model's turn is the next pass
         try:
-            taken = 0
-            if any(self._by_stream[stream].name in self._hungry for stream in counts):
+            if in_turn or any(self._by_stream[stream].name in self._hungry for stream in counts):
                 read = await reads.read_each(self._redis, self._worker_id, counts)
-                taken = await self._take_read(read, counts)
-            if taken == 0:
-                held_back = any(keys.job_stream(name) not in counts for name in self._hungry)
-                block_ms = HELD_BACK_BLOCK_MS if held_back else BLOCK_MS
-                read = await reads.read_blocking(self._redis, self._worker_id, counts, block_ms)
-                await self._take_read(read, dict.fromkeys(counts, min(counts.values())))
+                if await self._take_read(read, counts) > 0 or in_turn:
+                    return
+            block_ms = HELD_BACK_BLOCK_MS if held_back or at_batch else BLOCK_MS
+            read = await reads.read_blocking(self._redis, self._worker_id, counts, block_ms)
+            await self._take_read(read, dict.fromkeys(counts, min(counts.values())))
         except ResponseError:
             raise
         except (ConnectionError, OSError, aioredis.RedisError):

@@ -15,14 +15,18 @@ it keeps, with fair shares on (`worker.fair_shares`, the default):
 - **Never more than the free slots**, and ties fall to a turn that moves on every read, so that the
   stream named first is not favoured.
 
-Why a reserve and not a deficit round robin over the models with waiting jobs alone: a worker's
-slots are all taken while one model floods it, so a round robin gives the quiet model the next slot
-that frees, and its job waits for one of the flooder's to end (about a job's length over the slot
-count; 15 times its time alone on the issue's CPU measure, 755 ms at 96 flooding clients). The
-reserve costs the flooder one slot per quiet warm model (one in 64 by default) and starts the quiet
-job at once. The rest is shared on jobs running, not on jobs taken: a share of slots is what a model
-holds, it needs no memory across reads (a restart or a job handed back cannot skew it), and models
-whose jobs differ in length still hold slots in proportion to weight.
+Why a reserve and not a deficit round robin over the models with waiting jobs alone: a worker
+learns that a model has jobs waiting only by reading its stream, and a read takes the jobs. Once a
+flood holds every slot, a round robin over the models known to wait hands each freed slot back to
+the flooder, and the quiet model's job waits for the flood's backlog, or at best for one of its
+jobs to end (15 times its time alone on the issue's CPU measure). Measured with scripted engines on
+8 slots (tests/workers/jobs/test_fair_shares.py's worker, a flood of 24 jobs of 1.5 s, eight quiet
+jobs one after the other): with the reserve, the quiet jobs' first chunks came in 5 ms (p50) and
+10 ms at most, as alone (6 ms); without it, 8 ms p50 but 4.9 s for the first, which waited for the
+flood's backlog. The reserve costs the flooder one slot per quiet warm model (one in 64 by default).
+The rest is shared on jobs running, not on jobs taken: a share of slots is what a model holds, it
+needs no memory across reads (a restart or a job handed back cannot skew it), and models whose jobs
+differ in length still hold slots in proportion to weight.
 
 With fair shares off, free slots go round the warm models in turn, one at a time, up to each
 engine's batch: one pool, as before, but the read still never takes more than it may.

@@ -186,12 +186,12 @@ async def test_the_read_loop_goes_on_after_an_unexpected_error(
     read_allotted = worker.consumer._read_allotted
     failed = False
 
-    async def failing_once(counts: dict[str, int]) -> None:
+    async def failing_once(counts: dict[str, int], *, held_back: bool, at_batch: bool) -> None:
         nonlocal failed
         if not failed:
             failed = True
             raise RuntimeError("a bug")
-        await read_allotted(counts)
+        await read_allotted(counts, held_back=held_back, at_batch=at_batch)
 
     monkeypatch.setattr(worker.consumer, "_read_allotted", failing_once)
     await asyncio.sleep(0.6)
