@@ -26,18 +26,23 @@ import os
 import platform
 import sys
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import redis
 from loadgen import PROMPT, REQUEST_TIMEOUT_S, percentile
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 from servers import READY_TIMEOUT_S, StartupError, add_model_and_output_args, run_stack
 from tables import fmt, print_aligned
 
+from switchboard import keys
 from switchboard.local.demo_model import build_demo_model, config_entry
 from switchboard.local.launcher import LauncherError
+from switchboard.wire import worker_decoder
 
 QUIET, FLOOD = "bench-quiet", "bench-flood"
 SETTINGS = {"on": True, "off": False}
@@ -72,6 +77,9 @@ class Level:
     error_samples: list[str]
     window_s: float
     load_1m_before: float
+    # The worker's own measure of the quiet jobs' wait for a job slot (its slot-wait histogram's mean
+    # over the level): what fair shares change, apart from the CPU the two engines share.
+    quiet_slot_wait_ms_mean: float | None = None
 
 
 def two_models(model_dir: Path, fair_shares: bool) -> dict[str, Any]:
@@ -171,11 +179,42 @@ def summarize(
     )
 
 
+def slot_waits(redis_url: str, model: str) -> tuple[float, float]:
+    """The worker's slot-wait histogram of `model` (sum in seconds, count), from its metrics port."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        (worker_id,) = cast(list[bytes], client.zrange(keys.workers_index(), 0, -1))
+        payload = cast(bytes, client.get(keys.worker_record(worker_id.decode())))
+    finally:
+        client.close()
+    record = worker_decoder.decode(payload)
+    url = f"http://127.0.0.1:{record.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    found = {"_sum": 0.0, "_count": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name.startswith("switchboard:worker_slot_wait_seconds")
+                and sample.labels.get("model") == model
+            ):
+                for suffix in found:
+                    if sample.name.endswith(suffix):
+                        found[suffix] = sample.value
+    return found["_sum"], found["_count"]
+
+
 def print_table(runs: dict[str, list[Level]]) -> None:
     """Per flood: the quiet model's p50 (and its ratio to alone) and the flooder's tok/s, on and off."""
     alone = {setting: levels[0].quiet_p50_ms for setting, levels in runs.items()}
     head = ["flood clients", "quiet p50 ms on (x alone)", "quiet p50 ms off (x alone)"]
-    head += ["flood tok/s on", "flood tok/s off", "on vs off", "errors on / off"]
+    head += [
+        "quiet slot wait ms on / off",
+        "flood tok/s on",
+        "flood tok/s off",
+        "on vs off",
+        "errors on / off",
+    ]
     lines = [head]
     floods = [level.flood_clients for level in runs["on"]]
     for index, clients in enumerate(floods):
@@ -185,6 +224,7 @@ def print_table(runs: dict[str, list[Level]]) -> None:
             ratio = _ratio(level.quiet_p50_ms, alone[setting])
             cells.append(f"{fmt(level.quiet_p50_ms)} ({fmt(ratio, 1)}x)")
         change = _ratio(on.flood_tokens_per_s, off.flood_tokens_per_s)
+        cells.append(f"{fmt(on.quiet_slot_wait_ms_mean)} / {fmt(off.quiet_slot_wait_ms_mean)}")
         cells += [fmt(on.flood_tokens_per_s), fmt(off.flood_tokens_per_s)]
         cells += ["-" if change is None else f"{(change - 1) * 100:+.1f} %", f"{on.errors} / {off.errors}"]
         lines.append(cells)
@@ -236,9 +276,17 @@ def run_setting(model_dir: Path, log_dir: Path, fair_shares: bool, args: argpars
                 launcher.wait_serving(model, READY_TIMEOUT_S)
             except LauncherError as exc:
                 raise StartupError(f"switchboard: {exc}") from exc
+        assert server.redis_url is not None
         for clients in [0, *args.floods]:
             print(f"fair shares {'on' if fair_shares else 'off'}: flood of {clients} ...", flush=True)
-            levels.append(asyncio.run(run_level(server.base_url, clients, args)))
+            waited_before, count_before = slot_waits(server.redis_url, QUIET)
+            level = asyncio.run(run_level(server.base_url, clients, args))
+            waited, count = slot_waits(server.redis_url, QUIET)
+            if count > count_before:
+                level.quiet_slot_wait_ms_mean = round(
+                    (waited - waited_before) / (count - count_before) * 1000, 2
+                )
+            levels.append(level)
     return levels
 
 

@@ -124,6 +124,22 @@ async def test_a_flood_of_one_model_does_not_hold_back_the_other(worker: TwoMode
     assert all(chunks[-1].finish_reason == "length" for chunks in answers)
 
 
+async def test_with_fair_shares_off_the_slots_are_one_pool_all_used_and_never_more(
+    worker: TwoModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker.consumer, "_fair", False)  # `worker.fair_shares = false`
+    flood = [make_job(FLOOD, "slow 10 0.05") for _ in range(2 * SLOTS)]
+    quiet = [make_job(QUIET, "slow 10 0.05") for _ in range(SLOTS)]
+    await submit(worker.redis, *flood, *quiet)
+    samples: list[int] = []
+    while len(samples) < 20:
+        samples.append(running(worker, FLOOD) + running(worker, QUIET))
+        await asyncio.sleep(0.05)
+    assert max(samples) == SLOTS and all(total <= SLOTS for total in samples), samples
+    for one in flood + quiet:
+        assert (await result(worker.redis, one.id))[-1].finish_reason == "length"
+
+
 async def test_scarce_slots_go_by_weight_and_no_job_is_lost_or_run_twice(worker: TwoModels) -> None:
     # At 6 and 2 slots, both models have jobs waiting for about 2.4 s.
     heavy = [make_job(FLOOD, "slow 6 0.05") for _ in range(48)]
