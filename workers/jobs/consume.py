@@ -269,8 +269,8 @@ class JobConsumer:
         await self._takeover.sweep(streams, running)
 
     async def _read_allotted(self, counts: dict[str, int], *, held_back: bool, at_batch: bool) -> None:
-        """Read the allotted streams: without blocking first if a model read may have jobs waiting,
-        then (nothing taken) blocking, briefly while a model with jobs waiting takes none."""
+        """Read the allotted streams: without blocking first if one of their models may have jobs
+        waiting, then (nothing taken) blocking, briefly while a model with jobs waiting takes none."""
         in_turn = held_back and not self._fair  # one pool: the held-back model's turn is the next pass
         try:
             if in_turn or any(self._by_stream[stream].name in self._hungry for stream in counts):
