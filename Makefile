@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair gpu-check clean
 
 VENV := .venv/bin
 
@@ -62,6 +62,10 @@ bench-triton: install-bench
 # What a router pipeline's choice adds to the time to first token, against calling the target directly.
 bench-router: install-bench
 	$(VENV)/python bench/router_model.py
+
+# One model floods a worker: the quiet model's time to first token beside it, fair shares on and off.
+bench-fair: install-bench
+	$(VENV)/python bench/fair_share.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench

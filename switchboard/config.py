@@ -69,6 +69,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # binding), so that its first constrained answer takes milliseconds rather than seconds. On for
     # every model a pipeline uses as its router (a router answers with a constrained label only).
     warm_structured_output: bool = False
+    # How a worker shares its job slots (`worker.max_concurrent_jobs`) among the models warm on it
+    # (see workers/jobs/shares.py). Each warm model always has a slot for a job that arrives; the
+    # other slots, while scarce, go to the models with jobs waiting: the higher priority first, and
+    # among equal priorities in proportion to weight. The defaults make all models equal.
+    priority: int = 0
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
 
 
 class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -172,8 +178,12 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     load_backoff_max_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     # How often the model controller looks at demand when nothing pokes it.
     controller_tick_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    # Jobs this worker runs at once, across its models (the engine batches them).
+    # Jobs this worker runs at once, across its models (the engine batches them); a model never runs
+    # more than its engine batches (vLLM's max_num_seqs), the rest wait in its stream for any worker.
     max_concurrent_jobs: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # Share those slots among the warm models (a reserve each, then by priority and weight: see
+    # `models.*.priority`); false: one pool, taken in turn, so that one model's flood can hold them all.
+    fair_shares: bool = True
     # Shadow copies of routed requests (`routes.*.shadow`) run here at once, at most, and only while
     # no real job waits; None: a quarter of max_concurrent_jobs.
     max_shadow_jobs: Annotated[int, msgspec.Meta(ge=0)] | None = None

@@ -195,6 +195,9 @@ class SlotStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     memory_bytes: int = 0
     # Jobs finished per second while it had work: what the queue drains at on this worker.
     jobs_per_s: float = 0.0
+    # Jobs on its stream that no worker has taken yet, as this worker last read them (its running
+    # jobs are `in_flight`): with fair shares, what waits beyond the model's share of the slots.
+    waiting: int = 0
 
 
 class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):

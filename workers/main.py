@@ -110,6 +110,7 @@ class Worker:
             worker_id=self.id,
             slots=self._slots,
             max_concurrent_jobs=settings.worker.max_concurrent_jobs,
+            fair_shares=settings.worker.fair_shares,
             max_shadow_jobs=settings.worker.max_shadow_jobs,
             max_deliveries=settings.worker.max_deliveries,
             takeover_check_s=settings.worker.takeover_check_s,

@@ -119,7 +119,8 @@ def _row(model: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _where(model: dict[str, Any]) -> str:
-    """`w1@gpu-a#0`, one per replica; a replica whose state differs from the model's says so."""
+    """`w1@gpu-a#0`, one per replica; a replica whose state differs from the model's says so, and a
+    warm one with work says what it runs and what waits for it (`2 running, 5 waiting`)."""
     places = []
     for replica in model.get("replicas", []):
         place = f"{replica['worker_id']}@{replica['host']}"
@@ -132,8 +133,18 @@ def _where(model: dict[str, Any]) -> str:
             place += f" (loading {human_seconds(elapsed)} of {of})"
         elif replica["state"] != model["state"]:
             place += f" ({replica['state']})"
+        if replica["state"] == "warm":
+            place += _work(replica, model)
         places.append(place)
     return ", ".join(places) or "-"
+
+
+def _work(replica: dict[str, Any], model: dict[str, Any]) -> str:
+    """` (2 running, 5 waiting)` for a replica with work; nothing for an idle one. A replica that
+    does not report what waits for it (an older front door) shows the model's queue."""
+    running = int(replica.get("in_flight") or 0)
+    waiting = int(replica.get("waiting", model.get("waiting")) or 0)
+    return f" ({running} running, {waiting} waiting)" if running or waiting else ""
 
 
 def _per_kind(load_seconds: dict[str, dict[str, Any]], field: str) -> str:

@@ -22,8 +22,11 @@ class ScriptedEngine(Engine):
     Token `i` is the text `t{i}\x00 `; a continued request goes on after the tokens of its continuation.
     """
 
-    def __init__(self, *, start_s: float = 0.0, fail_start: str | None = None) -> None:
+    def __init__(
+        self, *, start_s: float = 0.0, fail_start: str | None = None, max_sequences: int | None = None
+    ) -> None:
         super().__init__(ModelConfig(name="scripted", path="unused"))
+        self._max_sequences = max_sequences
         self.aborted: list[str] = []
         self.requests: list[str] = []
         self.continuations: dict[str, str] = {}
@@ -92,6 +95,9 @@ class ScriptedEngine(Engine):
 
     def footprint(self) -> Footprint:
         return Footprint(device="cpu", memory_bytes=1024**2)
+
+    def max_sequences(self) -> int | None:
+        return self._max_sequences
 
 
 class SleepyEngine(ScriptedEngine):

@@ -209,12 +209,25 @@ def test_unknown_field_from_environment() -> None:
         ('[worker]\nmodels = "a"\n', "models"),
         ('[[models]]\nname = "a"\npath = "/a"\nengine = "tgi"\n', "engine"),
         ('[[models]]\nname = "a"\n', "path"),
+        ('[[models]]\nname = "a"\npath = "/a"\nweight = 0\n', "weight"),
+        ('[[models]]\nname = "a"\npath = "/a"\nweight = -1.5\n', "weight"),
+        ('[[models]]\nname = "a"\npath = "/a"\npriority = 1.5\n', "priority"),
+        ("[worker]\nfair_shares = 3\n", "fair_shares"),
     ],
 )
 def test_bad_values(tmp_path: Path, text: str, field: str) -> None:
     message = load_error(tmp_path, text)
     assert "invalid configuration" in message
     assert field in message
+
+
+def test_models_share_a_worker_equally_unless_told_otherwise(tmp_path: Path) -> None:
+    text = '[[models]]\nname = "a"\npath = "/a"\n[[models]]\nname = "b"\npath = "/b"\npriority = 2\nweight = 0.5\n'
+    settings = load_settings(write(tmp_path, text), environ={"SWITCHBOARD_WORKER__FAIR_SHARES": "false"})
+    a, b = settings.models
+    assert (a.priority, a.weight, b.priority, b.weight) == (0, 1.0, 2, 0.5)
+    assert not settings.worker.fair_shares
+    assert load_settings(None, environ={}).worker.fair_shares
 
 
 def test_bad_type_from_environment() -> None:

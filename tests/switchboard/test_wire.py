@@ -11,6 +11,7 @@ from switchboard.wire import (
     Job,
     JobError,
     SamplingParams,
+    SlotStatus,
     TokenLogprob,
     TopLogprob,
     Usage,
@@ -160,6 +161,20 @@ def test_a_worker_record_that_does_not_say_whether_its_engines_are_ready_counts_
     assert worker_decoder.decode(msgspec.msgpack.encode(fields)).engines_ready
     preparing = WorkerRecord(**fields, engines_ready=False)  # type: ignore[arg-type]
     assert not worker_decoder.decode(encode(preparing)).engines_ready
+
+
+def test_a_slot_of_an_older_worker_decodes_with_no_waiting_jobs_and_a_newer_one_still_decodes() -> None:
+    """Rolling upgrades: `SlotStatus.waiting` is additive, in both directions."""
+
+    class OlderSlotStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+        model: str
+        state: str
+        in_flight: int = 0
+
+    older = msgspec.msgpack.encode(OlderSlotStatus(model="m", state="warm", in_flight=2))
+    assert msgspec.msgpack.decode(older, type=SlotStatus) == SlotStatus(model="m", state="warm", in_flight=2)
+    newer = msgspec.msgpack.encode(SlotStatus(model="m", state="warm", in_flight=2, waiting=5))
+    assert msgspec.msgpack.decode(newer, type=OlderSlotStatus).in_flight == 2
 
 
 def test_decoders_reject_the_wrong_struct() -> None:

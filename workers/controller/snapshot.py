@@ -195,6 +195,7 @@ class SnapshotReader:
         now: float,
     ) -> ModelView:
         slot = self._slots[model.name]
+        slot.jobs_waiting = read.queue.waiting  # for the heartbeat and the metrics: no read of their own
         elsewhere = [s for record in records for s in record.slots if s.model == model.name]
         leases = read.leases
         failure = read.facts.failure

@@ -107,6 +107,11 @@ class Engine(abc.ABC):
         """What the started model accepts; None where the engine cannot tell."""
         return None
 
+    def max_sequences(self) -> int | None:
+        """Requests the started engine runs in one batch (vLLM's `max_num_seqs`); None: no known
+        limit. A worker takes no more of the model's jobs at once, so the rest wait in its stream."""
+        return None
+
     @property
     def supports_sleep(self) -> bool:
         """Whether `sleep` frees memory and `wake` is much faster than a new start (GPU sleep modes)."""

@@ -236,6 +236,10 @@ class TrtllmEngine(Engine):
             self._plan = plan_load(self.model, budget if budget is not None else machine_budget_bytes())
         return self._plan
 
+    def max_sequences(self) -> int | None:
+        """The executor's `max_batch_size`."""
+        return self._plan.max_batch_size if self._plan is not None else None
+
     def limits(self) -> ModelLimits | None:
         """The started model's context length (`max_seq_len`), vocabulary size and longest token."""
         return self._prompts.limits if self._prompts is not None else None

@@ -335,6 +335,10 @@ class VllmEngine(Engine):
         """The started model's context length, vocabulary size and longest token."""
         return self._prompts.limits if self._prompts is not None else None
 
+    def max_sequences(self) -> int | None:
+        """The scheduler's `max_num_seqs` (the engine's default for its platform unless configured)."""
+        return int(self._llm.vllm_config.scheduler_config.max_num_seqs) if self._llm is not None else None
+
     async def abort(self, request_id: str) -> None:
         """Abort in vLLM; the request's stream ends with finish reason "abort"."""
         await self._llm.abort(request_id)

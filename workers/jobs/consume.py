@@ -1,18 +1,22 @@
 """Take jobs from the model streams, run them through the local Triton models, append their chunks.
 
-One XREADGROUP over the job streams of the models that are warm on this worker right now, asking
-for no more jobs than there are free slots; the set is rebuilt on every pass, and with no model
-warm the consumer waits for one. Jobs for a model nobody holds stay in its stream (the waiting
-room) until some worker loads it. A job is acknowledged in the same round trip as its last chunk,
-so a worker that dies mid-job leaves it pending, and another worker's sweep puts it back in line
-(`workers.jobs.takeover`); the worker that takes it then goes on where the client's stream stopped
-(`workers.jobs.continuation`). An entry that cannot be decoded goes to the dead-letter stream, and nothing
-that goes wrong in one pass stops the loop.
+Each pass reads the job streams of the models that are warm on this worker right now, each stream
+with the count its model is allotted (`workers.jobs.shares`: a reserve per warm model, weighted
+shares of the rest, no more than its engine batches, never more than the free slots; the reads
+themselves are `workers.jobs.reads`). A model whose last read came back full may have more jobs
+waiting: it is read without blocking first; otherwise the pass blocks on all the allotted streams.
+The set is rebuilt on every pass, and with no model warm the consumer waits for one. Jobs for a
+model nobody holds stay in its stream (the waiting room) until some worker loads it, as do jobs
+beyond what a model may take here, for another worker to take. A job is acknowledged in the same
+round trip as its last chunk, so a worker that dies mid-job leaves it pending, and another worker's
+sweep puts it back in line (`workers.jobs.takeover`); the worker that takes it then goes on where
+the client's stream stopped (`workers.jobs.continuation`). An entry that cannot be decoded goes to
+the dead-letter stream, and nothing that goes wrong in one pass stops the loop.
 
 Shadow copies of routed requests (`Job.shadow`, `router.routing.shadow`) come last: nobody waits for
 them, so one runs only while the worker has slots to spare — fewer than `max_shadow_jobs` of them
 running, a slot free once the real jobs of the same read have theirs, and no real job left waiting
-(no stream of the read gave as many jobs as were asked for). Otherwise it is acknowledged at once
+(no model's read came back full, and none was held back). Otherwise it is acknowledged at once
 with a "shadow_dropped" error, which its front door counts.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -32,18 +37,24 @@ from switchboard.demand import DemandIndex
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import TaskSet, poll
 from switchboard.wire import JobError
+from workers.jobs import reads, shares
 from workers.jobs.orphans import ORPHAN_GRACE_S, OrphanWatch
 from workers.jobs.run import JobRunner
 from workers.jobs.takeover import Entry, Takeover, dead_letter, decode_entry
 from workers.jobs.writer import ResultWriter
-from workers.models.slot import SlotNotServing
+from workers.models.slot import ModelSlot, SlotNotServing
 from workers.models.slots import Slots
+from workers.runtime.metrics import SLOT_WAIT
 
 logger = logging.getLogger(__name__)
 
 # Short, so that a model that just became warm is read within a quarter second even while the
 # consumer is blocked on the other models' streams.
 BLOCK_MS = 250
+# While a model with jobs waiting is held back (its share is taken, or its engine's batch is full),
+# a read that blocks on the other streams ends this soon, so that a slot freed meanwhile is not left
+# idle for long (a job lasts seconds: 50 ms of it is about 1 %).
+HELD_BACK_BLOCK_MS = 50
 RETRY_DELAY_S = 0.5
 # Waiting jobs answered per round trip when a model cannot be loaded.
 REFUSE_BATCH = 256
@@ -64,6 +75,7 @@ class JobConsumer:
         worker_id: str,
         slots: Slots,
         max_concurrent_jobs: int,
+        fair_shares: bool = True,
         max_shadow_jobs: int | None = None,
         max_deliveries: int = 3,
         takeover_check_s: float = 2.0,
@@ -71,13 +83,19 @@ class JobConsumer:
         on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping;
-        `max_shadow_jobs` (None: a quarter of `max_concurrent_jobs`) bounds the shadow copies running."""
+        `max_shadow_jobs` (None: a quarter of `max_concurrent_jobs`) bounds the shadow copies running;
+        `fair_shares` False shares the slots in turn, without reserves, weights or priorities."""
         self._redis = redis
         self._worker_id = worker_id
         self._slots = slots
         self._by_stream = {keys.job_stream(name): slot for name, slot in slots.items()}
         self._demand = DemandIndex(redis)
         self._max_jobs = max_concurrent_jobs
+        self._fair = fair_shares
+        # The warm models whose last read came back full: more of their jobs may be waiting.
+        self._hungry: set[str] = set()
+        # Moves on every read, so that ties between models fall to each in turn.
+        self._turn = 0
         self._max_shadow_jobs = max_concurrent_jobs // 4 if max_shadow_jobs is None else max_shadow_jobs
         self._shadow_jobs: set[asyncio.Task[None]] = set()
         self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
@@ -195,12 +213,38 @@ class JobConsumer:
             await self._slot_freed.wait()
             return
         self._slots.changed.clear()
-        streams = [keys.job_stream(slot.name) for slot in self._slots.warm()]
-        if not streams:
+        warm = self._slots.warm()
+        if not warm:
             await self._slots.changed.wait()
             return
+        self._hungry &= {slot.name for slot in warm}
+        demands = [self._demand_of(slot) for slot in warm]
+        allotted = shares.allot(free, demands, total=self._max_jobs, turn=self._turn, fair=self._fair)
+        self._turn += 1
+        if not allotted:  # every warm model runs all its engine batches: wait for one to end
+            self._slot_freed.clear()
+            await _first_of(self._slot_freed, self._slots.changed, timeout_s=BLOCK_MS / 1000)
+            return
+        counts = {keys.job_stream(name): count for name, count in allotted.items()}
+        # Models with jobs waiting that take none on this read: their share (or the free slots) is
+        # taken, or their engine's batch is full.
+        held_back = any(d.hungry and d.room > 0 and d.name not in allotted for d in demands)
+        at_batch = any(d.hungry and d.room == 0 for d in demands)
         with self._slots.reading():
-            await self._read_once(streams, free)
+            await self._read_allotted(counts, held_back=held_back, at_batch=at_batch)
+
+    def _demand_of(self, slot: ModelSlot) -> shares.ModelDemand:
+        """What the share policy needs to know of one warm model."""
+        batch = slot.engine.max_sequences() if slot.engine is not None else None
+        room = self._max_jobs if batch is None else batch
+        return shares.ModelDemand(
+            name=slot.name,
+            running=slot.in_flight,
+            room=max(0, room - slot.in_flight),
+            weight=slot.model.weight,
+            priority=slot.model.priority,
+            hungry=slot.name in self._hungry,
+        )
 
     def _reader_ended(self, task: asyncio.Task[None]) -> None:
         if self._stopping:
@@ -224,35 +268,44 @@ class JobConsumer:
         streams = [stream for stream, slot in self._by_stream.items() if slot.name in noted]
         await self._takeover.sweep(streams, running)
 
-    async def _read_once(self, streams: list[str], free: int) -> None:
+    async def _read_allotted(self, counts: dict[str, int], *, held_back: bool, at_batch: bool) -> None:
+        """Read the allotted streams: without blocking first if one of their models may have jobs
+        waiting, then (nothing taken) blocking, briefly while a model with jobs waiting takes none."""
+        in_turn = held_back and not self._fair  # one pool: the held-back model's turn is the next pass
         try:
-            response = await self._redis.xreadgroup(
-                keys.JOB_GROUP,
-                self._worker_id,
-                {stream: ">" for stream in streams},  # type: ignore[misc]
-                count=free,
-                block=BLOCK_MS,
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            await self._ensure_groups(streams)  # the stream expired or Redis restarted empty
-            return
+            if in_turn or any(self._by_stream[stream].name in self._hungry for stream in counts):
+                read = await reads.read_each(self._redis, self._worker_id, counts)
+                if await self._take_read(read, counts) > 0 or in_turn:
+                    return
+            block_ms = HELD_BACK_BLOCK_MS if held_back or at_batch else BLOCK_MS
+            read = await reads.read_blocking(self._redis, self._worker_id, counts, block_ms)
+            await self._take_read(read, dict.fromkeys(counts, min(counts.values())))
+        except ResponseError:
+            raise
         except (ConnectionError, OSError, aioredis.RedisError):
             logger.exception("reading jobs failed; retrying")
             await asyncio.sleep(RETRY_DELAY_S)
-            return
+
+    async def _take_read(self, read: reads.ReadResult, asked: dict[str, int]) -> int:
+        """Start the jobs of one read, note which models came back full; returns the entries taken."""
         shadows: list[Entry] = []
-        crowded = False
-        for stream, entries in stream_entries(response):
-            # A stream that gave as many jobs as were asked for may hold more: real jobs may wait.
-            crowded = crowded or len(entries) >= free
+        for stream, count in asked.items():
+            name = self._by_stream[stream].name
+            if read.count(stream) >= count:
+                self._hungry.add(name)
+            else:
+                self._hungry.discard(name)
+        for stream, entries in read.entries.items():
             for entry_id, fields in entries:
-                shadow = self._take(stream.decode(), entry_id, fields)
+                shadow = self._take(stream, entry_id, fields)
                 if shadow is not None:
                     shadows.append(shadow)
         if shadows:
-            self._take_shadows(shadows, crowded=crowded)
+            # A model that came back full, or one held back, may still have real jobs waiting.
+            self._take_shadows(shadows, crowded=bool(self._hungry))
+        if read.without_group:
+            await self._ensure_groups(read.without_group)  # the stream expired or Redis restarted empty
+        return sum(len(entries) for entries in read.entries.values())
 
     # --- one job --------------------------------------------------------------------------------
 
@@ -293,6 +346,7 @@ class JobConsumer:
         except SlotNotServing:
             # Cannot happen after the read barrier; if it ever does, the job goes back in line.
             return self._start(self._hand_back(entry))
+        SLOT_WAIT.labels(slot.name).observe(_waited_for_a_slot(entry, slot))
         return self._start(self._runner.run(entry, slot, lease), entry)
 
     def _start(self, work: Coroutine[Any, Any, None], entry: Entry | None = None) -> asyncio.Task[None]:
@@ -329,3 +383,19 @@ class JobConsumer:
         except Exception:
             # Left pending, it is taken over once this worker's record has expired.
             logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
+
+
+def _waited_for_a_slot(entry: Entry, slot: ModelSlot) -> float:
+    """How long the job waited in line while its model was warm here (its load is not counted)."""
+    since = max(entry.job.created, slot.warm_since or 0.0)
+    return max(0.0, time.time() - since)
+
+
+async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
+    """Return once any of `events` is set, or after `timeout_s`."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

@@ -99,6 +99,8 @@ class ModelSlot:
         self.warm_since: float | None = None
         self.idle_since: float | None = None
         self.in_flight = 0
+        # Jobs on the model's stream that no worker has taken, as the controller's last pass read them.
+        self.jobs_waiting = 0
         self._completed = 0
         self._busy_s = 0.0
         self._busy_since = 0.0
@@ -197,6 +199,7 @@ class ModelSlot:
             leaves_at=self.leaves_at(),
             memory_bytes=self.memory_bytes(),
             jobs_per_s=round(self.jobs_per_s(), 3),
+            waiting=self.jobs_waiting,
         )
 
     def leaves_at(self) -> float | None:

@@ -1,7 +1,8 @@
 """A worker's Prometheus metrics: its jobs, its engines' first tokens, and its models' residency.
 
 Served on the worker's own loopback metrics port (`workers.runtime.metrics_server`), with Triton's metrics
-appended. Residency and running jobs are read from the model slots when scraped.
+appended. Residency, running and waiting jobs are read from the model slots when scraped (the
+waiting ones as the controller's last pass read them: the scrape costs no Redis call).
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ QUEUE_TIME = Histogram(
     "How long a job waited in its model's queue before a worker took it (model loads included), by "
     "model and the route its request named (empty for none).",
     ["model", "route"],
+    buckets=QUEUE_BUCKETS,
+    registry=REGISTRY,
+)
+SLOT_WAIT = Histogram(
+    "switchboard:worker_slot_wait_seconds",
+    "How long a job waited in line while its model was warm on the worker that took it: the wait for "
+    "one of the worker's job slots (its model's share of them), by model.",
+    ["model"],
     buckets=QUEUE_BUCKETS,
     registry=REGISTRY,
 )
@@ -129,6 +138,11 @@ class SlotCollector(Collector):
             "Jobs running on this worker, by model.",
             labels=["model", "worker"],
         )
+        waiting = GaugeMetricFamily(
+            "switchboard:worker_jobs_waiting",
+            "Jobs on each model's stream that no worker has taken yet, as this worker last read them.",
+            labels=["model", "worker"],
+        )
         memory = GaugeMetricFamily(
             "switchboard:model_memory_bytes",
             "What each model held here occupies (0 when cold).",
@@ -139,15 +153,18 @@ class SlotCollector(Collector):
                 for state in STATES:
                     resident.add_metric([name, worker_id, state], 1.0 if slot.state == state else 0.0)
                 running.add_metric([name, worker_id], float(slot.in_flight))
+                waiting.add_metric([name, worker_id], float(getattr(slot, "jobs_waiting", 0)))
                 memory.add_metric([name, worker_id], float(_memory(slot)))
         yield resident
         yield running
+        yield waiting
         yield memory
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The families without samples, so that registering reads no slot."""
         yield GaugeMetricFamily("switchboard:model_resident", "", labels=["model", "worker", "state"])
         yield GaugeMetricFamily("switchboard:num_requests_running", "", labels=["model", "worker"])
+        yield GaugeMetricFamily("switchboard:worker_jobs_waiting", "", labels=["model", "worker"])
         yield GaugeMetricFamily("switchboard:model_memory_bytes", "", labels=["model", "worker"])
 
 

@@ -120,7 +120,7 @@ async def test_the_table_renders_a_real_payload(redis: aioredis.Redis, redis_ser
     # Columns line up: each starts where its header does.
     starts = [header.index(column) for column in COLUMNS]
     assert tiny[starts[1] :].startswith("warm")
-    assert "w1@gpu-a#0, w2@gpu-b#1 (loading 12 s of 50 s)" in tiny
+    assert "w1@gpu-a#0 (2 running, 3 waiting), w2@gpu-b#1 (loading 12 s of 50 s)" in tiny
     assert tiny[starts[3] :].split()[:2] == ["3", "2"]
     assert tiny[starts[5] :].startswith("7.1 s")
     assert tiny[starts[6] :].startswith("7.1 s")
@@ -195,6 +195,29 @@ def test_several_worker_kinds_show_each_kind() -> None:
     row = render_table({"data": [model]}).splitlines()[1]
     assert "4.0 s H100 / 60 s cpu" in row
     assert "5.0 s H100 / 61 s cpu" in row
+
+
+def test_a_warm_replica_with_work_shows_its_running_and_waiting_jobs() -> None:
+    def replica(worker_id: str, in_flight: int, **fields: object) -> dict[str, object]:
+        return {
+            "worker_id": worker_id,
+            "host": "h",
+            "replica": None,
+            "state": "warm",
+            "in_flight": in_flight,
+            **fields,
+        }
+
+    model = {
+        "name": "m",
+        "state": "warm",
+        "replicas": [replica("w1", 3, waiting=7), replica("w2", 0, waiting=0), replica("w3", 1)],
+        "waiting": 9,
+        "in_flight": 4,
+    }
+    row = render_table({"data": [model]}).splitlines()[1]
+    # w3 does not report its own view of the queue (an older front door): the model's is shown.
+    assert "w1@h (3 running, 7 waiting), w2@h, w3@h (1 running, 9 waiting)" in row
 
 
 def _get_json(url: str) -> dict[str, object]:

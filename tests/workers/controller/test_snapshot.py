@@ -41,6 +41,7 @@ class Slot:
     warm_since: float | None = None
     idle_since: float | None = None
     engine: None = None
+    jobs_waiting: int = 0
 
     def memory_bytes(self) -> int:
         return GIB if self.state != "cold" else 0
@@ -115,6 +116,16 @@ async def test_a_pass_weighs_the_models_with_work_held_here_or_asked_for_and_no_
     assert [model.name for model in view.models] == ["m3", "m7", "kept", "preloaded"]
     assert view.model("m3").waiting == 1
     assert view.model("m7").state == "warm"
+
+
+async def test_a_pass_leaves_each_held_models_waiting_jobs_on_its_slot(redis: aioredis.Redis) -> None:
+    """The heartbeat and the metrics show them from there, without a read of their own."""
+    snapshot = reader(redis, configured(2), held=["m0", "m1"])
+    await enqueue(redis, "m0", "job-1")
+    await enqueue(redis, "m0", "job-2")
+    await snapshot.read(local())
+    slots = snapshot._slots
+    assert (slots["m0"].jobs_waiting, slots["m1"].jobs_waiting) == (2, 0)
 
 
 @pytest.mark.parametrize("count", [1, 1000])

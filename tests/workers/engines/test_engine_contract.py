@@ -181,6 +181,11 @@ async def test_limits_after_start(engine: Engine, tokenizer: Any) -> None:
     assert engine.footprint().memory_bytes > 0
 
 
+async def test_the_engine_says_how_many_requests_it_batches(engine: Engine) -> None:
+    """A worker takes no more of the model's jobs at once (`workers.jobs.shares`)."""
+    assert engine.max_sequences() == BATCH
+
+
 async def test_a_conversation_goes_through_the_models_chat_template(engine: Engine, tokenizer: Any) -> None:
     messages = (ChatMessage(role="user", content="Hello! How are you today?"),)
     done = await run(engine, SamplingParams(max_tokens=4, temperature=0.0), prompt=None, messages=messages)

@@ -183,17 +183,17 @@ async def test_a_chunk_redis_refuses_aborts_the_engine_and_the_job_is_taken_over
 async def test_the_read_loop_goes_on_after_an_unexpected_error(
     worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_once = worker.consumer._read_once
+    read_allotted = worker.consumer._read_allotted
     failed = False
 
-    async def failing_once(streams: list[str], free: int) -> None:
+    async def failing_once(counts: dict[str, int], *, held_back: bool, at_batch: bool) -> None:
         nonlocal failed
         if not failed:
             failed = True
             raise RuntimeError("a bug")
-        await read_once(streams, free)
+        await read_allotted(counts, held_back=held_back, at_batch=at_batch)
 
-    monkeypatch.setattr(worker.consumer, "_read_once", failing_once)
+    monkeypatch.setattr(worker.consumer, "_read_allotted", failing_once)
     await asyncio.sleep(0.6)
     assert failed and worker.consumer.reading
     one = job("fast 2")
