@@ -46,6 +46,8 @@ class ReplicaStatus(msgspec.Struct, kw_only=True):
     state: SlotState
     replica: int | None
     in_flight: int
+    # Its jobs waiting in the model's stream, as this worker last counted them (`SlotStatus.waiting`).
+    waiting: int = 0
     # Seconds since its last job ended (0 while it runs jobs); None while it is not loaded.
     idle_s: float | None
     # Seconds until keep-alive moves it down (warm → sleeping → cold); None: not while busy, or never.
@@ -315,6 +317,7 @@ def _replica(record: WorkerRecord, slot: SlotStatus, now: float) -> ReplicaStatu
         state=slot.state,
         replica=slot.replica,
         in_flight=slot.in_flight,
+        waiting=slot.waiting,
         idle_s=idle_s,
         leaves_in_s=None if slot.leaves_at is None else max(0.0, slot.leaves_at - now),
         loading_elapsed_s=max(0.0, now - slot.load_started) if loading and slot.load_started else None,

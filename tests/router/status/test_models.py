@@ -151,3 +151,10 @@ def test_a_failure_says_when_it_is_retried() -> None:
 )
 def test_progress_wording(slots: tuple[SlotStatus, ...], waiting: int, text: str) -> None:
     assert describe_wait(status(record("w1", *slots), waiting=waiting)) == text
+
+
+def test_each_replica_tells_the_jobs_its_worker_counted_waiting_for_it() -> None:
+    summary = status(
+        record("w1", slot("warm", in_flight=2, waiting=5)), record("w2", slot("warm", replica=1)), waiting=5
+    )
+    assert [(r.worker_id, r.in_flight, r.waiting) for r in summary.replicas] == [("w1", 2, 5), ("w2", 0, 0)]

@@ -80,7 +80,7 @@ MODELS = [
 async def fill(redis: aioredis.Redis) -> None:
     """Worker-side state: tiny warm on one worker and loading on another, big held for good, broken failed."""
     now = time.time()
-    tiny_warm = SlotStatus(model="tiny", state="warm", replica=0, in_flight=2, idle_since=now - 3)
+    tiny_warm = SlotStatus(model="tiny", state="warm", replica=0, in_flight=2, waiting=3, idle_since=now - 3)
     tiny_loading = SlotStatus(
         model="tiny", state="loading", replica=1, load_started=now - 12, expected_load_s=50
     )
