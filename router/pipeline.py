@@ -247,8 +247,9 @@ class Pipeline:
         await require_live_worker(self._status, job.model)
         observer = JobObserver(job)
         with observer.phase("switchboard.admission"):
-            ticket = await self._admission.admit(job, caller)
-        return await self._runs.start(job, ticket, observer)
+            # Admitted in the enqueue's round trip (`JobRuns.start`): here only what it will send.
+            admitting = self._admission.admitting(job, caller)
+        return await self._runs.start(job, admitting, observer)
 
     async def _resumed(
         self,

@@ -83,6 +83,35 @@ class Ticket:
         refund = 0 if used_tokens is None else self.reserved_tokens - used_tokens
         await self._admission.release(self, refund)
 
+    def given_back(self) -> None:
+        """Its slots are free already (the script that took them gave them back): `release` sends nothing."""
+        self._released = True
+
+
+class Admitting:
+    """A job on its way through admission and into its queue in one call: admit.lua's KEYS and ARGV,
+    and the ticket the job holds once admitted."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        job: Job,
+        caller: Caller,
+        tokens: int,
+        script_keys: list[str],
+        args: list[str | int],
+    ) -> None:
+        self._admission = admission
+        self._job = job
+        self.keys = script_keys
+        self.args = args
+        self.ticket = Ticket(admission, job.id, caller, tokens)
+
+    def refused(self, refusal: list[bytes]) -> TooManyRequestsError:
+        """The 429 for the script's refusal `[what, retry after (s), detail]`; the job holds nothing."""
+        self.ticket.given_back()
+        return self._admission.refusal(refusal, self._job, self.ticket.caller, self.ticket.reserved_tokens)
+
 
 class Admission:
     """Admits requests against the limits shared through Redis."""
@@ -127,31 +156,48 @@ class Admission:
     async def _admit(
         self, job: Job, caller: Caller, slot: str, tokens: int, max_queue_depth: int | None
     ) -> Ticket:
+        script_keys, args = self._script_call(job, caller, slot, tokens, max_queue_depth)
+        refusal = await self._admit_script(keys=script_keys, args=args)
+        if refusal is not None:
+            raise self.refusal(refusal, job, caller, tokens)
+        return Ticket(self, slot, caller, tokens)
+
+    def admitting(self, job: Job, caller: Caller) -> Admitting:
+        """What admitting `job` sends, for a script that admits and queues it in one round trip
+        (`JobQueue.admit_and_submit`, `switchboard/lua/admit_enqueue.lua`); nothing is sent here."""
+        tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
+        script_keys, args = self._script_call(job, caller, job.id, tokens, None)
+        return Admitting(self, job, caller, tokens, script_keys, args)
+
+    def _script_call(
+        self, job: Job, caller: Caller, slot: str, tokens: int, max_queue_depth: int | None
+    ) -> tuple[list[str], list[str | int]]:
+        """admit.lua's KEYS and ARGV."""
         slot_ttl_ms = math.ceil((job.deadline - time.time() + keys.SLOT_GRACE_S) * 1000)
         name = caller.name or ""
-        refusal = await self._admit_script(
-            keys=[
-                keys.key_rate(name),
-                keys.key_in_flight(name),
-                keys.in_flight(),
-                keys.job_stream(job.model),
-            ],
-            args=[
-                slot,
-                max(slot_ttl_ms, 1000),
-                caller.rpm or 0,
-                caller.tpm or 0,
-                tokens,
-                caller.max_parallel or 0,
-                self._limits.max_in_flight,
-                self._limits.max_queue_depth if max_queue_depth is None else max_queue_depth,
-                keys.JOB_GROUP,
-            ],
-        )
-        if refusal is not None:
-            what, retry_after_s, detail = (part.decode() for part in refusal)
-            raise self._refused(what, float(retry_after_s), int(detail), job, caller, tokens)
-        return Ticket(self, slot, caller, tokens)
+        script_keys = [
+            keys.key_rate(name),
+            keys.key_in_flight(name),
+            keys.in_flight(),
+            keys.job_stream(job.model),
+        ]
+        args: list[str | int] = [
+            slot,
+            max(slot_ttl_ms, 1000),
+            caller.rpm or 0,
+            caller.tpm or 0,
+            tokens,
+            caller.max_parallel or 0,
+            self._limits.max_in_flight,
+            self._limits.max_queue_depth if max_queue_depth is None else max_queue_depth,
+            keys.JOB_GROUP,
+        ]
+        return script_keys, args
+
+    def refusal(self, refusal: list[bytes], job: Job, caller: Caller, tokens: int) -> TooManyRequestsError:
+        """The 429 for admit.lua's refusal `[what, retry after (s), detail]`."""
+        what, retry_after_s, detail = (part.decode() for part in refusal)
+        return self._refused(what, float(retry_after_s), int(detail), job, caller, tokens)
 
     async def release(self, ticket: Ticket, refund_tokens: int) -> None:
         """Give a ticket's slots back and its unused tokens (`Ticket.release` calls this)."""

@@ -16,6 +16,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from router.admission.limits import Admitting
 from switchboard import keys, lua
 from switchboard.cancel_marks import CancelMarks
 from switchboard.tasks import TaskSet
@@ -48,6 +49,7 @@ class JobQueue:
         self._tasks = tasks
         # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
         self._enqueue = lua.register(redis, "enqueue")
+        self._admit_enqueue = lua.register(redis, "admit_enqueue")
         self._resume = lua.register(redis, "resume")
         self._give_up = lua.register(redis, "give_up")
         self._step_away = lua.register(redis, "step_away")
@@ -64,31 +66,25 @@ class JobQueue:
         again queues nothing. A `moved` job (`router.queue.move`) keeps its record, now naming its
         new model.
         """
-        script_keys = [
-            keys.load_failure(job.model),
-            keys.job_stream(job.model),
-            keys.job_record(job.id),
-            keys.demand_index(),
-            keys.demand_stream(),
-        ]
-        if wake_stream is not None:
-            script_keys.append(wake_stream)
-        args: list[bytes | str | int] = [
-            encode(job),
-            keys.JOB_STREAM_TTL_S,
-            job.model,
-            job.id,
-            keys.DEMAND_INDEX_TTL_S,
-            keys.DEMAND_MAXLEN,
-            keys.DEMAND_TTL_S,
-            keys.WAKE_TTL_S,
-            owner,
-            record_ttl_s(job),
-        ]
-        if moved:
-            args.append("moved")
+        script_keys, args = _submit_call(job, owner, wake_stream, moved=moved)
         failure = await self._enqueue(keys=script_keys, args=args)
         return None if failure is None else load_failure_decoder.decode(failure)
+
+    async def admit_and_submit(
+        self, job: Job, admitting: Admitting, *, owner: str, wake_stream: str | None = None
+    ) -> LoadFailure | None:
+        """`submit`, admitting the job first in the same round trip (`admit_enqueue.lua`): a 429 when
+        admission refuses it (nothing taken, nothing queued); the model's failure, its slots given
+        back, when the model's last load failed."""
+        script_keys, args = _submit_call(job, owner, wake_stream, moved=False)
+        reply = await self._admit_enqueue(keys=[*admitting.keys, *script_keys], args=[*admitting.args, *args])
+        if reply is None:
+            return None
+        outcome = reply[0].decode()
+        if outcome == "refused":
+            raise admitting.refused(reply[1:])
+        admitting.ticket.given_back()
+        return load_failure_decoder.decode(reply[1])
 
     async def resume(self, job_id: str, after: str, *, owner: str) -> Resumption | None:
         """Count one more reader of `job_id`'s results, for the key `owner`; the chunks up to entry
@@ -160,6 +156,36 @@ class JobQueue:
             await self.give_up(job_id, leaves=leaves)
         except RedisError:
             logger.warning("could not give up a job nobody reads", extra={"job_id": job_id})
+
+
+def _submit_call(
+    job: Job, owner: str, wake_stream: str | None, *, moved: bool
+) -> tuple[list[str], list[bytes | str | int]]:
+    """enqueue.lua's KEYS and ARGV for `job` (`JobQueue.submit`)."""
+    script_keys = [
+        keys.load_failure(job.model),
+        keys.job_stream(job.model),
+        keys.job_record(job.id),
+        keys.demand_index(),
+        keys.demand_stream(),
+    ]
+    if wake_stream is not None:
+        script_keys.append(wake_stream)
+    args: list[bytes | str | int] = [
+        encode(job),
+        keys.JOB_STREAM_TTL_S,
+        job.model,
+        job.id,
+        keys.DEMAND_INDEX_TTL_S,
+        keys.DEMAND_MAXLEN,
+        keys.DEMAND_TTL_S,
+        keys.WAKE_TTL_S,
+        owner,
+        record_ttl_s(job),
+    ]
+    if moved:
+        args.append("moved")
+    return script_keys, args
 
 
 def record_ttl_s(job: Job) -> int:

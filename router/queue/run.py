@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 import msgspec
 from redis.exceptions import RedisError
 
 from router.admission.charges import Charge, DeliveredShare, UsedTokens
-from router.admission.limits import Ticket
+from router.admission.limits import Admitting, Ticket
 from router.admission.models import NO_WORKER_RETRY_S, WORKERS_MAX_AGE_S
 from router.openai.errors import (
     InvalidRequestError,
@@ -40,6 +41,7 @@ from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Retry-After for a request dropped while its model loads, when no load time is known at all.
 UNKNOWN_LOAD_RETRY_S = 30.0
@@ -236,6 +238,18 @@ class JobRun:
             await self._queue.give_up(self.job.id, leaves=leaves)
 
 
+async def _finished(call: Awaitable[T]) -> T:
+    """`call`'s result; a caller cancelled meanwhile waits for the call to end before it goes on
+    cancelled, so that what it took in Redis is given back after it was taken, not before."""
+    running = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await running
+        raise
+
+
 class NothingDelivered:
     """The charge of a resumed stream whose client already had the answer's end: it relays no chunk."""
 
@@ -263,20 +277,24 @@ class JobRuns:
         # Every job names the front door waiting for it (`router.status.heartbeat`).
         self.router_id = router_id
 
-    async def start(self, job: Job, ticket: Ticket, observer: JobObserver) -> JobRun:
-        """Enqueue the admitted `job` and start reading its results; the caller must `close()` what it
-        gets. A model whose last load failed takes no job: a 503 with Retry-After at once.
+    async def start(self, job: Job, admitting: Admitting, observer: JobObserver) -> JobRun:
+        """Admit `job` and enqueue it in one round trip, and start reading its results; the caller must
+        `close()` what it gets. A 429 when admission refuses it; a model whose last load failed takes
+        no job: a 503 with Retry-After at once.
 
         Whatever stops it on its way (an error, its client leaving) gives the ticket back, and a job
         that may have been queued for nobody is cancelled.
         """
         subscription = self._reader.subscribe(job.id, job.model)
         wake = self._reader.wake_key if self._reader.blocked else None
+        ticket = admitting.ticket
         try:
             with observer.phase("switchboard.enqueue"):
                 # The job is its key's, by the key's identity: only that key may resume its stream.
-                failure = await self._queue.submit(
-                    observer.traced(job), owner=ticket.caller.owner, wake_stream=wake
+                failure = await _finished(
+                    self._queue.admit_and_submit(
+                        observer.traced(job), admitting, owner=ticket.caller.owner, wake_stream=wake
+                    )
                 )
             if failure is not None:
                 raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())

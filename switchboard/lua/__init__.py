@@ -18,11 +18,28 @@ from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+# A line `--#include <name>` stands for `<name>.lua`'s function: the file without its last line,
+# which calls it (`return <name>(KEYS, ARGV)`). One script may so run two others' bodies in one call.
+INCLUDE = "--#include "
+
 
 @cache
 def source(name: str) -> str:
-    """The text of `<name>.lua` in this folder."""
-    return resources.files(__package__).joinpath(f"{name}.lua").read_text()
+    """The text of `<name>.lua` in this folder, its `--#include` lines replaced by what they name."""
+    text = resources.files(__package__).joinpath(f"{name}.lua").read_text()
+    lines = [
+        _included(line.removeprefix(INCLUDE)) if line.startswith(INCLUDE) else line
+        for line in text.splitlines()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _included(name: str) -> str:
+    """`<name>.lua` less its last line (the call of its function), for a script that includes it."""
+    lines = source(name).rstrip("\n").splitlines()
+    if lines[-1] != f"return {name}(KEYS, ARGV)":
+        raise ValueError(f"{name}.lua is not written as one function and its call, so it cannot be included")
+    return "\n".join(lines[:-1])
 
 
 def register(redis: aioredis.Redis, name: str) -> AsyncScript:

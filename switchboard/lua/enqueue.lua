@@ -34,33 +34,37 @@
 --          load failed: its client waits for the model's next load rather than lose its job
 --
 -- Returns the model's load failure (encoded LoadFailure), or nil once the job is queued.
-if ARGV[11] == 'moved' then
-    if redis.call('HGET', KEYS[3], 'model') == ARGV[3] then
-        return false
+-- The body is a function, so that admit_enqueue.lua can run it too (`--#include enqueue`).
+local function enqueue(KEYS, ARGV)
+    if ARGV[11] == 'moved' then
+        if redis.call('HGET', KEYS[3], 'model') == ARGV[3] then
+            return false
+        end
+        redis.call('HSET', KEYS[3], 'model', ARGV[3])
+    else
+        local failure = redis.call('GET', KEYS[1])
+        if failure then
+            return failure
+        end
+        if redis.call('EXISTS', KEYS[3]) == 1 then
+            return false
+        end
+        redis.call('HSET', KEYS[3], 'tenant', ARGV[9], 'readers', 1, 'model', ARGV[3])
+        redis.call('EXPIRE', KEYS[3], ARGV[10])
     end
-    redis.call('HSET', KEYS[3], 'model', ARGV[3])
-else
-    local failure = redis.call('GET', KEYS[1])
-    if failure then
-        return failure
+    redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+    -- The index's lifetime is renewed when a model joins it: a model stays in it only while its stream
+    -- holds jobs, so models keep joining it while there is traffic at all.
+    if redis.call('HSET', KEYS[4], ARGV[3], ARGV[4]) == 1 then
+        redis.call('EXPIRE', KEYS[4], ARGV[5])
     end
-    if redis.call('EXISTS', KEYS[3]) == 1 then
-        return false
+    redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'm', ARGV[3])
+    redis.call('EXPIRE', KEYS[5], ARGV[7])
+    if KEYS[6] then
+        redis.call('XADD', KEYS[6], 'MAXLEN', '1', '*', 'w', '')
+        redis.call('EXPIRE', KEYS[6], ARGV[8])
     end
-    redis.call('HSET', KEYS[3], 'tenant', ARGV[9], 'readers', 1, 'model', ARGV[3])
-    redis.call('EXPIRE', KEYS[3], ARGV[10])
+    return false
 end
-redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
--- The index's lifetime is renewed when a model joins it: a model stays in it only while its stream
--- holds jobs, so models keep joining it while there is traffic at all.
-if redis.call('HSET', KEYS[4], ARGV[3], ARGV[4]) == 1 then
-    redis.call('EXPIRE', KEYS[4], ARGV[5])
-end
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'm', ARGV[3])
-redis.call('EXPIRE', KEYS[5], ARGV[7])
-if KEYS[6] then
-    redis.call('XADD', KEYS[6], 'MAXLEN', '1', '*', 'w', '')
-    redis.call('EXPIRE', KEYS[6], ARGV[8])
-end
-return false
+return enqueue(KEYS, ARGV)

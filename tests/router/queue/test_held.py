@@ -50,11 +50,15 @@ async def front_door(redis: aioredis.Redis, redis_server: PrivateRedis) -> Async
         await door.close()
 
 
-async def live_run(front_door: FrontDoor, *chunks: Chunk, timeout_s: float = 30) -> JobRun:
+async def live_run(
+    front_door: FrontDoor, *chunks: Chunk, timeout_s: float = 30, streamed: bool = False
+) -> JobRun:
     """A queued job's run, whose worker wrote `chunks` (as a worker's result writer would)."""
     job = chat_job(REQUEST, timeout_s=timeout_s)
-    ticket = await front_door.admission.admit(job, ANONYMOUS)
-    run = await front_door.runs.start(job, ticket, JobObserver(job))
+    run = await front_door.runs.start(job, front_door.admission.admitting(job, ANONYMOUS), JobObserver(job))
+    if streamed:
+        # Before the chunks are written: the reader may read them to the end at once.
+        run.mark_resumable()
     await write_chunks(front_door.redis, job.id, *chunks)
     return run
 
@@ -62,9 +66,7 @@ async def live_run(front_door: FrontDoor, *chunks: Chunk, timeout_s: float = 30)
 async def held_of(front_door: FrontDoor, *chunks: Chunk, streamed: bool = False) -> HeldAnswer:
     """The answer of a live run, read whole and held (the run closed, as a cascade does); a
     `streamed` run's results are kept a while after it was read to its end."""
-    run = await live_run(front_door, *chunks)
-    if streamed:
-        run.mark_resumable()
+    run = await live_run(front_door, *chunks, streamed=streamed)
     try:
         read = await collect(run, within_s=10)
     finally:

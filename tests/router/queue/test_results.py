@@ -31,20 +31,20 @@ async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
     redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     enqueuing = asyncio.Event()
-    submit = JobQueue.submit
+    submit = JobQueue.admit_and_submit
 
     async def slow_submit(self: JobQueue, *args: object, **kwargs: object) -> LoadFailure | None:
         enqueuing.set()
         await asyncio.sleep(0.2)
         return await submit(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(JobQueue, "submit", slow_submit)
+    monkeypatch.setattr(JobQueue, "admit_and_submit", slow_submit)
     front_door = await FrontDoor.open(settings_for(redis_server.url))
     try:
         request = msgspec.convert({**BODY, "stream": True}, ChatCompletionRequest)
         job = chat_job(request, timeout_s=30)
-        ticket = await front_door.admission.admit(job, ANONYMOUS)
-        starting = asyncio.create_task(front_door.runs.start(job, ticket, JobObserver(job)))
+        admitting = front_door.admission.admitting(job, ANONYMOUS)
+        starting = asyncio.create_task(front_door.runs.start(job, admitting, JobObserver(job)))
         async with asyncio.timeout(10):
             while not enqueuing.is_set():
                 if starting.done():

@@ -1,0 +1,36 @@
+-- Admit a job against its key's limits and the deployment's bounds (admit.lua), and queue it
+-- (enqueue.lua), in one round trip (router.queue.run): a request's way into the queue costs the
+-- front door one call instead of two. Every check and every answer of the two scripts holds.
+--
+-- KEYS[1..4]   admit.lua's KEYS: the key's token buckets, its in-flight set, everyone's in-flight
+--              set, the model's job stream
+-- KEYS[5..]    enqueue.lua's KEYS (5 or 6 of them: the wake stream is optional)
+-- ARGV[1..9]   admit.lua's ARGV (ARGV[1], the slot, is the job's id)
+-- ARGV[10..]   enqueue.lua's ARGV (never "moved": a moved job was admitted long ago)
+--
+-- Returns nil once the job is admitted and queued; {'refused', what, retry after (s), detail} when
+-- admission refuses it (nothing committed, as admit.lua); {'load_failed', encoded LoadFailure} when
+-- its model's last load failed: then the slots it took are given back at once, and what it took of
+-- the key's rates stays taken, as a ticket released unused would leave them (release.lua with no
+-- refund). A call sent again (redis-py retried it after a lost reply) is admitted again at no cost
+-- and queues nothing twice.
+--#include admit
+--#include enqueue
+local function slice(list, first, last)
+    local part = {}
+    for i = first, last or #list do
+        part[#part + 1] = list[i]
+    end
+    return part
+end
+local refusal = admit(slice(KEYS, 1, 4), slice(ARGV, 1, 9))
+if refusal then
+    return {'refused', refusal[1], refusal[2], refusal[3]}
+end
+local failure = enqueue(slice(KEYS, 5), slice(ARGV, 10))
+if failure then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    return {'load_failed', failure}
+end
+return false
