@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door gpu-check clean
 
 VENV := .venv/bin
 
@@ -66,6 +66,10 @@ bench-router: install-bench
 # One model floods a worker: the quiet model's time to first token beside it, fair shares on and off.
 bench-fair: install-bench
 	$(VENV)/python bench/fair_share.py
+
+# The front door's share of the path without an engine: time to first byte, its CPU and Redis commands per request.
+bench-front-door: install-bench
+	$(VENV)/python bench/front_door_path.py --profile
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench

@@ -1,3 +1,8 @@
+#!lua
+-- (The shebang, without flags, has Redis 7 refuse the script at its start while Redis is over
+-- maxmemory, as it refuses a write: admitted and queued together, a job must not slip into a full
+-- Redis because the admission's own writes were allowed.)
+--
 -- Admit a job against its key's limits and the deployment's bounds (admit.lua), and queue it
 -- (enqueue.lua), in one round trip (router.queue.run): a request's way into the queue costs the
 -- front door one call instead of two. Every check and every answer of the two scripts holds.
