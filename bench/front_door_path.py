@@ -39,7 +39,7 @@ import httpx
 import redis.asyncio as aioredis
 from loadgen import percentile
 from proc_cpu import PROC, read_thread_cpu
-from pyspy_profile import MISSING, Recording, py_spy_path, top_self_frames
+from pyspy_profile import MISSING, Recording, parse_collapsed, py_spy_path, top_self_frames, without_line
 from redis.exceptions import ResponseError
 from tables import fmt, print_aligned
 
@@ -58,7 +58,9 @@ READY_TIMEOUT_S = 60.0
 WARMUP_REQUESTS = 20
 IDLE_S = 2.0
 SETTLE_S = 0.5
-PROFILE_RATE = 200
+PROFILE_RATE = 500
+# Frames whose inclusive share the profile lists: the front door's own code and what it calls most.
+OWN_CODE = ("router/", "switchboard/", "litestar/", "uvicorn/", "redis/", "msgspec")
 
 
 # --- the scripted worker (its own process) --------------------------------------------------------
@@ -299,7 +301,7 @@ async def measure_level(
 
 async def profile_level(
     front_door: FrontDoorProcess, concurrency: int, requests: int, py_spy: str, out_dir: Path
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
     """The functions that spend the most themselves in the front door during a pass at `concurrency`."""
     output = out_dir / f"front-door-{front_door.label}-c{concurrency}.txt"
     recording = Recording(py_spy, front_door.process.pid, output, PROFILE_RATE, native=False)
@@ -309,8 +311,25 @@ async def profile_level(
         await asyncio.sleep(0.5)  # py-spy attaches
         await run_batch(client, url, requests, concurrency)
     if (problem := recording.stop()) is not None:
-        return [{"error": problem}]
-    return [asdict(frame) for frame in top_self_frames(output.read_text(), 25)]
+        return {"error": problem}
+    text = output.read_text()
+    return {
+        "self": [asdict(frame) for frame in top_self_frames(text, 25)],
+        "inclusive": inclusive_frames(text, 40),
+    }
+
+
+def inclusive_frames(text: str, count: int) -> list[dict[str, Any]]:
+    """The functions of `OWN_CODE` on the stack (anywhere, once per sample) in the most samples."""
+    on_stack: dict[str, int] = {}
+    total = 0
+    for frames, samples in parse_collapsed(text):
+        total += samples
+        for frame in {without_line(frame) for frame in frames}:
+            if any(part in frame for part in OWN_CODE):
+                on_stack[frame] = on_stack.get(frame, 0) + samples
+    ranked = sorted(on_stack.items(), key=lambda item: -item[1])[:count]
+    return [{"frame": frame, "samples": n, "share": round(n / max(total, 1), 4)} for frame, n in ranked]
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -423,15 +442,18 @@ def print_table(runs: dict[str, list[LevelRun]], levels: list[int]) -> None:
 
 def print_profiles(profiles: dict[str, dict[int, Any]], count: int) -> None:
     for label, by_level in profiles.items():
-        for concurrency, frames in by_level.items():
-            print(
-                f"\nfront door ({label}), {concurrency} streams: the functions that spend the most themselves"
-            )
-            for frame in frames[:count]:
-                if "error" in frame:
-                    print(f"  {frame['error']}")
-                    continue
-                print(f"  {frame['share'] * 100:5.1f}%  {frame['frame']}")
+        for concurrency, profile in by_level.items():
+            print(f"\nfront door ({label}), {concurrency} streams:")
+            if "error" in profile:
+                print(f"  {profile['error']}")
+                continue
+            for kind, title in (
+                ("self", "spending the most themselves"),
+                ("inclusive", "on the stack the most"),
+            ):
+                print(f"  the functions {title}:")
+                for frame in profile[kind][:count]:
+                    print(f"  {frame['share'] * 100:5.1f}%  {frame['frame']}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -464,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(args, trees))
     print()
     print_table(result["runs"], args.concurrency)
-    print_profiles(result["profiles"], 15)
+    print_profiles(result["profiles"], 30)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     runs = {label: [asdict(run) for run in level_runs] for label, level_runs in result["runs"].items()}
     args.output.write_text(json.dumps({**result, "runs": runs}, indent=2))

@@ -29,7 +29,7 @@ from router.openai.chat import (
 )
 from router.openai.common import LOWEST_LOGPROB
 from router.openai.errors import OpenAIError
-from router.relay.sse import SSE_DONE, ChoiceText, error_for, gather_choices, sse_error, sse_event, usage_of
+from router.relay.sse import ChoiceText, error_for, events_of, gather_choices, sse_error, sse_event, usage_of
 from switchboard.wire import Chunk, Job, TokenLogprob, ToolCall
 
 
@@ -58,18 +58,21 @@ class ChatRelay:
         self._held: dict[int, list[str]] = {}
         self._call_ids: dict[int, str] = {}
 
-    async def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         """Server-sent events for a streamed response, ending with ``data: [DONE]``."""
-        async for chunk in chunks:
-            if chunk.error is not None:
-                yield sse_event(error_for(chunk.error, self.model).body())
-                break
-            choice = self._stream_choice(chunk)
-            if choice is not None:
-                yield sse_event(self._event([choice]))
-            if chunk.is_last and self.include_usage:
-                yield sse_event(self._event([], usage=True, last=chunk))
-        yield SSE_DONE
+        return events_of(self, chunks)
+
+    def chunk_events(self, chunk: Chunk) -> list[bytes]:
+        """The events of one chunk: its choice's, and the usage after the last; a failed job's error."""
+        if chunk.error is not None:
+            return [sse_event(error_for(chunk.error, self.model).body())]
+        events = []
+        choice = self._stream_choice(chunk)
+        if choice is not None:
+            events.append(sse_event(self._event([choice])))
+        if chunk.is_last and self.include_usage:
+            events.append(sse_event(self._event([], usage=True, last=chunk)))
+        return events
 
     def replay(self, earlier: list[Chunk]) -> None:
         """Take in the chunks whose events the client had before it resumed the stream

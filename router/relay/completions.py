@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from router.openai.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from router.openai.errors import OpenAIError
-from router.relay.sse import SSE_DONE, error_for, gather_choices, sse_error, sse_event, usage_of
+from router.relay.sse import error_for, events_of, gather_choices, sse_error, sse_event, usage_of
 from switchboard.wire import Chunk, Job, TokenLogprob
 
 
@@ -30,27 +30,30 @@ class CompletionRelay:
         # Characters streamed so far per choice: where its next token's text begins.
         self._offsets: dict[int, int] = {}
 
-    async def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         """Server-sent events for a streamed response, ending with ``data: [DONE]``."""
-        async for chunk in chunks:
-            if chunk.error is not None:
-                yield sse_event(error_for(chunk.error, self.model).body())
-                break
-            if chunk.text or chunk.finish_reason is not None or chunk.logprobs:
-                offset = self._offsets.get(chunk.index, 0)
-                self._offsets[chunk.index] = offset + len(chunk.text)
-                choice = CompletionChoice(
-                    index=chunk.index,
-                    text=chunk.text,
-                    finish_reason=chunk.finish_reason,
-                    logprobs=self._logprobs(chunk.logprobs, offset),
-                )
-                yield sse_event(self._event([choice]))
-            if chunk.is_last and self.include_usage:
-                usage = self._event([])
-                usage.usage = usage_of(chunk)
-                yield sse_event(usage)
-        yield SSE_DONE
+        return events_of(self, chunks)
+
+    def chunk_events(self, chunk: Chunk) -> list[bytes]:
+        """The events of one chunk: its choice's, and the usage after the last; a failed job's error."""
+        if chunk.error is not None:
+            return [sse_event(error_for(chunk.error, self.model).body())]
+        events = []
+        if chunk.text or chunk.finish_reason is not None or chunk.logprobs:
+            offset = self._offsets.get(chunk.index, 0)
+            self._offsets[chunk.index] = offset + len(chunk.text)
+            choice = CompletionChoice(
+                index=chunk.index,
+                text=chunk.text,
+                finish_reason=chunk.finish_reason,
+                logprobs=self._logprobs(chunk.logprobs, offset),
+            )
+            events.append(sse_event(self._event([choice])))
+        if chunk.is_last and self.include_usage:
+            usage = self._event([])
+            usage.usage = usage_of(chunk)
+            events.append(sse_event(usage))
+        return events
 
     def replay(self, earlier: list[Chunk]) -> None:
         """Take in the chunks whose events the client had before it resumed the stream

@@ -37,9 +37,24 @@ class Relay(Protocol):
         """Server-sent events for a streamed response, ending with ``data: [DONE]``."""
         ...
 
+    def chunk_events(self, chunk: Chunk) -> list[bytes]:
+        """The events of one chunk (none, one, or its choice's and the usage); a failed job's chunk
+        gives its error event. `events` is these for every chunk, then ``data: [DONE]``."""
+        ...
+
     def error_event(self, error: OpenAIError) -> bytes:
         """The closing event of a stream that fails after its headers were sent."""
         ...
+
+
+async def events_of(relay: Relay, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    """`relay`'s events for every chunk, up to a failed job's error event, then ``data: [DONE]``."""
+    async for chunk in chunks:
+        for event in relay.chunk_events(chunk):
+            yield event
+        if chunk.error is not None:
+            break
+    yield SSE_DONE
 
 
 def sse_event(payload: msgspec.Struct) -> bytes:
