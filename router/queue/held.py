@@ -47,6 +47,11 @@ class HeldAnswer:
         return self._taken >= len(self._chunks)
 
     @property
+    def chunk_waiting(self) -> bool:
+        """Whether a chunk is left: every one is here."""
+        return not self.ended
+
+    @property
     def last_entry_id(self) -> str:
         """The position of the chunk handed out last, from 1, as a stream entry id in the ms-0 range
         that no real entry has ("0-0", before any, means a stream's start to a resume)."""

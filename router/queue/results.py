@@ -96,6 +96,11 @@ class Subscription:
         self.served_by: str | None = None
         self._queue: asyncio.Queue[tuple[str, Chunk] | ResultsLost] = asyncio.Queue()
 
+    @property
+    def has_chunk(self) -> bool:
+        """Whether a chunk (or the news that the results are lost) waits to be taken."""
+        return not self._queue.empty()
+
     def deliver(self, entry_id: str, chunk: Chunk) -> None:
         """Called by the reader loop for every chunk read from the job's result stream."""
         self._queue.put_nowait((entry_id, chunk))

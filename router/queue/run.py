@@ -96,6 +96,11 @@ class JobRun:
         self._subscription.streamed = True
 
     @property
+    def chunk_waiting(self) -> bool:
+        """Whether the next chunk was read already: taking it would not wait."""
+        return self._subscription.has_chunk
+
+    @property
     def last_entry_id(self) -> str:
         """The result stream entry id of the last chunk handed out: where a resumed stream goes on."""
         return self._subscription.taken_id

@@ -29,6 +29,12 @@ class ChunkSource(Protocol):
         ...
 
     @property
+    def chunk_waiting(self) -> bool:
+        """Whether the next chunk is here already: taking it would not wait (`router.relay.first_byte`
+        writes the events of the chunks that are here together)."""
+        ...
+
+    @property
     def last_entry_id(self) -> str:
         """Where the last chunk handed out stands: the second half of a streamed event's `id:`."""
         ...

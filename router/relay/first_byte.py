@@ -100,34 +100,41 @@ async def _events(
     form: StreamForm,
 ) -> AsyncIterator[bytes]:
     to_skip = form.skip
+    # Events of chunks taken but not written yet (the next chunk was here already).
+    pending: list[bytes] = []
     try:
         # A resumed stream whose client had the last event (`run.ended`) gets only the stream's end.
         while first is None and not run.ended:
             yield await _progress_comment(run.job.model, status) if form.event_ids else BLANK_LINE
             first = await run.wait_chunk(every_s)
         relay.model = run.served_model
-        # One write per chunk: its events (and, after the last, the stream's end) go out together,
-        # each a send through the ASGI layers and a system call less.
+        # One write for the chunks that are here: their events (and, after the last, the stream's
+        # end) go out together, each a send through the ASGI layers and a system call less. A
+        # chunk that is not here yet is not waited for: what is here goes out first.
         async for chunk in run.chunks(first):
             events = relay.chunk_events(chunk)
             if chunk.is_last:
                 events.append(SSE_DONE)
-            if written := _framed(events, run, form, to_skip):
-                yield written
+            pending.append(_framed(events, run, form, to_skip))
             to_skip = max(0, to_skip - sum(event != SSE_DONE for event in events))
+            if chunk.is_last or not run.chunk_waiting:
+                if written := b"".join(pending):
+                    yield written
+                pending = []
             if chunk.is_last:
                 return
         yield _framed([SSE_DONE], run, form, 0)
     except OpenAIError as exc:
         # Headers are gone by now: the error travels as an event, as OpenAI's streams do.
+        # (After the events taken before it: results found lost were "here" like a chunk.)
         error = relay.error_event(exc)
-        yield event_id(run) + error if form.event_ids else error
+        yield b"".join(pending) + (event_id(run) + error if form.event_ids else error)
     finally:
         await run.close()
 
 
 def _framed(events: list[bytes], run: ChunkSource, form: StreamForm, to_skip: int) -> bytes:
-    """`events` of the chunk `run` handed out last, as one write: the first `to_skip` left out (the
+    """`events` of the chunk `run` handed out last, as bytes to write: the first `to_skip` left out (the
     client had them before it resumed: it counted events; the stream's end is never left out), each
     with its `id:` line for a client that asked for them."""
     kept = [event for index, event in enumerate(events) if index >= to_skip or event == SSE_DONE]

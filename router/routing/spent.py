@@ -79,6 +79,10 @@ class SpentBefore:
         return self._run.ended
 
     @property
+    def chunk_waiting(self) -> bool:
+        return self._run.chunk_waiting
+
+    @property
     def last_entry_id(self) -> str:
         return self._run.last_entry_id
 
