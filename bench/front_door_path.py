@@ -205,6 +205,13 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def syscalls(pid: int) -> int:
+    """Read and write system calls the process made so far (`syscr` + `syscw` of /proc/<pid>/io):
+    each socket send or receive is one, so they count round trips and writes, whatever the load."""
+    fields = dict(line.split(": ") for line in (PROC / str(pid) / "io").read_text().splitlines())
+    return int(fields["syscr"]) + int(fields["syscw"])
+
+
 # --- the load ------------------------------------------------------------------------------------
 
 
@@ -257,6 +264,7 @@ class LevelRun:
     ttfb_p99_ms: float | None
     cpu_ms_per_request: float
     redis_commands_per_request: float
+    syscalls_per_request: float
     commands: dict[str, float] = field(default_factory=dict)
 
 
@@ -276,10 +284,12 @@ async def measure_level(
         await run_batch(client, url, max(WARMUP_REQUESTS, concurrency), concurrency)
         await asyncio.sleep(SETTLE_S)
         calls_before = await command_calls(redis)
+        syscalls_before = syscalls(front_door.process.pid)
         cpu_before, started = cpu_seconds(front_door.process.pid), time.perf_counter()
         ttfbs = await run_batch(client, url, requests, concurrency)
         wall_s = time.perf_counter() - started
         cpu_s = cpu_seconds(front_door.process.pid) - cpu_before - idle_rate * wall_s
+        syscalls_made = syscalls(front_door.process.pid) - syscalls_before
         calls_after = await command_calls(redis)
     # The two INFO calls themselves are left out.
     calls = {
@@ -295,6 +305,7 @@ async def measure_level(
         ttfb_p99_ms=percentile(ttfbs_ms, 99),
         cpu_ms_per_request=round(cpu_s * 1000 / requests, 3),
         redis_commands_per_request=round(sum(calls.values()), 2),
+        syscalls_per_request=round(syscalls_made / requests, 2),
         commands=dict(sorted(calls.items(), key=lambda item: -item[1])),
     )
 
@@ -386,7 +397,7 @@ async def measure_tree(
             print(
                 f"round {round_no} {label:>8} c={concurrency:<3} ttfb p50 {fmt(level.ttfb_p50_ms, 2)} ms "
                 f"p99 {fmt(level.ttfb_p99_ms, 2)} ms, cpu {level.cpu_ms_per_request:.3f} ms/req, "
-                f"redis {level.redis_commands_per_request} cmd/req",
+                f"redis {level.redis_commands_per_request} cmd/req, {level.syscalls_per_request} syscalls/req",
                 flush=True,
             )
     finally:
@@ -423,7 +434,7 @@ def median(values: list[float | None]) -> float | None:
 
 
 def print_table(runs: dict[str, list[LevelRun]], levels: list[int]) -> None:
-    lines = [["tree", "streams", "TTFB p50 ms", "TTFB p99 ms", "CPU ms/req", "Redis cmd/req"]]
+    lines = [["tree", "streams", "TTFB p50 ms", "TTFB p99 ms", "CPU ms/req", "Redis cmd/req", "syscalls/req"]]
     for label, level_runs in runs.items():
         for concurrency in levels:
             at = [run for run in level_runs if run.concurrency == concurrency]
@@ -435,6 +446,7 @@ def print_table(runs: dict[str, list[LevelRun]], levels: list[int]) -> None:
                     fmt(median([run.ttfb_p99_ms for run in at]), 2),
                     fmt(median([run.cpu_ms_per_request for run in at]), 3),
                     fmt(median([run.redis_commands_per_request for run in at]), 2),
+                    fmt(median([run.syscalls_per_request for run in at]), 1),
                 ]
             )
     print_aligned(lines)
