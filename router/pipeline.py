@@ -233,9 +233,16 @@ class Pipeline:
     ) -> Answer:
         """The job queued and its answer relayed, named after the model that wrote it; its usage
         counts what earlier steps of the request spent too."""
-        run = await self.queued(job, call.caller)
-        if self._shadow is not None:
-            self._shadow.mirror(run.job)  # a copy for the route's shadow version, in the background
+        # A copy for the route's shadow version, in the background, drawn before the job is queued.
+        draw = self._shadow.draw(job) if self._shadow is not None else None
+        try:
+            run = await self.queued(job, call.caller)
+        except BaseException:
+            if draw is not None and self._shadow is not None:
+                self._shadow.drop(draw)
+            raise
+        if draw is not None and self._shadow is not None:
+            self._shadow.mirror(run.job, draw)
         source = run if call.spent.nothing else SpentBefore(run, call.spent)
         answer = await self.relayed(source, relay, stream=call.stream, form=form)
         return labelled(answer, resolution.served_by(run.served_model))

@@ -170,6 +170,16 @@ class Unstarted:
             self._counts[self._model] -= 1
 
 
+@dataclass(frozen=True)
+class ShadowDraw:
+    """A real job drawn for a copy: its route's shadow, and the real answer's reader (for a shadow
+    that keeps answers); `busy`: too many copies are in flight, so it is not copied."""
+
+    config: ShadowConfig
+    served: Subscription | None
+    busy: bool = False
+
+
 class ShadowTraffic:
     """Copies a share of each shadowed route's requests to its shadow version, in the background."""
 
@@ -200,28 +210,41 @@ class ShadowTraffic:
         # Per shadow model, this front door's copies queued and not started yet.
         self._unstarted: dict[str, int] = {}
 
-    def mirror(self, job: Job) -> None:
-        """After `job` (a real one, just queued) was queued: copy it, if its route has a shadow and the
-        draw says so. Never raises, never waits: the copy runs in a task of its own."""
+    def draw(self, job: Job) -> ShadowDraw | None:
+        """Before `job` (a real one) is queued: whether its route's shadow copies it (the draw says so);
+        `mirror` then copies it once it is queued, `drop` forgets the draw if it is not. A copy that
+        keeps answers reads the real answer from now on, before a fast worker can end the job and
+        its results be deleted. Never raises, never waits."""
         config = self._shadows.get(job.route) if job.route is not None else None
         if (
             config is None
             or not self._first_draw(arrival_id() or job.id)
             or not drawn(config.percent, self._draw)
         ):
-            return
+            return None
         if self.in_flight >= self._max_in_flight:
-            SHADOW_REQUESTS.labels(job.route, config.model, "dropped_busy").inc()
-            return
+            return ShadowDraw(config, served=None, busy=True)
         self.in_flight += 1
-        # The real answer is read from now on, so that none of its chunks is missed.
-        served = (
-            self._reader.subscribe(job.id, job.model, streamed=True, queued=True)
-            if config.keep_answers
-            else None
-        )
+        served = self._reader.subscribe(job.id, job.model, streamed=True) if config.keep_answers else None
+        return ShadowDraw(config, served=served)
+
+    def mirror(self, job: Job, draw: ShadowDraw) -> None:
+        """After `job` was queued: its copy, in a task of its own. Never raises, never waits."""
+        if draw.busy:
+            SHADOW_REQUESTS.labels(job.route, draw.config.model, "dropped_busy").inc()
+            return
+        if draw.served is not None:
+            draw.served.queued = True
         queued_at = asyncio.get_running_loop().time()
-        self._tasks.start(self._copied(job, config, served, queued_at), "shadow copy")
+        self._tasks.start(self._copied(job, draw.config, draw.served, queued_at), "shadow copy")
+
+    def drop(self, draw: ShadowDraw) -> None:
+        """The real job was not queued: nothing is copied, and its answer is not read."""
+        if draw.busy:
+            return
+        self.in_flight -= 1
+        if draw.served is not None:
+            self._reader.unsubscribe(draw.served, keep=True)
 
     def _first_draw(self, request_id: str) -> bool:
         """Whether this is the request's first job drawn for (not the job of one of its fallbacks)."""

@@ -203,6 +203,13 @@ def shadow_traffic(tasks: StartedTasks, *, max_in_flight: int = 32) -> ShadowTra
     )
 
 
+def mirrored(traffic: ShadowTraffic, job: WireJob) -> None:
+    """`job` drawn before it is queued and, once it is, copied if the draw says so (`Pipeline._answered`)."""
+    draw = traffic.draw(job)
+    if draw is not None:
+        traffic.mirror(job, draw)
+
+
 def routed_job(job_id: str, route: str | None = "chat") -> WireJob:
     now = time.time()
     return WireJob(
@@ -221,9 +228,9 @@ async def test_a_request_is_copied_once_even_when_a_fallback_queues_it_again_and
 ):
     tasks = StartedTasks()
     traffic = shadow_traffic(tasks)
-    traffic.mirror(routed_job("r1"))
-    traffic.mirror(routed_job("r1"))  # the same request's job on the route's stable version
-    traffic.mirror(routed_job("r2", route=None))
+    for job in (routed_job("r1"), routed_job("r1"), routed_job("r2", route=None)):
+        # The second: the same request's job on the route's stable version.
+        mirrored(traffic, job)
     assert tasks.names == ["shadow copy"] and traffic.in_flight == 1
 
 
@@ -232,7 +239,7 @@ async def test_copies_beyond_the_front_doors_bound_are_dropped_busy() -> None:
     traffic = shadow_traffic(tasks, max_in_flight=2)
     before = counter("switchboard:shadow_requests", route="chat", model="chat-v3", outcome="dropped_busy")
     for n in range(5):
-        traffic.mirror(routed_job(f"r{n}"))
+        mirrored(traffic, routed_job(f"r{n}"))
     assert len(tasks.names) == 2
     assert (
         counter("switchboard:shadow_requests", route="chat", model="chat-v3", outcome="dropped_busy")
