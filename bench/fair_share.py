@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import sys
@@ -125,31 +126,60 @@ async def flood_client(
         done.append(await streamed(client, FLOOD, max_tokens))
 
 
+async def flood(base_url: str, clients: int, max_tokens: int, stop: Any) -> list[Streamed]:
+    """`clients` closed-loop clients of the flooding model until `stop` (a process Event) is set."""
+    async with AsyncOpenAI(
+        base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
+    ) as client:
+        stopping = asyncio.Event()
+        done: list[Streamed] = []
+        tasks = [
+            asyncio.create_task(flood_client(client, max_tokens, done, stopping)) for _ in range(clients)
+        ]
+        await asyncio.to_thread(stop.wait)
+        stopping.set()
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return done
+
+
+def flood_process(base_url: str, clients: int, max_tokens: int, stop: Any, results: Any) -> None:
+    """The flood in a process of its own: its clients parsing thousands of chunks a second would
+    otherwise hold up the event loop that times the quiet model's requests (perf_counter is the
+    machine's monotonic clock, so both processes' times compare)."""
+    results.put(asyncio.run(flood(base_url, clients, max_tokens, stop)))
+
+
 async def run_level(base_url: str, flood_clients: int, args: argparse.Namespace) -> Level:
-    """The quiet model's requests, one at a time, beside `flood_clients` closed-loop clients."""
+    """The quiet model's requests, one at a time, beside `flood_clients` closed-loop clients (in a
+    process of their own)."""
+    context = multiprocessing.get_context("spawn")
+    stop, results = context.Event(), context.Queue()
+    flooder = None
     async with AsyncOpenAI(
         base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
     ) as client:
         for _ in range(WARMUP_REQUESTS):
             await streamed(client, QUIET, args.quiet_max_tokens)
-        stop = asyncio.Event()
-        flood_done: list[Streamed] = []
-        flood = [
-            asyncio.create_task(flood_client(client, args.flood_max_tokens, flood_done, stop))
-            for _ in range(flood_clients)
-        ]
-        await asyncio.sleep(args.ramp_s if flood_clients else 0)
+        if flood_clients:
+            flooder = context.Process(
+                target=flood_process, args=(base_url, flood_clients, args.flood_max_tokens, stop, results)
+            )
+            flooder.start()
+            await asyncio.sleep(args.ramp_s)
         load_before = round(os.getloadavg()[0], 2)
         window_start = time.perf_counter()
         quiet = [await streamed(client, QUIET, args.quiet_max_tokens) for _ in range(args.quiet_requests)]
         if flood_clients:  # the window lasts at least window_s, so that enough flood requests end in it
             await asyncio.sleep(max(0.0, args.window_s - (time.perf_counter() - window_start)))
         window_end = time.perf_counter()
+    flood_done: list[Streamed] = []
+    if flooder is not None:
         stop.set()
-        for task in flood:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*flood, return_exceptions=True)
+        flood_done = await asyncio.to_thread(results.get, timeout=REQUEST_TIMEOUT_S + 30)
+        flooder.join(30)
     return summarize(flood_clients, quiet, flood_done, window_start, window_end, load_before)
 
 
