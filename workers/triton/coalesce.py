@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from workers.engines.base import Delta
+from workers.triton.wakeup import Wakeup
 
 
 def merge(deltas: list[Delta]) -> list[Delta]:
@@ -56,39 +57,24 @@ class DeltaInbox:
 
     def __init__(self) -> None:
         self._items: list[Delta | BaseException] = []
-        self._waiter: asyncio.Future[None] | None = None
-        self._urgent_only = False
+        self._wakeup = Wakeup()
 
     def put_nowait(self, item: Delta | BaseException) -> None:
         """Hand over a delta (or the error that ends the request)."""
         self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and (not self._urgent_only or _urgent(item)):
-            _wake(waiter)
+        self._wakeup.wake(urgent=_urgent(item))
 
     async def take(self) -> list[Delta]:
         """Everything that has arrived, once something has; raises an error that arrived."""
         if not self._items:
-            await self._wait(urgent_only=False, deadline=None)
+            await self._wakeup.wait(urgent_only=False, deadline=None)
         return self._take_all()
 
     async def take_by(self, deadline: float) -> list[Delta]:
         """Everything that has arrived by `deadline` (loop time), or as soon as the last delta or
         an error arrives; raises an error that arrived."""
-        await self._wait(urgent_only=True, deadline=deadline)
+        await self._wakeup.wait(urgent_only=True, deadline=deadline)
         return self._take_all()
-
-    async def _wait(self, *, urgent_only: bool, deadline: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        self._urgent_only = urgent_only
-        timer = loop.call_at(deadline, _wake, waiter) if deadline is not None else None
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
 
     def qsize(self) -> int:
         """How many items wait to be taken."""
@@ -110,11 +96,6 @@ class DeltaInbox:
 
 def _urgent(item: Delta | BaseException) -> bool:
     return isinstance(item, BaseException) or item.last
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 async def coalesce(inbox: DeltaInbox, window_s: Callable[[], float]) -> AsyncIterator[list[Delta]]:

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from workers.triton.wakeup import Wakeup
+
 logger = logging.getLogger(__name__)
 
 # The job input that opens a model's output stream instead of running a job.
@@ -58,8 +60,7 @@ class OutputStream:
         self._gap_s = gap_s
         self._unsent: list[Posted] = []
         self._urgent = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._urgent_only = False
+        self._wakeup = Wakeup()
         self._closed = False
 
     def post(self, tag: int, chunk: bytes, *, last: bool, urgent: bool) -> None:
@@ -71,16 +72,13 @@ class OutputStream:
             del self._unsent[: len(self._unsent) - MAX_UNSENT]
             logger.warning("no output stream took a model's chunks; the oldest were dropped")
         self._urgent = self._urgent or urgent or last
-        waiter = self._waiter
-        if waiter is not None and (not self._urgent_only or self._urgent):
-            _wake(waiter)
+        self._wakeup.wake(urgent=self._urgent)
 
     def close(self) -> None:
         """End the listener (the model is being unbound, or its client opened a newer stream): Triton
         waits for its request to end."""
         self._closed = True
-        if self._waiter is not None:
-            _wake(self._waiter)
+        self._wakeup.wake(urgent=True)
 
     async def listen(self) -> AsyncIterator[list[Posted]]:
         """The batches of posted chunks, paced, until the stream is closed."""
@@ -88,34 +86,16 @@ class OutputStream:
         last_sent = float("-inf")
         while not self._closed:
             if not self._unsent:
-                await self._wait(urgent_only=False, deadline=None)
+                await self._wakeup.wait(urgent_only=False, deadline=None)
                 continue
             send_at = last_sent + self._gap_s
             if not self._urgent and loop.time() < send_at:
-                await self._wait(urgent_only=True, deadline=send_at)
+                await self._wakeup.wait(urgent_only=True, deadline=send_at)
                 if self._closed:
                     return
             batch, self._unsent, self._urgent = self._unsent, [], False
             last_sent = loop.time()
             yield batch
-
-    async def _wait(self, *, urgent_only: bool, deadline: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        self._urgent_only = urgent_only
-        timer = loop.call_at(deadline, _wake, waiter) if deadline is not None else None
-        try:
-            await waiter
-        finally:
-            if self._waiter is waiter:
-                self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class OutputStreams:
