@@ -5,13 +5,12 @@ with the count its model is allotted (`workers.jobs.shares`: a reserve per warm 
 shares of the rest, no more than its engine batches, never more than the free slots; the reads
 themselves are `workers.jobs.reads`). A model whose last read came back full may have more jobs
 waiting: it is read without blocking first; otherwise the pass blocks on all the allotted streams.
-The set is rebuilt on every pass, and with no model warm the consumer waits for one. Jobs for a
-model nobody holds stay in its stream (the waiting room) until some worker loads it, as do jobs
-beyond what a model may take here, for another worker to take. A job is acknowledged in the same
-round trip as its last chunk, so a worker that dies mid-job leaves it pending, and another worker's
-sweep puts it back in line (`workers.jobs.takeover`); the worker that takes it then goes on where
-the client's stream stopped (`workers.jobs.continuation`). An entry that cannot be decoded goes to
-the dead-letter stream, and nothing that goes wrong in one pass stops the loop.
+The set is rebuilt every pass; with no model warm the consumer waits for one. Jobs of a model
+nobody holds, or beyond what a model may take here, stay in its stream for any worker. A job is
+acknowledged in the same round trip as its last chunk, so a worker that dies mid-job leaves it
+pending, and another worker's sweep puts it back in line (`workers.jobs.takeover`); the worker that
+takes it goes on where the client's stream stopped (`workers.jobs.continuation`). An entry that
+cannot be decoded goes to the dead-letter stream; nothing that goes wrong in one pass stops the loop.
 
 Shadow copies of routed requests (`Job.shadow`, `router.routing.shadow`) come last: nobody waits for
 them, so one runs only while the worker has slots to spare — fewer than `max_shadow_jobs` of them
