@@ -160,7 +160,9 @@ async def test_a_result_stream_deleted_by_the_front_door_stops_the_engine(worker
 async def test_a_chunk_redis_refuses_aborts_the_engine_and_the_job_is_taken_over(
     worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    one = job("slow 8 0.05")
+    # Long enough that its engine still runs when the writes have failed (three tries over about
+    # 0.3 s): an abort after the engine's end would have nothing to stop.
+    one = job("slow 24 0.05")
     flush = worker.writer._flush
     refused = 0
 
@@ -176,7 +178,7 @@ async def test_a_chunk_redis_refuses_aborts_the_engine_and_the_job_is_taken_over
     chunks = await result(worker.redis, one.id)
     assert one.id in worker.engine.aborted, "the engine stopped at once"
     assert worker.engine.requests.count(one.id) == 2, "then the job ran again"
-    assert "".join(c.text for c in chunks) == tokens(0, 8)
+    assert "".join(c.text for c in chunks) == tokens(0, 24)
     await until(lambda: nothing_pending(worker.redis))
 
 
