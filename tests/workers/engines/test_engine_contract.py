@@ -133,8 +133,10 @@ async def engine(kind: Kind, demo_model_dir: Path, baseline: set[int]) -> AsyncI
 
 @pytest.fixture(scope="module")
 def no_eos(tokenizer: Any) -> dict[int, float]:
-    """A logit bias that bans the end token, so that a request runs to max_tokens."""
-    return {int(tokenizer.eos_token_id): -100.0}
+    """A logit bias that bans the end token, so that a request runs to max_tokens, and every other
+    special token (`<unk>` among them), whose text a sampled answer would leave out of its text but
+    not out of its log probabilities."""
+    return dict.fromkeys((int(token) for token in tokenizer.all_special_ids), -100.0)
 
 
 @dataclass
