@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import multiprocessing
-import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,179 +34,28 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+from front_door_process import (
+    FrontDoorProcess,
+    cpu_seconds,
+    start_front_door,
+    stop_front_door,
+    syscalls,
+    wait_ready,
+)
 from loadgen import percentile
-from proc_cpu import PROC, read_thread_cpu
 from pyspy_profile import MISSING, Recording, parse_collapsed, py_spy_path, top_self_frames, without_line
-from redis.exceptions import ResponseError
+from scripted_worker import MODEL, run_scripted_worker
 from tables import fmt, print_aligned
 
-from switchboard import keys, lua
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.local.toml_text import toml_text
-from switchboard.ports import free_port
-from switchboard.redis_conn import stream_entries
-from switchboard.wire import Chunk, SlotStatus, Usage, WorkerRecord, encode, job_decoder
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL = "tiny"
-WORKER_ID = "scripted-worker"
-HEARTBEAT_EVERY_S = 2.0
-READY_TIMEOUT_S = 60.0
 WARMUP_REQUESTS = 20
 IDLE_S = 2.0
 SETTLE_S = 0.5
 PROFILE_RATE = 500
 # Frames whose inclusive share the profile lists: the front door's own code and what it calls most.
 OWN_CODE = ("router/", "switchboard/", "litestar/", "uvicorn/", "redis/", "msgspec")
-
-
-# --- the scripted worker (its own process) --------------------------------------------------------
-
-
-def answer_payloads(chunks: int, tokens: int) -> list[bytes]:
-    """The encoded chunks of every answer: `tokens` words over `chunks` chunks, the last with usage."""
-    per_chunk = max(1, tokens // chunks)
-    texts = ["word " * per_chunk] * chunks
-    payloads = [encode(Chunk(text=text)) for text in texts[:-1]]
-    last = Chunk(
-        text=texts[-1], finish_reason="length", usage=Usage(prompt_tokens=8, completion_tokens=tokens)
-    )
-    return [*payloads, encode(last)]
-
-
-def heartbeat_record() -> WorkerRecord:
-    """A live worker holding the model warm, as a real worker's heartbeat advertises it."""
-    now = time.time()
-    slot = SlotStatus(model=MODEL, state="warm", replica=0, warm_since=now, idle_since=now)
-    return WorkerRecord(
-        id=WORKER_ID,
-        host="bench",
-        pid=os.getpid(),
-        started=now,
-        heartbeat=now,
-        models=(MODEL,),
-        triton_http_port=1,
-        triton_grpc_port=2,
-        triton_metrics_port=3,
-        kind="cpu",
-        slots=(slot,),
-    )
-
-
-async def heartbeat(redis: aioredis.Redis) -> None:
-    while True:
-        await redis.set(keys.worker_record(WORKER_ID), encode(heartbeat_record()), ex=keys.WORKER_TTL_S)
-        await redis.zadd(keys.workers_index(), {WORKER_ID: time.time()})
-        await asyncio.sleep(HEARTBEAT_EVERY_S)
-
-
-async def scripted_worker(redis_url: str, chunks: int, tokens: int) -> None:
-    """Take every job of the model's stream and answer it at once, as `workers/jobs` would."""
-    redis = aioredis.Redis.from_url(redis_url)
-    stream = keys.job_stream(MODEL)
-    with contextlib.suppress(ResponseError):  # BUSYGROUP: the group exists
-        await redis.xgroup_create(stream, keys.JOB_GROUP, id="0", mkstream=True)
-    append = lua.register(redis, "append_chunk")
-    await redis.script_load(append.script)
-    payloads = answer_payloads(chunks, tokens)
-    beating = asyncio.create_task(heartbeat(redis))
-    while not beating.done():
-        response = await redis.xreadgroup(keys.JOB_GROUP, WORKER_ID, {stream: ">"}, count=64, block=1000)
-        pipe = redis.pipeline(transaction=False)
-        for _, entries in stream_entries(response):
-            for entry_id, fields in entries:
-                job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
-                queue_answer(pipe, append.sha, job.id, entry_id, payloads)
-        if len(pipe):
-            await pipe.execute()
-    beating.result()
-
-
-def queue_answer(pipe: Any, sha: str, job_id: str, entry_id: bytes, payloads: list[bytes]) -> None:
-    """The job's chunks on `pipe`, as the worker's result writer sends them (one EVALSHA each)."""
-    results, stream = keys.result_stream(job_id), keys.job_stream(MODEL)
-    for seq, payload in enumerate(payloads):
-        last = seq == len(payloads) - 1
-        pipe.evalsha(
-            sha,
-            4,
-            results,
-            keys.cancel_mark(job_id),
-            stream if last else results,
-            keys.job_record(job_id),
-            payload,
-            keys.RESULT_TTL_S,
-            int(seq == 0),
-            entry_id if last else b"",
-            keys.JOB_GROUP,
-            seq,
-            WORKER_ID,
-            int(seq == 0),
-        )
-
-
-def run_scripted_worker(redis_url: str, chunks: int, tokens: int) -> None:
-    asyncio.run(scripted_worker(redis_url, chunks, tokens))
-
-
-# --- the front door (its own process) ------------------------------------------------------------
-
-
-@dataclass
-class FrontDoorProcess:
-    label: str
-    process: subprocess.Popen[bytes]
-    base_url: str
-
-
-def start_front_door(tree: Path, label: str, redis_url: str, work_dir: Path) -> FrontDoorProcess:
-    config = work_dir / f"switchboard-{label}.toml"
-    config.write_text(toml_text({"models": [{"name": MODEL, "path": "/nonexistent"}]}))
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": str(tree)}
-    code = "import sys; from switchboard.cli.main import main; sys.exit(main())"
-    argv = [sys.executable, "-c", code, "--config", str(config), "router", "--port", str(port)]
-    log = (work_dir / f"router-{label}.log").open("w")
-    process = subprocess.Popen(argv, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
-    return FrontDoorProcess(label, process, f"http://127.0.0.1:{port}")
-
-
-async def wait_ready(front_door: FrontDoorProcess, client: httpx.AsyncClient) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if front_door.process.poll() is not None:
-            raise RuntimeError(f"the front door ({front_door.label}) stopped; see its router log")
-        with contextlib.suppress(httpx.HTTPError):
-            if (await client.get(f"{front_door.base_url}/readyz")).status_code == 200:
-                return
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"the front door ({front_door.label}) was not ready in {READY_TIMEOUT_S:g} s")
-
-
-def stop_front_door(front_door: FrontDoorProcess) -> None:
-    front_door.process.terminate()
-    try:
-        front_door.process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        front_door.process.kill()
-        front_door.process.wait()
-
-
-def cpu_seconds(pid: int) -> float:
-    """On-CPU seconds of every live thread of `pid` (schedstat: nanoseconds, not 10 ms ticks)."""
-    total = 0.0
-    with contextlib.suppress(FileNotFoundError):
-        for task in (PROC / str(pid) / "task").iterdir():
-            if (thread := read_thread_cpu(task)) is not None:
-                total += thread.cpu_s
-    return total
-
-
-def syscalls(pid: int) -> int:
-    """Read and write system calls the process made so far (`syscr` + `syscw` of /proc/<pid>/io):
-    each socket send or receive is one, so they count round trips and writes, whatever the load."""
-    fields = dict(line.split(": ") for line in (PROC / str(pid) / "io").read_text().splitlines())
-    return int(fields["syscr"]) + int(fields["syscw"])
 
 
 # --- the load ------------------------------------------------------------------------------------
