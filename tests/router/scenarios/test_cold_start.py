@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -362,7 +363,8 @@ async def test_a_deadline_after_the_headers_is_an_error_event(
     assert blocks[-1] == "data: [DONE]"
     error = msgspec.json.decode(blocks[-2][len("data: ") :])["error"]
     assert error["code"] == "model_loading"
-    assert "Retry in 60 s." in error["message"]
+    # The suggested retry counts down from the load's expected end: a second may pass meanwhile.
+    assert re.search(r"Retry in (59|60) s\.", error["message"]), error["message"]
     assert len([k async for k in redis.scan_iter(match=keys.cancel_mark("*"))]) == 1
 
 
