@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from switchboard import keys
+from switchboard.config_env import EnvironmentOverrideError, apply_environment
 from switchboard.config_names import ModelName, RouteName
 from switchboard.model_pipelines import (
     PipelineConfig,
@@ -28,11 +29,19 @@ from switchboard.model_pipelines import (
     router_models,
 )
 from switchboard.name_graph import LoopError, check_no_loop
+from switchboard.pooling_config import (
+    DEFAULT_ENGINE,
+    POOLING_KINDS,
+    BatchingConfig,
+    EngineName,
+    ModelKind,
+    PoolingConfigError,
+    check_pooling,
+)
 from switchboard.redis_address import RedisAddressError, checked_redis_url
 from switchboard.route_config import RouteConfig, RouteConfigError, check_routes
 from switchboard.router_config import RouterConfig
 
-ENV_PREFIX = "SWITCHBOARD_"
 DEMO_MODEL_NAME = "switchboard-demo"
 
 
@@ -45,7 +54,11 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     name: ModelName
     path: str
-    engine: Literal["vllm", "trtllm"] = "vllm"
+    # A generator (chat and completions), or a pooling model: an embedder, a classifier or a
+    # reranker that scores documents against a query (switchboard/pooling_config.py).
+    kind: ModelKind = "generate"
+    # None: the kind's engine (vLLM for generators, the PyTorch runner for the pooling kinds).
+    engine: EngineName | None = None
     # Passed to the engine as they are (for vLLM: AsyncEngineArgs fields; for TensorRT-LLM: the
     # LLM's TorchLlmArgs fields, over Switchboard's defaults: see workers/engines/trtllm_args.py).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -75,6 +88,21 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # among equal priorities in proportion to weight. The defaults make all models equal.
     priority: int = 0
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Pooling kinds: how Triton's dynamic batcher groups their requests.
+    batching: BatchingConfig = msgspec.field(default_factory=BatchingConfig)
+    # Embedders trained to be cut short (Matryoshka): the sizes a request's `dimensions` may ask
+    # for, or [] for any size up to the model's. None: the model's vectors are whole only.
+    matryoshka_dimensions: list[Annotated[int, msgspec.Meta(ge=1)]] | None = None
+
+    @property
+    def engine_name(self) -> EngineName:
+        """The engine the model runs on: the one its entry names, or its kind's."""
+        return self.engine or DEFAULT_ENGINE[self.kind]
+
+    @property
+    def pooling(self) -> bool:
+        """Whether the model answers once per input (embed, classify, score) rather than streaming text."""
+        return self.kind in POOLING_KINDS
 
 
 class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -272,7 +300,10 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
             raw = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    _apply_environment(raw, environ)
+    try:
+        apply_environment(raw, environ)
+    except EnvironmentOverrideError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -305,33 +336,6 @@ def _check_triton_names(names: list[str]) -> None:
         seen[key] = name
 
 
-def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
-    redis_table = raw.get("redis")
-    if environ.get("REDIS_URL"):
-        raw.setdefault("redis", {})["url"] = environ["REDIS_URL"]
-    elif environ.get("REDIS_URL_FILE"):
-        # The environment's file wins over the config file's URL, as REDIS_URL would.
-        if isinstance(redis_table, dict):
-            redis_table.pop("url", None)
-        raw.setdefault("redis", {})["url_file"] = environ["REDIS_URL_FILE"]
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
-        table = raw.setdefault(section, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{name} overrides a field of `{section}`, which is not a table of settings")
-        table[field] = _parse_literal(value)
-
-
-def _parse_literal(value: str) -> Any:
-    """`8001` → 8001, `[\"a\"]` → [\"a\"], `true` → True; anything else stays a string."""
-    try:
-        return tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
-        return value
-
-
 def triton_model_name(model: str) -> str:
     """The model's name inside a worker's Triton: only letters, digits, '.', '_' and '-' are allowed."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", model)
@@ -344,6 +348,12 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError(f"model names must be unique; repeated: {', '.join(duplicates)}")
     _check_triton_names(names)
     for model in settings.models:
+        try:
+            check_pooling(
+                model.name, model.kind, model.engine_name, model.batching, model.matryoshka_dimensions
+            )
+        except PoolingConfigError as exc:
+            raise ConfigError(str(exc)) from None
         if model.max_replicas is not None and model.min_replicas > model.max_replicas:
             raise ConfigError(
                 f"model {model.name!r}: min_replicas ({model.min_replicas}) is above "

@@ -94,10 +94,30 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
 Prompt = str | tuple[int, ...]
 
 
-class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One generation request waiting on its model's job stream.
+class PoolingTask(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a pooling job computes: one row per input, each its own input's whatever batch it rides in.
 
-    Exactly one of `messages` (chat) and `prompts` (plain completion) is set. A completion of several
+    "embed": an embedding per input; "classify": a classifier's probabilities per label, per input;
+    "score": a cross-encoder's relevance of each input (a document) to `query`.
+    """
+
+    task: Literal["embed", "classify", "score"]
+    # Texts, or token ids given by the client; for "score", the documents.
+    inputs: tuple[Prompt, ...]
+    query: str | None = None
+    # "embed": keep the first so many dimensions and renormalize (models with matryoshka_dimensions).
+    dimensions: int | None = None
+    # vLLM's `truncate_prompt_tokens`: keep only the last so many tokens of each input (-1: as many
+    # as the model takes). None: an input past the model's context is the client's error.
+    truncate_prompt_tokens: int | None = None
+    # "embed": scale each vector to unit length (as OpenAI's embeddings are).
+    normalize: bool = True
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One request waiting on its model's job stream.
+
+    Exactly one of `messages` (chat), `prompts` (plain completion) and `pooling` is set. A completion of several
     prompts is one job: choice `i * n + j` is the `j`th choice of prompt `i`, as OpenAI numbers them.
     """
 
@@ -110,6 +130,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Chat: the model may call tools in its own syntax, which the worker parses into tool calls.
     parse_tool_calls: bool = False
     prompts: tuple[Prompt, ...] | None = None
+    # An embedder's, classifier's or reranker's job (`sampling` is then empty and unused).
+    pooling: PoolingTask | None = None
     created: float
     # Unix time after which nobody waits for the result: a worker drops the job unstarted.
     deadline: float
@@ -165,6 +187,11 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # On a job's first chunk: the job waited for its model to load (or wake), so its time to first
     # token holds a cold start (`router.routing.observations` counts it apart).
     cold_start: bool = False
+    # A pooling job's answer, in one last chunk with its usage: a row per input, in input order,
+    # each little-endian float32 values (an embedding; a classifier's probability per label; a
+    # reranker's one score). A classifier names its labels, in the order of each row's values.
+    pooled: tuple[bytes, ...] = ()
+    labels: tuple[str, ...] = ()
 
     @property
     def is_last(self) -> bool:

@@ -294,17 +294,17 @@ class Worker:
         if engine_factory is not create_engine:  # scripted engines need no package
             return models
         installed = installed_engines()
-        lacking = [model for model in models if model.engine not in installed]
+        lacking = [model for model in models if model.engine_name not in installed]
         for model in lacking:
             logger.warning(
-                f"{model.name} is left to other workers: its engine {model.engine!r} is not installed here",
-                extra={"model": model.name, "engine": model.engine},
+                f"{model.name} is left to other workers: its engine {model.engine_name!r} is not installed here",
+                extra={"model": model.name, "engine": model.engine_name},
             )
         if not lacking:
             return models
-        runnable = [model for model in models if model.engine in installed]
+        runnable = [model for model in models if model.engine_name in installed]
         if not runnable:
-            engines = sorted({model.engine for model in lacking})
+            engines = sorted({model.engine_name for model in lacking})
             raise CannotStart(
                 f"this worker can run none of its models: their engines ({', '.join(engines)}) are not "
                 "installed here; run it from an image that has them, or name the models it can run in "
@@ -321,7 +321,7 @@ class Worker:
         Both import vLLM, which takes seconds: never on the event loop.
         """
         if self._engine_factory is create_engine:  # a scripted engine imports nothing
-            engines: set[str] = {model.engine for model in self._models}
+            engines: set[str] = {model.engine_name for model in self._models}
             await asyncio.to_thread(import_runtimes, engines, self.settings.worker.engine_process)
         for model in self._models:
             await asyncio.to_thread(self._placement.estimate, model, self._estimator(model))

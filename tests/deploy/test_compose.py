@@ -331,7 +331,7 @@ def test_the_gpu_workers_reserve_a_gpu_and_the_cpu_worker_none(compose: dict[str
 def test_each_kind_of_worker_holds_only_the_models_of_its_engine(tmp_path: Path) -> None:
     # The TensorRT-LLM configuration, alone: every model its worker may hold is a TensorRT-LLM one.
     held = service_settings(_compose_for("worker-trtllm"), "worker-trtllm").worker_models()
-    assert held and {model.engine for model in held} == {"trtllm"}
+    assert held and {model.engine_name for model in held} == {"trtllm"}
     # On a configuration without its models, the TensorRT-LLM worker refuses to start, naming them,
     # instead of taking the vLLM models.
     with pytest.raises(
@@ -341,7 +341,7 @@ def test_each_kind_of_worker_holds_only_the_models_of_its_engine(tmp_path: Path)
     # The default configuration, for the vLLM workers: vLLM models only.
     for name in VLLM_WORKERS:
         held = service_settings(load_compose(), name).worker_models()
-        assert held and {model.engine for model in held} == {"vllm"}
+        assert held and {model.engine_name for model in held} == {"vllm"}
     # Both kinds on one configuration: each worker told its models in .env.
     both = tmp_path / "both.toml"
     both.write_text(
@@ -356,14 +356,14 @@ def test_each_kind_of_worker_holds_only_the_models_of_its_engine(tmp_path: Path)
     }
     mixed = load_compose(env)
     for name, engine in (("worker", "vllm"), ("worker-cpu", "vllm"), ("worker-trtllm", "trtllm")):
-        assert {model.engine for model in service_settings(mixed, name).worker_models()} == {engine}
+        assert {model.engine_name for model in service_settings(mixed, name).worker_models()} == {engine}
 
 
 def test_the_trtllm_configuration_serves_its_models_from_the_models_folder() -> None:
     settings = load_settings(REPO / TRTLLM_CONFIG, environ={})
     assert settings.models and all(model.path.startswith("/models/") for model in settings.models)
     for model in settings.models:
-        assert model.engine == "trtllm"
+        assert model.engine_name == "trtllm"
         # Set where the footprint must be predictable: the KV cache's cap, and the context it serves.
         assert {"max_seq_len", "kv_cache_config"} <= set(model.engine_args)
         assert "max_tokens" in model.engine_args["kv_cache_config"]

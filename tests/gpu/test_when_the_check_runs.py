@@ -82,5 +82,5 @@ def test_the_models_it_serves_are_valid_settings_and_take_the_arguments_given(
     config = tmp_path / "switchboard.toml"
     config.write_text(toml_text({"models": [trt, plain, vllm]}))
     loaded = load_settings(config, environ={})
-    assert [m.engine for m in loaded.models] == ["trtllm", "trtllm", "vllm"]
+    assert [m.engine_name for m in loaded.models] == ["trtllm", "trtllm", "vllm"]
     assert loaded.models[0].engine_args == args

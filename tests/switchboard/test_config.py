@@ -46,7 +46,7 @@ def test_defaults_serve_the_demo_model() -> None:
     assert [m.name for m in settings.models] == [DEMO_MODEL_NAME]
     assert DEMO_MODEL_NAME == "switchboard-demo"
     demo = settings.models[0]
-    assert demo.engine == "vllm"
+    assert demo.engine_name == "vllm"
     assert not demo.path.startswith("~")
     assert demo.engine_args
     assert settings.redis.url is None
@@ -63,7 +63,7 @@ def test_toml_file(tmp_path: Path) -> None:
     assert [m.name for m in settings.models] == ["small", "Qwen/Qwen3-0.6B"]
     small = settings.models[0]
     assert small.path == "/models/small"
-    assert small.engine == "vllm"
+    assert small.engine_name == "vllm"
     assert small.engine_args == {"max_model_len": 2048, "enforce_eager": True}
     assert settings.models[1].engine == "trtllm"
     assert settings.models[1].engine_args == {}

@@ -77,7 +77,7 @@ def prepare_model_files(model: ModelConfig) -> None:
 
 def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
     """The engine named by the model's configuration, not yet started."""
-    if model.engine == "vllm":
+    if model.engine_name == "vllm":
         from workers.engines.vllm import VllmEngine
 
         return VllmEngine(
@@ -86,8 +86,8 @@ def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
             cpu_kvcache_gib=options.cpu_kvcache_gib,
             engine_process=options.engine_process,
         )
-    if model.engine == "trtllm":
+    if model.engine_name == "trtllm":
         from workers.engines.trtllm import TrtllmEngine
 
         return TrtllmEngine(model, memory_budget_bytes=options.memory_budget_bytes)
-    raise ValueError(f"model {model.name!r}: unknown engine {model.engine!r}")
+    raise ValueError(f"model {model.name!r}: unknown engine {model.engine_name!r}")
