@@ -100,3 +100,13 @@ class TaskSet:
             _raise_first_error(tasks)
         finally:
             self._tasks.difference_update(tasks)
+
+
+async def first_of(*events: asyncio.Event, timeout_s: float) -> None:
+    """Return once any of `events` is set, or after `timeout_s`."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

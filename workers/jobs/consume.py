@@ -34,12 +34,13 @@ from redis.exceptions import ResponseError
 from switchboard import keys
 from switchboard.demand import DemandIndex
 from switchboard.redis_conn import stream_entries
-from switchboard.tasks import TaskSet, poll
+from switchboard.tasks import TaskSet, first_of, poll
 from switchboard.wire import JobError
 from workers.jobs import reads, shares
 from workers.jobs.orphans import ORPHAN_GRACE_S, OrphanWatch
 from workers.jobs.run import JobRunner
 from workers.jobs.takeover import Entry, Takeover, dead_letter, decode_entry
+from workers.jobs.wakeable_read import WakeableRead
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import ModelSlot, SlotNotServing
 from workers.models.slots import Slots
@@ -48,12 +49,9 @@ from workers.runtime.metrics import SLOT_WAIT
 logger = logging.getLogger(__name__)
 
 # Short, so that a model that just became warm is read within a quarter second even while the
-# consumer is blocked on the other models' streams.
+# consumer is blocked on the other models' streams. A read that blocks while a model with jobs
+# waiting is held back is ended as soon as a slot frees (`workers.jobs.wakeable_read`).
 BLOCK_MS = 250
-# While a model with jobs waiting is held back (its share is taken, or its engine's batch is full),
-# a read that blocks on the other streams ends this soon, so that a slot freed meanwhile is not left
-# idle for long (a job lasts seconds: 50 ms of it is about 1 %).
-HELD_BACK_BLOCK_MS = 50
 RETRY_DELAY_S = 0.5
 # Waiting jobs answered per round trip when a model cannot be loaded.
 REFUSE_BATCH = 256
@@ -104,6 +102,8 @@ class JobConsumer:
         # The entries of the running jobs, to put back in line if they outlast a drain.
         self._entries: dict[asyncio.Task[None], Entry] = {}
         self._slot_freed = asyncio.Event()
+        # The blocking read made while a model with jobs waiting is held back: a freed slot ends it.
+        self._held_back_read = WakeableRead(redis)
         self._orphans = OrphanWatch(redis, grace_s=orphan_grace_s)
         self._runner = JobRunner(redis, writer, worker_id=worker_id, orphans=self._orphans)
         # Taking jobs (the reader and the takeover sweep) stops before the running jobs drain;
@@ -157,6 +157,7 @@ class JobConsumer:
         finally:
             # Watched to the end: a draining job whose front door dies is not generated for nobody.
             await self._watching.stop()
+            await self._held_back_read.close()
 
     async def _drain(self, timeout_s: float) -> None:
         if not self._jobs:
@@ -222,7 +223,7 @@ class JobConsumer:
         self._turn += 1
         if not allotted:  # every warm model runs all its engine batches: wait for one to end
             self._slot_freed.clear()
-            await _first_of(self._slot_freed, self._slots.changed, timeout_s=BLOCK_MS / 1000)
+            await first_of(self._slot_freed, self._slots.changed, timeout_s=BLOCK_MS / 1000)
             return
         counts = {keys.job_stream(name): count for name, count in allotted.items()}
         # Models with jobs waiting that take none on this read: their share (or the free slots) is
@@ -269,15 +270,18 @@ class JobConsumer:
 
     async def _read_allotted(self, counts: dict[str, int], *, held_back: bool, at_batch: bool) -> None:
         """Read the allotted streams: without blocking first if one of their models may have jobs
-        waiting, then (nothing taken) blocking, briefly while a model with jobs waiting takes none."""
+        waiting, then (nothing taken) blocking, until a slot frees while a model with jobs waiting
+        takes none."""
         in_turn = held_back and not self._fair  # one pool: the held-back model's turn is the next pass
         try:
             if in_turn or any(self._by_stream[stream].name in self._hungry for stream in counts):
                 read = await reads.read_each(self._redis, self._worker_id, counts)
                 if await self._take_read(read, counts) > 0 or in_turn:
                     return
-            block_ms = HELD_BACK_BLOCK_MS if held_back or at_batch else BLOCK_MS
-            read = await reads.read_blocking(self._redis, self._worker_id, counts, block_ms)
+            if held_back or at_batch:
+                read = await self._held_back_read.read(self._worker_id, counts, BLOCK_MS)
+            else:
+                read = await reads.read_blocking(self._redis, self._worker_id, counts, BLOCK_MS)
             await self._take_read(read, dict.fromkeys(counts, min(counts.values())))
         except ResponseError:
             raise
@@ -360,6 +364,7 @@ class JobConsumer:
         self._jobs.discard(task)
         self._entries.pop(task, None)
         self._slot_freed.set()
+        self._held_back_read.wake()
 
     async def _decoded(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
         try:
@@ -388,13 +393,3 @@ def _waited_for_a_slot(entry: Entry, slot: ModelSlot) -> float:
     """How long the job waited in line while its model was warm here (its load is not counted)."""
     since = max(entry.job.created, slot.warm_since or 0.0)
     return max(0.0, time.time() - since)
-
-
-async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
-    """Return once any of `events` is set, or after `timeout_s`."""
-    waits = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()

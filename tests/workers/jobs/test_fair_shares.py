@@ -26,6 +26,7 @@ from switchboard.wire import Job
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import until
 from tests.support.scripted_engine import ScriptedEngine
+from workers.jobs import consume
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slots import Slots
@@ -173,6 +174,22 @@ async def test_a_model_takes_no_more_jobs_than_its_engine_batches(worker: TwoMod
     assert await worker.redis.xlen(stream) - pending == SLOTS - QUIET_BATCH
     answers = await asyncio.gather(*(result(worker.redis, one.id) for one in jobs))
     assert all(chunks[-1].finish_reason == "length" for chunks in answers)
+
+
+async def test_a_slot_freed_at_a_full_engine_batch_takes_the_next_job_at_once(
+    worker: TwoModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A blocking read that only its timeout could end would hold the waiting job for 3 s.
+    monkeypatch.setattr(consume, "BLOCK_MS", 3000)
+    batch = [make_job(QUIET, "slow 4 0.05") for _ in range(QUIET_BATCH)]  # 0.2 s each
+    await submit(worker.redis, *batch)
+    await until(lambda: running(worker, QUIET) == QUIET_BATCH, 5, "the quiet model runs its batch")
+    # The next job waits at the full batch while the consumer blocks on the other model's stream.
+    next_s = await first_chunk_s(worker.redis, make_job(QUIET, "fast 3"))
+    print(f"the job after a full batch started {next_s * 1000:.0f} ms after it was queued")
+    assert next_s < 1.5, next_s
+    for one in batch:
+        assert (await result(worker.redis, one.id))[-1].finish_reason == "length"
 
 
 async def test_the_metrics_show_each_models_running_and_waiting_jobs_and_their_waits_for_a_slot(
