@@ -8,5 +8,6 @@ worker building the demo model on first use.
 - `redis_server.py`: a private redis-server on a free port;
 - `processes.py`: child processes stopped together with everything they started;
 - `demo_model.py`: the tiny random-weight model that demos, tests and benchmarks serve;
+- `demo_pooling_models.py`: a tiny random-weight embedder, classifier and cross-encoder reranker;
 - `toml_text.py`: settings written back as TOML, for the configuration files the tools hand to children.
 """
