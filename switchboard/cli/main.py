@@ -141,7 +141,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_component(command: str, settings: Settings) -> int:
-    """`router` or `worker`; an error that ends it is logged, so that it also reaches the terminal."""
+    """`router` or `worker`; an error that ends it is logged, so that it also reaches the terminal.
+
+    A worker's process ends as soon as it has stopped (`workers.runtime.process_exit`)."""
+    code = _run_until_stopped(command, settings)
+    if command == "worker":
+        from workers.runtime.process_exit import exit_at_once
+
+        exit_at_once(code)
+    return code
+
+
+def _run_until_stopped(command: str, settings: Settings) -> int:
     try:
         if command == "router":
             from router.server import serve
