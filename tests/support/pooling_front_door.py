@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import numpy
 import redis.asyncio as aioredis
@@ -63,7 +64,7 @@ async def pooling_worker(
     async def loop() -> None:
         last_id: bytes | str = "0-0"
         while True:
-            response = await redis.xread({keys.job_stream(model): last_id}, block=100)
+            response: Any = await redis.xread({keys.job_stream(model): last_id}, block=100)
             for _, entries in response or ():
                 for entry_id, fields in entries:
                     last_id = entry_id
