@@ -11,19 +11,25 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from switchboard import keys
+from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.model_pipelines import PipelineConfig
 from switchboard.route_config import RouteConfig
+from switchboard.wire import ModelLimits, encode
 from tests.support.front_door_harness import MODEL, serving
 from tests.support.pooling_front_door import (
     CLASSIFIER,
     EMBEDDER,
     RERANKER,
     WHOLE_EMBEDDER,
+    answer_rows,
     pooling_settings,
+    pooling_worker,
     queued_jobs,
 )
 
+CONTEXT = CONTEXT_LENGTH_EXCEEDED
 ROUTE = "chat"
 PIPELINE = "resilient"
 
@@ -184,3 +190,52 @@ async def test_a_bad_pooling_request_is_a_400_and_queues_nothing(
     assert error["param"] == param
     assert words in error["message"]
     assert await queued_jobs(redis) == 0
+
+
+LIMITS = ModelLimits(max_model_len=16, vocab_size=100, max_token_chars=4)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "code", "words"),
+    [
+        (
+            "/v1/embeddings",
+            embed(input=["short", "x" * 65]),
+            "input",
+            CONTEXT,
+            "maximum context length is 16",
+        ),
+        ("/v1/embeddings", embed(input=[list(range(17))]), "input", CONTEXT, "takes 17 tokens"),
+        ("/rerank", rerank(query="q" * 40, documents=["d" * 30]), "documents", CONTEXT, "70 characters"),
+        ("/classify", {"model": CLASSIFIER, "input": [5, 100]}, "input", "invalid_value", "vocabulary"),
+    ],
+    ids=["text", "token ids", "query and document", "vocabulary"],
+)
+async def test_an_input_past_the_models_published_limits_is_a_400(
+    front_door: httpx.AsyncClient,
+    redis: aioredis.Redis,
+    path: str,
+    body: dict[str, Any],
+    param: str,
+    code: str,
+    words: str,
+) -> None:
+    for name in (EMBEDDER, CLASSIFIER, RERANKER):
+        await redis.set(keys.model_limits(name), encode(LIMITS))
+    response = await front_door.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (param, code)
+    assert words in error["message"]
+    assert await queued_jobs(redis) == 0
+
+
+async def test_an_input_past_the_context_is_queued_when_truncation_is_asked_for(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    await redis.set(keys.model_limits(EMBEDDER), encode(LIMITS))
+    body = embed(input="x" * 65, truncate_prompt_tokens=-1)
+    async with pooling_worker(redis, EMBEDDER, answer_rows([1.0])) as jobs:
+        response = await front_door.post("/v1/embeddings", json=body)
+    assert response.status_code == 200, response.text
+    assert jobs[0].pooling is not None and jobs[0].pooling.truncate_prompt_tokens == -1
