@@ -23,6 +23,7 @@ from router.intake.job import pooling_job
 from router.openai.classify import ClassificationRequest
 from router.openai.embeddings import EmbeddingRequest
 from router.openai.pooling_checks import (
+    check_activation,
     check_dimensions,
     check_encoding_format,
     check_model_kind,
@@ -102,6 +103,7 @@ class PoolingPipeline:
         body = await decode_body(request, _classification_request)
         inputs = pooling_inputs(body.input)
         check_truncation(body.truncate_prompt_tokens)
+        check_activation(body.use_activation)
         model = self._model(body.model, caller, "classify", "classification")
         task = PoolingTask(task="classify", inputs=inputs, truncate_prompt_tokens=body.truncate_prompt_tokens)
         job, answer = await self._answered(task, model, caller, param="input")
@@ -114,6 +116,7 @@ class PoolingPipeline:
         check_query(body.query)
         documents = rerank_documents(body.documents)
         check_truncation(body.truncate_prompt_tokens)
+        check_activation(body.use_activation)
         model = self._model(body.model, caller, "score", "rerank")
         task = PoolingTask(
             task="score",

@@ -20,6 +20,8 @@ class ClassificationRequest(msgspec.Struct, kw_only=True):
     input: str | list[Any]
     user: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    # vLLM's: false asks for raw logits, which the workers do not return (refused by name).
+    use_activation: bool | None = None
 
 
 class Classification(msgspec.Struct, kw_only=True):

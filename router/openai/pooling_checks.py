@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.openai.checks import invalid
+from router.openai.checks import invalid, unsupported
 from router.openai.common import INT32_MAX
 from router.openai.errors import InvalidRequestError
 from switchboard.config import ModelConfig
@@ -113,6 +113,15 @@ def check_encoding_format(encoding_format: str) -> None:
             "encoding_format",
             f"`encoding_format` must be `float` or `base64` (little-endian float32, base64-encoded); "
             f"got {encoding_format!r}.",
+        )
+
+
+def check_activation(use_activation: bool | None) -> None:
+    """A 400 for vLLM's `use_activation: false` on a classifier or reranker: the workers answer
+    probabilities and scores, never raw logits."""
+    if use_activation is False:
+        raise unsupported(
+            "use_activation", "classifiers answer probabilities and rerankers scores, not raw logits"
         )
 
 

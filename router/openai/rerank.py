@@ -26,6 +26,8 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     return_documents: bool = True
     user: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    # vLLM's: false asks for raw logits, which the workers do not return (refused by name).
+    use_activation: bool | None = None
 
 
 class RerankDocument(msgspec.Struct, kw_only=True):

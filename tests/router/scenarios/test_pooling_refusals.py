@@ -145,6 +145,14 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str | None, str]] = [
         "`text`",
     ),
     ("rerank of an empty query", "/rerank", rerank(query=""), "query", "`query` is empty"),
+    (
+        "raw logits of a classifier",
+        "/classify",
+        {"model": CLASSIFIER, "input": "a", "use_activation": False},
+        "use_activation",
+        "not raw logits",
+    ),
+    ("raw logits of a reranker", "/rerank", rerank(use_activation=False), "use_activation", "not raw logits"),
     ("rerank top_n -1", "/rerank", rerank(top_n=-1), "top_n", ">= 0"),
     (
         "chat with an embedder",
