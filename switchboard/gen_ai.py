@@ -20,7 +20,7 @@ COLD = "switchboard.cold_start"
 TENANT = "switchboard.tenant"
 
 
-# A pooling job's operation, by its task ("embeddings" is the convention's own name).
+# The GenAI operation of each pooling task ("embeddings" is the convention's; the other two, ours).
 POOLING_OPERATIONS = {"embed": "embeddings", "classify": "classify", "score": "rerank"}
 
 
