@@ -17,6 +17,7 @@ from router.admission.auth import authenticate, provide_caller
 from router.endpoints import health, v1
 from router.endpoints.admin import admin_router
 from router.endpoints.metrics import metrics
+from router.endpoints.pooling import classify, create_embeddings, rerank
 from router.front_door import FrontDoor
 from router.http.disconnect import cancel_on_disconnect
 from router.http.local_pages import local_pages_only
@@ -49,6 +50,7 @@ PARTS = (
     "runs",
     "reader",
     "pipeline",
+    "pooling",
 )
 
 
@@ -73,6 +75,9 @@ def create_app(settings: Settings) -> Litestar:
             v1.create_completion,
             v1.list_models,
             v1.retrieve_model,
+            create_embeddings,
+            classify,
+            rerank,
             health.healthz,
             health.readyz,
             metrics,

@@ -20,6 +20,7 @@ from router.admission.fits import ModelLimitsCache
 from router.admission.limits import Admission
 from router.admission.models import ModelTable
 from router.pipeline import Pipeline
+from router.pooling_pipeline import PoolingPipeline
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.run import JobRuns
@@ -88,6 +89,15 @@ class FrontDoor:
             routes=self.routes,
             pipelines=self.pipelines,
             shadow=self.shadow,
+        )
+        self.pooling = PoolingPipeline(
+            self.pipeline,
+            models=self.models,
+            routes=self.routes,
+            pipelines=self.pipelines,
+            limits=self.limits,
+            health=self.health,
+            timeout_s=settings.router.request_timeout_s,
         )
 
     @classmethod

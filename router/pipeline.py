@@ -28,6 +28,7 @@ from router.openai.chat import ChatCompletionRequest
 from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
 from router.openai.errors import OpenAIError
+from router.openai.pooling_checks import check_model_kind
 from router.pipeline_shapes import PipelineShapes
 from router.queue.run import JobRun, JobRuns
 from router.queue.source import ChunkSource
@@ -130,7 +131,7 @@ class Pipeline:
         """A chat completion answered by the resolved model, as job `job_id`."""
         request, caller, resume = call.http, call.caller, call.resume
         chat = msgspec.structs.replace(chat, model=resolution.served)
-        model = self._served_model(resolution, caller)
+        model = self._served_model(resolution, caller, "chat completions")
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
         job = chat_job(
             chat,
@@ -163,7 +164,7 @@ class Pipeline:
         """A plain completion answered by the resolved model, as job `job_id`."""
         request, caller, resume, prompts = call.http, call.caller, call.resume, call.prompts
         completion = msgspec.structs.replace(completion, model=resolution.served)
-        self._served_model(resolution, caller)
+        self._served_model(resolution, caller, "completions")
         job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=job_id)
         job = resolution.applied_to(job)
         job = resume.applied_to(job) if resume is not None else job
@@ -215,12 +216,16 @@ class Pipeline:
         """What serves a pipeline's step `step` for `call` (`router.routing.resolve.resolve_step`)."""
         return resolve_step(self._routes, self._pipelines, step, call.stickiness_key, within)
 
-    def _served_model(self, resolution: Resolution, caller: Caller) -> ModelConfig:
+    def _served_model(self, resolution: Resolution, caller: Caller, api: str) -> ModelConfig:
         """The serving model's configuration: a 404 unless routed here; a 403 unless the caller's key
-        may use it, directly or through the route or pipeline it named."""
+        may use it, directly or through the route or pipeline it named; a 400 for a pooling model,
+        which the `api` (chat completions, completions) cannot ask anything of."""
         if resolution.chosen_for_the_caller:
-            return self._models.require(resolution.served)
-        return self._models.resolve(resolution.served, caller)
+            model = self._models.require(resolution.served)
+        else:
+            model = self._models.resolve(resolution.served, caller)
+        check_model_kind(model, "generate", api)
+        return model
 
     async def _answered(
         self,

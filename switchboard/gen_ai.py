@@ -20,8 +20,15 @@ COLD = "switchboard.cold_start"
 TENANT = "switchboard.tenant"
 
 
+# The GenAI operation of each pooling task ("embeddings" is the convention's; the other two, ours).
+POOLING_OPERATIONS = {"embed": "embeddings", "classify": "classify", "score": "rerank"}
+
+
 def operation(job: Job) -> str:
-    """The GenAI operation a job is: "chat", or "text_completion" for a plain completion."""
+    """The GenAI operation a job is: "chat", "text_completion" for a plain completion, or a pooling
+    job's ("embeddings", "classify", "rerank")."""
+    if job.pooling is not None:
+        return POOLING_OPERATIONS[job.pooling.task]
     return "chat" if job.messages is not None else "text_completion"
 
 

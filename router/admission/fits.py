@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from router.openai.errors import InvalidRequestError
 from switchboard import context_length, keys
-from switchboard.wire import Job, ModelLimits, model_limits_decoder
+from switchboard.wire import Job, ModelLimits, PoolingTask, model_limits_decoder
 
 # Limits change only when a model's configuration does; a few seconds of staleness costs nothing.
 CACHE_S = 10.0
@@ -104,6 +104,30 @@ async def check_job_fits(cache: ModelLimitsCache, job: Job, *, template_renders_
     limits = await cache.get(job.model)
     if limits is not None:
         check_fits(limits, size_of(job, template_renders_tools=template_renders_tools))
+
+
+async def check_pooling_fits(cache: ModelLimitsCache, task: PoolingTask, model: str, param: str) -> None:
+    """Refuse (400) a pooling job's input that cannot fit its model, where the model's limits are
+    known: text longer than any text of its context, token ids beyond its context or vocabulary.
+    A job that asks for truncation is let through: its inputs are cut to fit."""
+    limits = await cache.get(model)
+    if limits is None or task.truncate_prompt_tokens is not None:
+        return
+    query = len(task.query) if task.query is not None else 0
+    texts = [len(text) + query for text in task.inputs if isinstance(text, str)]
+    refusal = context_length.text_refusal(limits, max(texts, default=0), param)
+    if refusal is not None:
+        raise InvalidRequestError(refusal.message, param=refusal.param, code=refusal.code)
+    token_inputs = [ids for ids in task.inputs if not isinstance(ids, str)]
+    longest = max((len(ids) for ids in token_inputs), default=0)
+    if longest > limits.max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {limits.max_model_len} tokens, and an input of "
+            f"`{param}` takes {longest} tokens. Shorten it, or set `truncate_prompt_tokens`.",
+            param=param,
+            code=context_length.CONTEXT_LENGTH_EXCEEDED,
+        )
+    _check_tokens([token for ids in token_inputs for token in ids], limits, param)
 
 
 def check_fits(limits: ModelLimits, size: RequestSize) -> None:

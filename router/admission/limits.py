@@ -38,7 +38,7 @@ from router.admission.auth import Caller
 from router.openai.errors import TooManyRequestsError
 from switchboard import keys, lua
 from switchboard.config import LimitsConfig
-from switchboard.wire import Job
+from switchboard.wire import Job, PoolingTask, Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,28 @@ def estimate_tokens(job: Job, completion_tokens: int) -> int:
     `completion_tokens` for each choice."""
     prompt_tokens = math.ceil(sum(len(m.content or "") for m in job.messages or ()) / 4)
     for prompt in job.prompts or ():
-        prompt_tokens += math.ceil(len(prompt) / 4) if isinstance(prompt, str) else len(prompt)
+        prompt_tokens += _prompt_tokens(prompt)
+    if job.pooling is not None:
+        return pooling_input_tokens(job.pooling)
     return prompt_tokens + estimate_completion_tokens(job, completion_tokens)
 
 
+def pooling_input_tokens(task: PoolingTask) -> int:
+    """Tokens a pooling job's inputs will likely hold (it generates none): a reranker reads the
+    query once beside each document, as the engine sees the pairs."""
+    query = _prompt_tokens(task.query) if task.query is not None else 0
+    return sum(_prompt_tokens(prompt) + query for prompt in task.inputs)
+
+
+def _prompt_tokens(prompt: Prompt) -> int:
+    return math.ceil(len(prompt) / 4) if isinstance(prompt, str) else len(prompt)
+
+
 def estimate_completion_tokens(job: Job, completion_tokens: int) -> int:
-    """Tokens a job's answer will likely hold: max_tokens or `completion_tokens` for each choice."""
+    """Tokens a job's answer will likely hold: max_tokens or `completion_tokens` for each choice
+    (none for a pooling job)."""
+    if job.pooling is not None:
+        return 0
     choices = job.sampling.n * len(job.prompts or (None,))
     return choices * (job.sampling.max_tokens or completion_tokens)
 

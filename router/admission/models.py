@@ -10,6 +10,7 @@ from router.openai.errors import ModelNotFoundError, NoWorkerForModelError
 from router.status.models import ModelStatusReader, may_serve
 from router.telemetry.requests import note_model
 from switchboard.config import ModelConfig
+from switchboard.pooling_config import ModelKind
 
 # Requests share one read of the live workers' records this recent (no round trip per request).
 WORKERS_MAX_AGE_S = 1.0
@@ -37,6 +38,10 @@ class ModelTable:
     def names(self) -> list[str]:
         """Every model this front door routes."""
         return list(self._models)
+
+    def kind(self, name: str) -> ModelKind:
+        """What the routed model `name` answers: text generation, or one of the pooling kinds."""
+        return self._models[name].kind
 
     def require(self, name: str, caller: Caller | None = None) -> ModelConfig:
         """The model's configuration, or a 404 in OpenAI's shape that lists the models `caller` may

@@ -72,7 +72,7 @@ async def retrieve_model(
 
 
 def _card(models: ModelTable, name: str) -> ModelCard:
-    return ModelCard(id=name, created=int(models.started))
+    return ModelCard(id=name, created=int(models.started), kind=models.kind(name))
 
 
 def _route_card(models: ModelTable, routes: RouteTable, name: str) -> RouteCard:

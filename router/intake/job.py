@@ -12,7 +12,15 @@ from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonObjectF
 from router.openai.checks import logit_bias_tokens
 from router.openai.common import SamplingRequest, stop_list
 from router.openai.completions import CompletionRequest
-from switchboard.wire import ChatMessage, Job, Prompt, SamplingParams, StructuredOutput, ToolCall
+from switchboard.wire import (
+    ChatMessage,
+    Job,
+    PoolingTask,
+    Prompt,
+    SamplingParams,
+    StructuredOutput,
+    ToolCall,
+)
 
 _json = msgspec.json.Encoder()
 
@@ -84,6 +92,12 @@ def completion_job(
         tenant=tenant,
         prompts=prompts_of(request.prompt),
     )
+
+
+def pooling_job(model: str, task: PoolingTask, *, timeout_s: float, job_id: str | None = None) -> Job:
+    """The job of an embeddings, classification or rerank request (its inputs already checked);
+    `job_id` as for `chat_job`. Nothing is sampled: its sampling parameters are the defaults."""
+    return _job(model, SamplingParams(), timeout_s=timeout_s, job_id=job_id, tenant=None, pooling=task)
 
 
 def prompts_of(prompt: str | list[Any]) -> tuple[Prompt, ...]:

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from switchboard.pooling_config import ModelKind
+
 
 class ModelCard(msgspec.Struct, kw_only=True):
     """One model as OpenAI lists it."""
@@ -14,6 +16,9 @@ class ModelCard(msgspec.Struct, kw_only=True):
     created: int
     owned_by: str = "switchboard"
     object: Literal["model"] = "model"
+    # Switchboard's own, which OpenAI's clients ignore: what the model answers (routes and
+    # pipelines serve text generation); see `router.openai.pooling_checks.KIND_ENDPOINTS`.
+    kind: ModelKind = "generate"
 
 
 class ModelList(msgspec.Struct, kw_only=True):

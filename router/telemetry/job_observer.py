@@ -48,6 +48,7 @@ class JobObserver:
             request.model = job.model
             request.route = self._route_label
             request.job_id = job.id
+            request.operation = gen_ai.operation(job)
             request.generated = not resumed
         self._arrived = request.started if request is not None else time.perf_counter()
         self._first: float | None = None

@@ -20,6 +20,13 @@ REQUESTS = Counter(
     ["model", "route", "status"],
     registry=REGISTRY,
 )
+OPERATION_REQUESTS = Counter(
+    "switchboard:operation_requests",
+    "Requests by the GenAI operation they asked for (chat, text_completion, embeddings, classify, "
+    "rerank), model (empty when unknown) and HTTP status.",
+    ["operation", "model", "status"],
+    registry=REGISTRY,
+)
 REQUEST_SUCCESS = Counter(
     "switchboard:request_success",
     "Choices that finished, by model, route and finish reason (as vllm:request_success_total).",

@@ -24,11 +24,12 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.intake.job import new_job_id
-from router.telemetry.metrics import E2E_LATENCY, REQUESTS
+from router.telemetry.metrics import E2E_LATENCY, OPERATION_REQUESTS, REQUESTS
 from switchboard import tracing
 
-# Requests under these paths are observed; /metrics and the health checks are not.
-OBSERVED_PREFIX = "/v1/"
+# Requests under these paths are observed; /metrics and the health checks are not. vLLM serves
+# its classification and rerank APIs outside /v1/ (`router.endpoints.pooling`).
+OBSERVED_PREFIXES = ("/v1/", "/v2/", "/classify", "/rerank")
 # The model lookup's path holds the model's name: its span is named after the route instead.
 MODELS_ROUTE = "/v1/models"
 # nginx's "client closed request": the client left before its response's last byte.
@@ -58,6 +59,8 @@ class RequestObservation:
     model: str = ""
     # The route the request named, if any (`router.routing`): its metrics' `route` label.
     route: str = ""
+    # The GenAI operation it asked for (`switchboard.gen_ai.operation`), once known.
+    operation: str = ""
     job_id: str = ""
     status: int = 0
     # Whether the request carried a job whose answer took time (end-to-end latency is recorded).
@@ -93,6 +96,13 @@ def note_model(model: str) -> None:
         request.model = model
 
 
+def note_operation(operation: str) -> None:
+    """The request asks for `operation` ("embeddings", ...): counted by it, even if refused."""
+    request = _current.get()
+    if request is not None:
+        request.operation = operation
+
+
 def note_client_left(scope: Scope) -> None:
     """The request's client left before its response's last byte."""
     scope[_CLIENT_LEFT] = True  # type: ignore[literal-required]
@@ -112,7 +122,7 @@ def observe_requests(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send)
             return
         request = RequestObservation(client_request_id=client_request_id(scope))
-        if not scope["path"].startswith(OBSERVED_PREFIX):
+        if not scope["path"].startswith(OBSERVED_PREFIXES):
             await _identified(app, scope, receive, send, request)
             return
         token = _current.set(request)
@@ -208,6 +218,8 @@ def _finished(request: RequestObservation, span: Any) -> None:
     # No response started: the client left first, or the server failed.
     status = request.status or CLIENT_CLOSED
     REQUESTS.labels(request.model, request.route, str(status)).inc()
+    if request.operation:
+        OPERATION_REQUESTS.labels(request.operation, request.model, str(status)).inc()
     if request.generated:
         E2E_LATENCY.labels(request.model, request.route).observe(time.perf_counter() - request.started)
     if span is not None:

@@ -1,0 +1,162 @@
+"""The steps of one embeddings, classification or rerank request, in order, and nothing else.
+
+decode -> check the inputs -> the model (a configured one, of the endpoint's kind) -> build job ->
+fits -> admit and queue (`router.pipeline.Pipeline.queued`) -> wait for the one last chunk -> answer.
+Every check runs before anything is queued, so a bad request costs no job. A pooling answer is never
+streamed, so there is nothing to resume; a job whose worker dies is taken over by another worker as
+any job is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+
+from router.admission.auth import Caller
+from router.admission.fits import ModelLimitsCache, check_pooling_fits
+from router.admission.models import ModelTable
+from router.http.responses import json_response
+from router.intake.body import decode_body
+from router.intake.job import pooling_job
+from router.openai.classify import ClassificationRequest
+from router.openai.embeddings import EmbeddingRequest
+from router.openai.pooling_checks import (
+    check_activation,
+    check_dimensions,
+    check_encoding_format,
+    check_model_kind,
+    check_query,
+    check_truncation,
+    not_a_model,
+    pooling_inputs,
+    rerank_documents,
+)
+from router.openai.rerank import RerankRequest
+from router.pipeline import Pipeline
+from router.relay.pooled import (
+    PooledAnswer,
+    classification_list,
+    embedding_list,
+    pooled_answer,
+    rerank_response,
+)
+from router.routing.steps import JobIds
+from router.routing.table import RouteTable
+from router.status.redis_health import RedisHealth
+from router.telemetry.requests import note_operation
+from switchboard.config import ModelConfig
+from switchboard.model_pipelines import PipelineLookup
+from switchboard.pooling_config import ModelKind
+from switchboard.wire import Job, PoolingTask
+
+_embedding_request = msgspec.json.Decoder(EmbeddingRequest)
+_classification_request = msgspec.json.Decoder(ClassificationRequest)
+_rerank_request = msgspec.json.Decoder(RerankRequest)
+
+
+class PoolingPipeline:
+    """The steps of the embeddings, classification and rerank endpoints, over the parts each calls."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        models: ModelTable,
+        routes: RouteTable,
+        pipelines: PipelineLookup,
+        limits: ModelLimitsCache,
+        health: RedisHealth,
+        timeout_s: float,
+    ) -> None:
+        self._pipeline = pipeline
+        self._models = models
+        self._routes = routes
+        self._pipelines = pipelines
+        self._limits = limits
+        self._health = health
+        self._timeout_s = timeout_s
+
+    async def embeddings(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
+        """`POST /v1/embeddings`."""
+        note_operation("embeddings")
+        body = await decode_body(request, _embedding_request)
+        inputs = pooling_inputs(body.input)
+        check_encoding_format(body.encoding_format)
+        check_truncation(body.truncate_prompt_tokens)
+        model = self._model(body.model, caller, "embed", "embeddings")
+        check_dimensions(model, body.dimensions)
+        task = PoolingTask(
+            task="embed",
+            inputs=inputs,
+            dimensions=body.dimensions,
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            normalize=body.scaled_to_unit_length,
+        )
+        _, answer = await self._answered(task, model, caller, param="input")
+        return json_response(embedding_list(answer, body))
+
+    async def classify(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
+        """`POST /classify`."""
+        note_operation("classify")
+        body = await decode_body(request, _classification_request)
+        inputs = pooling_inputs(body.input)
+        check_truncation(body.truncate_prompt_tokens)
+        check_activation(body.use_activation)
+        model = self._model(body.model, caller, "classify", "classification")
+        task = PoolingTask(task="classify", inputs=inputs, truncate_prompt_tokens=body.truncate_prompt_tokens)
+        job, answer = await self._answered(task, model, caller, param="input")
+        return json_response(classification_list(answer, job, body.model))
+
+    async def rerank(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
+        """`POST /rerank`."""
+        note_operation("rerank")
+        body = await decode_body(request, _rerank_request)
+        check_query(body.query)
+        documents = rerank_documents(body.documents)
+        check_truncation(body.truncate_prompt_tokens)
+        check_activation(body.use_activation)
+        model = self._model(body.model, caller, "score", "rerank")
+        task = PoolingTask(
+            task="score",
+            inputs=documents,
+            query=body.query,
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+        )
+        job, answer = await self._answered(task, model, caller, param="documents")
+        return json_response(
+            rerank_response(
+                answer,
+                job,
+                body.model,
+                documents=documents,
+                top_n=body.top_n,
+                return_documents=body.return_documents,
+            )
+        )
+
+    def _model(self, name: str, caller: Caller, kind: ModelKind, api: str) -> ModelConfig:
+        """The configured model `name` names: a 400 for a route or a pipeline (they serve text
+        generation), a 404 for no model, a 403 for one the caller's key may not use, a 400 for one of
+        another kind than the endpoint's."""
+        is_route = self._routes.get(name) is not None or self._pipelines.get(name) is not None
+        if is_route and caller.may_use(name):
+            raise not_a_model(name, api)
+        model = self._models.resolve(name, caller)
+        check_model_kind(model, kind, api)
+        return model
+
+    async def _answered(
+        self, task: PoolingTask, model: ModelConfig, caller: Caller, *, param: str
+    ) -> tuple[Job, PooledAnswer]:
+        """`task` queued as a job of `model` and its answer, once its last chunk came; `param` names
+        the inputs in a refusal for their length."""
+        job = pooling_job(model.name, task, timeout_s=self._timeout_s, job_id=JobIds().next())
+        self._health.require_up()
+        await check_pooling_fits(self._limits, task, model.name, param)
+        run = await self._pipeline.queued(job, caller)
+        try:
+            return run.job, await pooled_answer(run.chunks(), run.job, model.name)
+        finally:
+            await run.close()

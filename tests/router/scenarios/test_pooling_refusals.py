@@ -1,0 +1,249 @@
+"""Bad pooling requests get OpenAI's error shape and a 400 before anything is queued: malformed
+inputs, parameters the model cannot honour, a model of another kind than the endpoint's (both
+ways: an embeddings request to a generator, a chat request to an embedder), routes and pipelines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from switchboard import keys
+from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.model_pipelines import PipelineConfig
+from switchboard.route_config import RouteConfig
+from switchboard.wire import ModelLimits, encode
+from tests.support.front_door_harness import MODEL, serving
+from tests.support.pooling_front_door import (
+    CLASSIFIER,
+    EMBEDDER,
+    RERANKER,
+    WHOLE_EMBEDDER,
+    answer_rows,
+    pooling_settings,
+    pooling_worker,
+    queued_jobs,
+)
+
+CONTEXT = CONTEXT_LENGTH_EXCEEDED
+ROUTE = "chat"
+PIPELINE = "resilient"
+
+
+def embed(**fields: Any) -> dict[str, Any]:
+    return {"model": EMBEDDER, "input": "Hi", **fields}
+
+
+def rerank(**fields: Any) -> dict[str, Any]:
+    return {"model": RERANKER, "query": "q", "documents": ["a"], **fields}
+
+
+@pytest.fixture
+async def front_door(redis: aioredis.Redis, redis_server: PrivateRedis) -> AsyncIterator[httpx.AsyncClient]:
+    # Short: on code that queued one of these requests, the test fails at its deadline, not later.
+    settings = pooling_settings(redis_server.url, timeout_s=2.0)
+    settings.routes = {ROUTE: RouteConfig(targets={MODEL: 100})}
+    settings.pipelines = {PIPELINE: PipelineConfig(fallbacks=[MODEL])}
+    async with serving(settings) as client:
+        yield client
+
+
+REFUSALS: list[tuple[str, str, dict[str, Any], str | None, str]] = [
+    # (path, body, param, words of the message)
+    ("empty string", "/v1/embeddings", embed(input=""), "input", "empty string"),
+    ("empty list", "/v1/embeddings", embed(input=[]), "input", "empty list"),
+    ("empty string in a list", "/v1/embeddings", embed(input=["a", ""]), "input[1]", "empty string"),
+    ("empty token list", "/v1/embeddings", embed(input=[[1], []]), "input[1]", "list of token ids"),
+    ("a float among token ids", "/v1/embeddings", embed(input=[[1, 2.5]]), "input[0]", "token ids"),
+    ("a negative token id", "/v1/embeddings", embed(input=[3, -1]), "input[1]", "Token ids"),
+    ("2049 inputs", "/v1/embeddings", embed(input=["a"] * 2049), "input", "At most 2048"),
+    ("no input", "/v1/embeddings", {"model": EMBEDDER}, "input", "Missing required parameter"),
+    (
+        "encoding_format",
+        "/v1/embeddings",
+        embed(encoding_format="hex"),
+        "encoding_format",
+        "`float` or `base64`",
+    ),
+    ("dimensions 0", "/v1/embeddings", embed(dimensions=0), "dimensions", ">= 1"),
+    (
+        "dimensions of a whole-vector model",
+        "/v1/embeddings",
+        embed(model=WHOLE_EMBEDDER, dimensions=4),
+        "dimensions",
+        "This model does not support specifying dimensions",
+    ),
+    ("dimensions not trained for", "/v1/embeddings", embed(dimensions=5), "dimensions", "4, 8"),
+    (
+        "truncate_prompt_tokens -2",
+        "/v1/embeddings",
+        embed(truncate_prompt_tokens=-2),
+        "truncate_prompt_tokens",
+        ">= -1",
+    ),
+    (
+        "truncate_prompt_tokens 0",
+        "/v1/embeddings",
+        embed(truncate_prompt_tokens=0),
+        "truncate_prompt_tokens",
+        "at least 1",
+    ),
+    (
+        "embeddings of a generator",
+        "/v1/embeddings",
+        embed(model=MODEL),
+        "model",
+        f"The model `{MODEL}` does not support the embeddings API: it is a text generation model, "
+        "served at /v1/chat/completions and /v1/completions.",
+    ),
+    (
+        "embeddings of a classifier",
+        "/v1/embeddings",
+        embed(model=CLASSIFIER),
+        "model",
+        "does not support the embeddings API: it is a classification model, served at /classify",
+    ),
+    (
+        "classification by an embedder",
+        "/classify",
+        {"model": EMBEDDER, "input": "Hi"},
+        "model",
+        "does not support the classification API: it is an embedding model, served at /v1/embeddings",
+    ),
+    (
+        "rerank by a classifier",
+        "/v1/rerank",
+        rerank(model=CLASSIFIER),
+        "model",
+        "does not support the rerank API: it is a classification model",
+    ),
+    (
+        "classification by a reranker",
+        "/v1/classify",
+        {"model": RERANKER, "input": ["a"]},
+        "model",
+        "it is a reranking (cross-encoder) model, served at /rerank",
+    ),
+    ("classification of nothing", "/classify", {"model": CLASSIFIER, "input": []}, "input", "empty list"),
+    ("rerank of no documents", "/rerank", rerank(documents=[]), "documents", "empty list"),
+    (
+        "rerank of an empty document",
+        "/v2/rerank",
+        rerank(documents=["a", ""]),
+        "documents[1]",
+        "empty string",
+    ),
+    (
+        "rerank of a document without text",
+        "/rerank",
+        rerank(documents=[{"title": "a"}]),
+        "documents[0]",
+        "`text`",
+    ),
+    ("rerank of an empty query", "/rerank", rerank(query=""), "query", "`query` is empty"),
+    (
+        "raw logits of a classifier",
+        "/classify",
+        {"model": CLASSIFIER, "input": "a", "use_activation": False},
+        "use_activation",
+        "not raw logits",
+    ),
+    ("raw logits of a reranker", "/rerank", rerank(use_activation=False), "use_activation", "not raw logits"),
+    ("rerank top_n -1", "/rerank", rerank(top_n=-1), "top_n", ">= 0"),
+    (
+        "chat with an embedder",
+        "/v1/chat/completions",
+        {"model": EMBEDDER, "messages": [{"role": "user", "content": "Hi"}]},
+        "model",
+        f"The model `{EMBEDDER}` does not support the chat completions API: it is an embedding model, "
+        "served at /v1/embeddings.",
+    ),
+    (
+        "completion with a reranker",
+        "/v1/completions",
+        {"model": RERANKER, "prompt": "Hi"},
+        "model",
+        "does not support the completions API: it is a reranking (cross-encoder) model",
+    ),
+    (
+        "embeddings of a route",
+        "/v1/embeddings",
+        embed(model=ROUTE),
+        "model",
+        "serve chat and completions only",
+    ),
+    ("rerank by a pipeline", "/rerank", rerank(model=PIPELINE), "model", "serve chat and completions only"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "words"), [case[1:] for case in REFUSALS], ids=[case[0] for case in REFUSALS]
+)
+async def test_a_bad_pooling_request_is_a_400_and_queues_nothing(
+    front_door: httpx.AsyncClient,
+    redis: aioredis.Redis,
+    path: str,
+    body: dict[str, Any],
+    param: str,
+    words: str,
+) -> None:
+    response = await front_door.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert words in error["message"]
+    assert await queued_jobs(redis) == 0
+
+
+LIMITS = ModelLimits(max_model_len=16, vocab_size=100, max_token_chars=4)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "code", "words"),
+    [
+        (
+            "/v1/embeddings",
+            embed(input=["short", "x" * 65]),
+            "input",
+            CONTEXT,
+            "maximum context length is 16",
+        ),
+        ("/v1/embeddings", embed(input=[list(range(17))]), "input", CONTEXT, "takes 17 tokens"),
+        ("/rerank", rerank(query="q" * 40, documents=["d" * 30]), "documents", CONTEXT, "70 characters"),
+        ("/classify", {"model": CLASSIFIER, "input": [5, 100]}, "input", "invalid_value", "vocabulary"),
+    ],
+    ids=["text", "token ids", "query and document", "vocabulary"],
+)
+async def test_an_input_past_the_models_published_limits_is_a_400(
+    front_door: httpx.AsyncClient,
+    redis: aioredis.Redis,
+    path: str,
+    body: dict[str, Any],
+    param: str,
+    code: str,
+    words: str,
+) -> None:
+    for name in (EMBEDDER, CLASSIFIER, RERANKER):
+        await redis.set(keys.model_limits(name), encode(LIMITS))
+    response = await front_door.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (param, code)
+    assert words in error["message"]
+    assert await queued_jobs(redis) == 0
+
+
+async def test_an_input_past_the_context_is_queued_when_truncation_is_asked_for(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    await redis.set(keys.model_limits(EMBEDDER), encode(LIMITS))
+    body = embed(input="x" * 65, truncate_prompt_tokens=-1)
+    async with pooling_worker(redis, EMBEDDER, answer_rows([1.0])) as jobs:
+        response = await front_door.post("/v1/embeddings", json=body)
+    assert response.status_code == 200, response.text
+    assert jobs[0].pooling is not None and jobs[0].pooling.truncate_prompt_tokens == -1
