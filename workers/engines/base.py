@@ -1,13 +1,16 @@
 """The one interface every engine implements: start, generate, abort, stop, sleep, and what it occupies.
 
-Engines know nothing of Redis or jobs: they take an EngineRequest and stream Deltas. Which class
+Engines know nothing of Redis or jobs: they take an EngineRequest and stream Deltas. A pooling engine
+(an embedder, a classifier, a reranker) is an Engine too, so that it is loaded, placed, kept alive and
+evicted like any other, but it answers `pool`: rows in, one row out per row, no stream. Which class
 implements which engine name is the registry's business (`workers.engines.registry`).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal, NoReturn
 
 import msgspec
 
@@ -21,6 +24,8 @@ from switchboard.wire import (
     TokenLogprob,
     ToolCall,
 )
+
+PoolingTaskName = Literal["embed", "classify", "score"]
 
 
 class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,3 +129,44 @@ class Engine(abc.ABC):
     async def wake(self) -> None:
         """Undo `sleep`: return when the engine can generate again."""
         raise NotImplementedError(f"{type(self).__name__} has no sleep mode")
+
+
+class PoolingRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One input of a pooling job, with its job's options: the engine pools rows of many jobs at once."""
+
+    task: PoolingTaskName
+    # Text, or token ids used as given; for "score", the document scored against `query`.
+    input: Prompt
+    query: str | None = None
+    # "embed": keep the first so many dimensions, and renormalize.
+    dimensions: int | None = None
+    # Keep only the last so many tokens (-1: as many as the model takes); None: too long is refused.
+    truncate_prompt_tokens: int | None = None
+    normalize: bool = True
+
+
+class PooledRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A row's answer and the tokens the model read for it (a pair's query included)."""
+
+    # Little-endian float32 values, as the job's answer carries them: an embedding, a probability
+    # per label, or one relevance score.
+    values: bytes
+    prompt_tokens: int
+
+
+class PoolingEngine(Engine):
+    """A model that answers once per row (embed, classify, score) instead of streaming text."""
+
+    @abc.abstractmethod
+    async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
+        """Each row's answer, in order; a row the model cannot take gets its refusal, not the batch."""
+
+    def labels(self) -> tuple[str, ...]:
+        """A classifier's label names, in the order of its rows' values; () for the other kinds."""
+        return ()
+
+    def generate(self, request: EngineRequest) -> NoReturn:
+        raise InvalidEngineRequest(f"{self.model.name} is a pooling model: it does not generate text")
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to abort: a row's answer takes one engine call, which runs to its end."""

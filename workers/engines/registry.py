@@ -35,7 +35,7 @@ class EngineOptions:
 
 
 # The package each engine needs in the worker's environment.
-ENGINE_PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
+ENGINE_PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm", "torch": "transformers"}
 
 
 def installed_engines() -> set[str]:
@@ -57,6 +57,10 @@ def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
             import_trtllm()
         except RuntimeError as exc:
             logger.error("the TensorRT-LLM engine cannot start here", extra={"why": str(exc)})
+    if "torch" in engines:
+        # The pooling runner's own imports (transformers' model classes take seconds).
+        import transformers  # noqa: F401
+        from transformers import AutoModel, AutoModelForSequenceClassification  # noqa: F401
     if "vllm" in engines:
         from workers.engines.vllm_runtime import import_runtime
 
@@ -90,4 +94,8 @@ def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
         from workers.engines.trtllm import TrtllmEngine
 
         return TrtllmEngine(model, memory_budget_bytes=options.memory_budget_bytes)
+    if model.engine_name == "torch":
+        from workers.engines.torch_pooling import TorchPoolingEngine
+
+        return TorchPoolingEngine(model, cpu_threads=options.cpu_threads)
     raise ValueError(f"model {model.name!r}: unknown engine {model.engine_name!r}")

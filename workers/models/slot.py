@@ -19,21 +19,24 @@ from dataclasses import dataclass
 from switchboard import keep_alive
 from switchboard.config import ModelConfig, triton_model_name
 from switchboard.wire import SamplingParams, SlotState, SlotStatus, StructuredOutput
-from workers.engines.base import Engine, EngineRequest
+from workers.engines.base import Engine, EngineRequest, PoolingEngine
 from workers.triton.client import TritonJobClient
 from workers.triton.host import TritonHost
 from workers.triton.model import EngineCallable
+from workers.triton.pooling_client import PoolingJobClient
+from workers.triton.pooling_model import PoolingCallable
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ServedModel:
-    """A warm model's handles: the client of its Triton model, and that model's callable."""
+    """A warm model's handles: the client of its Triton model, and that model's callable (a pooling
+    model's have the same faces: `stream` a job, and the engine's loop, abort and stop)."""
 
     name: str
-    client: TritonJobClient
-    triton_model: EngineCallable
+    client: TritonJobClient | PoolingJobClient
+    triton_model: EngineCallable | PoolingCallable
 
 
 class SlotNotServing(RuntimeError):
@@ -240,7 +243,7 @@ class ModelSlot:
             self._set_state("cold")
             raise
         self._engine = engine
-        client = TritonJobClient(self._host.grpc_address, triton_model_name(self.name))
+        client = _job_client(self._host.grpc_address, self.model, engine)
         self._served = ServedModel(name=self.name, client=client, triton_model=triton_model)
         self._became_warm()
 
@@ -297,9 +300,20 @@ class ModelSlot:
         self._on_change()
 
 
+def _job_client(grpc_address: str, model: ModelConfig, engine: Engine) -> TritonJobClient | PoolingJobClient:
+    """The consumer's client of the model's Triton model: one stream for every job of a generator;
+    batched requests of a pooling model's rows."""
+    name = triton_model_name(model.name)
+    if isinstance(engine, PoolingEngine):
+        return PoolingJobClient(
+            grpc_address, name, max_batch_size=model.batching.max_batch_size, labels=engine.labels()
+        )
+    return TritonJobClient(grpc_address, name)
+
+
 async def _start_and_bind(
     engine: Engine, host: TritonHost, name: str, *, warm_structured_output: bool = False
-) -> EngineCallable:
+) -> EngineCallable | PoolingCallable:
     """Start the engine while Triton binds it (about 2 s of Triton's own work, done in parallel);
     with `warm_structured_output`, the engine's first constrained answer is made once both are done.
 
@@ -322,8 +336,8 @@ async def _start_and_bind(
         error = started if isinstance(started, BaseException) else bound
         assert isinstance(error, BaseException)
         raise error
-    assert isinstance(bound, EngineCallable)
-    if warm_structured_output:
+    assert isinstance(bound, EngineCallable | PoolingCallable)
+    if warm_structured_output and isinstance(bound, EngineCallable):
         # On the engine's loop: vLLM's output task lives on the loop its first request ran on.
         await asyncio.wrap_future(bound.on_engine_loop(lambda: warm_structured_output_of(engine)))
     return bound

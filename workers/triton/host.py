@@ -21,16 +21,18 @@ from typing import Any
 
 import numpy as np
 from pytriton.client.utils import create_client_from_url
-from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.proxy.data import TensorStore
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 from switchboard.config import triton_model_name
+from switchboard.pooling_config import BatchingConfig
 from switchboard.ports import free_port
-from workers.engines.base import Engine
+from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
 from workers.triton import unix_socket
 from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
+from workers.triton.pooling_model import ANSWERS_OUTPUT, ROWS_INPUT, PoolingCallable
 from workers.triton.shm_regions import ShmRegions, remove_stale_regions
 from workers.triton.workspace import make_private, new_workspace_path, remove_stale_workspaces
 
@@ -93,7 +95,7 @@ class TritonHost:
         # Models being unbound in the background: the thread, and the old stub's data socket.
         self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
         # The Triton model of each bound model: their output streams end before Triton stops.
-        self._bound: dict[str, EngineCallable] = {}
+        self._bound: dict[str, EngineCallable | PoolingCallable] = {}
         # start() runs in a thread that a worker stopping early cannot interrupt: stop() marks the
         # host closed and waits for a start in progress, which then stops what it started.
         self._lifecycle = threading.Lock()
@@ -148,13 +150,24 @@ class TritonHost:
             strict_readiness=False,
         )
 
-    def bind(self, model: str, engine: Engine) -> EngineCallable:
-        """Serve `engine` as the decoupled Triton model `triton_model_name(model)` (about 2 s).
+    def bind(self, model: str, engine: Engine) -> EngineCallable | PoolingCallable:
+        """Serve `engine` as the Triton model `triton_model_name(model)` (about 2 s): decoupled for a
+        generator, batched by Triton's dynamic batcher for a pooling engine.
 
         The engine need not be started yet: Triton sends it nothing until the consumer does.
         """
         triton = self._running()
-        callable_ = EngineCallable(engine, self._coalescing)
+        callable_: EngineCallable | PoolingCallable
+        if isinstance(engine, PoolingEngine):
+            callable_ = PoolingCallable(engine)
+            inputs = [Tensor(name=ROWS_INPUT, dtype=np.bytes_, shape=(1,))]
+            outputs = [Tensor(name=ANSWERS_OUTPUT, dtype=np.bytes_, shape=(1,))]
+            config = batched_config(engine.model.batching)
+        else:
+            callable_ = EngineCallable(engine, self._coalescing)
+            inputs = [Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))]
+            outputs = [Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))]
+            config = ModelConfig(decoupled=True, batching=False)
         name = triton_model_name(model)
         self._wait_until_unloaded(name)
         try:
@@ -162,9 +175,9 @@ class TritonHost:
                 triton.bind(
                     model_name=name,
                     infer_func=callable_,
-                    inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
-                    outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
-                    config=ModelConfig(decoupled=True, batching=False),
+                    inputs=inputs,
+                    outputs=outputs,
+                    config=config,
                     strict=False,
                 )
         except BaseException:
@@ -261,7 +274,7 @@ class TritonHost:
 
     def _handler_loop(self, name: str) -> asyncio.AbstractEventLoop:
         bound = self._running()._model_manager._models[(name.lower(), 1)]
-        (handler,) = bound._inference_handlers  # one instance per model: batching is off
+        (handler,) = bound._inference_handlers  # one instance per model
         loop: asyncio.AbstractEventLoop = handler._loop
         return loop
 
@@ -290,6 +303,25 @@ class TritonHost:
         if self._socket_dir is not None:
             remove_runtime_dir(self._socket_dir)
             self._socket_dir = None
+
+
+def batched_config(batching: BatchingConfig) -> ModelConfig:
+    """A pooling model's Triton config: rows along the batch dimension, up to `max_batch_size` per
+    engine call; with batching enabled, Triton's dynamic batcher groups requests that arrive within
+    `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone."""
+    batcher = None
+    if batching.enabled:
+        batcher = DynamicBatcher(
+            max_queue_delay_microseconds=int(batching.queue_delay_ms * 1000),
+            preferred_batch_size=list(batching.preferred_batch_sizes),
+        )
+    # PyTriton's type says a batcher, but None is how it leaves the dynamic batcher out.
+    return ModelConfig(
+        batching=True,
+        max_batch_size=batching.max_batch_size,
+        batcher=batcher,  # type: ignore[arg-type]
+        decoupled=False,
+    )
 
 
 def _shm_prefix(triton: Triton) -> str:

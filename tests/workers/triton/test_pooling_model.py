@@ -1,0 +1,169 @@
+"""A pooling model's batched Triton model against a real PyTriton host and the demo embedder.
+
+Triton's dynamic batcher groups concurrent jobs into one engine call (seen in the batch-size
+metric), and each job still gets exactly its own rows back; with batching off each request runs
+alone; a job larger than a batch goes in parts and comes back whole, in order; a refused input
+fails its own job only; a job whose deadline passes is answered with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import pytest_asyncio
+
+from switchboard.config import ModelConfig, triton_model_name
+from switchboard.local.demo_pooling_models import build_demo_embedder
+from switchboard.metrics import REGISTRY
+from switchboard.pooling_config import BatchingConfig
+from switchboard.wire import Chunk, Job, chunk_decoder, encode
+from tests.support.pooling_jobs import cosine, embed_job, rows
+from workers.engines.base import PooledRow, PoolingRow
+from workers.engines.torch_pooling import TorchPoolingEngine
+from workers.triton.host import TritonHost
+from workers.triton.model import CoalescingPolicy
+from workers.triton.pooling_client import PoolingJobClient
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BATCHED, ALONE, SMALL = "batched", "alone", "small"
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "routers", "send", "requests")
+
+
+@dataclass
+class Models:
+    host: TritonHost
+    engines: dict[str, TorchPoolingEngine]
+    clients: dict[str, PoolingJobClient]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Models]:
+    folder = str(build_demo_embedder(tmp_path_factory.mktemp("embedder") / "model"))
+    configs = [
+        # A wide window, so that concurrent jobs surely meet on a loaded machine.
+        ModelConfig(name=BATCHED, path=folder, kind="embed", batching=BatchingConfig(queue_delay_ms=50.0)),
+        ModelConfig(name=ALONE, path=folder, kind="embed", batching=BatchingConfig(enabled=False)),
+        ModelConfig(
+            name=SMALL,
+            path=folder,
+            kind="embed",
+            batching=BatchingConfig(max_batch_size=8, preferred_batch_sizes=[8]),
+        ),
+    ]
+    host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6))
+    await asyncio.to_thread(host.start)
+    engines = {config.name: TorchPoolingEngine(config) for config in configs}
+    await asyncio.gather(
+        *(engine.start() for engine in engines.values()),
+        *(asyncio.to_thread(host.bind, name, engine) for name, engine in engines.items()),
+    )
+    clients = {
+        config.name: PoolingJobClient(
+            host.grpc_address, triton_model_name(config.name), max_batch_size=config.batching.max_batch_size
+        )
+        for config in configs
+    }
+    try:
+        yield Models(host, engines, clients)
+    finally:
+        for name, client in clients.items():
+            await client.close()
+            await engines[name].stop()
+        await asyncio.to_thread(host.stop)
+
+
+async def answer(client: PoolingJobClient, job: Job) -> Chunk:
+    (raw,) = [raw async for raw in client.stream(encode(job))]
+    chunk = chunk_decoder.decode(raw)
+    assert chunk.is_last
+    return chunk
+
+
+async def alone(engine: TorchPoolingEngine, item: str) -> npt.NDArray[np.float32]:
+    """The text's embedding computed on its own, straight from the engine."""
+    (row,) = await engine.pool([PoolingRow(task="embed", input=item)])
+    assert isinstance(row, PooledRow)
+    return np.frombuffer(row.values, dtype="<f4")
+
+
+def batches(model: str) -> tuple[float, float, float]:
+    """The batch-size histogram so far: engine calls, rows, and calls of one row."""
+    labels = {"model": model}
+    calls = REGISTRY.get_sample_value("switchboard:pooling_batch_rows_count", labels) or 0.0
+    total = REGISTRY.get_sample_value("switchboard:pooling_batch_rows_sum", labels) or 0.0
+    single = (
+        REGISTRY.get_sample_value("switchboard:pooling_batch_rows_bucket", {**labels, "le": "1.0"}) or 0.0
+    )
+    return calls, total, single
+
+
+def text(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 120)))
+
+
+async def test_concurrent_jobs_are_batched_and_each_gets_its_own_rows(models: Models) -> None:
+    rng = random.Random(7)
+    jobs = [embed_job(BATCHED, *(text(rng) for _ in range(rng.choice((1, 1, 3))))) for _ in range(64)]
+    calls_before, rows_before, single_before = batches(BATCHED)
+    together = await asyncio.gather(*(answer(models.clients[BATCHED], job) for job in jobs))
+    calls, total, single = batches(BATCHED)
+    assert total - rows_before == sum(len(job.pooling.inputs) for job in jobs if job.pooling)
+    # Fewer engine calls than jobs: the batcher grouped them, some calls with more than one row.
+    assert calls - calls_before < len(jobs)
+    assert (calls - calls_before) - (single - single_before) > 0, "no batch of more than one row"
+    for job, chunk in zip(jobs, together, strict=True):
+        assert job.pooling is not None
+        assert len(chunk.pooled) == len(job.pooling.inputs)
+        for item, row in zip(job.pooling.inputs, rows(chunk), strict=True):
+            assert cosine(row, await alone(models.engines[BATCHED], item)) >= 0.999, item
+        assert chunk.usage is not None and chunk.usage.completion_tokens == 0
+
+
+async def test_with_batching_off_each_request_runs_alone(models: Models) -> None:
+    rng = random.Random(11)
+    jobs = [embed_job(ALONE, text(rng)) for _ in range(32)]
+    calls_before, rows_before, _ = batches(ALONE)
+    await asyncio.gather(*(answer(models.clients[ALONE], job) for job in jobs))
+    calls, total, _ = batches(ALONE)
+    assert (calls - calls_before, total - rows_before) == (32, 32)
+
+
+async def test_a_job_larger_than_a_batch_goes_in_parts_and_comes_back_in_order(models: Models) -> None:
+    inputs = [f"input number {n} " + "word " * n for n in range(20)]
+    calls_before, _, _ = batches(SMALL)
+    chunk = await answer(models.clients[SMALL], embed_job(SMALL, *inputs))
+    calls, _, _ = batches(SMALL)
+    assert calls - calls_before >= 3  # 20 rows, 8 per request at most
+    for item, row in zip(inputs, rows(chunk), strict=True):
+        assert cosine(row, await alone(models.engines[SMALL], item)) >= 0.999
+
+
+async def test_a_refused_input_fails_its_own_job_only(models: Models) -> None:
+    client = models.clients[BATCHED]
+    too_long = embed_job(BATCHED, "fine", "word " * 600)
+    fine = [embed_job(BATCHED, f"fine text {n}") for n in range(8)]
+    answers = await asyncio.gather(answer(client, too_long), *(answer(client, job) for job in fine))
+    refused = answers[0].error
+    assert refused is not None and refused.code == "invalid_request"
+    assert refused.client_code == "context_length_exceeded" and refused.param == "input"
+    assert refused.message.startswith("`input[1]`: This model's maximum context length is 512 tokens")
+    assert all(chunk.error is None and len(chunk.pooled) == 1 for chunk in answers[1:])
+
+
+async def test_a_job_past_its_deadline_is_answered_with_a_timeout(models: Models) -> None:
+    chunk = await answer(models.clients[BATCHED], embed_job(BATCHED, "late", deadline_s=-1))
+    assert chunk.error is not None and chunk.error.code == "timeout"
+
+
+async def test_the_batched_models_metrics_count_requests_and_tokens(models: Models) -> None:
+    labels = {"model": BATCHED}
+    assert (REGISTRY.get_sample_value("switchboard:pooling_requests_total", labels) or 0) > 64
+    assert (REGISTRY.get_sample_value("switchboard:pooling_input_tokens_total", labels) or 0) > 64
+    assert (REGISTRY.get_sample_value("switchboard:pooling_batcher_wait_seconds_count", labels) or 0) > 64

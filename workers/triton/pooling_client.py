@@ -1,0 +1,153 @@
+"""The consumer's client for a local pooling model: a job through the batched Triton model, one chunk out.
+
+It has a generator client's face (`stream(payload)` yields encoded chunks), so the consumer runs a
+pooling job like any other: its one chunk is the last, with the rows and the usage, or an error. A
+job's inputs go as one request (a list input is one job, never one request per input), or as several
+of at most `max_batch_size` rows each, sent together; Triton's dynamic batcher groups them with other
+jobs' requests. The request carries the job's time left: a job whose deadline passes in Triton's
+queue ends with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import AsyncGenerator, Sequence
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from switchboard.wire import Chunk, Job, JobError, PoolingTask, Usage, encode
+from workers.engines.base import PoolingRow
+from workers.triton.client import MAX_MESSAGE_BYTES, TritonStreamError
+from workers.triton.model import engine_job_decoder
+from workers.triton.pooling_model import (
+    ANSWERS_OUTPUT,
+    ROWS_INPUT,
+    SENT_PARAMETER,
+    RowAnswer,
+    answer_decoder,
+    row_encoder,
+)
+
+# Triton's BYTES tensors hold each element as a 4-byte little-endian length, then the bytes.
+_LENGTH = struct.Struct("<I")
+
+
+def rows_of(task: PoolingTask) -> list[PoolingRow]:
+    """A pooling job's rows, one per input, each with the job's options."""
+    return [
+        PoolingRow(
+            task=task.task,
+            input=item,
+            query=task.query,
+            dimensions=task.dimensions,
+            truncate_prompt_tokens=task.truncate_prompt_tokens,
+            normalize=task.normalize,
+        )
+        for item in task.inputs
+    ]
+
+
+class PoolingJobClient:
+    """Sends pooling jobs (many at once) to one batched Triton model over the worker's gRPC socket."""
+
+    def __init__(
+        self, grpc_address: str, model_name: str, *, max_batch_size: int, labels: tuple[str, ...] = ()
+    ) -> None:
+        self.model_name = model_name
+        self._max_rows = max_batch_size
+        self._labels = labels
+        self._channel = grpc.aio.insecure_channel(
+            grpc_address,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._closed = False
+
+    async def stream(self, job_payload: bytes) -> AsyncGenerator[bytes, None]:
+        """Run an encoded pooling job; yield its one encoded chunk (the answer, or an error)."""
+        if self._closed:
+            raise TritonStreamError(f"the client of {self.model_name} is closed")
+        job = engine_job_decoder.decode(job_payload)
+        yield encode(await self._answer(job))
+
+    async def close(self) -> None:
+        """Close the channel; jobs still waiting end with an error."""
+        self._closed = True
+        await self._channel.close()
+
+    async def _answer(self, job: Job) -> Chunk:
+        if job.pooling is None:
+            message = (
+                f"{job.model} is a pooling model: it answers embeddings, classifications or scores only."
+            )
+            return Chunk(error=JobError(code="invalid_request", message=message, param="model"))
+        rows = rows_of(job.pooling)
+        parts = [rows[start : start + self._max_rows] for start in range(0, len(rows), self._max_rows)]
+        timeout_s = job.deadline - time.time()
+        if timeout_s <= 0:
+            return _expired()
+        try:
+            answered = await asyncio.gather(*(self._infer(part, timeout_s) for part in parts))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return _expired()
+            raise TritonStreamError(f"{self.model_name} failed: {exc.details()}") from exc
+        answers = [answer for part in answered for answer in part]
+        return self._chunk(answers)
+
+    def _chunk(self, answers: Sequence[RowAnswer]) -> Chunk:
+        for index, answer in enumerate(answers):
+            if answer.error is not None:
+                where = f"`input[{index}]`: " if len(answers) > 1 else ""
+                error = JobError(
+                    code="invalid_request",
+                    message=where + answer.error,
+                    param=answer.param or "input",
+                    client_code=answer.code,
+                )
+                return Chunk(error=error)
+        usage = Usage(prompt_tokens=sum(answer.prompt_tokens for answer in answers), completion_tokens=0)
+        return Chunk(pooled=tuple(answer.values for answer in answers), labels=self._labels, usage=usage)
+
+    async def _infer(self, rows: Sequence[PoolingRow], timeout_s: float) -> list[RowAnswer]:
+        response = await self._stub.ModelInfer(_infer_request(self.model_name, rows), timeout=timeout_s)
+        answers = [answer_decoder.decode(element) for element in _elements(response.raw_output_contents[0])]
+        if len(answers) != len(rows):
+            raise TritonStreamError(f"{self.model_name} answered {len(answers)} rows of {len(rows)}")
+        return answers
+
+
+def _expired() -> Chunk:
+    return Chunk(
+        error=JobError(code="timeout", message="the job's deadline passed while it waited for its model")
+    )
+
+
+def _infer_request(model_name: str, rows: Sequence[PoolingRow]) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=model_name)
+    request.parameters[SENT_PARAMETER].int64_param = time.time_ns()
+    rows_input = request.inputs.add()
+    rows_input.name = ROWS_INPUT
+    rows_input.datatype = "BYTES"
+    rows_input.shape.extend([len(rows), 1])
+    request.outputs.add().name = ANSWERS_OUTPUT
+    encoded = (row_encoder.encode(row) for row in rows)
+    request.raw_input_contents.append(b"".join(_LENGTH.pack(len(data)) + data for data in encoded))
+    return request
+
+
+def _elements(raw: bytes) -> list[bytes]:
+    """The elements of a BYTES tensor, in order."""
+    elements, offset = [], 0
+    while offset < len(raw):
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += _LENGTH.size
+        elements.append(raw[offset : offset + length])
+        offset += length
+    return elements
