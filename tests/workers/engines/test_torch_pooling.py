@@ -1,0 +1,269 @@
+"""The PyTorch pooling runner against plain transformers, on the demo embedder, classifier and reranker.
+
+Each row's answer is what transformers computes for that input alone (padding and batch mates change
+nothing); `dimensions`, truncation and token-id inputs mean what they mean in vLLM; what the model
+cannot take is refused row by row, with OpenAI's codes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import pytest_asyncio
+
+from switchboard.config import ModelConfig
+from switchboard.local.demo_pooling_models import (
+    CLASSIFIER_LABELS,
+    build_demo_classifier,
+    build_demo_embedder,
+    build_demo_reranker,
+)
+from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
+from workers.engines.registry import EngineOptions, create_engine
+from workers.engines.torch_pooling import TOKEN_BUDGET, TorchPoolingEngine, sub_batches
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+Vector = npt.NDArray[np.float32]
+TEXTS = ["Hello there!", "The quick brown fox jumps over the lazy dog.", "a " * 200, "x"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pooling-models")
+    return {
+        "embed": build_demo_embedder(root / "embed"),
+        "classify": build_demo_classifier(root / "classify"),
+        "score": build_demo_reranker(root / "score"),
+    }
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def engines(folders: dict[str, Path]) -> AsyncIterator[dict[str, TorchPoolingEngine]]:
+    started = {
+        kind: TorchPoolingEngine(ModelConfig(name=kind, path=str(path), kind=kind))
+        for kind, path in folders.items()
+    }  # type: ignore[arg-type]
+    for engine in started.values():
+        await engine.start()
+    yield started
+    for engine in started.values():
+        await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(folders: dict[str, Path]) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(folders["embed"])
+
+
+@pytest.fixture(scope="module")
+def reference(folders: dict[str, Path]) -> dict[str, Any]:
+    """The models as plain transformers loads them."""
+    return {
+        "embed": transformers.AutoModel.from_pretrained(folders["embed"]).eval(),
+        "classify": transformers.AutoModelForSequenceClassification.from_pretrained(
+            folders["classify"]
+        ).eval(),
+        "score": transformers.AutoModelForSequenceClassification.from_pretrained(folders["score"]).eval(),
+    }
+
+
+def mean_pooled(model: Any, ids: list[int]) -> Vector:
+    """Transformers' last hidden states of one unpadded input, averaged."""
+    with torch.inference_mode():
+        hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    return np.asarray(hidden.mean(dim=0).numpy(), dtype=np.float32)
+
+
+def unit(vector: Vector) -> Vector:
+    return vector / np.linalg.norm(vector)
+
+
+async def pooled(engine: TorchPoolingEngine, *rows: PoolingRow) -> list[Vector]:
+    answers = await engine.pool(rows)
+    assert all(isinstance(answer, PooledRow) for answer in answers), answers
+    return [np.frombuffer(answer.values, dtype="<f4") for answer in answers if isinstance(answer, PooledRow)]
+
+
+def embed(item: str | tuple[int, ...], **options: Any) -> PoolingRow:
+    return PoolingRow(task="embed", input=item, **options)
+
+
+async def test_embeddings_are_transformers_mean_pooled_and_normalized(
+    engines: dict[str, TorchPoolingEngine], reference: dict[str, Any], tokenizer: Any
+) -> None:
+    rows = await pooled(engines["embed"], *(embed(text) for text in TEXTS))
+    for text, row in zip(TEXTS, rows, strict=True):
+        expected = unit(mean_pooled(reference["embed"], tokenizer(text)["input_ids"]))
+        np.testing.assert_allclose(row, expected, atol=2e-5)
+        assert abs(float(np.linalg.norm(row)) - 1.0) < 1e-5
+
+
+async def test_padding_and_batch_mates_change_no_row(engines: dict[str, TorchPoolingEngine]) -> None:
+    engine = engines["embed"]
+    (alone,) = await pooled(engine, embed("short one"))
+    together = await pooled(
+        engine, embed("a much longer text " * 20), embed("short one"), embed("mid length text")
+    )
+    np.testing.assert_allclose(together[1], alone, atol=1e-5)
+
+
+async def test_dimensions_cut_and_renormalize(
+    engines: dict[str, TorchPoolingEngine], reference: dict[str, Any], tokenizer: Any
+) -> None:
+    full = mean_pooled(reference["embed"], tokenizer("cut me short")["input_ids"])
+    cut, raw = await pooled(
+        engines["embed"], embed("cut me short", dimensions=16), embed("cut me short", normalize=False)
+    )
+    assert cut.shape == (16,)
+    np.testing.assert_allclose(cut, unit(full[:16]), atol=2e-5)
+    np.testing.assert_allclose(raw, full, atol=2e-5)
+
+
+async def test_truncation_keeps_the_last_tokens(
+    engines: dict[str, TorchPoolingEngine], reference: dict[str, Any], tokenizer: Any
+) -> None:
+    text = "first words are dropped and the last ones are kept " * 40
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) > 512
+    kept = [ids[0], *ids[-9:-1], ids[-1]]  # [CLS], the last 8 tokens of the text, [SEP]
+    rows = [
+        embed(text, truncate_prompt_tokens=10),
+        embed(text, truncate_prompt_tokens=-1),
+        embed(tuple(ids), truncate_prompt_tokens=5),
+    ]
+    answers = await engines["embed"].pool(rows)
+    assert [a.prompt_tokens for a in answers if isinstance(a, PooledRow)] == [10, 512, 5]
+    ten, longest, given = (np.frombuffer(a.values, dtype="<f4") for a in answers if isinstance(a, PooledRow))
+    np.testing.assert_allclose(ten, unit(mean_pooled(reference["embed"], kept)), atol=2e-5)
+    np.testing.assert_allclose(given, unit(mean_pooled(reference["embed"], ids[-5:])), atol=2e-5)
+    assert longest.shape == (128,)
+
+
+async def test_token_ids_are_used_as_given(engines: dict[str, TorchPoolingEngine], tokenizer: Any) -> None:
+    ids = tuple(tokenizer("given as token ids")["input_ids"])
+    from_text, from_ids = await pooled(engines["embed"], embed("given as token ids"), embed(ids))
+    np.testing.assert_allclose(from_ids, from_text, atol=1e-6)
+
+
+async def test_what_the_model_cannot_take_is_refused_row_by_row(
+    engines: dict[str, TorchPoolingEngine],
+) -> None:
+    answers = await engines["embed"].pool(
+        [
+            embed((5, 400, 7)),
+            embed("fine"),
+            embed("word " * 600),
+            embed(tuple(range(300)) * 2),
+            embed("x", truncate_prompt_tokens=513),
+        ]
+    )
+    outside, fine, text_too_long, ids_too_long, bad_truncation = answers
+    assert isinstance(outside, InvalidEngineRequest)
+    assert (outside.param, outside.code) == ("input", "invalid_value")
+    assert "[400]" in str(outside) and "400 tokens" in str(outside)
+    assert isinstance(fine, PooledRow)
+    for refused in (text_too_long, ids_too_long):
+        assert isinstance(refused, InvalidEngineRequest)
+        assert (refused.param, refused.code) == ("input", "context_length_exceeded")
+        assert str(refused).startswith("This model's maximum context length is 512 tokens")
+    assert (
+        isinstance(bad_truncation, InvalidEngineRequest) and bad_truncation.param == "truncate_prompt_tokens"
+    )
+
+
+async def test_classifier_probabilities_and_labels(
+    engines: dict[str, TorchPoolingEngine], reference: dict[str, Any], tokenizer: Any
+) -> None:
+    engine = engines["classify"]
+    assert engine.labels() == CLASSIFIER_LABELS
+    rows = await pooled(engine, *(PoolingRow(task="classify", input=text) for text in TEXTS))
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        expected = reference["classify"](**batch).logits.softmax(-1).numpy()
+    np.testing.assert_allclose(np.stack(rows), expected, atol=2e-5)
+
+
+async def test_reranker_scores_query_document_pairs(
+    engines: dict[str, TorchPoolingEngine], reference: dict[str, Any], tokenizer: Any
+) -> None:
+    query, documents = "where is the fox", ["The quick brown fox.", "Paris is in France.", "a " * 50]
+    answers = await engines["score"].pool([PoolingRow(task="score", input=d, query=query) for d in documents])
+    batch = tokenizer([query] * 3, documents, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        expected = reference["score"](**batch).logits[:, 0].sigmoid().numpy()
+    scores = [float(np.frombuffer(a.values, dtype="<f4")[0]) for a in answers if isinstance(a, PooledRow)]
+    np.testing.assert_allclose(scores, expected, atol=2e-5)
+    # The pair's tokens, the query's included, as the engine saw them.
+    assert [a.prompt_tokens for a in answers if isinstance(a, PooledRow)] == [
+        len(tokenizer(query, d)["input_ids"]) for d in documents
+    ]
+
+
+async def test_a_declared_cls_pooling_is_followed(
+    folders: dict[str, Path], reference: dict[str, Any], tokenizer: Any, tmp_path: Path
+) -> None:
+    folder = tmp_path / "cls"
+    shutil.copytree(folders["embed"], folder)
+    config = folder / "1_Pooling" / "config.json"
+    declared = json.loads(config.read_text())
+    config.write_text(
+        json.dumps({**declared, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True})
+    )
+    engine = TorchPoolingEngine(ModelConfig(name="cls", path=str(folder), kind="embed"))
+    await engine.start()
+    try:
+        (row,) = await pooled(engine, embed("first token only"))
+    finally:
+        await engine.stop()
+    with torch.inference_mode():
+        hidden = reference["embed"](
+            input_ids=torch.tensor([tokenizer("first token only")["input_ids"]])
+        ).last_hidden_state
+    np.testing.assert_allclose(row, unit(hidden[0, 0].numpy()), atol=2e-5)
+
+
+async def test_limits_jobs_at_once_footprint_and_no_generation(
+    engines: dict[str, TorchPoolingEngine],
+) -> None:
+    engine = engines["embed"]
+    limits = engine.limits()
+    assert limits is not None and (limits.max_model_len, limits.vocab_size) == (512, 400)
+    assert limits.max_token_chars >= 2
+    assert engine.max_sequences() == 2 * engine.model.batching.max_batch_size
+    footprint = engine.footprint()
+    assert footprint.device == "cpu"
+    parameters = sum(p.numel() * 4 for p in engine._model.parameters())
+    assert parameters < footprint.memory_bytes < parameters + 512 * 1024**2
+    with pytest.raises(InvalidEngineRequest, match="pooling model"):
+        engine.generate(None)  # type: ignore[arg-type]
+
+
+async def test_the_registry_runs_the_pooling_kinds_on_torch(folders: dict[str, Path]) -> None:
+    options = EngineOptions(cpu_threads="0", cpu_kvcache_gib=1.0, engine_process="fork")
+    for kind in ("embed", "classify", "score"):
+        engine = create_engine(ModelConfig(name=kind, path=str(folders[kind]), kind=kind), options)  # type: ignore[arg-type]
+        assert isinstance(engine, TorchPoolingEngine)
+        assert engine.footprint().memory_bytes > 0  # before start: from its files
+
+
+async def test_sub_batches_group_similar_lengths_within_the_budget() -> None:
+    lengths = [3, 4, 5, 6, 7, 8, 40, 41, 42, 500, 510]
+    ranges = sub_batches(lengths, max_rows=4)
+    assert [r for start, end in ranges for r in range(start, end)] == list(range(len(lengths)))
+    assert ranges[0] == (0, 4)  # at most 4 rows
+    for start, end in ranges:
+        rows = lengths[start:end]
+        assert len(rows) * max(rows) <= TOKEN_BUDGET
+        assert max(rows) <= 2 * min(rows) + 16
+    assert sub_batches([], max_rows=8) == []
