@@ -21,6 +21,7 @@ import pytest_asyncio
 from switchboard.config import ModelConfig
 from switchboard.local.demo_pooling_models import (
     CLASSIFIER_LABELS,
+    PoolingKind,
     build_demo_classifier,
     build_demo_embedder,
     build_demo_reranker,
@@ -50,10 +51,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def engines(folders: dict[str, Path]) -> AsyncIterator[dict[str, TorchPoolingEngine]]:
+    kinds: tuple[PoolingKind, ...] = ("embed", "classify", "score")
     started = {
-        kind: TorchPoolingEngine(ModelConfig(name=kind, path=str(path), kind=kind))
-        for kind, path in folders.items()
-    }  # type: ignore[arg-type]
+        kind: TorchPoolingEngine(ModelConfig(name=kind, path=str(folders[kind]), kind=kind)) for kind in kinds
+    }
     for engine in started.values():
         await engine.start()
     yield started

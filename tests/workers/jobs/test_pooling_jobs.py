@@ -3,7 +3,8 @@
 An embedder and a classifier (the PyTorch runner on the demo pooling models) are warm beside a
 generator (a scripted engine) on one worker. A pooling job on its model's stream is answered with
 one last chunk (a row per input, the classifier's labels, the usage) and acknowledged; the
-generator's jobs run beside them; a pooling job that expired before it was taken fails as any job.
+generator's jobs run beside them; a pooling job that expired before it was taken fails as any job;
+its span names its GenAI operation ("embeddings", "classify").
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,8 +30,10 @@ from switchboard.local.demo_pooling_models import (
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import PoolingTask
 from tests.support.jobs import make_job, result, submit
+from tests.support.one_worker import until
 from tests.support.pooling_jobs import embed_job, pooling_job, rows
 from tests.support.scripted_engine import ScriptedEngine
+from tests.support.span_file import read_spans
 from workers.engines.base import Engine, PooledRow, PoolingRow
 from workers.engines.torch_pooling import TorchPoolingEngine
 from workers.jobs.consume import JobConsumer
@@ -138,3 +143,21 @@ async def test_a_pooling_job_that_expired_before_it_was_taken_fails(worker: Pool
     await submit(worker.redis, job)
     (chunk,) = await result(worker.redis, job.id)
     assert chunk.error is not None and chunk.error.code == "timeout"
+
+
+async def test_a_pooling_jobs_span_names_its_operation(worker: PoolingWorker, span_file: Path) -> None:
+    embedded = embed_job(EMBEDDER, "traced")
+    classified = pooling_job(CLASSIFIER, PoolingTask(task="classify", inputs=("traced",)))
+    await submit(worker.redis, embedded, classified)
+    for job in (embedded, classified):
+        await result(worker.redis, job.id)
+    await until(lambda: len(job_spans(span_file)) == 2, 5, "both jobs' spans have ended")
+    operations = {
+        span["attributes"]["switchboard.job.id"]: span["attributes"]["gen_ai.operation.name"]
+        for span in job_spans(span_file)
+    }
+    assert operations == {embedded.id: "embeddings", classified.id: "classify"}
+
+
+def job_spans(path: Path) -> list[dict[str, Any]]:
+    return [span for span in read_spans(path) if span["name"] == "switchboard.job"] if path.exists() else []

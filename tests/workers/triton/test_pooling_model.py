@@ -86,7 +86,7 @@ async def answer(client: PoolingJobClient, job: Job) -> Chunk:
     return chunk
 
 
-async def alone(engine: TorchPoolingEngine, item: str) -> npt.NDArray[np.float32]:
+async def alone(engine: TorchPoolingEngine, item: str | tuple[int, ...]) -> npt.NDArray[np.float32]:
     """The text's embedding computed on its own, straight from the engine."""
     (row,) = await engine.pool([PoolingRow(task="embed", input=item)])
     assert isinstance(row, PooledRow)
