@@ -52,7 +52,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def engines(folders: dict[str, Path]) -> AsyncIterator[dict[str, TorchPoolingEngine]]:
     kinds: tuple[PoolingKind, ...] = ("embed", "classify", "score")
-    started = {
+    started: dict[str, TorchPoolingEngine] = {
         kind: TorchPoolingEngine(ModelConfig(name=kind, path=str(folders[kind]), kind=kind)) for kind in kinds
     }
     for engine in started.values():
