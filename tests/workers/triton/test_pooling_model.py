@@ -3,14 +3,15 @@
 Triton's dynamic batcher groups concurrent jobs into one engine call (seen in the batch-size
 metric), and each job still gets exactly its own rows back; with batching off each request runs
 alone; a job larger than a batch goes in parts and comes back whole, in order; a refused input
-fails its own job only; a job whose deadline passes is answered with a timeout.
+fails its own job only; a job whose deadline passes is answered with a timeout; an engine that fails
+fails its batch's requests (the consumer answers their jobs with an engine error).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,16 +25,24 @@ from switchboard.metrics import REGISTRY
 from switchboard.pooling_config import BatchingConfig
 from switchboard.wire import Chunk, Job, chunk_decoder, encode
 from tests.support.pooling_jobs import cosine, embed_job, rows
-from workers.engines.base import PooledRow, PoolingRow
+from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.torch_pooling import TorchPoolingEngine
+from workers.triton.client import TritonStreamError
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 from workers.triton.pooling_client import PoolingJobClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-BATCHED, ALONE, SMALL = "batched", "alone", "small"
+BATCHED, ALONE, SMALL, FAILING = "batched", "alone", "small", "failing"
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "routers", "send", "requests")
+
+
+class FailingEngine(TorchPoolingEngine):
+    """The demo embedder, whose every engine call fails (our bug, not the client's)."""
+
+    async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
+        raise RuntimeError("the engine broke")
 
 
 @dataclass
@@ -60,15 +69,16 @@ async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mode
     host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6))
     await asyncio.to_thread(host.start)
     engines = {config.name: TorchPoolingEngine(config) for config in configs}
+    engines[FAILING] = FailingEngine(ModelConfig(name=FAILING, path=folder, kind="embed"))
     await asyncio.gather(
         *(engine.start() for engine in engines.values()),
         *(asyncio.to_thread(host.bind, name, engine) for name, engine in engines.items()),
     )
     clients = {
-        config.name: PoolingJobClient(
-            host.grpc_address, triton_model_name(config.name), max_batch_size=config.batching.max_batch_size
+        name: PoolingJobClient(
+            host.grpc_address, triton_model_name(name), max_batch_size=engine.model.batching.max_batch_size
         )
-        for config in configs
+        for name, engine in engines.items()
     }
     try:
         yield Models(host, engines, clients)
@@ -160,6 +170,11 @@ async def test_a_refused_input_fails_its_own_job_only(models: Models) -> None:
 async def test_a_job_past_its_deadline_is_answered_with_a_timeout(models: Models) -> None:
     chunk = await answer(models.clients[BATCHED], embed_job(BATCHED, "late", deadline_s=-1))
     assert chunk.error is not None and chunk.error.code == "timeout"
+
+
+async def test_an_engine_that_fails_fails_the_jobs_of_its_batch(models: Models) -> None:
+    with pytest.raises(TritonStreamError, match="the engine broke"):
+        await answer(models.clients[FAILING], embed_job(FAILING, "anything"))
 
 
 async def test_the_batched_models_metrics_count_requests_and_tokens(models: Models) -> None:
