@@ -58,9 +58,9 @@ def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
         except RuntimeError as exc:
             logger.error("the TensorRT-LLM engine cannot start here", extra={"why": str(exc)})
     if "torch" in engines:
-        # The pooling runner's own imports (transformers' model classes take seconds).
-        import transformers  # noqa: F401
-        from transformers import AutoModel, AutoModelForSequenceClassification  # noqa: F401
+        from workers.engines.torch_pooling import import_runtime as import_torch_pooling
+
+        import_torch_pooling()  # transformers' model classes take seconds
     if "vllm" in engines:
         from workers.engines.vllm_runtime import import_runtime
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,6 +53,21 @@ ACTIVATION_WIDTHS = 12
 # Jobs the worker may take at once for a pooling model, per row of its largest batch: enough for the
 # batcher to fill a batch while the previous one computes.
 JOBS_PER_BATCH_ROW = 2
+
+
+# transformers imports its classes lazily, and two threads importing the same one at once can fail
+# ("cannot import name 'AutoModel'"): two pooling models loading together, or a load beside the
+# worker's own import at start.
+_IMPORT_LOCK = threading.Lock()
+
+
+def import_runtime() -> Any:
+    """transformers' model and tokenizer classes, imported once, by one thread at a time."""
+    with _IMPORT_LOCK:
+        import transformers
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
+
+        return transformers
 
 
 class TorchPoolingEngine(PoolingEngine):
@@ -188,12 +204,16 @@ class TorchPoolingEngine(PoolingEngine):
 
     def _load(self) -> None:
         import torch
-        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
+        transformers = import_runtime()
         path = self.model.path
         self._device = _device()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        loader = AutoModel if self.model.kind == "embed" else AutoModelForSequenceClassification
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        loader = (
+            transformers.AutoModel
+            if self.model.kind == "embed"
+            else transformers.AutoModelForSequenceClassification
+        )
         model = loader.from_pretrained(path, dtype=torch.float32).to(self._device).eval()
         config = model.config
         if self.model.kind == "score" and config.num_labels != 1:

@@ -7,8 +7,11 @@ cannot take is refused row by row, with OpenAI's codes.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -268,3 +271,35 @@ async def test_sub_batches_group_similar_lengths_within_the_budget() -> None:
         assert len(rows) * max(rows) <= TOKEN_BUDGET
         assert max(rows) <= 2 * min(rows) + 16
     assert sub_batches([], max_rows=8) == []
+
+
+# Three pooling models loading at once, in an interpreter that has not imported transformers yet.
+LOADS_TOGETHER = """
+import asyncio, sys
+from switchboard.config import ModelConfig
+from workers.engines.torch_pooling import TorchPoolingEngine
+
+async def main():
+    kinds = ("embed", "classify", "score")
+    engines = [TorchPoolingEngine(ModelConfig(name=k, path=p, kind=k)) for k, p in zip(kinds, sys.argv[1:])]
+    await asyncio.gather(*(engine.start() for engine in engines))
+    print("started", [engine.limits() is not None for engine in engines])
+
+asyncio.run(main())
+"""
+
+
+async def test_models_loading_together_import_transformers_once(folders: dict[str, Path]) -> None:
+    """transformers' lazy imports fail when two threads import the same class at once."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        LOADS_TOGETHER,
+        *(str(folders[kind]) for kind in ("embed", "classify", "score")),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    assert process.returncode == 0, output.decode()[-2000:]
+    assert b"started [True, True, True]" in output
