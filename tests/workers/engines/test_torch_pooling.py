@@ -303,3 +303,21 @@ async def test_models_loading_together_import_transformers_once(folders: dict[st
     output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
     assert process.returncode == 0, output.decode()[-2000:]
     assert b"started [True, True, True]" in output
+
+
+async def test_the_engine_computes_on_the_cores_it_was_placed_on(folders: dict[str, Path]) -> None:
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    engine = TorchPoolingEngine(
+        ModelConfig(name="placed", path=str(folders["embed"]), kind="embed"), cpu_threads=f"{core}"
+    )
+    await engine.start()
+    try:
+        assert engine._executor is not None
+        placed = engine._executor.submit(lambda: (os.sched_getaffinity(0), torch.get_num_threads())).result()
+    finally:
+        await engine.stop()
+    assert placed == ({core}, 1)
+    assert len(os.sched_getaffinity(0)) == 1 or os.sched_getaffinity(0) != {core}, (
+        "the worker's own threads stay put"
+    )
