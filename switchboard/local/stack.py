@@ -159,7 +159,9 @@ def _print_examples(settings: Settings) -> None:
     exposed = not is_loopback_host(host) and not settings.router.allow_open_access
     api_key = "YOUR_KEY" if keyed or exposed else "unused"
     curl_auth = f" -H 'Authorization: Bearer {api_key}'" if api_key != "unused" else ""
-    model = settings.models[0].name
+    # The examples chat with a generator, and embed with an embedder where one is configured.
+    generators = [m.name for m in settings.models if not m.pooling]
+    embedders = [m.name for m in settings.models if m.kind == "embed"]
     names = ", ".join(m.name for m in settings.models)
     preloaded = [m.name for m in settings.models if m.preload]
     models_command = "switchboard models"
@@ -171,11 +173,20 @@ def _print_examples(settings: Settings) -> None:
     )
     if preloaded:
         loading += f" Loading now (preload = true): {', '.join(preloaded)}."
+    examples = [_chat_examples(base, generators[0], curl_auth, api_key)] if generators else []
+    if embedders:
+        examples.append(_embedding_example(base, embedders[0], curl_auth))
     print(
-        f"""
-Switchboard is serving {names} at {base}
+        f"\nSwitchboard is serving {names} at {base}\n",
+        *examples,
+        f"{loading}\nPress Ctrl-C to stop.\n",
+        sep="\n",
+    )
+    sys.stdout.flush()
 
-Try it with curl:
+
+def _chat_examples(base: str, model: str, curl_auth: str, api_key: str) -> str:
+    return f"""Try it with curl:
   curl {base}/chat/completions -H 'Content-Type: application/json'{curl_auth} \\
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
 
@@ -185,12 +196,14 @@ Or with the openai Python client:
   for chunk in client.chat.completions.create(
       model="{model}", messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32, stream=True):
       print(chunk.choices[0].delta.content or "", end="", flush=True)
+"""
 
-{loading}
-Press Ctrl-C to stop.
-""",
-        flush=True,
-    )
+
+def _embedding_example(base: str, model: str, curl_auth: str) -> str:
+    return f"""Embed a text:
+  curl {base}/embeddings -H 'Content-Type: application/json'{curl_auth} \\
+    -d '{{"model": "{model}", "input": "Hello!"}}'
+"""
 
 
 def _supervise(launcher: Launcher) -> int:

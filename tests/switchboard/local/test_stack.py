@@ -17,7 +17,7 @@ import pytest
 import redis
 from redis.exceptions import AuthenticationError
 
-from switchboard.config import load_settings
+from switchboard.config import ModelConfig, Settings, load_settings
 from switchboard.local import stack
 from switchboard.local.launcher import Launcher
 from switchboard.local.start_report import LAST_START_FILE
@@ -74,7 +74,7 @@ def test_up_says_where_logs_are_when_it_serves_and_how_to_call_it(
 DRIVER = """
 import functools, sys
 from pathlib import Path
-from switchboard.config import load_settings
+from switchboard.config import ModelConfig, Settings, load_settings
 from switchboard.local import stack
 from switchboard.local.launcher import Launcher
 from switchboard.local.start_report import LAST_START_FILE
@@ -278,3 +278,16 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_the_start_examples_chat_with_a_generator_and_embed_with_an_embedder(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    embedder = ModelConfig(name="emb", path="/m/emb", kind="embed")
+    stack._print_examples(Settings(models=[embedder, ModelConfig(name="chat", path="/m/chat")]))
+    shown = capsys.readouterr().out
+    assert '"model": "chat", "messages"' in shown and 'model="chat"' in shown
+    assert "/v1/embeddings" in shown and '"model": "emb", "input"' in shown
+    stack._print_examples(Settings(models=[embedder]))
+    alone = capsys.readouterr().out
+    assert "chat/completions" not in alone and '"model": "emb", "input"' in alone
