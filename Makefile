@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings gpu-check clean
 
 VENV := .venv/bin
 
@@ -70,6 +70,10 @@ bench-fair: install-bench
 # The front door's share of the path without an engine: time to first byte, its CPU and Redis commands per request.
 bench-front-door: install-bench
 	$(VENV)/python bench/front_door_path.py --profile
+
+# An embedder with Triton's dynamic batcher on and off, and behind vLLM's own server (--runner pooling).
+bench-embeddings: install-bench
+	$(VENV)/python bench/embeddings.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench

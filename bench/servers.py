@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,20 +92,29 @@ def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], logs: list[Pa
     raise StartupError(f"{label} was not ready after {READY_TIMEOUT_S:g} s; see {', '.join(map(str, logs))}")
 
 
+# The same engine settings as the Switchboard worker gives the demo model.
+DEMO_ENGINE_FLAGS = ("--max-model-len", "1024", "--dtype", "float32", "--enforce-eager")
+
+
 @contextlib.contextmanager
 def spawn_vllm(
-    model_dir: Path, log_path: Path, stream_interval: int = 1
+    model_dir: Path,
+    log_path: Path,
+    stream_interval: int = 1,
+    *,
+    served_name: str = MODEL_NAME,
+    engine_flags: Sequence[str] = DEMO_ENGINE_FLAGS,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """vLLM's own OpenAI server on the demo model, just spawned (not yet answering), and its base URL.
 
     `stream_interval`: vLLM's `--stream-interval`, tokens per streamed chunk (its default is 1).
+    `served_name` and `engine_flags`: another model's name and engine settings (a pooling model's).
     """
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": engine_cores()}
-    # The same engine settings as the Switchboard worker gives the demo model.
-    flags = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1"]
+    flags = [*engine_flags, "--host", "127.0.0.1"]
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-    argv += ["--served-model-name", MODEL_NAME, "--port", str(port), *flags]
+    argv += ["--served-model-name", served_name, "--port", str(port), *flags]
     if stream_interval > 1:
         argv += ["--stream-interval", str(stream_interval)]
     with log_path.open("w") as log:
