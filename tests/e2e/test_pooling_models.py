@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -239,15 +240,17 @@ def test_langchain_embeds_documents_and_queries(stack: Stack, alone: dict[str, l
     assert cosine(embeddings.embed_query(TEXTS[1]), alone[TEXTS[1]]) >= SAME_VECTOR_COSINE
 
 
-def test_langchain_with_its_defaults_gets_vectors_or_a_clear_400(
+def test_langchain_with_its_defaults_gets_a_clear_400_for_ids_past_the_vocabulary(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # With its defaults it sends tiktoken's token ids (cl100k_base, read from the copy litellm ships,
     # so that nothing is downloaded): ids far past the demo vocabulary of 400.
-    import litellm
     from langchain_openai import OpenAIEmbeddings
 
-    tiktoken_files = Path(litellm.__file__).parent / "litellm_core_utils" / "tokenizers"
+    # Found without importing litellm, whose import fetches its cost map from the network.
+    litellm = importlib.util.find_spec("litellm")
+    assert litellm is not None and litellm.origin is not None
+    tiktoken_files = Path(litellm.origin).parent / "litellm_core_utils" / "tokenizers"
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tiktoken_files))
     embeddings = OpenAIEmbeddings(
         model=EMBEDDER,
@@ -255,14 +258,12 @@ def test_langchain_with_its_defaults_gets_vectors_or_a_clear_400(
         api_key="unused",
         max_retries=0,  # type: ignore[arg-type]
     )
-    try:
-        vectors = embeddings.embed_documents(TEXTS[:2])
-    except openai.BadRequestError as exc:
-        error = exc.body
-        assert isinstance(error, dict) and error["type"] == "invalid_request_error"
-        assert "vocabulary" in error["message"]
-    else:
-        assert [len(vector) for vector in vectors] == [HIDDEN_SIZE, HIDDEN_SIZE]
+    # The demo embedder's vocabulary is 400 tokens: tiktoken's ids are past it, a client's mistake.
+    with pytest.raises(openai.BadRequestError) as refused:
+        embeddings.embed_documents(TEXTS[:2])
+    error = refused.value.body
+    assert isinstance(error, dict) and error["type"] == "invalid_request_error"
+    assert error["param"] == "input" and "vocabulary" in error["message"]
 
 
 # --- plain HTTP: /classify and /v1/rerank ----------------------------------------------------------
@@ -326,6 +327,11 @@ BAD_REQUESTS = {
         "dimensions",
     ),
     "no dimensions": ("/v1/embeddings", {"model": EMBEDDER, "input": "hi", "dimensions": 0}, "dimensions"),
+    "more dimensions than the model has": (
+        "/v1/embeddings",
+        {"model": EMBEDDER, "input": "hi", "dimensions": HIDDEN_SIZE + 1},
+        "dimensions",
+    ),
     "truncation to nothing": (
         "/v1/embeddings",
         {"model": EMBEDDER, "input": "hi", "truncate_prompt_tokens": 0},
