@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+from embedding_costs import CostMeter, LevelCosts
 from loadgen import percentile
 
 from switchboard.local.demo_model import CORPUS
@@ -53,6 +54,7 @@ class LevelMetrics:
     error_samples: list[str]
     # Other work on the machine skews every system; the load average (ours included) hints when it did.
     load_1m_before: float | None = None
+    costs: LevelCosts | None = None
 
 
 def bench_texts(count: int = TEXT_COUNT, seed: int = TEXT_SEED) -> list[str]:
@@ -113,15 +115,26 @@ async def closed_loop(
 
 
 async def measure_level(
-    base_url: str, model: str, texts: list[str], concurrency: int, requests: int, warmup: int
+    base_url: str,
+    model: str,
+    texts: list[str],
+    concurrency: int,
+    requests: int,
+    warmup: int,
+    meter: CostMeter | None = None,
 ) -> LevelMetrics:
-    """`warmup` requests at the level's concurrency (not counted), then `requests` timed ones."""
+    """`warmup` requests at the level's concurrency (not counted), then `requests` timed ones, their
+    costs read by `meter` where there is one."""
     load_before = round(os.getloadavg()[0], 2)
     if warmup:
         await closed_loop(base_url, model, texts, min(concurrency, warmup), warmup)
+    if meter is not None:
+        meter.start()
     answers, wall_s = await closed_loop(base_url, model, texts, concurrency, requests)
     level = summarize(answers, concurrency, wall_s)
     level.load_1m_before = load_before
+    if meter is not None:
+        level.costs = meter.stop(requests - level.errors, wall_s)
     return level
 
 

@@ -17,6 +17,8 @@ MIN_ON_OFF_SPEEDUP = 3.0
 MIN_SB_VLLM_THROUGHPUT = 1.0
 MAX_SB_VLLM_P50 = 1.2
 C1_P50_ALLOWANCE_MS = 2.0
+# The processes named in the costs table, the costliest first.
+TOP_PROCESSES = 5
 
 
 def summarize_runs(runs: list[dict[str, Any]], levels: list[int], systems: list[str]) -> list[dict[str, Any]]:
@@ -41,7 +43,26 @@ def _system_level(runs: list[dict[str, Any]], system: str, concurrency: int) -> 
         values = [level[metric] for level in found if level[metric] is not None]
         medians[metric] = round(statistics.median(values), 2) if values else None
     medians["errors"] = sum(level["errors"] for level in found)
+    medians["costs"] = _median_costs([level["costs"] for level in found if level.get("costs")])
     return medians
+
+
+def _median_costs(costs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The median over rounds of each cost figure (CPU per request by kind of process, and the rest)."""
+    if not costs:
+        return None
+    kinds = {kind for cost in costs for kind in cost["cpu_ms_per_request"]}
+    cpu = {kind: _median([cost["cpu_ms_per_request"].get(kind, 0.0) for cost in costs]) for kind in kinds}
+    medians: dict[str, Any] = {
+        "cpu_ms_per_request": dict(sorted(cpu.items(), key=lambda item: -(item[1] or 0)))
+    }
+    for name in ("busy_cores", "batch_rows_mean", "batcher_wait_ms_mean"):
+        medians[name] = _median([cost[name] for cost in costs if cost[name] is not None])
+    return medians
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 def _ratios(per_system: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -110,6 +131,7 @@ def print_summary(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> N
         cells.append(" / ".join(str(systems.get(s, {}).get("errors", "-")) for s in (ON, OFF, VLLM)))
         lines.append(cells)
     print_aligned(lines)
+    print_costs(rows)
     print("\nTargets:")
     for check in checks:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[check["met"]]
@@ -117,3 +139,23 @@ def print_summary(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> N
             f"  c={check['concurrency']}: {check['target']} = {fmt(check['value'], 2)}"
             f" (target {check['sense']} {check['limit']:g}): {verdict}"
         )
+
+
+def print_costs(rows: list[dict[str, Any]]) -> None:
+    """Where the time went, per level and system: the machine's busy cores, Switchboard's rows per
+    engine call and time held in the batcher, and the CPU per request of the processes that spent most."""
+    print("\nWhere the time goes (medians over rounds; CPU ms per answered request, by process)")
+    lines = [["conc", "system", "busy cores", "rows/call", "batcher ms", "CPU ms/request"]]
+    for row in rows:
+        for system, figures in row["systems"].items():
+            costs = figures.get("costs")
+            if not costs:
+                continue
+            cpu = costs["cpu_ms_per_request"]
+            top = ", ".join(f"{kind} {ms:.2f}" for kind, ms in list(cpu.items())[:TOP_PROCESSES] if ms)
+            total = sum(ms for ms in cpu.values() if ms)
+            cells = [str(row["concurrency"]), system, fmt(costs["busy_cores"], 2)]
+            cells += [fmt(costs["batch_rows_mean"]), fmt(costs["batcher_wait_ms_mean"], 2)]
+            lines.append([*cells, f"{total:.2f} = {top}"])
+    if len(lines) > 1:
+        print_aligned(lines)

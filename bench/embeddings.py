@@ -27,6 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from embedding_costs import CostMeter, LevelCosts
 from embedding_load import (
     MAX_WORDS,
     MIN_WORDS,
@@ -63,11 +64,13 @@ def run_system(system: str, round_no: int, args: argparse.Namespace, texts: list
     levels: list[LevelMetrics] = []
     with starter as server:
         print(f"{tag}: ready after {server.start_s:.0f} s", flush=True)
+        meter = CostMeter(server.redis_url, MODEL)
         for concurrency in args.concurrency:
             requests = args.requests or max(200, 8 * concurrency)
             print(f"    concurrency {concurrency}: {requests} requests ...", flush=True)
+            warmup = max(8, concurrency)
             level = asyncio.run(
-                measure_level(server.base_url, MODEL, texts, concurrency, requests, max(8, concurrency))
+                measure_level(server.base_url, MODEL, texts, concurrency, requests, warmup, meter)
             )
             print(f"      {describe(level)}", flush=True)
             levels.append(level)
@@ -86,7 +89,19 @@ def describe(level: LevelMetrics) -> str:
         f"{level.requests_per_s:.0f} req/s, p50 {fmt(level.p50_ms)} ms, p99 {fmt(level.p99_ms)} ms, "
         f"{level.errors} errors (load {level.load_1m_before})"
     )
+    if level.costs is not None:
+        text += "\n      " + describe_costs(level.costs)
     return text + "".join(f"\n      ! {sample}" for sample in level.error_samples)
+
+
+def describe_costs(costs: LevelCosts) -> str:
+    """Where the level's time went: CPU per request by process, busy cores, the batches."""
+    cpu = ", ".join(f"{kind} {ms:.2f}" for kind, ms in costs.cpu_ms_per_request.items() if ms >= 0.01)
+    text = f"CPU ms/request: {cpu}; busy cores {fmt(costs.busy_cores, 2)}"
+    if costs.batch_rows_mean is not None:
+        text += f"; rows per engine call {costs.batch_rows_mean:.1f}"
+        text += f", held in the batcher {fmt(costs.batcher_wait_ms_mean, 2)} ms"
+    return text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -211,6 +211,11 @@ def summarize(
 
 def slot_waits(redis_url: str, model: str) -> tuple[float, float]:
     """The worker's slot-wait histogram of `model` (sum in seconds, count), from its metrics port."""
+    return worker_histogram(redis_url, "switchboard:worker_slot_wait_seconds", model)
+
+
+def worker_histogram(redis_url: str, metric: str, model: str) -> tuple[float, float]:
+    """The only worker's histogram `metric` of `model` (sum, count), from its metrics port."""
     client = redis.Redis.from_url(redis_url)
     try:
         (worker_id,) = cast(list[bytes], client.zrange(keys.workers_index(), 0, -1))
@@ -224,10 +229,7 @@ def slot_waits(redis_url: str, model: str) -> tuple[float, float]:
     found = {"_sum": 0.0, "_count": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if (
-                sample.name.startswith("switchboard:worker_slot_wait_seconds")
-                and sample.labels.get("model") == model
-            ):
+            if sample.name.startswith(metric) and sample.labels.get("model") == model:
                 for suffix in found:
                     if sample.name.endswith(suffix):
                         found[suffix] = sample.value

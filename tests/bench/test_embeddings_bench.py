@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from embedding_costs import cpu_by_kind
 from embedding_load import MAX_WORDS, MIN_WORDS, bench_texts, closed_loop, summarize
 from embedding_servers import MODEL, embedder_config
 from embedding_summary import summarize_runs, targets
+from proc_cpu import Process, Snapshot
 
 from switchboard.config import load_settings
 from switchboard.local.demo_pooling_models import _make_tokenizer
@@ -129,6 +131,7 @@ def test_the_summary_is_the_median_over_rounds_with_errors_summed_and_the_ratios
         "p50_ms": 35.0,
         "p99_ms": 70.0,
         "errors": 1,
+        "costs": None,
     }
     assert high["ratios"]["on_off_requests_per_s"] == 4.0
     assert high["ratios"]["sb_vllm_requests_per_s"] == 1.0
@@ -153,3 +156,37 @@ def test_a_target_whose_system_was_not_run_is_not_measured_rather_than_missed() 
     rows = summarize_runs(RUNS, [32], ["batcher-on", "vllm"])
     checks = {check["target"]: check["met"] for check in targets(rows, queue_delay_ms=5.0)}
     assert checks == {"req/s batcher on / off": None, "req/s SB / vLLM": True, "p50 SB / vLLM": True}
+
+
+def test_the_costs_are_medians_over_rounds_with_a_process_missing_from_a_round_counted_as_zero() -> None:
+    def costs(cpu: dict[str, float], rows: float | None) -> dict[str, Any]:
+        wait = None if rows is None else 2.0
+        return {
+            "cpu_ms_per_request": cpu,
+            "busy_cores": 1.5,
+            "batch_rows_mean": rows,
+            "batcher_wait_ms_mean": wait,
+        }
+
+    runs = [
+        run("batcher-on", {**level(8, 100, 10.0), "costs": costs({"worker": 3.0, "front door": 1.0}, 4.0)}),
+        run("batcher-on", {**level(8, 100, 10.0), "costs": costs({"worker": 5.0}, 6.0)}),
+        run("vllm", {**level(8, 100, 10.0), "costs": costs({"vLLM engine core": 2.0}, None)}),
+    ]
+    (row,) = summarize_runs(runs, [8], ["batcher-on", "vllm"])
+    on = row["systems"]["batcher-on"]["costs"]
+    assert on["cpu_ms_per_request"] == {"worker": 4.0, "front door": 0.5}
+    assert (on["batch_rows_mean"], on["batcher_wait_ms_mean"], on["busy_cores"]) == (5.0, 2.0, 1.5)
+    assert row["systems"]["vllm"]["costs"]["batch_rows_mean"] is None
+
+
+def test_cpu_by_kind_adds_up_each_kinds_processes_and_counts_a_new_one_from_zero() -> None:
+    def snap(*processes: tuple[int, str, float]) -> Snapshot:
+        return Snapshot({pid: Process(pid, 1, kind, (), cpu) for pid, kind, cpu in processes}, {})
+
+    before = snap((10, "worker", 1.0), (11, "tritonserver", 2.0))
+    after = snap((10, "worker", 1.5), (11, "tritonserver", 2.1), (12, "tritonserver", 0.3))
+    assert cpu_by_kind(before, after) == pytest.approx({"worker": 0.5, "tritonserver": 0.4})
+    assert list(cpu_by_kind(before, after)) == ["worker", "tritonserver"]
+    vllm = snap((20, "other: python -m vllm.entrypoints.openai.api_server --model", 1.0))
+    assert cpu_by_kind(snap(), vllm) == {"vLLM API server": 1.0}
