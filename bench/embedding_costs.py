@@ -11,6 +11,7 @@ the rows its engine computed per call and of the time a request was held in Trit
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from fair_share import worker_histogram
@@ -98,5 +99,7 @@ def _mean_between(before: tuple[float, float] | None, after: tuple[float, float]
 
 
 def short_kind(kind: str) -> str:
-    """A kind of process as the tables show it: vLLM's server's processes by what they do."""
-    return next((name for prefix, name in VLLM_KINDS.items() if kind.startswith(prefix)), kind)
+    """A kind of process as the tables show it: vLLM's server's processes by what they do, and the
+    others without the process ids some command lines hold (a guard names the pid it guards)."""
+    named = next((name for prefix, name in VLLM_KINDS.items() if kind.startswith(prefix)), None)
+    return named or re.sub(r"( \d+)+$", "", kind)

@@ -190,3 +190,5 @@ def test_cpu_by_kind_adds_up_each_kinds_processes_and_counts_a_new_one_from_zero
     assert list(cpu_by_kind(before, after)) == ["worker", "tritonserver"]
     vllm = snap((20, "other: python -m vllm.entrypoints.openai.api_server --model", 1.0))
     assert cpu_by_kind(snap(), vllm) == {"vLLM API server": 1.0}
+    guards = snap((30, "other: python -m guard 17", 0.5), (31, "other: python -m guard 18", 0.25))
+    assert cpu_by_kind(snap(), guards) == {"other: python -m guard": 0.75}
