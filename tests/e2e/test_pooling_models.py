@@ -137,7 +137,7 @@ def test_the_sdk_gets_unit_vectors_alike_as_base64_and_as_floats(
     client: OpenAI, alone: dict[str, list[float]]
 ) -> None:
     # The SDK asks for base64 unless told otherwise, and decodes it into floats itself.
-    default = client.embeddings.create(model=EMBEDDER, input=TEXTS[0])
+    default = client.embeddings.create(model=EMBEDDER, input=TEXTS[0], user="someone")
     floats = client.embeddings.create(model=EMBEDDER, input=TEXTS[0], encoding_format="float")
     for reply in (default, floats):
         (item,) = reply.data
@@ -303,6 +303,33 @@ def test_rerank_sorts_the_documents_by_relevance_with_their_indices(stack: Stack
     top = httpx.post(f"{stack.base_url}/v1/rerank", json={**body, "top_n": 2}, timeout=60).json()["results"]
     assert [r["index"] for r in top] == [r["index"] for r in results[:2]]
     assert [r["relevance_score"] for r in top] == pytest.approx(scores[:2], abs=1e-4)
+
+
+def test_the_answers_are_what_plain_transformers_computes_from_the_same_folders(
+    stack: Stack, pooling_dirs: dict[str, Path], alone: dict[str, list[float]]
+) -> None:
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    text, query = TEXTS[1], "Where is Paris?"
+    with torch.inference_mode():
+        tokenizer = AutoTokenizer.from_pretrained(pooling_dirs["embed"])
+        encoded = tokenizer(text, return_tensors="pt")
+        hidden = AutoModel.from_pretrained(pooling_dirs["embed"])(**encoded).last_hidden_state[0]
+        mean = hidden.mean(dim=0)  # one text: every token counts
+        classifier = AutoModelForSequenceClassification.from_pretrained(pooling_dirs["classify"])
+        probs = classifier(**tokenizer(text, return_tensors="pt")).logits.softmax(-1)[0]
+        reranker = AutoModelForSequenceClassification.from_pretrained(pooling_dirs["score"])
+        logit = reranker(**tokenizer(query, text, return_tensors="pt")).logits[0, 0]
+    assert cosine(alone[text], mean.numpy()) >= SAME_VECTOR_COSINE
+    classified = httpx.post(
+        f"{stack.base_url}/classify", json={"model": CLASSIFIER, "input": text}, timeout=60
+    )
+    np.testing.assert_allclose(classified.json()["data"][0]["probs"], probs.numpy(), atol=1e-4)
+    body = {"model": RERANKER, "query": query, "documents": [{"text": text}], "return_documents": False}
+    (result,) = httpx.post(f"{stack.base_url}/v2/rerank", json=body, timeout=60).json()["results"]
+    assert result["relevance_score"] == pytest.approx(float(torch.sigmoid(logit)), abs=1e-4)
+    assert result["index"] == 0 and "document" not in result
 
 
 # --- bad inputs: each a 400 in OpenAI's error shape, before or after the queue ----------------------
