@@ -34,7 +34,7 @@ from workers.triton.pooling_client import PoolingJobClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-BATCHED, ALONE, SMALL, FAILING = "batched", "alone", "small", "failing"
+BATCHED, ALONE, SMALL, FAILING, SLOW = "batched", "alone", "small", "failing", "slow"
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "routers", "send", "requests")
 
 
@@ -43,6 +43,24 @@ class FailingEngine(TorchPoolingEngine):
 
     async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
         raise RuntimeError("the engine broke")
+
+
+class SlowEngine(TorchPoolingEngine):
+    """The demo embedder, each call held 0.3 s first; counts the calls in progress at once."""
+
+    def __init__(self, model: ModelConfig) -> None:
+        super().__init__(model)
+        self.in_progress = 0
+        self.most_at_once = 0
+
+    async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
+        self.in_progress += 1
+        self.most_at_once = max(self.most_at_once, self.in_progress)
+        try:
+            await asyncio.sleep(0.3)
+            return await super().pool(rows)
+        finally:
+            self.in_progress -= 1
 
 
 @dataclass
@@ -70,6 +88,9 @@ async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mode
     await asyncio.to_thread(host.start)
     engines = {config.name: TorchPoolingEngine(config) for config in configs}
     engines[FAILING] = FailingEngine(ModelConfig(name=FAILING, path=folder, kind="embed"))
+    engines[SLOW] = SlowEngine(
+        ModelConfig(name=SLOW, path=folder, kind="embed", batching=BatchingConfig(enabled=False))
+    )
     await asyncio.gather(
         *(engine.start() for engine in engines.values()),
         *(asyncio.to_thread(host.bind, name, engine) for name, engine in engines.items()),
@@ -134,6 +155,17 @@ async def test_concurrent_jobs_are_batched_and_each_gets_its_own_rows(models: Mo
         for item, row in zip(job.pooling.inputs, rows(chunk), strict=True):
             assert cosine(row, await alone(models.engines[BATCHED], item)) >= 0.999, item
         assert chunk.usage is not None and chunk.usage.completion_tokens == 0
+
+
+async def test_a_batch_reaches_the_engine_while_the_one_before_still_computes(models: Models) -> None:
+    slow = models.engines[SLOW]
+    assert isinstance(slow, SlowEngine)
+    # One instance would hand Triton's next batch over only once the first had come back.
+    chunks = await asyncio.gather(
+        *(answer(models.clients[SLOW], embed_job(SLOW, word)) for word in WORDS[:4])
+    )
+    assert all(len(chunk.pooled) == 1 for chunk in chunks)
+    assert slow.most_at_once == 2
 
 
 async def test_with_batching_off_each_request_runs_alone(models: Models) -> None:
