@@ -336,18 +336,7 @@ def test_the_answers_are_what_plain_transformers_computes_from_the_same_folders(
 
 # Not refused yet: the worker cuts the vector to `dimensions` and returns it whole when the model has
 # fewer (128 values for 129 asked). Strict: once the worker refuses it, this marker must go.
-NOT_REFUSED_YET = {"more dimensions than the model has"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="the worker returns the whole vector"))
-        if name in NOT_REFUSED_YET
-        else name
-        for name in BAD_REQUESTS
-    ],
-)
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
 def test_a_bad_request_gets_a_400_in_openais_shape_naming_the_parameter(stack: Stack, name: str) -> None:
     path, body, param = BAD_REQUESTS[name]
     reply = httpx.post(f"{stack.base_url}{path}", json=body, timeout=60)

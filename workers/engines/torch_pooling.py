@@ -84,6 +84,7 @@ class TorchPoolingEngine(PoolingEngine):
         self._device = "cpu"
         self._memory_bytes = 0
         self._pad_id = 0
+        self._dimensions = 0  # an embedding's size, once loaded
 
     # --- the Engine's life ------------------------------------------------------------------
 
@@ -160,6 +161,12 @@ class TorchPoolingEngine(PoolingEngine):
             raise InvalidEngineRequest(
                 f"{self.model.name} is a {self.model.kind!r} model; it cannot {row.task!r}.", param="model"
             )
+        if row.dimensions is not None and row.dimensions > self._dimensions:
+            raise InvalidEngineRequest(
+                f"{self.model.name} makes embeddings of {self._dimensions} dimensions; `dimensions` "
+                f"cannot ask for more ({row.dimensions}).",
+                param="dimensions",
+            )
         return self._encoder.encode(row)
 
     def _values(self, output: Vector, row: PoolingRow) -> Vector:
@@ -223,6 +230,7 @@ class TorchPoolingEngine(PoolingEngine):
         if self.model.kind == "classify":
             self._labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._dimensions = int(config.hidden_size)
         limits = ModelLimits(
             max_model_len=_max_model_len(config, tokenizer),
             vocab_size=int(config.vocab_size),
