@@ -208,6 +208,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     controller_tick_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Jobs this worker runs at once, across its models (the engine batches them); a model never runs
     # more than its engine batches (vLLM's max_num_seqs), the rest wait in its stream for any worker.
+    # Pooling models' jobs hold none of these: they last milliseconds, and their batches bound them.
     max_concurrent_jobs: Annotated[int, msgspec.Meta(ge=1)] = 64
     # Share those slots among the warm models (a reserve each, then by priority and weight: see
     # `models.*.priority`); false: one pool, taken in turn, so that one model's flood can hold them all.

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -99,6 +98,7 @@ class JobConsumer:
         self._takeover_check_s = takeover_check_s
         self._on_failure = on_failure
         self._jobs: set[asyncio.Task[None]] = set()
+        self._pooling_jobs: set[asyncio.Task[None]] = set()
         # The entries of the running jobs, to put back in line if they outlast a drain.
         self._entries: dict[asyncio.Task[None], Entry] = {}
         self._slot_freed = asyncio.Event()
@@ -207,11 +207,6 @@ class JobConsumer:
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def _read_pass(self) -> None:
-        free = self._max_jobs - len(self._jobs)
-        if free <= 0:
-            self._slot_freed.clear()
-            await self._slot_freed.wait()
-            return
         self._slots.changed.clear()
         warm = self._slots.warm()
         if not warm:
@@ -219,9 +214,8 @@ class JobConsumer:
             return
         self._hungry &= {slot.name for slot in warm}
         demands = [self._demand_of(slot) for slot in warm]
-        allotted = shares.allot(free, demands, total=self._max_jobs, turn=self._turn, fair=self._fair)
-        self._turn += 1
-        if not allotted:  # every warm model runs all its engine batches: wait for one to end
+        allotted = self._allot(demands, pooling={slot.name for slot in warm if slot.model.pooling})
+        if not allotted:  # the slots are taken, or every warm model runs all its engine batches
             self._slot_freed.clear()
             await first_of(self._slot_freed, self._slots.changed, timeout_s=BLOCK_MS / 1000)
             return
@@ -232,6 +226,18 @@ class JobConsumer:
         at_batch = any(d.hungry and d.room == 0 for d in demands)
         with self._slots.reading():
             await self._read_allotted(counts, held_back=held_back, at_batch=at_batch)
+
+    def _allot(self, demands: list[shares.ModelDemand], *, pooling: set[str]) -> dict[str, int]:
+        """Jobs each warm model may take on this read. A pooling model's jobs hold no job slot: each
+        lasts milliseconds and rides in a batch, so its engine's batch alone bounds them."""
+        free = self._max_jobs - (len(self._jobs) - len(self._pooling_jobs))
+        generating = [demand for demand in demands if demand.name not in pooling]
+        allotted = {}
+        if free > 0 and generating:
+            allotted = shares.allot(free, generating, total=self._max_jobs, turn=self._turn, fair=self._fair)
+            self._turn += 1
+        allotted.update({d.name: d.room for d in demands if d.name in pooling and d.room > 0})
+        return allotted
 
     def _demand_of(self, slot: ModelSlot) -> shares.ModelDemand:
         """What the share policy needs to know of one warm model."""
@@ -349,8 +355,11 @@ class JobConsumer:
         except SlotNotServing:
             # Cannot happen after the read barrier; if it ever does, the job goes back in line.
             return self._start(self._hand_back(entry))
-        SLOT_WAIT.labels(slot.name).observe(_waited_for_a_slot(entry, slot))
-        return self._start(self._runner.run(entry, slot, lease), entry)
+        SLOT_WAIT.labels(slot.name).observe(slot.waited_while_warm(entry.job.created))
+        task = self._start(self._runner.run(entry, slot, lease), entry)
+        if slot.model.pooling:
+            self._pooling_jobs.add(task)
+        return task
 
     def _start(self, work: Coroutine[Any, Any, None], entry: Entry | None = None) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
@@ -362,6 +371,7 @@ class JobConsumer:
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
+        self._pooling_jobs.discard(task)
         self._entries.pop(task, None)
         self._slot_freed.set()
         self._held_back_read.wake()
@@ -387,9 +397,3 @@ class JobConsumer:
         except Exception:
             # Left pending, it is taken over once this worker's record has expired.
             logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
-
-
-def _waited_for_a_slot(entry: Entry, slot: ModelSlot) -> float:
-    """How long the job waited in line while its model was warm here (its load is not counted)."""
-    since = max(entry.job.created, slot.warm_since or 0.0)
-    return max(0.0, time.time() - since)

@@ -145,6 +145,12 @@ class ModelSlot:
             await self._release()
             self._set_state("cold")
 
+    def waited_while_warm(self, created: float) -> float:
+        """How long a job made at `created` has waited in line while this model was warm here (the
+        wait for its load is not counted)."""
+        since = max(created, self.warm_since or 0.0)
+        return max(0.0, time.time() - since)
+
     def lease(self) -> Lease:
         """Hold the warm model for one job; taken synchronously before the job's task starts."""
         if not self._taking_jobs or self._served is None:

@@ -161,3 +161,19 @@ async def test_a_pooling_jobs_span_names_its_operation(worker: PoolingWorker, sp
 
 def job_spans(path: Path) -> list[dict[str, Any]]:
     return [span for span in read_spans(path) if span["name"] == "switchboard.job"] if path.exists() else []
+
+
+async def test_pooling_jobs_run_while_the_generators_jobs_hold_every_slot(worker: PoolingWorker) -> None:
+    generations = [make_job(GENERATOR, "slow 40 0.05") for _ in range(8)]  # the 8 slots, for 2 s
+    await submit(worker.redis, *generations)
+    await until(lambda: worker.slots[GENERATOR].in_flight == 8, 5, "the generator holds every slot")
+    # Many more pooling jobs than slots, all taken at once: a pooling job holds no job slot.
+    embeddings = [embed_job(EMBEDDER, f"text number {n}") for n in range(24)]
+    await submit(worker.redis, *embeddings)
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(result(worker.redis, job.id) for job in embeddings)), 1.5
+    )
+    assert all(len(chunks) == 1 and chunks[0].error is None for chunks in answers)
+    assert worker.slots[GENERATOR].in_flight == 8  # the generations were still running throughout
+    for job in generations:
+        assert (await result(worker.redis, job.id))[-1].finish_reason == "length"
