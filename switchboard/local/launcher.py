@@ -22,9 +22,11 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from switchboard.local.processes import spawn_group, stop_groups
 from switchboard.logs import LOG_LABEL_ENV
+from switchboard.pooling_config import ModelKind
 from switchboard.ports import local_url_host
 from switchboard.readiness import WAITING_FOR
 
@@ -240,9 +242,15 @@ class Launcher:
         return sum(1 for worker in self._workers if not worker.killed and worker.alive())
 
     def wait_serving(
-        self, model: str, timeout_s: float, progress: Progress | None = None, progress_every_s: float = 10.0
+        self,
+        model: str,
+        timeout_s: float,
+        progress: Progress | None = None,
+        progress_every_s: float = 10.0,
+        kind: ModelKind = "generate",
     ) -> float:
-        """Send a one-token chat completion for `model` until one succeeds (it loads on the first); returns seconds.
+        """Send `model` the smallest request of its `kind` (a one-token chat completion for a
+        generator) until one succeeds (it loads on the first); returns seconds.
 
         Raises ComponentExited as soon as a component exits, NotReady past `timeout_s`, and
         LauncherError when the front door refuses the request (a 4xx: the model is unknown, say).
@@ -250,7 +258,7 @@ class Launcher:
         started = time.monotonic()
         next_report = started + progress_every_s
         while True:
-            attempt = _ChatAttempt(self.base_url, model, timeout_s)
+            attempt = _ServingAttempt(self.base_url, model, timeout_s, kind)
             while not attempt.done.wait(POLL_S):
                 self.check()
                 elapsed = time.monotonic() - started
@@ -319,14 +327,26 @@ def _waiting_for(exc: urllib.error.HTTPError) -> str:
     return WAITING_FOR.get(error.get("code"), str(error.get("message")))
 
 
-class _ChatAttempt:
-    """One short chat completion in a thread, so the caller can watch the components meanwhile."""
+# The smallest request each kind of model answers: where it goes, and its body past the model.
+SMALLEST_REQUEST: dict[ModelKind, tuple[str, dict[str, Any]]] = {
+    "generate": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1},
+    ),
+    "embed": ("/v1/embeddings", {"input": "Hello"}),
+    "classify": ("/classify", {"input": "Hello"}),
+    "score": ("/rerank", {"query": "Hello", "documents": ["Hello"]}),
+}
 
-    def __init__(self, base_url: str, model: str, timeout_s: float) -> None:
-        body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}
+
+class _ServingAttempt:
+    """One small request for a model in a thread, so the caller can watch the components meanwhile."""
+
+    def __init__(self, base_url: str, model: str, timeout_s: float, kind: ModelKind) -> None:
+        path, body = SMALLEST_REQUEST[kind]
         self._request = urllib.request.Request(
-            f"{base_url}/v1/chat/completions",
-            data=json.dumps(body).encode(),
+            f"{base_url}{path}",
+            data=json.dumps({"model": model, **body}).encode(),
             headers={"Content-Type": "application/json"},
         )
         self._timeout_s = timeout_s
@@ -334,7 +354,7 @@ class _ChatAttempt:
         self.error = ""
         self.done = threading.Event()
         # A daemon: a request left waiting when a component dies must not keep the caller alive.
-        threading.Thread(target=self._run, name=f"chat-{model}", daemon=True).start()
+        threading.Thread(target=self._run, name=f"serving-{model}", daemon=True).start()
 
     def refused(self) -> bool:
         """The front door said no for good (a 4xx other than timeout or rate limit): trying again won't help."""

@@ -231,8 +231,13 @@ class Stack:
         return self.redis
 
     def wait_serving(self, model: str, timeout_s: float = STACK_TIMEOUT_S) -> float:
-        """Send one-token chat completions until `model` answers (loading it if needed); returns seconds."""
-        return self.launcher.wait_serving(model, timeout_s)
+        """Send the smallest request of `model`'s kind (a one-token chat completion for a generator)
+        until it answers (loading it if needed); returns seconds."""
+        entries = tomllib.loads(self.config_path.read_text()).get("models", [])
+        kind = next(
+            (entry.get("kind", "generate") for entry in entries if entry.get("name") == model), "generate"
+        )
+        return self.launcher.wait_serving(model, timeout_s, kind=kind)
 
     def wait_until(
         self, condition: Callable[[], T | None], *, timeout_s: float, what: str, poll_s: float = 0.1
