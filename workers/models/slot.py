@@ -312,7 +312,11 @@ def _job_client(grpc_address: str, model: ModelConfig, engine: Engine) -> Triton
     name = triton_model_name(model.name)
     if isinstance(engine, PoolingEngine):
         return PoolingJobClient(
-            grpc_address, name, max_batch_size=model.batching.max_batch_size, labels=engine.labels()
+            grpc_address,
+            name,
+            max_batch_size=model.batching.max_batch_size,
+            labels=engine.labels(),
+            together=model.batching.enabled,
         )
     return TritonJobClient(grpc_address, name)
 
