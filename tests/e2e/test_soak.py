@@ -39,7 +39,7 @@ pytestmark = pytest.mark.e2e
 StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
 # A worker kill, a Redis restart and a second kill, each with traffic around it; longer runs found
 # nothing more in this suite's history and the whole suite must stay under 30 minutes on 2 cores.
-TRAFFIC_S = 75.0
+TRAFFIC_S = 55.0
 MAX_TRAFFIC_S = 180.0
 # A kill waits this long for the previous kill's replacement to be warm, then goes ahead: on a 2-core
 # machine a replacement's engine, sharing its core with the surviving worker's busy engine, can take
@@ -135,8 +135,8 @@ class Soak:
     def inject_faults(self, started: float) -> None:
         """Kill a random worker WORKER_KILLS times, each once the stack is whole (two warm workers),
         starting a replacement at once; restart Redis once between the kills."""
-        kills = [self.fault_rng.uniform(10, 20), self.fault_rng.uniform(TRAFFIC_S - 25, TRAFFIC_S - 15)]
-        redis_at = self.fault_rng.uniform(30, 40)
+        kills = [self.fault_rng.uniform(8, 14), self.fault_rng.uniform(TRAFFIC_S - 18, TRAFFIC_S - 12)]
+        redis_at = self.fault_rng.uniform(22, 28)
         replacements: list[tuple[str, Component]] = []
         for at, fault in sorted([(at, "worker") for at in kills] + [(redis_at, "redis")]):
             self.stack.wait_until(
