@@ -68,6 +68,8 @@ def allot(
     allotted = dict.fromkeys((model.name for model in order), 0)
     left = _reserve(free, order, allotted, total)
     hungry = [model for model in order if model.hungry]
+    if not hungry:
+        left = _read_every_model(left, order, allotted)
     _fill(left, hungry or order, allotted)
     ranked = sorted(order, key=lambda model: (-model.priority, _load(model, allotted[model.name])))
     return {model.name: allotted[model.name] for model in ranked if allotted[model.name] > 0}
@@ -107,6 +109,21 @@ def _reserve(free: int, order: list[ModelDemand], allotted: dict[str, int], tota
     for model in needing[:free]:
         allotted[model.name] = 1
     return free - min(free, len(needing))
+
+
+def _read_every_model(free: int, order: list[ModelDemand], allotted: dict[str, int]) -> int:
+    """With no model known to have jobs waiting, and slots left after the reserves: one for every
+    model with room that has none yet (most urgent first), so that its stream is read and a job of
+    it that arrives is taken at once.
+    A model at or past its share with nothing known to wait has no reserve, and the rest of the free
+    slots go to the others; left out of the read, a closed loop of its clients waited for the read's
+    timeout on every request (its tokens/s 9-20 % below fair shares off at 32 clients, measured with
+    bench/fair_share.py). Returns the slots left."""
+    unread = [model for model in order if model.room > 0 and allotted[model.name] == 0]
+    unread.sort(key=lambda model: (-model.priority, _load(model, 0)))
+    for model in unread[:free]:
+        allotted[model.name] = 1
+    return free - min(free, len(unread))
 
 
 def _fill(free: int, candidates: list[ModelDemand], allotted: dict[str, int]) -> None:

@@ -33,6 +33,14 @@ def test_a_quiet_model_below_its_share_keeps_a_slot_for_its_next_job() -> None:
     assert allot(1, [flooder, model("quiet", 32)], total=SLOTS) == {"flood": 1}
 
 
+def test_with_free_slots_every_model_is_read_even_at_its_share() -> None:
+    # A closed loop of 32 clients: its model at its share, nothing known to wait. Left out of the
+    # read, its next job would wait for the read's timeout.
+    assert allot(32, [model("flood", 32), model("quiet", 0)], total=SLOTS) == {"quiet": 31, "flood": 1}
+    # Scarce, the slots still go to the reserves first.
+    assert allot(1, [model("flood", 32), model("quiet", 0)], total=SLOTS) == {"quiet": 1}
+
+
 def test_the_reads_never_take_more_than_the_free_slots() -> None:
     models = [model(name, running, hungry=name != "c") for name, running in (("a", 10), ("b", 0), ("c", 1))]
     for free in range(0, 20):
