@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from switchboard.config import DEMO_MODEL_NAME, Settings, WorkerConfig, demo_model
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 # Bump when the files produced change, so old folders are rebuilt rather than reused.
@@ -148,25 +149,10 @@ def _move_into_place(scratch: Path, target_dir: Path) -> None:
 
 
 def _make_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from tokenizers.trainers import BpeTrainer
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    # Metaspace, not byte-level BPE: each token is whole characters, never part of a
-    # UTF-8 sequence, so every token the random model emits decodes to text at once.
-    tok = Tokenizer(models.BPE(unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
-    tok.decoder = decoders.Metaspace(prepend_scheme="never")
-    # All printable ASCII, so no ASCII text needs <unk>; spaces arrive as U+2581.
-    alphabet = [c for c in string.printable if c != " "] + ["\u2581"]
-    trainer = BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=alphabet,
-        limit_alphabet=len(alphabet),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok = train_bpe(SPECIAL_TOKENS, UNK)
     # Like Llama's tokenizer, prepend <s> when asked to add special tokens.
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
@@ -180,6 +166,31 @@ def _make_tokenizer() -> PreTrainedTokenizerFast:
         chat_template=CHAT_TEMPLATE,
         model_max_length=2048,
     )
+
+
+def train_bpe(special_tokens: list[str], unk: str) -> Tokenizer:
+    """A BPE tokenizer trained on CORPUS with `special_tokens` first (its templates are the caller's).
+
+    Metaspace, not byte-level BPE: each token is whole characters, never part of a UTF-8 sequence,
+    so every token a random model emits decodes to text at once. The alphabet is all printable
+    ASCII, so no ASCII text needs `unk`; spaces arrive as U+2581.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    tok.decoder = decoders.Metaspace(prepend_scheme="never")
+    alphabet = [c for c in string.printable if c != " "] + ["\u2581"]
+    trainer = BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=special_tokens,
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    return tok
 
 
 def _make_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:

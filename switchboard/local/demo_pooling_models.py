@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import string
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from switchboard.local.demo_model import CORPUS
+from switchboard.local.demo_model import train_bpe
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -34,7 +33,6 @@ MARKER_NAME = ".switchboard-demo-model"
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = SPECIAL_TOKENS
-VOCAB_SIZE = 400
 MAX_POSITIONS = 512
 HIDDEN_SIZE = 128
 CLASSIFIER_LABELS = ("negative", "neutral", "positive")
@@ -182,23 +180,10 @@ def _write_sentence_transformers_files(folder: Path) -> None:
 
 
 def _make_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from tokenizers.trainers import BpeTrainer
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
-    tok.decoder = decoders.Metaspace(prepend_scheme="never")
-    # All printable ASCII, so no ASCII text needs [UNK]; spaces arrive as U+2581.
-    alphabet = [c for c in string.printable if c != " "] + ["\u2581"]
-    trainer = BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=alphabet,
-        limit_alphabet=len(alphabet),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok = train_bpe(SPECIAL_TOKENS, UNK)
     # BERT's templates: one text, and a (query, document) pair for the cross-encoder, the second
     # segment marked by token type 1.
     specials = [(CLS, tok.token_to_id(CLS)), (SEP, tok.token_to_id(SEP))]
