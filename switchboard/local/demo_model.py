@@ -121,6 +121,13 @@ def _build_into(folder: Path, report: Callable[[str], None], seed: int) -> None:
     report("building weights")
     model = _make_model(tokenizer, seed)
     report("saving")
+    save_quietly(model, tokenizer, folder)
+    # The marker goes last: its presence means every other file is complete.
+    (folder / MARKER_NAME).write_text(FORMAT_VERSION + "\n")
+
+
+def save_quietly(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Save a model and its tokenizer in Hugging Face format, without transformers' progress bars."""
     from transformers.utils import logging as hf_logging
 
     # Our own progress lines say what happens; a progress bar for one small shard is noise.
@@ -132,8 +139,6 @@ def _build_into(folder: Path, report: Callable[[str], None], seed: int) -> None:
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
-    # The marker goes last: its presence means every other file is complete.
-    (folder / MARKER_NAME).write_text(FORMAT_VERSION + "\n")
 
 
 def _move_into_place(scratch: Path, target_dir: Path) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from switchboard.local.demo_model import train_bpe
+from switchboard.local.demo_model import save_quietly, train_bpe
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -136,16 +136,7 @@ def _build_into(folder: Path, kind: PoolingKind, report: Callable[[str], None]) 
     report("building weights")
     model = _make_model(tokenizer, kind)
     report("saving")
-    from transformers.utils import logging as hf_logging
-
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(folder, safe_serialization=True)
-        tokenizer.save_pretrained(folder)
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
+    save_quietly(model, tokenizer, folder)
     if kind == "embed":
         _write_sentence_transformers_files(folder)
     # The marker goes last: its presence means every other file is complete.
