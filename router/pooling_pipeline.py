@@ -42,10 +42,9 @@ from router.relay.pooled import (
     pooled_answer,
     rerank_response,
 )
-from router.routing.steps import JobIds
 from router.routing.table import RouteTable
 from router.status.redis_health import RedisHealth
-from router.telemetry.requests import note_operation
+from router.telemetry.requests import arrival_id, note_operation
 from switchboard.config import ModelConfig
 from switchboard.model_pipelines import PipelineLookup
 from switchboard.pooling_config import ModelKind
@@ -152,7 +151,7 @@ class PoolingPipeline:
     ) -> tuple[Job, PooledAnswer]:
         """`task` queued as a job of `model` and its answer, once its last chunk came; `param` names
         the inputs in a refusal for their length."""
-        job = pooling_job(model.name, task, timeout_s=self._timeout_s, job_id=JobIds().next())
+        job = pooling_job(model.name, task, timeout_s=self._timeout_s, job_id=arrival_id())
         self._health.require_up()
         await check_pooling_fits(self._limits, task, model.name, param)
         run = await self._pipeline.queued(job, caller)
