@@ -101,6 +101,8 @@ def classify(argv: tuple[str, ...], comm: str) -> str:
         return "redis-server"
     if comm.startswith(("VLLM::EngineCor", "EngineCore")):
         return "vLLM engine core"
+    if "switchboard::pooling::" in comm or program.startswith("switchboard::pooling::"):
+        return "pooling model process"
     if comm.startswith("switchboard::") or program.startswith("switchboard::"):
         return "engine fork server"
     if "workers.main" in argv or ("switchboard" in argv and "worker" in argv):

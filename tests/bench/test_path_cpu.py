@@ -66,6 +66,7 @@ def test_the_machine_is_busy_for_all_but_idle_and_iowait() -> None:
         ),
         (("VLLM::EngineCore",), "VLLM::EngineCor", "vLLM engine core"),
         (("switchboard::engine-fork-server",), "switchboard::en", "engine fork server"),
+        (("switchboard::pooling::embedder",), "switchboard::po", "pooling model process"),
         ((".venv/bin/python", "-m", "switchboard", "--config", "c.toml", "worker"), "python", "worker"),
         ((".venv/bin/python", "-m", "workers.main"), "python", "worker"),
         (

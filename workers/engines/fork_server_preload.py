@@ -23,8 +23,9 @@ with contextlib.suppress(ImportError):
 
     setproctitle.setproctitle("switchboard::engine-fork-server")
 
-# What an EngineCore imports before it can load a model; a module that fails to import is left to
-# the child, which then pays for it (the fork server must come up whatever happens here).
+# What an EngineCore, or a pooling model's process (`pooling_process`), imports before it can load a
+# model; a module that fails to import is left to the child, which then pays for it (the fork server
+# must come up whatever happens here).
 for _name in (
     "torch",
     "vllm.platforms",
@@ -35,8 +36,15 @@ for _name in (
     "vllm.model_executor.model_loader",
     "vllm.model_executor.models.llama",
     "vllm.v1.attention.backends.cpu_attn",
+    "workers.engines.torch_pooling_runner",
 ):
     try:
         importlib.import_module(_name)
     except Exception:
         continue
+
+# transformers' model and tokenizer classes are imported lazily, on first use: here, once.
+with contextlib.suppress(Exception):
+    from workers.engines.torch_pooling_runner import import_runtime
+
+    import_runtime()

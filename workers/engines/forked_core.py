@@ -36,7 +36,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from workers.engines.parent_death import die_with_parent, original_run_engine_core
-from workers.engines.process_env import engine_process_environment
+from workers.engines.process_env import engine_process_environment, stop_process
 from workers.runtime.cpu_placement import omp_environment, parse_cpu_list
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class ForkedEngineCore:
         self._stopping.set()
         self.llm.shutdown()
         with self._process_lock:
-            _stop_process(self._process, timeout_s)
+            stop_process(self._process, timeout_s)
 
     def _watch(self) -> None:
         multiprocessing.connection.wait([self._process.sentinel])
@@ -201,7 +201,7 @@ def launch(
                 startup,
             )
         except BaseException as exc:
-            _stop_process(process, 5.0)
+            stop_process(process, 5.0)
             if isinstance(exc, RuntimeError) and process.exitcode is not None:
                 raise RuntimeError(
                     f"the forked EngineCore exited during start-up (exit code {process.exitcode}); "
@@ -217,18 +217,9 @@ def launch(
             client_addresses={"input_address": addresses.inputs[0], "output_address": addresses.outputs[0]},
         )
     except BaseException:
-        _stop_process(process, 5.0)
+        stop_process(process, 5.0)
         raise
     return ForkedEngineCore(llm, process)
-
-
-def _stop_process(process: BaseProcess, timeout_s: float) -> None:
-    if process.exitcode is None:
-        process.terminate()
-        process.join(timeout_s)
-    if process.exitcode is None:
-        process.kill()
-        process.join()
 
 
 # --- in the forked child ------------------------------------------------------------------------
@@ -238,7 +229,20 @@ def _engine_core_main(
     environ: dict[str, str], cpu_threads: str | None, engine_kwargs: dict[str, Any]
 ) -> None:
     """The child's life: check what it was forked from, take the worker's environment, pin, run."""
-    _check_fork_parent()
+    become_engine_process(environ, cpu_threads, forked=True)
+    from vllm.v1.engine.core import EngineCoreProc
+
+    EngineCoreProc.run_engine_core(**engine_kwargs)
+
+
+def become_engine_process(
+    environ: dict[str, str], cpu_threads: str | None, *, forked: bool, title: str | None = None
+) -> None:
+    """What an engine's process does first (an EngineCore here, a pooling model's process in
+    `pooling_process`): check what it was forked from, end with its parent, take the worker's
+    environment, pin its compute threads. `title`: its name in `ps` (vLLM names its own)."""
+    if forked:
+        _check_fork_parent()
     _die_with_parent()
     with contextlib.suppress(ImportError):
         # setproctitle (which vLLM names its processes with) finds the memory it may write the
@@ -246,13 +250,12 @@ def _engine_core_main(
         import setproctitle
 
         setproctitle.getproctitle()
+        if title is not None:
+            setproctitle.setproctitle(title)
     for name in set(os.environ) - set(environ):
         del os.environ[name]
     os.environ.update(environ)
     _pin_compute_threads(cpu_threads)
-    from vllm.v1.engine.core import EngineCoreProc
-
-    EngineCoreProc.run_engine_core(**engine_kwargs)
 
 
 def _check_fork_parent() -> None:

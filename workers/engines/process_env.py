@@ -11,6 +11,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import psutil
@@ -48,6 +49,16 @@ def engine_process_environment(overrides: dict[str, str], *, locked: bool) -> It
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def stop_process(process: BaseProcess, timeout_s: float) -> None:
+    """End a process this one started: SIGTERM, then SIGKILL after `timeout_s`."""
+    if process.exitcode is None:
+        process.terminate()
+        process.join(timeout_s)
+    if process.exitcode is None:
+        process.kill()
+        process.join()
 
 
 def process_tree(pids: list[int]) -> list[psutil.Process]:

@@ -57,18 +57,15 @@ def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
             import_trtllm()
         except RuntimeError as exc:
             logger.error("the TensorRT-LLM engine cannot start here", extra={"why": str(exc)})
-    if "torch" in engines:
-        from workers.engines.torch_pooling import import_runtime as import_torch_pooling
-
-        import_torch_pooling()  # transformers' model classes take seconds
     if "vllm" in engines:
         from workers.engines.vllm_runtime import import_runtime
 
         import_runtime()
-        if engine_process == "fork":
-            from workers.engines.forked_core import start_fork_server
+    # Pooling models' processes are forked from the same server, which imports transformers too.
+    if engine_process == "fork" and engines & {"vllm", "torch"}:
+        from workers.engines.forked_core import start_fork_server
 
-            start_fork_server()
+        start_fork_server()
 
 
 def prepare_model_files(model: ModelConfig) -> None:
@@ -97,5 +94,7 @@ def create_engine(model: ModelConfig, options: EngineOptions) -> Engine:
     if model.engine_name == "torch":
         from workers.engines.torch_pooling import TorchPoolingEngine
 
-        return TorchPoolingEngine(model, cpu_threads=options.cpu_threads)
+        return TorchPoolingEngine(
+            model, cpu_threads=options.cpu_threads, engine_process=options.engine_process
+        )
     raise ValueError(f"model {model.name!r}: unknown engine {model.engine_name!r}")

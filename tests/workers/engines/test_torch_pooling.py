@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -30,8 +32,10 @@ from switchboard.local.demo_pooling_models import (
     build_demo_reranker,
 )
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
+from workers.engines.pooling_process import PoolingProcessFailed
 from workers.engines.registry import EngineOptions, create_engine
-from workers.engines.torch_pooling import TOKEN_BUDGET, TorchPoolingEngine, sub_batches
+from workers.engines.torch_pooling import TorchPoolingEngine
+from workers.engines.torch_pooling_runner import TOKEN_BUDGET, sub_batches
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -238,7 +242,7 @@ async def test_a_declared_cls_pooling_is_followed(
 
 
 async def test_limits_jobs_at_once_footprint_and_no_generation(
-    engines: dict[str, TorchPoolingEngine],
+    engines: dict[str, TorchPoolingEngine], reference: dict[str, Any]
 ) -> None:
     engine = engines["embed"]
     limits = engine.limits()
@@ -247,7 +251,7 @@ async def test_limits_jobs_at_once_footprint_and_no_generation(
     assert engine.max_sequences() == 2 * engine.model.batching.max_batch_size
     footprint = engine.footprint()
     assert footprint.device == "cpu"
-    parameters = sum(p.numel() * 4 for p in engine._model.parameters())
+    parameters = sum(p.numel() * 4 for p in reference["embed"].parameters())
     assert parameters < footprint.memory_bytes < parameters + 512 * 1024**2
     with pytest.raises(InvalidEngineRequest, match="pooling model"):
         engine.generate(None)  # type: ignore[arg-type]
@@ -306,6 +310,8 @@ async def test_models_loading_together_import_transformers_once(folders: dict[st
 
 
 async def test_the_engine_computes_on_the_cores_it_was_placed_on(folders: dict[str, Path]) -> None:
+    """The model's own process, and every thread it starts, compute on its cores; the calling
+    process's threads stay where they were."""
     before = os.sched_getaffinity(0)
     core = min(before)
     engine = TorchPoolingEngine(
@@ -313,11 +319,29 @@ async def test_the_engine_computes_on_the_cores_it_was_placed_on(folders: dict[s
     )
     await engine.start()
     try:
-        assert engine._executor is not None
-        placed = engine._executor.submit(lambda: (os.sched_getaffinity(0), torch.get_num_threads())).result()
+        pid = engine.pid
+        assert pid is not None and pid != os.getpid()
+        placed = os.sched_getaffinity(pid)
+        await pooled(engine, PoolingRow(task="embed", input="a few words to compute"))
+        # Every thread it started computing, pinned as well.
+        threads = [thread.id for thread in psutil.Process(pid).threads()]
+        pinned = {tid: os.sched_getaffinity(tid) for tid in threads}
     finally:
         await engine.stop()
-    assert placed == ({core}, 1)
-    assert len(os.sched_getaffinity(0)) == 1 or os.sched_getaffinity(0) != {core}, (
-        "the worker's own threads stay put"
-    )
+    assert placed == {core}
+    assert all(cores == {core} for cores in pinned.values()), pinned
+    assert os.sched_getaffinity(0) == before, "the caller's own threads stay put"
+    assert not psutil.pid_exists(pid), "the model's process ends with the engine"
+
+
+async def test_a_model_whose_process_dies_fails_its_batches_clearly(folders: dict[str, Path]) -> None:
+    """A killed model process fails the next batch with an error that says so; it never hangs."""
+    engine = TorchPoolingEngine(ModelConfig(name="doomed", path=str(folders["embed"]), kind="embed"))
+    await engine.start()
+    try:
+        assert engine.pid is not None
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(PoolingProcessFailed, match="exited"):
+            await asyncio.wait_for(engine.pool([PoolingRow(task="embed", input="anyone there?")]), 30)
+    finally:
+        await engine.stop()
