@@ -63,11 +63,12 @@ def send_tensors_inline() -> None:
     os.environ["PYTRITON_NO_TENSORSTORE"] = "1"
 
 
-# Triton instances of a pooling model: while one instance's batch computes, the next batch crosses
-# Triton's stub and PyTriton into the other, instead of waiting in Triton's queue for the first to
-# come back (one instance left the engine idle 60 % of the time under load, measured with
-# bench/embeddings.py). Both call the one engine, which runs their batches in turn.
-POOLING_INSTANCES = 2
+# Triton instances of a pooling model. Its engine computes in a process of its own, one batch at a
+# time: with one instance, what arrives while a batch computes waits in Triton's queue and becomes
+# the next batch, whole. Two instances (chosen while the engine shared the worker's GIL, to keep it
+# busy) now hand over half-filled batches: 9.5 rows per engine call against 21.5 at 128 clients, and
+# 20 % fewer requests per second (bench/embeddings.py, two runs each).
+POOLING_INSTANCES = 1
 
 # Triton's metrics endpoint listens here (PyTriton's default is every address); it serves no
 # HTTP API, and gRPC on a Unix socket.

@@ -46,16 +46,21 @@ class FailingEngine(TorchPoolingEngine):
 
 
 class SlowEngine(TorchPoolingEngine):
-    """The demo embedder, each call held 0.3 s first; counts the calls in progress at once."""
+    """The demo embedder, each call held 0.3 s first; counts the calls in progress at once and the
+    rows of each call."""
 
     def __init__(self, model: ModelConfig) -> None:
         super().__init__(model)
         self.in_progress = 0
         self.most_at_once = 0
+        self.rows_per_call: list[int] = []
+        self.computing = asyncio.Event()
 
     async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
         self.in_progress += 1
         self.most_at_once = max(self.most_at_once, self.in_progress)
+        self.rows_per_call.append(len(rows))
+        self.computing.set()
         try:
             await asyncio.sleep(0.3)
             return await super().pool(rows)
@@ -88,9 +93,7 @@ async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mode
     await asyncio.to_thread(host.start)
     engines = {config.name: TorchPoolingEngine(config) for config in configs}
     engines[FAILING] = FailingEngine(ModelConfig(name=FAILING, path=folder, kind="embed"))
-    engines[SLOW] = SlowEngine(
-        ModelConfig(name=SLOW, path=folder, kind="embed", batching=BatchingConfig(enabled=False))
-    )
+    engines[SLOW] = SlowEngine(ModelConfig(name=SLOW, path=folder, kind="embed"))
     await asyncio.gather(
         *(engine.start() for engine in engines.values()),
         *(asyncio.to_thread(host.bind, name, engine) for name, engine in engines.items()),
@@ -167,15 +170,22 @@ async def test_concurrent_jobs_are_batched_and_each_gets_its_own_rows(models: Mo
         assert chunk.usage is not None and chunk.usage.completion_tokens == 0
 
 
-async def test_a_batch_reaches_the_engine_while_the_one_before_still_computes(models: Models) -> None:
+async def test_one_batch_at_a_time_reaches_the_engine(models: Models) -> None:
+    """The engine computes batches one by one in its own process: a batch Triton formed while the one
+    before computes waits (in Triton, one instance) instead of queueing inside the worker."""
     slow = models.engines[SLOW]
     assert isinstance(slow, SlowEngine)
-    # One instance would hand Triton's next batch over only once the first had come back.
-    chunks = await asyncio.gather(
-        *(answer(models.clients[SLOW], embed_job(SLOW, word)) for word in WORDS[:4])
-    )
-    assert all(len(chunk.pooled) == 1 for chunk in chunks)
-    assert slow.most_at_once == 2
+
+    async def sent_after(delay_s: float, word: str) -> Chunk:
+        await asyncio.sleep(delay_s)  # a turn of its own: a Triton request of its own
+        return await answer(models.clients[SLOW], embed_job(SLOW, word))
+
+    first = asyncio.ensure_future(sent_after(0.0, WORDS[0]))
+    await slow.computing.wait()
+    later = await asyncio.gather(*(sent_after(0.02 * i, word) for i, word in enumerate(WORDS[1:4])))
+    assert len((await first).pooled) == 1 and all(len(chunk.pooled) == 1 for chunk in later)
+    assert slow.most_at_once == 1
+    assert sum(slow.rows_per_call) == 4
 
 
 async def test_with_batching_off_each_request_runs_alone(models: Models) -> None:
