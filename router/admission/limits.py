@@ -38,6 +38,7 @@ from router.admission.auth import Caller
 from router.openai.errors import TooManyRequestsError
 from switchboard import keys, lua
 from switchboard.config import LimitsConfig
+from switchboard.lua.batched import ScriptBatch
 from switchboard.wire import Job, PoolingTask, Prompt
 
 logger = logging.getLogger(__name__)
@@ -137,6 +138,9 @@ class Admission:
         # Registered once: later calls send only the scripts' hashes (EVALSHA).
         self._admit_script = lua.register(redis, "admit")
         self._release_script = lua.register(redis, "release")
+        # Every request that ends releases its slots: the calls of requests ending together go to
+        # Redis together (a batch of pooled answers ends at once).
+        self._releases = ScriptBatch(redis)
 
     async def admit(self, job: Job, caller: Caller) -> Ticket:
         """A ticket for queueing `job`, or a 429 saying which limit it met and when to retry.
@@ -218,9 +222,10 @@ class Admission:
     async def release(self, ticket: Ticket, refund_tokens: int) -> None:
         """Give a ticket's slots back and its unused tokens (`Ticket.release` calls this)."""
         name = ticket.caller.name or ""
-        await self._release_script(
-            keys=[keys.key_rate(name), keys.key_in_flight(name), keys.in_flight()],
-            args=[ticket.slot, refund_tokens, ticket.caller.tpm or 0],
+        await self._releases.run(
+            self._release_script,
+            [keys.key_rate(name), keys.key_in_flight(name), keys.in_flight()],
+            [ticket.slot, refund_tokens, ticket.caller.tpm or 0],
         )
 
     def _refused(

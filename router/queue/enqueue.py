@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from router.admission.limits import Admitting
 from switchboard import keys, lua
 from switchboard.cancel_marks import CancelMarks
+from switchboard.lua.batched import ScriptBatch
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job, LoadFailure, chunk_decoder, encode, load_failure_decoder
 
@@ -50,6 +51,9 @@ class JobQueue:
         # Registered once: later calls send only the script's hash (EVALSHA), loading it on a miss.
         self._enqueue = lua.register(redis, "enqueue")
         self._admit_enqueue = lua.register(redis, "admit_enqueue")
+        # Every request is admitted and queued by this script: the calls of concurrent requests go
+        # to Redis together.
+        self._admissions = ScriptBatch(redis)
         self._resume = lua.register(redis, "resume")
         self._give_up = lua.register(redis, "give_up")
         self._step_away = lua.register(redis, "step_away")
@@ -77,7 +81,9 @@ class JobQueue:
         admission refuses it (nothing taken, nothing queued); the model's failure, its slots given
         back, when the model's last load failed."""
         script_keys, args = _submit_call(job, owner, wake_stream, moved=False)
-        reply = await self._admit_enqueue(keys=[*admitting.keys, *script_keys], args=[*admitting.args, *args])
+        reply = await self._admissions.run(
+            self._admit_enqueue, [*admitting.keys, *script_keys], [*admitting.args, *args]
+        )
         if reply is None:
             return None
         outcome = reply[0].decode()

@@ -3,7 +3,9 @@
 The whole Redis protocol can be audited in this folder: nothing else in the code holds Lua. An owner
 registers each script once (`register(redis, "enqueue")`) and calls what it gets back; redis-py runs
 it by its SHA and loads it again by itself after a Redis restart. A pipeline that holds scripts
-runs them by their SHA through `run_pipeline`, which loads them only when Redis has lost them.
+runs them by their SHA through `run_pipeline`, which loads them only when Redis has lost them. The
+scripts every request runs go through a `batched.ScriptBatch`: concurrent callers' calls share a
+round trip.
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""Script calls of concurrent callers go to a real Redis as one pipeline, each caller with its own reply
+or error, each call run exactly once, even after Redis lost its scripts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from switchboard.lua.batched import ScriptBatch
+
+# Counts its runs per key, and fails when asked to (ARGV[1] = "fail").
+COUNTING = """
+if ARGV[1] == 'fail' then return redis.error_reply('asked to fail') end
+return redis.call('INCR', KEYS[1])
+"""
+
+
+class CountedPipelines:
+    """`redis` whose pipelines are counted (the one thing this test doubles)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.pipelines = 0
+        self._redis = redis
+
+    def pipeline(self, **options: Any) -> Any:
+        self.pipelines += 1
+        return self._redis.pipeline(**options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._redis, name)
+
+
+async def test_concurrent_calls_share_one_round_trip_and_get_their_own_replies(redis: aioredis.Redis) -> None:
+    counted = CountedPipelines(redis)
+    batch = ScriptBatch(counted)  # type: ignore[arg-type]
+    script = redis.register_script(COUNTING)
+    first = await batch.run(script, ["alone"], ["ok"])
+    assert (first, counted.pipelines) == (1, 1), "a lone call leaves at once"
+    replies = await asyncio.gather(*(batch.run(script, [f"key-{i % 4}"], ["ok"]) for i in range(40)))
+    # Made in one turn of the loop, the 40 calls went together.
+    assert counted.pipelines == 2
+    assert sorted(replies) == sorted(n for _ in range(4) for n in range(1, 11))
+    assert [int(await redis.get(f"key-{i}")) for i in range(4)] == [10, 10, 10, 10]
+
+
+async def test_a_failing_call_fails_its_caller_only(redis: aioredis.Redis) -> None:
+    batch = ScriptBatch(redis)
+    script = redis.register_script(COUNTING)
+    results = await asyncio.gather(
+        batch.run(script, ["a"], ["ok"]),
+        batch.run(script, ["b"], ["fail"]),
+        batch.run(script, ["c"], ["ok"]),
+        return_exceptions=True,
+    )
+    assert results[0] == 1 and results[2] == 1
+    assert isinstance(results[1], ResponseError) and "asked to fail" in str(results[1])
+
+
+async def test_after_redis_lost_its_scripts_each_call_still_runs_once(redis: aioredis.Redis) -> None:
+    batch = ScriptBatch(redis)
+    script = redis.register_script(COUNTING)
+    assert await batch.run(script, ["runs"], ["ok"]) == 1
+    await redis.script_flush()  # as after a restart without persistence
+    replies = await asyncio.gather(*(batch.run(script, ["runs"], ["ok"]) for _ in range(5)))
+    assert sorted(replies) == [2, 3, 4, 5, 6]
+    assert int(await redis.get("runs")) == 6
+
+
+async def test_a_cancelled_caller_leaves_its_call_to_run(redis: aioredis.Redis) -> None:
+    batch = ScriptBatch(redis)
+    script = redis.register_script(COUNTING)
+    blocker = asyncio.ensure_future(batch.run(script, ["first"], ["ok"]))
+    cancelled = asyncio.ensure_future(batch.run(script, ["second"], ["ok"]))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    assert await blocker == 1
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    for _ in range(100):
+        if await redis.get("second"):
+            break
+        await asyncio.sleep(0.01)
+    assert int(await redis.get("second")) == 1
