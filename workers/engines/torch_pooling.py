@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from switchboard.wire import ModelLimits
 from workers.engines.base import Footprint, InvalidEngineRequest, PooledRow, PoolingEngine, PoolingRow
 from workers.engines.model_files import DTYPE_BYTES, read_config, weights_bytes
 from workers.engines.pooling_process import PoolingProcess
+from workers.engines.pooling_sender import BatchSender
 from workers.engines.torch_pooling_runner import TOKEN_BUDGET, device
 
 # Float32 values per token of a pass alive at once, in hidden widths (a layer's query, key, value and
@@ -42,8 +42,8 @@ class TorchPoolingEngine(PoolingEngine):
         self._cpu_threads = cpu_threads
         self._engine_process = engine_process
         self._process: PoolingProcess | None = None
-        # Hands batches to the process, one at a time, off the event loop.
-        self._sender: ThreadPoolExecutor | None = None
+        # Hands batches to the process off the event loop; those that waited meanwhile together.
+        self._sender: BatchSender | None = None
 
     # --- the Engine's life ------------------------------------------------------------------
 
@@ -52,14 +52,14 @@ class TorchPoolingEngine(PoolingEngine):
         self._process = await asyncio.to_thread(
             PoolingProcess.launch, self.model, cpu_threads=self._cpu_threads, start=self._engine_process
         )
-        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pooling-{self.model.name}")
+        self._sender = BatchSender(self._process.pool, name=f"pooling-{self.model.name}")
 
     async def stop(self) -> None:
         """End the model's process, once a batch in progress has been answered."""
         process, self._process = self._process, None
         sender, self._sender = self._sender, None
         if sender is not None:
-            await asyncio.to_thread(sender.shutdown, wait=True)
+            await asyncio.to_thread(sender.close)
         if process is not None:
             await asyncio.to_thread(process.stop, STOP_TIMEOUT_S)
 
@@ -99,7 +99,7 @@ class TorchPoolingEngine(PoolingEngine):
         """Each row's answer, or its refusal, computed in the model's process."""
         if self._process is None or self._sender is None:
             raise RuntimeError(f"{self.model.name} is not started")
-        return await asyncio.wrap_future(self._sender.submit(self._process.pool, list(rows)))
+        return await asyncio.wrap_future(self._sender.submit(list(rows)))
 
 
 def _activation_bytes(config: dict[str, Any]) -> int:
