@@ -84,6 +84,11 @@ class PoolingProcess:
         """The process's pid."""
         return self._process.pid
 
+    @property
+    def exited(self) -> bool:
+        """Whether the process has ended (killed, or out of memory)."""
+        return not self._process.is_alive()
+
     def pool(self, rows: list[PoolingRow]) -> Answers:
         """Each row's answer, or its refusal, computed in the model's process."""
         with self._lock:

@@ -10,6 +10,7 @@ that the event loop never waits for a batch.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from workers.engines.model_files import DTYPE_BYTES, read_config, weights_bytes
 from workers.engines.pooling_process import PoolingProcess
 from workers.engines.pooling_sender import BatchSender
 from workers.engines.torch_pooling_runner import TOKEN_BUDGET, device
+
+logger = logging.getLogger(__name__)
 
 # Float32 values per token of a pass alive at once, in hidden widths (a layer's query, key, value and
 # output projections, the feed-forward's four-times-wider one, residuals), beside the attention scores.
@@ -52,16 +55,34 @@ class TorchPoolingEngine(PoolingEngine):
         self._process = await asyncio.to_thread(
             PoolingProcess.launch, self.model, cpu_threads=self._cpu_threads, start=self._engine_process
         )
-        self._sender = BatchSender(self._process.pool, name=f"pooling-{self.model.name}")
+        self._sender = BatchSender(self._pool_in_process, name=f"pooling-{self.model.name}")
 
     async def stop(self) -> None:
         """End the model's process, once a batch in progress has been answered."""
-        process, self._process = self._process, None
+        # The sender first: it may be starting the process again.
         sender, self._sender = self._sender, None
         if sender is not None:
             await asyncio.to_thread(sender.close)
+        process, self._process = self._process, None
         if process is not None:
             await asyncio.to_thread(process.stop, STOP_TIMEOUT_S)
+
+    def _pool_in_process(self, rows: list[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
+        """On the sender's thread: the batch computed in the model's process, started again first
+        when it has ended (the batch it was computing failed with it; the next ones need not)."""
+        process = self._process
+        if process is None:
+            raise RuntimeError(f"{self.model.name} is not started")
+        if process.exited:
+            logger.error(
+                "a pooling model's process ended; starting it again", extra={"model": self.model.name}
+            )
+            process.stop(STOP_TIMEOUT_S)
+            process = PoolingProcess.launch(
+                self.model, cpu_threads=self._cpu_threads, start=self._engine_process
+            )
+            self._process = process
+        return process.pool(rows)
 
     @property
     def pid(self) -> int | None:

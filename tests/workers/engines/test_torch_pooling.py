@@ -334,14 +334,19 @@ async def test_the_engine_computes_on_the_cores_it_was_placed_on(folders: dict[s
     assert not psutil.pid_exists(pid), "the model's process ends with the engine"
 
 
-async def test_a_model_whose_process_dies_fails_its_batches_clearly(folders: dict[str, Path]) -> None:
-    """A killed model process fails the next batch with an error that says so; it never hangs."""
+async def test_a_model_whose_process_dies_fails_that_batch_and_starts_again(folders: dict[str, Path]) -> None:
+    """A killed model process fails the batch it was given with an error that says so, never hangs;
+    the next batch finds it started again."""
     engine = TorchPoolingEngine(ModelConfig(name="doomed", path=str(folders["embed"]), kind="embed"))
     await engine.start()
     try:
-        assert engine.pid is not None
-        os.kill(engine.pid, signal.SIGKILL)
+        killed = engine.pid
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
         with pytest.raises(PoolingProcessFailed, match="exited"):
             await asyncio.wait_for(engine.pool([PoolingRow(task="embed", input="anyone there?")]), 30)
+        (again,) = await asyncio.wait_for(engine.pool([PoolingRow(task="embed", input="anyone there?")]), 60)
+        assert isinstance(again, PooledRow)
+        assert engine.pid not in (None, killed)
     finally:
         await engine.stop()
