@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 
@@ -13,6 +14,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@functools.cache  # the front door asks it of its own host on every request
 def is_loopback_host(host: str) -> bool:
     """Whether listening on `host` keeps a server out of other machines' reach."""
     if host.lower() == "localhost":
