@@ -9,6 +9,7 @@ error unless the row asks for truncation, which keeps its last tokens as vLLM's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,44 @@ class RowEncoder:
         # Only when a row asks for truncation, and then it keeps the end of the text.
         tokenizer.truncation_side = "left"
         self._types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+
+    def encode_all(self, rows: Sequence[PoolingRow]) -> list[EncodedRow | InvalidEngineRequest]:
+        """Each row's token ids, or its refusal, in order. Single texts that keep every token (the
+        usual embedding or classification) go through the tokenizer in one call, so that its Rust
+        side loops over them rather than Python (one call per row took a sixth of a batch's time)."""
+        encoded: list[EncodedRow | InvalidEngineRequest] = []
+        plain: list[tuple[int, str]] = []
+        for row in rows:
+            refusal = _plain_text_refusal(self.limits, row)
+            if isinstance(row.input, str) and row.task != "score" and row.truncate_prompt_tokens is None:
+                if refusal is None:
+                    plain.append((len(encoded), row.input))
+                encoded.append(refusal or EncodedRow(ids=[], types=None))  # filled in below
+            else:
+                encoded.append(self._encoded_or_refusal(row))
+        if plain:
+            batch = self._tokenizer([text for _, text in plain])
+            types = batch["token_type_ids"] if self._types and "token_type_ids" in batch else None
+            for position, (index, _) in enumerate(plain):
+                ids = list(batch["input_ids"][position])
+                row_types = (
+                    list(types[position]) if types is not None else [0] * len(ids) if self._types else None
+                )
+                encoded[index] = self._encoded_or_refusal_of(EncodedRow(ids=ids, types=row_types))
+        return encoded
+
+    def _encoded_or_refusal(self, row: PoolingRow) -> EncodedRow | InvalidEngineRequest:
+        try:
+            return self.encode(row)
+        except InvalidEngineRequest as refusal:
+            return refusal
+
+    def _encoded_or_refusal_of(self, encoded: EncodedRow) -> EncodedRow | InvalidEngineRequest:
+        try:
+            self._refuse_too_long(len(encoded.ids))
+        except InvalidEngineRequest as refusal:
+            return refusal
+        return encoded
 
     def encode(self, row: PoolingRow) -> EncodedRow:
         """The row's token ids, refused (InvalidEngineRequest) where the model cannot take them."""
@@ -115,6 +154,14 @@ class RowEncoder:
                 param=PARAM,
                 code=context_length.CONTEXT_LENGTH_EXCEEDED,
             )
+
+
+def _plain_text_refusal(limits: ModelLimits, row: PoolingRow) -> InvalidEngineRequest | None:
+    """A single text that keeps every token, refused from its length in characters alone."""
+    if not isinstance(row.input, str) or row.task == "score" or row.truncate_prompt_tokens is not None:
+        return None
+    refusal = context_length.text_refusal(limits, len(row.input), PARAM)
+    return InvalidEngineRequest(refusal.message, param=refusal.param, code=refusal.code) if refusal else None
 
 
 def _refuse(refusal: context_length.Refusal | None) -> None:

@@ -82,32 +82,35 @@ class PoolingRunner:
     def pool_now(self, rows: list[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
         """Each row's answer, or its refusal, in the rows' order."""
         assert self._encoder is not None
-        answers: list[PooledRow | InvalidEngineRequest | None] = [None] * len(rows)
+        answers: list[PooledRow | InvalidEngineRequest | None] = [self._refusal(row) for row in rows]
+        allowed = [index for index, answer in enumerate(answers) if answer is None]
         encoded: dict[int, EncodedRow] = {}
-        for index, row in enumerate(rows):
-            try:
-                encoded[index] = self._encode(row)
-            except InvalidEngineRequest as refusal:
-                answers[index] = refusal
+        for index, encoding in zip(
+            allowed, self._encoder.encode_all([rows[i] for i in allowed]), strict=True
+        ):
+            if isinstance(encoding, InvalidEngineRequest):
+                answers[index] = encoding
+            else:
+                encoded[index] = encoding
         outputs = self._forward_all(encoded)
         for index, output in outputs.items():
             values = self._values(output, rows[index])
             answers[index] = PooledRow(values=row_bytes(values), prompt_tokens=len(encoded[index].ids))
         return [answer for answer in answers if answer is not None]
 
-    def _encode(self, row: PoolingRow) -> EncodedRow:
-        assert self._encoder is not None
+    def _refusal(self, row: PoolingRow) -> InvalidEngineRequest | None:
+        """Why the model cannot take the row whatever its input, if it cannot."""
         if row.task != self.model.kind:
-            raise InvalidEngineRequest(
+            return InvalidEngineRequest(
                 f"{self.model.name} is a {self.model.kind!r} model; it cannot {row.task!r}.", param="model"
             )
         if row.dimensions is not None and row.dimensions > self._dimensions:
-            raise InvalidEngineRequest(
+            return InvalidEngineRequest(
                 f"{self.model.name} makes embeddings of {self._dimensions} dimensions; `dimensions` "
                 f"cannot ask for more ({row.dimensions}).",
                 param="dimensions",
             )
-        return self._encoder.encode(row)
+        return None
 
     def _values(self, output: Vector, row: PoolingRow) -> Vector:
         if row.task == "embed":

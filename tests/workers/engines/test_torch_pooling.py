@@ -31,10 +31,13 @@ from switchboard.local.demo_pooling_models import (
     build_demo_embedder,
     build_demo_reranker,
 )
+from switchboard.wire import ModelLimits
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.pooling_process import PoolingProcessFailed
+from workers.engines.prompts import longest_token_chars
 from workers.engines.registry import EngineOptions, create_engine
 from workers.engines.torch_pooling import TorchPoolingEngine
+from workers.engines.torch_pooling_inputs import RowEncoder
 from workers.engines.torch_pooling_runner import TOKEN_BUDGET, sub_batches
 
 torch = pytest.importorskip("torch")
@@ -124,6 +127,46 @@ async def test_padding_and_batch_mates_change_no_row(engines: dict[str, TorchPoo
         engine, embed("a much longer text " * 20), embed("short one"), embed("mid length text")
     )
     np.testing.assert_allclose(together[1], alone, atol=1e-5)
+
+
+async def test_rows_encoded_together_are_each_what_it_is_alone(folders: dict[str, Path]) -> None:
+    """One tokenizer call for a batch's plain texts: every row's ids, or its refusal, as alone."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["embed"])
+    tokenizer.model_max_length = 2**31 - 1
+    limits = ModelLimits(max_model_len=512, vocab_size=400, max_token_chars=longest_token_chars(tokenizer))
+    encoder = RowEncoder(tokenizer, model_name="embed", limits=limits)
+    rows = [
+        embed("Hello there!"),
+        embed("a " * 600),  # past the context: refused
+        PoolingRow(task="embed", input=(5, 6, 7)),
+        PoolingRow(task="embed", input="a " * 600, truncate_prompt_tokens=8),
+        PoolingRow(task="embed", input=(5, 999)),  # outside the vocabulary: refused
+        embed("The quick brown fox jumps over the lazy dog."),
+    ]
+    alone: list[Any] = []
+    for row in rows:
+        try:
+            alone.append(encoder.encode(row))
+        except InvalidEngineRequest as refusal:
+            alone.append(refusal)
+    together = encoder.encode_all(rows)
+    assert len(together) == len(rows)
+    for one, other in zip(alone, together, strict=True):
+        if isinstance(one, InvalidEngineRequest):
+            assert isinstance(other, InvalidEngineRequest) and (str(other), other.code) == (
+                str(one),
+                one.code,
+            )
+        else:
+            assert other == one
+    assert [isinstance(row, InvalidEngineRequest) for row in together] == [
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
 
 
 async def test_dimensions_cut_and_renormalize(
@@ -281,6 +324,7 @@ async def test_sub_batches_group_similar_lengths_within_the_budget() -> None:
 LOADS_TOGETHER = """
 import asyncio, sys
 from switchboard.config import ModelConfig
+from switchboard.wire import ModelLimits
 from workers.engines.torch_pooling import TorchPoolingEngine
 
 async def main():
