@@ -30,7 +30,7 @@ like `switchboard up`:
   `component`) on another port, sharing the stack's Redis and config; it stops with the rest.
   `spawn_front_door(env={"SWITCHBOARD_ROUTER__REQUEST_TIMEOUT_S": "1.5"})` gives that one other
   settings (environment overrides the config file), so a test can share a stack it would otherwise
-  start for one front-door setting.
+  start for one front-door setting; `stack.stop_front_door(front_door)` stops it before the rest.
 
 A test on several workers (for example in tests/e2e/test_serverless.py)::
 
@@ -116,6 +116,7 @@ class FrontDoor:
     def __init__(self, component: Component, port: int) -> None:
         self.component = component
         self.port = port
+        self.stopped = False
 
     @property
     def base_url(self) -> str:
@@ -206,9 +207,21 @@ class Stack:
         )
         return front_door
 
+    def stop_front_door(self, front_door: FrontDoor) -> None:
+        """Stop one front door `spawn_front_door` started (SIGTERM); fail if it ignores it.
+
+        For a test that gives a front door of a shared stack its own settings: the stack goes on
+        without it."""
+        front_door.stopped = True
+        forced = stop_groups([front_door.component.process], STOP_TIMEOUT_S)
+        assert not forced, (
+            f"{front_door.component.name} did not stop on SIGTERM within {STOP_TIMEOUT_S:.0f} s"
+        )
+
     def stop_front_doors(self) -> list[int]:
         """Stop the front doors `spawn_front_door` started; the pids that ignored SIGTERM."""
-        return stop_groups([door.component.process for door in self.front_doors], STOP_TIMEOUT_S)
+        running = [door.component.process for door in self.front_doors if not door.stopped]
+        return stop_groups(running, STOP_TIMEOUT_S)
 
     def stop_redis(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """Stop the private Redis with `sig` (SIGKILL: a crash; SIGTERM: it writes its files and ends)."""
