@@ -18,7 +18,8 @@ like `switchboard up`:
 
   With `persist_redis=True` the private Redis keeps an append-only file in `<root>/redis`, as
   `switchboard up`'s does: `stack.stop_redis(signal)` stops it (SIGTERM, or SIGKILL for a crash)
-  and `stack.start_redis()` starts it again on the same port and directory.
+  and `stack.start_redis()` starts it again on the same port and directory
+  (`start_redis(keep_files=False)`: empty, as a Redis without persistence comes back).
   Start processes (`start_redis`, `spawn_worker`, `spawn_front_door`) from a thread that lives as
   long as they should: each is started through `switchboard.local.with_parent`, whose parent-death
   signal (PR_SET_PDEATHSIG) is sent when the *thread* that started it ends, so one started from
@@ -234,9 +235,15 @@ class Stack:
         os.kill(pid, sig)
         redis.stop()  # reaps it (SIGTERM to a process already gone does nothing); keeps persist_dir
 
-    def start_redis(self) -> None:
-        """Start the private Redis again on the same port (and append-only directory, if it has one)."""
-        self._private_redis().start()
+    def start_redis(self, *, keep_files: bool = True) -> None:
+        """Start the private Redis again on the same port (and append-only directory, if it has one).
+
+        `keep_files=False`: it starts empty and keeps nothing on disk from now on, as a Redis without
+        persistence comes back from a crash (its append-only file, if any, is not read)."""
+        redis = self._private_redis()
+        if not keep_files:
+            redis.persist_dir = None
+        redis.start()
 
     def _private_redis(self) -> PrivateRedis:
         if self.redis is None:
