@@ -26,6 +26,7 @@ from tests.support.stack import (
     ROUTER_PIPELINE,
     SECOND_VERSION,
     SECOND_VERSION_SEED,
+    TWO_WORKERS_REQUEST_TIMEOUT_S,
     WARM_ROUTER_PIPELINE,
     Stack,
     running_stack,
@@ -125,6 +126,33 @@ def router_steered_to_b(
             "timeout_s": 30,
         }
     }
+
+
+# The faster beats of TWO_WORKERS: a killed worker's jobs are found and taken over within a second
+# of its record's expiry.
+FAST_TAKEOVER = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
+
+
+# Package scope: the soak (tests/e2e/test_soak.py) and the stream takeover
+# (tests/e2e/test_stream_takeover.py), which run one after the other, share its start.
+@pytest.fixture(scope="package")
+def two_workers(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
+) -> Iterator[Stack]:
+    """A Redis keeping its append-only file, two workers each holding the demo model warm
+    (`min_replicas = 2`) with heartbeats and takeover checks every 0.5 s, and the front door.
+
+    Its tests kill workers (starting replacements) and restart Redis: each begins by waiting until
+    two workers hold the model warm again."""
+    config = {
+        "router": {"request_timeout_s": TWO_WORKERS_REQUEST_TIMEOUT_S},
+        "models": [config_entry(demo_model_dir, preload=True, min_replicas=2)],
+    }
+    root = tmp_path_factory.mktemp("two-workers")
+    with running_stack(
+        config, root=root, workers=2, env=FAST_TAKEOVER, persist_redis=True, session=request.session
+    ) as stack:
+        yield stack
 
 
 @pytest.fixture

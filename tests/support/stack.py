@@ -98,6 +98,9 @@ CASCADE_PIPELINE = "tiny-cascade"
 # Between the demo model's greedy answers' mean token log-probability (about -1.8) and that of its
 # answers sampled at temperature 2 (about -6).
 CASCADE_MIN_MEAN_LOGPROB = -3.5
+# The deadline of tests/e2e/conftest.py's `two_workers` stack (the soak's and the stream takeover's):
+# further than any request there may take, so that a request left waiting for it shows as hung.
+TWO_WORKERS_REQUEST_TIMEOUT_S = 240
 # Generous: a busy machine took over two minutes to start one vLLM CPU engine.
 STACK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
