@@ -74,7 +74,8 @@ def stack(
     Beside the demo model, the configuration holds a route over it and two other versions, which
     load only when a test asks: a second version that answers differently, and one that cannot load
     (tests/e2e/test_routes_and_pipelines.py), and a pipeline of fallbacks from the broken one to the
-    demo model."""
+    demo model. The last tests to use it (tests/e2e/test_worker_faults.py) kill its worker and
+    start another."""
     config = {
         "models": [
             # Its tool calls, when it makes any, are in the Python-like list syntax.
@@ -98,7 +99,12 @@ def stack(
             },
         },
     }
-    with running_stack(config, root=tmp_path_factory.mktemp("e2e"), session=request.session) as stack:
+    # Heartbeats every 0.5 s: tests/e2e/test_worker_faults.py loses the worker, and its jobs wait
+    # for the worker started next.
+    env = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}
+    with running_stack(
+        config, root=tmp_path_factory.mktemp("e2e"), env=env, session=request.session
+    ) as stack:
         # Models load on demand: one answered request, so that no test pays for the load.
         stack.wait_serving(MODEL)
         yield stack
