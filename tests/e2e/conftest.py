@@ -26,6 +26,8 @@ from tests.support.stack import (
     ROUTER_PIPELINE,
     SECOND_VERSION,
     SECOND_VERSION_SEED,
+    SPANS_FILE,
+    TRACED_VERSION,
     TWO_WORKERS_REQUEST_TIMEOUT_S,
     WARM_ROUTER_PIPELINE,
     Stack,
@@ -74,7 +76,8 @@ def stack(
     Beside the demo model, the configuration holds a route over it and two other versions, which
     load only when a test asks: a second version that answers differently, and one that cannot load
     (tests/e2e/test_routes_and_pipelines.py), and a pipeline of fallbacks from the broken one to the
-    demo model. The last tests to use it (tests/e2e/test_worker_faults.py) kill its worker and
+    demo model; and a version only the tracing test loads. Every process exports its spans to
+    SPANS_FILE in the stack's folder. The last tests to use it (tests/e2e/test_worker_faults.py) kill its worker and
     start another."""
     config = {
         "models": [
@@ -83,6 +86,8 @@ def stack(
             config_entry(second_version_dir, name=SECOND_VERSION),
             {**config_entry(demo_model_dir, name=BROKEN_VERSION), "path": "/nonexistent/model"},
             config_entry(demo_model_dir, name=COLD_VERSION),
+            # Unloaded soon after its test, so that it holds none of the worker's room.
+            config_entry(demo_model_dir, name=TRACED_VERSION, keep_alive_s=5),
         ],
         "routes": {ROUTE: {"targets": {MODEL: 100, SECOND_VERSION: 0, BROKEN_VERSION: 0}}},
         "pipelines": {
@@ -99,12 +104,16 @@ def stack(
             },
         },
     }
-    # Heartbeats every 0.5 s: tests/e2e/test_worker_faults.py loses the worker, and its jobs wait
-    # for the worker started next.
-    env = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}
-    with running_stack(
-        config, root=tmp_path_factory.mktemp("e2e"), env=env, session=request.session
-    ) as stack:
+    root = tmp_path_factory.mktemp("e2e")
+    env = {
+        # Heartbeats every 0.5 s: tests/e2e/test_worker_faults.py loses the worker, and its jobs
+        # wait for the worker started next.
+        "SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5",
+        # Every process's spans in one file, soon after they end (tests/e2e/test_observability.py).
+        "SWITCHBOARD_TRACE_FILE": str(root / SPANS_FILE),
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    with running_stack(config, root=root, env=env, session=request.session) as stack:
         # Models load on demand: one answered request, so that no test pays for the load.
         stack.wait_serving(MODEL)
         yield stack

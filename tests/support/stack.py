@@ -98,6 +98,10 @@ CASCADE_PIPELINE = "tiny-cascade"
 # Between the demo model's greedy answers' mean token log-probability (about -1.8) and that of its
 # answers sampled at temperature 2 (about -6).
 CASCADE_MIN_MEAN_LOGPROB = -3.5
+# A version only tests/e2e/test_observability.py loads (its first request waits for the load), with
+# every process of the shared stack exporting its spans to SPANS_FILE in the stack's folder.
+TRACED_VERSION = "tiny-traced"
+SPANS_FILE = "spans.jsonl"
 # The deadline of tests/e2e/conftest.py's `two_workers` stack (the soak's and the stream takeover's):
 # further than any request there may take, so that a request left waiting for it shows as hung.
 TWO_WORKERS_REQUEST_TIMEOUT_S = 240
