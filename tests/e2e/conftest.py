@@ -77,8 +77,8 @@ def stack(
     load only when a test asks: a second version that answers differently, and one that cannot load
     (tests/e2e/test_routes_and_pipelines.py), and a pipeline of fallbacks from the broken one to the
     demo model; and a version only the tracing test loads. Every process exports its spans to
-    SPANS_FILE in the stack's folder. The last tests to use it (tests/e2e/test_worker_faults.py) kill its worker and
-    start another."""
+    SPANS_FILE in the stack's folder. The last tests to use it (tests/e2e/test_worker_faults.py)
+    kill its worker and start another."""
     config = {
         "models": [
             # Its tool calls, when it makes any, are in the Python-like list syntax.
@@ -143,8 +143,8 @@ def router_steered_to_b(
     }
 
 
-# The faster beats of TWO_WORKERS: a killed worker's jobs are found and taken over within a second
-# of its record's expiry.
+# The beats of the `two_workers` stack: a killed worker's jobs are found and taken over within a
+# second of its record's expiry.
 FAST_TAKEOVER = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
 
 
