@@ -26,6 +26,9 @@ from tests.support.stack import (
     ROUTER_PIPELINE,
     SECOND_VERSION,
     SECOND_VERSION_SEED,
+    SPANS_FILE,
+    TRACED_VERSION,
+    TWO_WORKERS_REQUEST_TIMEOUT_S,
     WARM_ROUTER_PIPELINE,
     Stack,
     running_stack,
@@ -73,7 +76,9 @@ def stack(
     Beside the demo model, the configuration holds a route over it and two other versions, which
     load only when a test asks: a second version that answers differently, and one that cannot load
     (tests/e2e/test_routes_and_pipelines.py), and a pipeline of fallbacks from the broken one to the
-    demo model."""
+    demo model; and a version only the tracing test loads. Every process exports its spans to
+    SPANS_FILE in the stack's folder. The last tests to use it (tests/e2e/test_worker_faults.py)
+    kill its worker and start another."""
     config = {
         "models": [
             # Its tool calls, when it makes any, are in the Python-like list syntax.
@@ -81,6 +86,8 @@ def stack(
             config_entry(second_version_dir, name=SECOND_VERSION),
             {**config_entry(demo_model_dir, name=BROKEN_VERSION), "path": "/nonexistent/model"},
             config_entry(demo_model_dir, name=COLD_VERSION),
+            # Unloaded soon after its test, so that it holds none of the worker's room.
+            config_entry(demo_model_dir, name=TRACED_VERSION, keep_alive_s=5),
         ],
         "routes": {ROUTE: {"targets": {MODEL: 100, SECOND_VERSION: 0, BROKEN_VERSION: 0}}},
         "pipelines": {
@@ -97,7 +104,16 @@ def stack(
             },
         },
     }
-    with running_stack(config, root=tmp_path_factory.mktemp("e2e"), session=request.session) as stack:
+    root = tmp_path_factory.mktemp("e2e")
+    env = {
+        # Heartbeats every 0.5 s: tests/e2e/test_worker_faults.py loses the worker, and its jobs
+        # wait for the worker started next.
+        "SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5",
+        # Every process's spans in one file, soon after they end (tests/e2e/test_observability.py).
+        "SWITCHBOARD_TRACE_FILE": str(root / SPANS_FILE),
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    with running_stack(config, root=root, env=env, session=request.session) as stack:
         # Models load on demand: one answered request, so that no test pays for the load.
         stack.wait_serving(MODEL)
         yield stack
@@ -125,6 +141,33 @@ def router_steered_to_b(
             "timeout_s": 30,
         }
     }
+
+
+# The beats of the `two_workers` stack: a killed worker's jobs are found and taken over within a
+# second of its record's expiry.
+FAST_TAKEOVER = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
+
+
+# Package scope: the soak (tests/e2e/test_soak.py) and the stream takeover
+# (tests/e2e/test_stream_takeover.py), which run one after the other, share its start.
+@pytest.fixture(scope="package")
+def two_workers(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
+) -> Iterator[Stack]:
+    """A Redis keeping its append-only file, two workers each holding the demo model warm
+    (`min_replicas = 2`) with heartbeats and takeover checks every 0.5 s, and the front door.
+
+    Its tests kill workers (starting replacements) and restart Redis: each begins by waiting until
+    two workers hold the model warm again."""
+    config = {
+        "router": {"request_timeout_s": TWO_WORKERS_REQUEST_TIMEOUT_S},
+        "models": [config_entry(demo_model_dir, preload=True, min_replicas=2)],
+    }
+    root = tmp_path_factory.mktemp("two-workers")
+    with running_stack(
+        config, root=root, workers=2, env=FAST_TAKEOVER, persist_redis=True, session=request.session
+    ) as stack:
+        yield stack
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from tests.support.stack import (
     ROUTE,
     ROUTER_PIPELINE,
     SECOND_VERSION,
+    TRACED_VERSION,
     WARM_ROUTER_PIPELINE,
     Stack,
 )
@@ -170,9 +171,9 @@ def test_prompt_longer_than_the_model_takes_is_a_400(client: OpenAI) -> None:
 
 def test_models_and_health_endpoints(client: OpenAI, stack: Stack) -> None:
     models = client.models.list()
-    # The demo model, two more versions of it, the route over them and a pipeline (tests/e2e/conftest.py).
+    # The demo model, more versions of it, the route over them and pipelines (tests/e2e/conftest.py).
     # Models first, in the config's order, then routes, then pipelines (tests/e2e/conftest.py).
-    models_first = [MODEL, SECOND_VERSION, BROKEN_VERSION, COLD_VERSION, ROUTE]
+    models_first = [MODEL, SECOND_VERSION, BROKEN_VERSION, COLD_VERSION, TRACED_VERSION, ROUTE]
     pipelines = [PIPELINE, ROUTER_PIPELINE, WARM_ROUTER_PIPELINE, BROKEN_ROUTER_PIPELINE, CASCADE_PIPELINE]
     assert [m.id for m in models.data] == models_first + pipelines
     assert httpx.get(f"{stack.base_url}/healthz", timeout=10).json()["status"] == "ok"

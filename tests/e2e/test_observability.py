@@ -1,15 +1,14 @@
 """Traces and metrics of the real stack: front door and worker processes, vLLM on the demo model.
 
-Both processes export their spans to one JSON-lines file (`SWITCHBOARD_TRACE_FILE`); they are joined
-by trace id. The model is not preloaded, so the first request waits for a cold start.
+Both processes of the shared stack (tests/e2e/conftest.py) export their spans to one JSON-lines file
+(`SWITCHBOARD_TRACE_FILE`); they are joined by trace id. The version asked for is loaded by no other
+test, so the request waits for a cold start.
 """
 
 from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -19,38 +18,34 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from switchboard import keys
-from switchboard.local.demo_model import config_entry
 from switchboard.wire import worker_decoder
-from tests.support.stack import MODEL, Stack
+from tests.support.stack import SPANS_FILE, TRACED_VERSION, Stack
 
 pytestmark = pytest.mark.e2e
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
-StartStack = Callable[..., AbstractContextManager[Stack]]
+# The version asked for: no other test loads it.
+MODEL = TRACED_VERSION
 
 
-def test_a_streamed_request_is_one_trace_across_both_processes_with_a_cold_start(
-    start_stack: StartStack, demo_model_dir: Path, tmp_path: Path
-) -> None:
-    spans_file = tmp_path / "spans.jsonl"
-    env = {"SWITCHBOARD_TRACE_FILE": str(spans_file), "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    with start_stack({"models": [config_entry(demo_model_dir)]}, env=env) as stack:
-        with OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600) as client:
-            stream = client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": "Hello"}],
-                max_tokens=16,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_headers={"traceparent": TRACEPARENT},
-            )
-            usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
-        spans = stack.wait_until(
-            lambda: _complete_trace(spans_file), timeout_s=30, what="both processes' spans of the request"
+def test_a_streamed_request_is_one_trace_across_both_processes_with_a_cold_start(stack: Stack) -> None:
+    spans_file = stack.log_dir / SPANS_FILE
+    with OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600) as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"traceparent": TRACEPARENT},
         )
-        front = _scrape(f"{stack.base_url}/metrics")
-        worker = _scrape(f"http://127.0.0.1:{_worker_metrics_port(stack)}/metrics")
+        usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
+    spans = stack.wait_until(
+        lambda: _complete_trace(spans_file), timeout_s=30, what="both processes' spans of the request"
+    )
+    front = _scrape(f"{stack.base_url}/metrics")
+    worker = _scrape(f"http://127.0.0.1:{_worker_metrics_port(stack)}/metrics")
 
     by_name = {span["name"]: span for span in spans}
     assert {span["service"] for span in spans} == {"switchboard-router", "switchboard-worker"}

@@ -1,5 +1,8 @@
 """Clients that leave at random moments, and a flood beyond the limits, against the real stack.
 
+Both run on the shared stack; the flood goes through a front door of its own whose limits are tight
+(limits are the front door's settings), stopped after it.
+
 Each test reports its figures (requests, outcomes, time to recover) on stdout: `pytest -s` shows them.
 """
 
@@ -9,7 +12,6 @@ import asyncio
 import random
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import psutil
@@ -17,12 +19,13 @@ import pytest
 import redis
 
 from switchboard import keys
-from switchboard.local.demo_model import config_entry
-from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
+from tests.support.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about the sea."}]
+# The flood's limits: 8 requests in flight across the front doors, 8 jobs waiting per model.
+LIMITS = {"SWITCHBOARD_LIMITS__MAX_IN_FLIGHT": "8", "SWITCHBOARD_LIMITS__MAX_QUEUE_DEPTH": "8"}
 
 
 def in_flight(stack: Stack) -> int:
@@ -81,21 +84,15 @@ def test_fifty_streaming_and_fifty_plain_clients_leaving_at_random_free_the_engi
     assert answer.status_code == 200
 
 
-def test_a_flood_beyond_the_limits_is_refused_politely_and_memory_stays_flat(
-    start_stack: object, demo_model_dir: Path
-) -> None:
-    config = {
-        "limits": {"max_in_flight": 8, "max_queue_depth": 8},
-        "models": [config_entry(demo_model_dir, preload=True)],
-    }
-    with start_stack(config) as stack:  # type: ignore[operator]
-        stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
-        front_door = psutil.Process(stack.router.process.pid)
+def test_a_flood_beyond_the_limits_is_refused_politely_and_memory_stays_flat(stack: Stack) -> None:
+    limited = stack.spawn_front_door(env=LIMITS)
+    try:
+        front_door = psutil.Process(limited.component.pid)
         store = redis.Redis.from_url(stack.redis_url)
 
         async def flood(count: int) -> list[httpx.Response]:
             body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16}
-            async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as client:
+            async with httpx.AsyncClient(base_url=limited.base_url, timeout=120) as client:
                 return await asyncio.gather(
                     *(client.post("/v1/chat/completions", json=body) for _ in range(count))
                 )
@@ -125,3 +122,5 @@ def test_a_flood_beyond_the_limits_is_refused_politely_and_memory_stays_flat(
                 assert response.json()["choices"][0]["message"]["content"]
         assert rss_growth < 64 * 2**20
         assert redis_growth < 8 * 2**20
+    finally:
+        stack.stop_front_door(limited)

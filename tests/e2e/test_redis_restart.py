@@ -7,19 +7,19 @@ keep arriving, when Redis is stopped (SIGTERM: it writes its file and exits; SIG
 started again on the same port. With append-only persistence (appendfsync everysec, as
 `switchboard up` runs it) a clean stop loses nothing. Without it (many managed caches) the restart
 loses every job: each request in flight then gets a 503 `redis_restarted` within seconds of Redis's
-return, none waits for its deadline. The two restarts with persistence run one after the other on
-one stack (each a fresh outage: it waits for what its worker logs from then on). Each test prints
-its figures: `pytest -s` shows them.
+return, none waits for its deadline. The three restarts run one after the other on one stack (each
+a fresh outage: it waits for what its worker logs from then on), the one without persistence last:
+that Redis is started again empty, without its append-only file, and keeps nothing on disk from
+then on, as one without persistence does. Each test prints its figures: `pytest -s` shows them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 
-StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
 TOKENS = 400
 ARRIVAL_TOKENS = 32
 # No request may take longer than this, however the restart went; the deadline is further still,
@@ -87,9 +86,10 @@ def writes_given_up(stack: Stack, since: dict[Path, int]) -> bool:
 
 
 async def restart_under_load(
-    stack: Stack, sig: signal.Signals, *, long_outage: bool, min_down_s: float = 0.0
+    stack: Stack, sig: signal.Signals, *, long_outage: bool, min_down_s: float = 0.0, keep_files: bool = True
 ) -> dict[str, Any]:
-    """Eight long requests generating and more arriving; Redis stopped with `sig` and started again.
+    """Eight long requests generating and more arriving; Redis stopped with `sig` and started again
+    (empty unless `keep_files`).
 
     Redis stays down until the front door has noticed, and at least `min_down_s` (while requests
     keep arriving); with `long_outage`, also until the worker
@@ -117,7 +117,7 @@ async def restart_under_load(
         down_s = time.monotonic() - stopped_at
         # On this thread, which outlives it: a child started through `with_parent` gets SIGTERM when
         # the thread that started it ends (an executor thread would end with this event loop).
-        stack.start_redis()
+        stack.start_redis(keep_files=keep_files)
         back_at = time.monotonic()
         probes = await traffic.until_served(back_at, RECOVERY_BOUND_S)
         recovered_s = time.monotonic() - back_at
@@ -179,11 +179,11 @@ def config(demo_model_dir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def append_only_stack(
+def restarted_stack(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
 ) -> Iterator[tuple[Stack, dict[tuple[str, int], str]]]:
     """A stack whose Redis keeps an append-only file, serving, and the greedy answers asked before
-    any fault; shared by the restarts with persistence."""
+    any fault; shared by the three restarts."""
     root = tmp_path_factory.mktemp("append-only")
     with running_stack(
         config(demo_model_dir), root=root, env=FAST, persist_redis=True, session=request.session
@@ -192,28 +192,20 @@ def append_only_stack(
         yield stack, asyncio.run(references(stack.base_url))
 
 
-# Without persistence first: its stack is stopped before the shared one starts.
+# Without persistence last: Redis comes back empty, and keeps no files from then on.
 @pytest.mark.parametrize(
     ("sig", "persist", "long_outage"),
-    [(signal.SIGKILL, False, False), (signal.SIGTERM, True, False), (signal.SIGKILL, True, True)],
-    ids=["sigkill-no-persistence", "sigterm", "sigkill-long-outage"],
+    [(signal.SIGTERM, True, False), (signal.SIGKILL, True, True), (signal.SIGKILL, False, False)],
+    ids=["sigterm", "sigkill-long-outage", "sigkill-no-persistence"],
 )
 def test_redis_restarted_under_load_loses_no_request(
-    request: pytest.FixtureRequest,
-    start_stack: StartStack,
-    demo_model_dir: Path,
+    restarted_stack: tuple[Stack, dict[tuple[str, int], str]],
     sig: signal.Signals,
     persist: bool,
     long_outage: bool,
 ) -> None:
-    if persist:
-        stack, expected = request.getfixturevalue("append_only_stack")
-        restart_and_audit(stack, expected, sig, persist=persist, long_outage=long_outage)
-        return
-    with start_stack(config(demo_model_dir), env=FAST) as stack:
-        stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
-        expected = asyncio.run(references(stack.base_url))
-        restart_and_audit(stack, expected, sig, persist=persist, long_outage=long_outage)
+    stack, expected = restarted_stack
+    restart_and_audit(stack, expected, sig, persist=persist, long_outage=long_outage)
 
 
 def restart_and_audit(
@@ -226,7 +218,9 @@ def restart_and_audit(
 ) -> None:
     # Without persistence, down 3 s while requests keep arriving, as an operator's restart is.
     min_down_s = 0.0 if persist else 3.0
-    figures = asyncio.run(restart_under_load(stack, sig, long_outage=long_outage, min_down_s=min_down_s))
+    figures = asyncio.run(
+        restart_under_load(stack, sig, long_outage=long_outage, min_down_s=min_down_s, keep_files=persist)
+    )
     what = f"{sig.name}, {'append-only' if persist else 'no persistence: it comes back empty'}"
     if long_outage:
         what += ", down until the worker gave up a write"

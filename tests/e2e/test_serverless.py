@@ -1,9 +1,10 @@
 """Serverless models through every real part: openai client → front door → Redis → workers running
 real vLLM CPU engines on tiny models, loaded on demand and unloaded when idle.
 
-Tests whose settings agree share one stack (Redis, workers, front door): the tests of one class,
-each on models of its own so that none sees another's loads, in the order written (the fixtures'
-docstrings say where it matters); the stack stops after the class's last test. No test sleeps a
+Tests whose settings agree share one stack (Redis, workers, front door): the tests on one worker
+(a class), and those on two workers (two classes), each on models of its own so that none sees
+another's loads, in the order written (the fixtures' docstrings say where it matters); each stack
+stops after its last test. No test sleeps a
 fixed time: each waits for what it needs through the admin view or the openai client.
 """
 
@@ -106,28 +107,21 @@ def one_worker(
         yield stack
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def two_workers(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
 ) -> Iterator[Stack]:
-    """Two workers and two models, one test's each: `tiny-burst`, then `tiny-dies` (whose test kills
-    the worker loading it, so it runs last)."""
-    config = {"models": [config_entry(demo_model_dir, name=name) for name in ("tiny-burst", "tiny-dies")]}
+    """Two workers with heartbeats every 0.5 s (so that the measured service rate reaches the other
+    worker while a backlog lasts) and three models, one test's each: `tiny`, loaded on one worker at
+    start, whose engine runs two sequences at a time (its backlogs' tests run first); `tiny-burst`;
+    then `tiny-dies` (whose test kills the worker loading it, so it runs last)."""
+    tiny = config_entry(demo_model_dir, name="tiny", preload=True)
+    tiny["engine_args"]["max_num_seqs"] = 2
+    config = {
+        "models": [tiny, *(config_entry(demo_model_dir, name=name) for name in ("tiny-burst", "tiny-dies"))]
+    }
+    env = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}
     root = tmp_path_factory.mktemp("two-workers")
-    with running_stack(config, root=root, workers=2, session=request.session) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="class")
-def backlog_stack(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
-) -> Iterator[Stack]:
-    """Two workers running two jobs at a time, the model `tiny` loaded on one of them."""
-    config = {"models": [config_entry(demo_model_dir, name="tiny", preload=True)]}
-    # Heartbeats often enough for the measured service rate to reach the other worker while a
-    # backlog lasts.
-    env = {"SWITCHBOARD_WORKER__MAX_CONCURRENT_JOBS": "2", "SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}
-    root = tmp_path_factory.mktemp("backlog")
     with running_stack(config, root=root, workers=2, env=env, session=request.session) as stack:
         stack.wait_serving("tiny")
         yield stack
@@ -250,8 +244,58 @@ class TestOneWorker:
         assert triton_inferences(stack, "tiny-late") >= 1
 
 
+class TestBacklog:
+    """On `two_workers`, first: a backlog that adds no replica, then one that adds a second."""
+
+    # The case without a second replica first: once the other has added one, the shared stack
+    # could not show that a backlog adds none.
+    @pytest.mark.parametrize(("measured_load_s", "second_replica"), [(10_000.0, False), (0.5, True)])
+    def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiting(
+        self, two_workers: Stack, measured_load_s: float, second_replica: bool
+    ) -> None:
+        stack = two_workers
+        stack.wait_serving("tiny")
+        assert len(admin(stack, "tiny")["replicas"]) == 1, "one replica before the backlog"
+        loads_before = console(stack).count("loading tiny (replica")
+        # The load time this kind of worker "measured" before: under the test's control, written
+        # as a measurement is, with the catalogue version bumped for the controllers to read it.
+        redis_client = redis.Redis.from_url(stack.redis_url)
+        costs = keys.measured_costs("tiny", KIND, "load")
+        pipe = redis_client.pipeline()
+        pipe.delete(costs)
+        pipe.lpush(costs, *[measured_load_s] * 5)
+        bump_catalogue(pipe)  # type: ignore[arg-type]
+        pipe.execute()
+
+        async def backlog() -> list[str]:
+            async with openai.AsyncOpenAI(
+                base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600
+            ) as async_client:
+                replies = await asyncio.gather(
+                    *(
+                        async_client.chat.completions.create(
+                            model="tiny",
+                            messages=MESSAGES,  # type: ignore[arg-type]
+                            max_tokens=96,
+                        )
+                        for _ in range(32)
+                    )
+                )
+            return [reply.choices[0].message.content or "" for reply in replies]
+
+        assert all(asyncio.run(backlog()))
+        added = console(stack).count("loading tiny (replica") - loads_before
+        assert added == (1 if second_replica else 0), console(stack)
+        if second_replica:
+            stack.wait_until(
+                lambda: len([r for r in admin(stack, "tiny")["replicas"] if r["state"] == "warm"]) == 2,
+                timeout_s=300,
+                what="the second replica to be warm",
+            )
+
+
 class TestTwoWorkers:
-    """On `two_workers`: a burst for a cold model, then a worker killed mid-load."""
+    """On `two_workers`, after the backlogs: a burst for a cold model, then a worker killed mid-load."""
 
     async def test_a_burst_of_16_requests_for_a_cold_model_starts_one_load_and_all_are_answered(
         self,
@@ -305,53 +349,3 @@ class TestTwoWorkers:
         assert f"[{survivor.name}] loading tiny-dies (replica 0)" in console(stack)
         status = admin(stack, "tiny-dies")
         assert [r["state"] for r in status["replicas"]] == ["warm"]
-
-
-class TestBacklog:
-    """On `backlog_stack`: a backlog that adds no replica, then one that adds a second."""
-
-    # The case without a second replica first: once the other has added one, the shared stack
-    # could not show that a backlog adds none.
-    @pytest.mark.parametrize(("measured_load_s", "second_replica"), [(10_000.0, False), (0.5, True)])
-    def test_a_backlog_adds_a_second_replica_only_when_loading_is_cheaper_than_waiting(
-        self, backlog_stack: Stack, measured_load_s: float, second_replica: bool
-    ) -> None:
-        stack = backlog_stack
-        stack.wait_serving("tiny")
-        assert len(admin(stack, "tiny")["replicas"]) == 1, "one replica before the backlog"
-        loads_before = console(stack).count("loading tiny (replica")
-        # The load time this kind of worker "measured" before: under the test's control, written
-        # as a measurement is, with the catalogue version bumped for the controllers to read it.
-        redis_client = redis.Redis.from_url(stack.redis_url)
-        costs = keys.measured_costs("tiny", KIND, "load")
-        pipe = redis_client.pipeline()
-        pipe.delete(costs)
-        pipe.lpush(costs, *[measured_load_s] * 5)
-        bump_catalogue(pipe)  # type: ignore[arg-type]
-        pipe.execute()
-
-        async def backlog() -> list[str]:
-            async with openai.AsyncOpenAI(
-                base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600
-            ) as async_client:
-                replies = await asyncio.gather(
-                    *(
-                        async_client.chat.completions.create(
-                            model="tiny",
-                            messages=MESSAGES,  # type: ignore[arg-type]
-                            max_tokens=96,
-                        )
-                        for _ in range(32)
-                    )
-                )
-            return [reply.choices[0].message.content or "" for reply in replies]
-
-        assert all(asyncio.run(backlog()))
-        added = console(stack).count("loading tiny (replica") - loads_before
-        assert added == (1 if second_replica else 0), console(stack)
-        if second_replica:
-            stack.wait_until(
-                lambda: len([r for r in admin(stack, "tiny")["replicas"] if r["state"] == "warm"]) == 2,
-                timeout_s=300,
-                what="the second replica to be warm",
-            )

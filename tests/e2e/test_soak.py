@@ -7,13 +7,13 @@ SIGKILL (and a replacement started) a few times, and Redis is restarted once. Th
 request got exactly one outcome, a whole answer or a clear error; no text, even of a stream cut
 short by its client or an error, differs from the same request's answer asked alone (nothing
 duplicated, lost or garbled); Redis holds no stray key once traffic stops. The table of outcomes,
-the faults and the key census go to stdout (`pytest -s`).
+the faults and the key census go to stdout (`pytest -s`). Its stack (`two_workers`, in
+tests/e2e/conftest.py) goes on to tests/e2e/test_stream_takeover.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import re
@@ -21,22 +21,18 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from switchboard.local.demo_model import config_entry
 from switchboard.local.launcher import Component
 from tests.support.key_census import clean, take_census
 from tests.support.outcomes import GOOD, Outcome, call, failures, table
-from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
+from tests.support.stack import MODEL, STACK_TIMEOUT_S, TWO_WORKERS_REQUEST_TIMEOUT_S, Stack
 
 pytestmark = pytest.mark.e2e
 
-StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
 # A worker kill, a Redis restart and a second kill, each with traffic around it; longer runs found
 # nothing more in this suite's history and the whole suite must stay under 30 minutes on 2 cores.
 TRAFFIC_S = 55.0
@@ -49,17 +45,16 @@ WHOLE_WITHIN_S = 60.0
 STRAYS_GONE_WITHIN_S = 60.0
 CLIENTS = 4
 WORKER_KILLS = 2
-# No request may take longer than this; the deadline is further, so a request that waits for its
-# deadline shows as hung.
+# No request may take longer than this; the stack's deadline is further, so a request that waits for
+# its deadline shows as hung.
 BOUND_S = 120.0
-REQUEST_TIMEOUT_S = 240
+assert BOUND_S < TWO_WORKERS_REQUEST_TIMEOUT_S
 LEAVING_SHARE = 0.2
 PROMPTS = {
     "chat": ["Tell me a long story about the sea.", "Describe a busy train station."],
     "completions": ["Once upon a time", "The server streams tokens"],
 }
 TOKENS = (16, 64, 200)
-ENV = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
 
 
 def body(endpoint: str, prompt: str, tokens: int, *, stream: bool) -> dict[str, Any]:
@@ -222,26 +217,18 @@ async def references(base_url: str) -> dict[tuple[str, str, int], str]:
     return found
 
 
-def test_a_soak_with_worker_kills_and_a_redis_restart_loses_nothing(
-    start_stack: StartStack, demo_model_dir: Path
-) -> None:
-    config = {
-        "router": {"request_timeout_s": REQUEST_TIMEOUT_S},
-        "models": [config_entry(demo_model_dir, preload=True, min_replicas=2)],
-    }
-    with start_stack(config, workers=2, env=ENV, persist_redis=True) as stack:
-        stack.wait_until(
-            lambda: warm_replicas(stack) == 2, timeout_s=STACK_TIMEOUT_S, what="two warm workers"
-        )
-        expected = asyncio.run(references(stack.base_url))
-        soak = Soak(stack, seed=17)
-        traffic_s = soak.run()
-        stopped = time.monotonic()
-        # Dead workers' records expire (WORKER_TTL_S); what a request holds must be gone.
-        while clean(stack.redis_url) is None and time.monotonic() - stopped < STRAYS_GONE_WITHIN_S:
-            time.sleep(0.5)
-        census = take_census(stack.redis_url)
-        clean_s = time.monotonic() - stopped
+def test_a_soak_with_worker_kills_and_a_redis_restart_loses_nothing(two_workers: Stack) -> None:
+    stack = two_workers
+    stack.wait_until(lambda: warm_replicas(stack) == 2, timeout_s=STACK_TIMEOUT_S, what="two warm workers")
+    expected = asyncio.run(references(stack.base_url))
+    soak = Soak(stack, seed=17)
+    traffic_s = soak.run()
+    stopped = time.monotonic()
+    # Dead workers' records expire (WORKER_TTL_S); what a request holds must be gone.
+    while clean(stack.redis_url) is None and time.monotonic() - stopped < STRAYS_GONE_WITHIN_S:
+        time.sleep(0.5)
+    census = take_census(stack.redis_url)
+    clean_s = time.monotonic() - stopped
 
     outcomes = [outcome for _, outcome in soak.outcomes]
     garbled = [

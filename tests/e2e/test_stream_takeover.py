@@ -3,16 +3,14 @@
 Through every real part (openai client, front door, Redis, two worker processes with real vLLM CPU
 engines on the demo model). The worker running the stream is killed with SIGKILL (everything it
 started goes with it); once its heartbeat record has expired, the other worker continues the
-answer after the text already sent, on the same stream.
+answer after the text already sent, on the same stream. The stack is `two_workers` (in
+tests/e2e/conftest.py), which the soak used before.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.request
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -20,14 +18,12 @@ import pytest
 import redis
 
 from switchboard import keys
-from switchboard.local.demo_model import config_entry
 from switchboard.local.launcher import Component
 from switchboard.wire import worker_decoder
-from tests.support.stack import Stack
+from tests.support.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
 
-StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
 PROMPT = "Once upon a time"
 MAX_TOKENS = 600
 
@@ -39,57 +35,52 @@ def warm_replicas(stack: Stack, model: str) -> int:
 
 
 def running_worker(stack: Stack, model: str) -> Component | None:
-    """The worker process that runs the one job pending on `model`'s stream, once it has taken it."""
+    """The worker process that runs the newest job pending on `model`'s stream (the test's: the soak
+    before it ran on this stack), once it has taken it."""
     with redis.Redis.from_url(stack.redis_url) as client:
-        pending = client.xpending_range(keys.job_stream(model), keys.JOB_GROUP, "-", "+", 1)
+        pending = client.xpending_range(keys.job_stream(model), keys.JOB_GROUP, "-", "+", 1000)
         if not pending:
             return None
-        record = client.get(keys.worker_record(pending[0]["consumer"].decode()))
+        record = client.get(keys.worker_record(pending[-1]["consumer"].decode()))
     if record is None:
         return None
     pid = worker_decoder.decode(record).pid
     return next((w for w in stack.workers if w.process.pid == pid), None)
 
 
-def test_a_stream_whose_worker_is_killed_goes_on_from_another_worker(
-    start_stack: StartStack, demo_model_dir: Path
-) -> None:
-    config = {"models": [config_entry(demo_model_dir, name="tiny", min_replicas=2)]}
-    env = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5", "SWITCHBOARD_WORKER__TAKEOVER_CHECK_S": "0.5"}
-    with start_stack(config, workers=2, env=env) as stack:
-        stack.wait_until(
-            lambda: warm_replicas(stack, "tiny") == 2, timeout_s=600, what="both workers to hold it"
+def test_a_stream_whose_worker_is_killed_goes_on_from_another_worker(two_workers: Stack) -> None:
+    stack = two_workers
+    stack.wait_until(lambda: warm_replicas(stack, MODEL) == 2, timeout_s=600, what="both workers to hold it")
+    with openai.OpenAI(
+        base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300
+    ) as client:
+        reference = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
         )
-        with openai.OpenAI(
-            base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300
-        ) as client:
-            reference = client.completions.create(
-                model="tiny", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
-            )
-            assert reference.usage is not None and reference.usage.completion_tokens > 100, "a long answer"
-            stream = client.completions.create(
-                model="tiny",
-                prompt=PROMPT,
-                max_tokens=MAX_TOKENS,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            text, killed, sent_before_kill, usage, finish = "", None, "", None, None
-            for chunk in stream:
-                if chunk.choices:
-                    text += chunk.choices[0].text
-                    finish = chunk.choices[0].finish_reason or finish
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                if killed is None and text:
-                    killed = stack.wait_until(
-                        lambda: running_worker(stack, "tiny"), timeout_s=30, what="the job's worker"
-                    )
-                    killed.kill()
-                    sent_before_kill = text
-        assert killed is not None
-        assert text.startswith(sent_before_kill) and len(text) > len(sent_before_kill), "it went on"
-        assert finish == reference.choices[0].finish_reason
-        assert usage is not None and usage.completion_tokens >= reference.usage.completion_tokens * 0.9
-        assert text == reference.choices[0].text, "the same greedy answer, seamless"
+        assert reference.usage is not None and reference.usage.completion_tokens > 100, "a long answer"
+        stream = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, killed, sent_before_kill, usage, finish = "", None, "", None, None
+        for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if killed is None and text:
+                killed = stack.wait_until(
+                    lambda: running_worker(stack, MODEL), timeout_s=30, what="the job's worker"
+                )
+                killed.kill()
+                sent_before_kill = text
+    assert killed is not None
+    assert text.startswith(sent_before_kill) and len(text) > len(sent_before_kill), "it went on"
+    assert finish == reference.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens >= reference.usage.completion_tokens * 0.9
+    assert text == reference.choices[0].text, "the same greedy answer, seamless"

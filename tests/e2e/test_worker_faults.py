@@ -2,9 +2,10 @@
 Then that worker's Triton and files are its user's alone; killed outright, it takes its Triton, fork
 server and engine processes with it, and what it leaves on disk is removed by the next worker's start.
 
-Both tests run, in this order, on one stack (the demo model on one worker, the front door), since
-each ends by losing its worker: the second kills the worker the first one started.
-(A worker killed beside a live one: tests/e2e/test_stream_takeover.py.)
+Both run, in this order, on the shared stack (tests/e2e/conftest.py: the demo model on one worker,
+the front door), this folder's last tests, since each ends by losing its worker: the second kills
+the worker the first one started. (A worker killed beside a live one:
+tests/e2e/test_stream_takeover.py.)
 
 Each test prints its figures (faults, outcomes, time to recover): `pytest -s` shows them.
 """
@@ -18,7 +19,6 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,7 @@ import psutil
 import pytest
 from pytriton.constants import PYTRITON_HOME
 
-from switchboard.local.demo_model import config_entry
-from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack, running_stack
+from tests.support.stack import MODEL, STACK_TIMEOUT_S, Stack
 from workers.runtime.private_runtime import remove_stale_runtime_dirs
 from workers.triton.shm_regions import SHM_DIR, remove_stale_regions
 from workers.triton.workspace import remove_stale_workspaces
@@ -37,7 +36,6 @@ pytestmark = pytest.mark.e2e
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story about the sea."}]
 TOKENS = 300
-FAST_HEARTBEAT = {"SWITCHBOARD_WORKER__HEARTBEAT_S": "0.5"}
 
 
 class StreamReader(threading.Thread):
@@ -79,19 +77,7 @@ class StreamReader(threading.Thread):
                     self.first_text.set()
 
 
-@pytest.fixture(scope="module")
-def one_worker(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, demo_model_dir: Path
-) -> Iterator[Stack]:
-    """The demo model (preloaded) on one worker, and the front door."""
-    config = {"models": [config_entry(demo_model_dir, preload=True)]}
-    root = tmp_path_factory.mktemp("one-worker")
-    with running_stack(config, root=root, env=FAST_HEARTBEAT, session=request.session) as stack:
-        yield stack
-
-
-def test_requests_wait_for_a_worker_started_after_the_only_one_died(one_worker: Stack) -> None:
-    stack = one_worker
+def test_requests_wait_for_a_worker_started_after_the_only_one_died(stack: Stack) -> None:
     stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
     reader = StreamReader(stack.base_url)
     reader.start()
@@ -109,8 +95,7 @@ def test_requests_wait_for_a_worker_started_after_the_only_one_died(one_worker: 
     assert reader.completion_tokens == TOKENS
 
 
-def test_a_worker_killed_with_sigkill_leaves_no_triton_or_engine_behind(one_worker: Stack) -> None:
-    stack = one_worker
+def test_a_worker_killed_with_sigkill_leaves_no_triton_or_engine_behind(stack: Stack) -> None:
     stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
     (serving,) = [w for w in stack.workers if w.alive()]
     worker = psutil.Process(serving.process.pid)

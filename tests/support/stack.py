@@ -18,7 +18,8 @@ like `switchboard up`:
 
   With `persist_redis=True` the private Redis keeps an append-only file in `<root>/redis`, as
   `switchboard up`'s does: `stack.stop_redis(signal)` stops it (SIGTERM, or SIGKILL for a crash)
-  and `stack.start_redis()` starts it again on the same port and directory.
+  and `stack.start_redis()` starts it again on the same port and directory
+  (`start_redis(keep_files=False)`: empty, as a Redis without persistence comes back).
   Start processes (`start_redis`, `spawn_worker`, `spawn_front_door`) from a thread that lives as
   long as they should: each is started through `switchboard.local.with_parent`, whose parent-death
   signal (PR_SET_PDEATHSIG) is sent when the *thread* that started it ends, so one started from
@@ -30,7 +31,7 @@ like `switchboard up`:
   `component`) on another port, sharing the stack's Redis and config; it stops with the rest.
   `spawn_front_door(env={"SWITCHBOARD_ROUTER__REQUEST_TIMEOUT_S": "1.5"})` gives that one other
   settings (environment overrides the config file), so a test can share a stack it would otherwise
-  start for one front-door setting.
+  start for one front-door setting; `stack.stop_front_door(front_door)` stops it before the rest.
 
 A test on several workers (for example in tests/e2e/test_serverless.py)::
 
@@ -97,6 +98,13 @@ CASCADE_PIPELINE = "tiny-cascade"
 # Between the demo model's greedy answers' mean token log-probability (about -1.8) and that of its
 # answers sampled at temperature 2 (about -6).
 CASCADE_MIN_MEAN_LOGPROB = -3.5
+# A version only tests/e2e/test_observability.py loads (its first request waits for the load), with
+# every process of the shared stack exporting its spans to SPANS_FILE in the stack's folder.
+TRACED_VERSION = "tiny-traced"
+SPANS_FILE = "spans.jsonl"
+# The deadline of tests/e2e/conftest.py's `two_workers` stack (the soak's and the stream takeover's):
+# further than any request there may take, so that a request left waiting for it shows as hung.
+TWO_WORKERS_REQUEST_TIMEOUT_S = 240
 # Generous: a busy machine took over two minutes to start one vLLM CPU engine.
 STACK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
@@ -116,6 +124,7 @@ class FrontDoor:
     def __init__(self, component: Component, port: int) -> None:
         self.component = component
         self.port = port
+        self.stopped = False
 
     @property
     def base_url(self) -> str:
@@ -206,9 +215,21 @@ class Stack:
         )
         return front_door
 
+    def stop_front_door(self, front_door: FrontDoor) -> None:
+        """Stop one front door `spawn_front_door` started (SIGTERM); fail if it ignores it.
+
+        For a test that gives a front door of a shared stack its own settings: the stack goes on
+        without it."""
+        front_door.stopped = True
+        forced = stop_groups([front_door.component.process], STOP_TIMEOUT_S)
+        assert not forced, (
+            f"{front_door.component.name} did not stop on SIGTERM within {STOP_TIMEOUT_S:.0f} s"
+        )
+
     def stop_front_doors(self) -> list[int]:
         """Stop the front doors `spawn_front_door` started; the pids that ignored SIGTERM."""
-        return stop_groups([door.component.process for door in self.front_doors], STOP_TIMEOUT_S)
+        running = [door.component.process for door in self.front_doors if not door.stopped]
+        return stop_groups(running, STOP_TIMEOUT_S)
 
     def stop_redis(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """Stop the private Redis with `sig` (SIGKILL: a crash; SIGTERM: it writes its files and ends)."""
@@ -221,9 +242,15 @@ class Stack:
         os.kill(pid, sig)
         redis.stop()  # reaps it (SIGTERM to a process already gone does nothing); keeps persist_dir
 
-    def start_redis(self) -> None:
-        """Start the private Redis again on the same port (and append-only directory, if it has one)."""
-        self._private_redis().start()
+    def start_redis(self, *, keep_files: bool = True) -> None:
+        """Start the private Redis again on the same port (and append-only directory, if it has one).
+
+        `keep_files=False`: it starts empty and keeps nothing on disk from now on, as a Redis without
+        persistence comes back from a crash (its append-only file, if any, is not read)."""
+        redis = self._private_redis()
+        if not keep_files:
+            redis.persist_dir = None
+        redis.start()
 
     def _private_redis(self) -> PrivateRedis:
         if self.redis is None:
