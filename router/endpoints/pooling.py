@@ -1,6 +1,10 @@
 """The pooling endpoints: OpenAI's embeddings, vLLM's classification, and the rerank API at the paths
 vLLM serves it (`/rerank`, `/v1/rerank`, and `/v2/rerank` for Cohere's clients), through
 `router.pooling_pipeline`. Each answers once, as JSON: nothing is streamed.
+
+Each asks for one part and reads its caller from the request (`caller_of`: the guard resolved it
+already): Litestar resolves two or more dependencies in a task group of their own, two tasks and a
+cancel scope per request, a twentieth of the front door's CPU per embedding at 128 clients.
 """
 
 from __future__ import annotations
@@ -9,29 +13,23 @@ from typing import Any
 
 from litestar import Request, Response, post
 
-from router.admission.auth import Caller
+from router.admission.auth import caller_of
 from router.pooling_pipeline import PoolingPipeline
 
 
 @post("/v1/embeddings", status_code=200)
-async def create_embeddings(
-    request: Request[Any, Any, Any], caller: Caller, pooling: PoolingPipeline
-) -> Response[bytes]:
+async def create_embeddings(request: Request[Any, Any, Any], pooling: PoolingPipeline) -> Response[bytes]:
     """OpenAI Embeddings: a vector per input, as floats or base64."""
-    return await pooling.embeddings(request, caller)
+    return await pooling.embeddings(request, await caller_of(request))
 
 
 @post(["/classify", "/v1/classify"], status_code=200)
-async def classify(
-    request: Request[Any, Any, Any], caller: Caller, pooling: PoolingPipeline
-) -> Response[bytes]:
+async def classify(request: Request[Any, Any, Any], pooling: PoolingPipeline) -> Response[bytes]:
     """vLLM's classification API: each input's label and every label's probability."""
-    return await pooling.classify(request, caller)
+    return await pooling.classify(request, await caller_of(request))
 
 
 @post(["/rerank", "/v1/rerank", "/v2/rerank"], status_code=200)
-async def rerank(
-    request: Request[Any, Any, Any], caller: Caller, pooling: PoolingPipeline
-) -> Response[bytes]:
+async def rerank(request: Request[Any, Any, Any], pooling: PoolingPipeline) -> Response[bytes]:
     """The rerank API: the documents by relevance to the query, most relevant first."""
-    return await pooling.rerank(request, caller)
+    return await pooling.rerank(request, await caller_of(request))
