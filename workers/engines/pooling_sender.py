@@ -1,10 +1,8 @@
 """Batches on their way to a pooling model's process: from a thread of their own, those waiting together.
 
-Triton hands a pooling model several batches at once when it has several instances: one computes
-while the next crosses Triton's stub and PyTriton, so that the engine never waits for that trip. The
-process computes one call at a time, so batches that arrive while one computes wait here; when it is
-free they go as one call (their rows together, each batch's answers back to it), instead of one small
-call after another.
+The process computes one call at a time: batches handed over while one computes wait here (several
+Triton instances, or a caller besides Triton), and when it is free they go as one call (their rows
+together, each batch's answers back to it) instead of one small call after another.
 """
 
 from __future__ import annotations

@@ -63,13 +63,15 @@ def send_tensors_inline() -> None:
     os.environ["PYTRITON_NO_TENSORSTORE"] = "1"
 
 
-# Triton instances of a pooling model: while one instance's batch computes, the next ones cross
-# Triton's stub and PyTriton, so that the engine never waits for that trip; its sender then hands
-# every batch that waited to the model's process as one call (`pooling_sender`). Measured with
-# bench/embeddings.py at 8, 32 and 128 clients, two runs each, this shared 2-core machine: one
-# instance 174-232 / 390-466 / 315-728 requests/s, three 201-268 / 412-547 / 522-629, with a lower
-# p99 (two instances without the sender's merging handed the process half-filled batches).
-POOLING_INSTANCES = 3
+# Triton instances of a pooling model: one. Its engine computes one batch at a time in its own
+# process, and the engine's sender hands it every batch that waited meanwhile as one call
+# (`pooling_sender`). Three instances let the next batches cross Triton's stub and PyTriton during a
+# computation (8/32/128 clients, two runs each: one instance 174-232 / 390-466 / 315-728 requests/s,
+# three 201-268 / 412-547 / 522-629), but PyTriton's stubs of a model's later instances read their
+# configuration from a handshake server that the first instance's stub starts, and Triton starts the
+# instances together: under load a later one found no server yet ("Connection refused") and the
+# model failed to load (once in a full test run). One instance has no such race.
+POOLING_INSTANCES = 1
 
 # Triton's metrics endpoint listens here (PyTriton's default is every address); it serves no
 # HTTP API, and gRPC on a Unix socket.
