@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ from switchboard.wire import ModelLimits
 from workers.engines.base import Footprint, InvalidEngineRequest, PooledRow, PoolingEngine, PoolingRow
 from workers.engines.model_files import DTYPE_BYTES, read_config, weights_bytes
 from workers.engines.pooling_process import PoolingProcess
-from workers.engines.pooling_sender import BatchSender
 from workers.engines.torch_pooling_runner import TOKEN_BUDGET, device
 
 logger = logging.getLogger(__name__)
@@ -45,8 +45,9 @@ class TorchPoolingEngine(PoolingEngine):
         self._cpu_threads = cpu_threads
         self._engine_process = engine_process
         self._process: PoolingProcess | None = None
-        # Hands batches to the process off the event loop; those that waited meanwhile together.
-        self._sender: BatchSender | None = None
+        # Hands batches to the process off the event loop, one at a time (the process computes them
+        # one by one; Triton, one instance, sends the next once this one is answered).
+        self._sender: ThreadPoolExecutor | None = None
 
     # --- the Engine's life ------------------------------------------------------------------
 
@@ -55,14 +56,14 @@ class TorchPoolingEngine(PoolingEngine):
         self._process = await asyncio.to_thread(
             PoolingProcess.launch, self.model, cpu_threads=self._cpu_threads, start=self._engine_process
         )
-        self._sender = BatchSender(self._pool_in_process, name=f"pooling-{self.model.name}")
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pooling-{self.model.name}")
 
     async def stop(self) -> None:
         """End the model's process, once a batch in progress has been answered."""
         # The sender first: it may be starting the process again.
         sender, self._sender = self._sender, None
         if sender is not None:
-            await asyncio.to_thread(sender.close)
+            await asyncio.to_thread(sender.shutdown, wait=True)
         process, self._process = self._process, None
         if process is not None:
             await asyncio.to_thread(process.stop, STOP_TIMEOUT_S)
@@ -120,7 +121,7 @@ class TorchPoolingEngine(PoolingEngine):
         """Each row's answer, or its refusal, computed in the model's process."""
         if self._process is None or self._sender is None:
             raise RuntimeError(f"{self.model.name} is not started")
-        return await asyncio.wrap_future(self._sender.submit(list(rows)))
+        return await asyncio.wrap_future(self._sender.submit(self._pool_in_process, list(rows)))
 
 
 def _activation_bytes(config: dict[str, Any]) -> int:

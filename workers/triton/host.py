@@ -64,9 +64,9 @@ def send_tensors_inline() -> None:
 
 
 # Triton instances of a pooling model: one. Its engine computes one batch at a time in its own
-# process, and the engine's sender hands it every batch that waited meanwhile as one call
-# (`pooling_sender`). Three instances let the next batches cross Triton's stub and PyTriton during a
-# computation (8/32/128 clients, two runs each: one instance 174-232 / 390-466 / 315-728 requests/s,
+# process; what arrives meanwhile waits in Triton's queue for the next batch. Three instances (the
+# engine merging the batches that waited for it) let the next batches cross Triton's stub and
+# PyTriton during a computation (8/32/128 clients, two runs each: one instance 174-232 / 390-466 / 315-728 requests/s,
 # three 201-268 / 412-547 / 522-629), but PyTriton's stubs of a model's later instances read their
 # configuration from a handshake server that the first instance's stub starts, and Triton starts the
 # instances together: under load a later one found no server yet ("Connection refused") and the
