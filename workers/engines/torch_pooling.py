@@ -46,7 +46,8 @@ class TorchPoolingEngine(PoolingEngine):
         self._engine_process = engine_process
         self._process: PoolingProcess | None = None
         # Hands batches to the process off the event loop, one at a time (the process computes them
-        # one by one; Triton, one instance, sends the next once this one is answered).
+        # one by one; the batches Triton sends meanwhile wait here, each handed over as the one
+        # before is answered).
         self._sender: ThreadPoolExecutor | None = None
 
     # --- the Engine's life ------------------------------------------------------------------

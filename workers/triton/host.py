@@ -63,14 +63,14 @@ def send_tensors_inline() -> None:
     os.environ["PYTRITON_NO_TENSORSTORE"] = "1"
 
 
-# Triton instances of a pooling model: one. Its engine computes one batch at a time in its own
-# process; what arrives meanwhile waits in Triton's queue for the next batch. Three instances (the
-# engine merging the batches that waited for it) let the next batches cross Triton's stub and
-# PyTriton during a computation (8/32/128 clients, two runs each: one instance 174-232 / 390-466 / 315-728 requests/s,
-# three 201-268 / 412-547 / 522-629), but PyTriton's stubs of a model's later instances read their
-# configuration from a handshake server that the first instance's stub starts, and Triton starts the
-# instances together: under load a later one found no server yet ("Connection refused") and the
-# model failed to load (once in a full test run). One instance has no such race.
+# Triton instances of a pooling model: one, decoupled (`batched_config`). A decoupled model's instance
+# is free again as soon as it has handed a batch to PyTriton, so Triton's batcher sends the next batch
+# while the engine computes one (in its own process, one batch after another): the hops of one batch
+# overlap the computation of the one before, which several instances gave before without their race.
+# (PyTriton's stubs of a model's later instances read their configuration from a handshake server
+# that the first instance's stub starts, and Triton starts the instances together: under load a later
+# one found no server yet, "Connection refused", and the model failed to load.) Not decoupled, one
+# instance held every batch until it was answered: 10-40 rows per batch waited 20-60 ms in the queue.
 POOLING_INSTANCES = 1
 
 # Triton's metrics endpoint listens here (PyTriton's default is every address); it serves no
@@ -320,7 +320,9 @@ class TritonHost:
 def batched_config(batching: BatchingConfig) -> ModelConfig:
     """A pooling model's Triton config: rows along the batch dimension, up to `max_batch_size` per
     engine call; with batching enabled, Triton's dynamic batcher groups requests that arrive within
-    `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone."""
+    `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone.
+    Decoupled (each request answered once, on the stream it came by): the instance takes the next
+    batch while the engine computes this one."""
     batcher = None
     if batching.enabled:
         batcher = DynamicBatcher(
@@ -332,7 +334,7 @@ def batched_config(batching: BatchingConfig) -> ModelConfig:
         batching=True,
         max_batch_size=batching.max_batch_size,
         batcher=batcher,  # type: ignore[arg-type]
-        decoupled=False,
+        decoupled=True,
     )
 
 

@@ -12,14 +12,21 @@ stream) travel together: their rows go as one Triton request (or as few as `max_
 allows), and each job gets its own rows' answers back. Triton's batcher still groups the requests
 of several reads, but the worker no longer pays a gRPC call, a stub hop and PyTriton's handling
 per job: at 128 clients those were most of the worker's CPU per embedding.
+
+The model is decoupled (`workers.triton.host`), so requests go on one long-lived gRPC stream per
+model, each numbered, and its one answer comes back under its number. A job's deadline is kept here:
+one that passes while its request waits in Triton's queue ends the job with a timeout (its rows may
+still be computed; their answer is dropped).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import struct
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -37,6 +44,8 @@ from workers.triton.pooling_model import (
     answer_decoder,
     row_encoder,
 )
+
+logger = logging.getLogger(__name__)
 
 # Triton's BYTES tensors hold each element as a 4-byte little-endian length, then the bytes.
 _LENGTH = struct.Struct("<I")
@@ -94,6 +103,7 @@ class PoolingJobClient:
             ],
         )
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._stream = _RequestStream(self._stub, model_name)
         self._closed = False
         # Rows handed over in this turn of the loop, sent together at its end.
         self._waiting: list[_Waiting] = []
@@ -109,6 +119,7 @@ class PoolingJobClient:
     async def close(self) -> None:
         """Close the channel; jobs still waiting end with an error."""
         self._closed = True
+        await self._stream.close()
         await self._channel.close()
 
     async def _answer(self, job: Job) -> Chunk:
@@ -134,10 +145,6 @@ class PoolingJobClient:
             answered = await asyncio.wait_for(asyncio.gather(*(w.answers for w in waiting)), timeout_s)
         except TimeoutError:
             return _expired()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return _expired()
-            raise TritonStreamError(f"{self.model_name} failed: {exc.details()}") from exc
         answers = [answer for part in answered for answer in part]
         return self._chunk(answers)
 
@@ -189,11 +196,89 @@ class PoolingJobClient:
             start += len(one.rows)
 
     async def _infer(self, rows: Sequence[PoolingRow], timeout_s: float) -> list[RowAnswer]:
-        response = await self._stub.ModelInfer(_infer_request(self.model_name, rows), timeout=timeout_s)
+        response = await self._stream.infer(_infer_request(self.model_name, rows), timeout_s)
         answers = [answer_decoder.decode(element) for element in _elements(response.raw_output_contents[0])]
         if len(answers) != len(rows):
             raise TritonStreamError(f"{self.model_name} answered {len(answers)} rows of {len(rows)}")
         return answers
+
+
+class _RequestStream:
+    """One long-lived gRPC stream to the model: requests go out tagged with a number, each one's
+    answer comes back under it (a decoupled model answers once per request, then ends it)."""
+
+    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model_name: str) -> None:
+        self._stub = stub
+        self._model_name = model_name
+        self._tags = itertools.count()
+        self._waiting: dict[str, asyncio.Future[service_pb2.ModelInferResponse]] = {}
+        self._outbox: asyncio.Queue[service_pb2.ModelInferRequest] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def infer(
+        self, request: service_pb2.ModelInferRequest, timeout_s: float
+    ) -> service_pb2.ModelInferResponse:
+        """Send `request`; its answer, or TritonStreamError, or TimeoutError after `timeout_s`."""
+        request.id = str(next(self._tags))
+        answer: asyncio.Future[service_pb2.ModelInferResponse] = asyncio.get_running_loop().create_future()
+        self._waiting[request.id] = answer
+        try:
+            self._open()
+            self._outbox.put_nowait(request)
+            return await asyncio.wait_for(answer, timeout_s)
+        finally:
+            self._waiting.pop(request.id, None)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    def _open(self) -> None:
+        if self._reader is None:
+            self._outbox = asyncio.Queue()
+            self._reader = asyncio.create_task(
+                self._read(self._outbox), name=f"triton-pooling-{self._model_name}"
+            )
+
+    async def _read(self, outbox: asyncio.Queue[service_pb2.ModelInferRequest]) -> None:
+        ended: BaseException
+        call = None
+        try:
+            call = self._stub.ModelStreamInfer(_sent(outbox))
+            async for response in call:
+                self._deliver(response)
+            ended = TritonStreamError(f"Triton ended the stream of {self._model_name}")
+        except asyncio.CancelledError:
+            ended = TritonStreamError(f"the stream of {self._model_name} was closed")
+            raise
+        except Exception as exc:
+            logger.warning("the Triton stream ended", extra={"model": self._model_name}, exc_info=True)
+            ended = TritonStreamError(f"the Triton stream of {self._model_name} failed: {exc}")
+        finally:
+            # Every request sent on this stream, or waiting to be, fails; the next opens a new one.
+            if call is not None:
+                call.cancel()
+            self._reader = None
+            for answer in self._waiting.values():
+                if not answer.done():
+                    answer.set_exception(ended)
+
+    def _deliver(self, response: service_pb2.ModelStreamInferResponse) -> None:
+        answer = self._waiting.pop(response.infer_response.id, None)
+        if answer is None or answer.done():
+            return  # it gave up waiting (its deadline), or this is an empty final response
+        if response.error_message:
+            answer.set_exception(TritonStreamError(f"{self._model_name} failed: {response.error_message}"))
+        else:
+            answer.set_result(response.infer_response)
+
+
+async def _sent(
+    outbox: asyncio.Queue[service_pb2.ModelInferRequest],
+) -> AsyncIterator[service_pb2.ModelInferRequest]:
+    while True:
+        yield await outbox.get()
 
 
 def _expired() -> Chunk:

@@ -1,11 +1,12 @@
-"""The Triton model for one pooling engine: batched, not decoupled; rows in, one answer per row out.
+"""The Triton model for one pooling engine: batched and decoupled; rows in, one answer per row out.
 
 Each request is one job (or a part of a job larger than a batch): its inputs are rows along the
 batch dimension, each a msgpack `PoolingRow`. Triton's dynamic batcher groups the requests that
 arrive within its window; the callable gets them all, runs every row as one `pool` call, and gives
 each request exactly its own rows' answers back, in order (a `RowAnswer` each: the row's values and
 tokens, or why the model refused it). A refusal answers its row only; the engine failing fails the
-batch's requests.
+batch's requests. Decoupled only so that Triton's one instance of the model takes the next batch while
+the engine computes this one: every request gets exactly one answer.
 """
 
 from __future__ import annotations

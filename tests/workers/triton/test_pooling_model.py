@@ -3,8 +3,9 @@
 Triton's dynamic batcher groups concurrent jobs into one engine call (seen in the batch-size
 metric), and each job still gets exactly its own rows back; with batching off each request runs
 alone; a job larger than a batch goes in parts and comes back whole, in order; a refused input
-fails its own job only; a job whose deadline passes is answered with a timeout; an engine that fails
-fails its batch's requests (the consumer answers their jobs with an engine error).
+fails its own job only; a job whose deadline passes is answered with a timeout, and the model's
+stream goes on; the next batch reaches the engine while one computes (the model is decoupled); an
+engine that fails fails its batch's requests (the consumer answers their jobs with an engine error).
 """
 
 from __future__ import annotations
@@ -170,9 +171,10 @@ async def test_concurrent_jobs_are_batched_and_each_gets_its_own_rows(models: Mo
         assert chunk.usage is not None and chunk.usage.completion_tokens == 0
 
 
-async def test_one_batch_at_a_time_reaches_the_engine(models: Models) -> None:
-    """The engine computes batches one by one in its own process: a batch Triton formed while the one
-    before computes waits (in Triton, one instance) instead of queueing inside the worker."""
+async def test_the_next_batch_reaches_the_engine_while_one_computes(models: Models) -> None:
+    """The model is decoupled: Triton's one instance takes the next batch as soon as it has handed one
+    over, so a batch formed while the one before computes reaches the engine at once (which queues it
+    for its process) instead of waiting in Triton's queue."""
     slow = models.engines[SLOW]
     assert isinstance(slow, SlowEngine)
 
@@ -184,8 +186,20 @@ async def test_one_batch_at_a_time_reaches_the_engine(models: Models) -> None:
     await slow.computing.wait()
     later = await asyncio.gather(*(sent_after(0.02 * i, word) for i, word in enumerate(WORDS[1:4])))
     assert len((await first).pooled) == 1 and all(len(chunk.pooled) == 1 for chunk in later)
-    assert slow.most_at_once == 1
+    for word, chunk in zip(WORDS[:4], [await first, *later], strict=True):
+        assert cosine(rows(chunk)[0], await alone(models.engines[BATCHED], word)) >= 0.999
+    assert slow.most_at_once >= 2
     assert sum(slow.rows_per_call) == 4
+
+
+async def test_a_deadline_that_passes_while_the_batch_computes_ends_that_job_only(models: Models) -> None:
+    """The job's time left is kept by the client: its answer, when it comes later on the model's
+    stream, is dropped, and the stream goes on answering the next jobs."""
+    late = await answer(models.clients[SLOW], embed_job(SLOW, WORDS[0], deadline_s=0.1))  # held 0.3 s
+    assert late.error is not None and late.error.code == "timeout"
+    await asyncio.sleep(0.4)  # its answer comes back meanwhile, to nobody
+    chunk = await answer(models.clients[SLOW], embed_job(SLOW, WORDS[1]))
+    assert cosine(rows(chunk)[0], await alone(models.engines[BATCHED], WORDS[1])) >= 0.999
 
 
 async def test_with_batching_off_each_request_runs_alone(models: Models) -> None:
