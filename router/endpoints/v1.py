@@ -1,6 +1,9 @@
 """The OpenAI endpoints: chat and plain completions (through `router.pipeline`), and the models.
 
 Handlers ask for the parts they need (`router.app` provides them) and raise errors, never build them.
+The two generation endpoints ask for one part and read their caller from the request (`caller_of`: the
+guard resolved it already): Litestar resolves two or more dependencies in a task group of their own,
+two tasks and a cancel scope on the path of every request.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from typing import Any
 from litestar import Request, Response, get, post
 from litestar.response import Stream
 
-from router.admission.auth import Caller
+from router.admission.auth import Caller, caller_of
 from router.admission.models import ModelTable
 from router.http.responses import json_response
 from router.openai.models import ModelCard, ModelList
@@ -23,18 +26,16 @@ from router.routing.views import RouteCard
 
 @post("/v1/chat/completions", status_code=200)
 async def create_chat_completion(
-    request: Request[Any, Any, Any], caller: Caller, pipeline: Pipeline
+    request: Request[Any, Any, Any], pipeline: Pipeline
 ) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
-    return await pipeline.chat(request, caller)
+    return await pipeline.chat(request, await caller_of(request))
 
 
 @post("/v1/completions", status_code=200)
-async def create_completion(
-    request: Request[Any, Any, Any], caller: Caller, pipeline: Pipeline
-) -> Response[bytes] | Stream:
+async def create_completion(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
     """OpenAI (legacy) Completions, streamed (server-sent events) or not."""
-    return await pipeline.completion(request, caller)
+    return await pipeline.completion(request, await caller_of(request))
 
 
 @get("/v1/models")
