@@ -42,6 +42,7 @@ from router.relay.pooled import (
     pooled_answer,
     rerank_response,
 )
+from router.routing.resolve import MODEL_HEADER
 from router.routing.table import RouteTable
 from router.status.redis_health import RedisHealth
 from router.telemetry.requests import arrival_id, note_operation
@@ -94,7 +95,7 @@ class PoolingPipeline:
             normalize=body.scaled_to_unit_length,
         )
         _, answer = await self._answered(task, model, caller, param="input")
-        return json_response(embedding_list(answer, body))
+        return json_response(embedding_list(answer, body), headers=_named(model))
 
     async def classify(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
         """`POST /classify`."""
@@ -106,7 +107,7 @@ class PoolingPipeline:
         model = self._model(body.model, caller, "classify", "classification")
         task = PoolingTask(task="classify", inputs=inputs, truncate_prompt_tokens=body.truncate_prompt_tokens)
         job, answer = await self._answered(task, model, caller, param="input")
-        return json_response(classification_list(answer, job, body.model))
+        return json_response(classification_list(answer, job, body.model), headers=_named(model))
 
     async def rerank(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
         """`POST /rerank`."""
@@ -132,7 +133,8 @@ class PoolingPipeline:
                 documents=documents,
                 top_n=body.top_n,
                 return_documents=body.return_documents,
-            )
+            ),
+            headers=_named(model),
         )
 
     def _model(self, name: str, caller: Caller, kind: ModelKind, api: str) -> ModelConfig:
@@ -159,3 +161,8 @@ class PoolingPipeline:
             return run.job, await pooled_answer(run.chunks(), run.job, model.name)
         finally:
             await run.close()
+
+
+def _named(model: ModelConfig) -> dict[str, str]:
+    """The header that names the model that answered, as a generation's answer has it."""
+    return {MODEL_HEADER: model.name}

@@ -276,6 +276,9 @@ class ModelLimits(msgspec.Struct, frozen=True, kw_only=True):
     # No token stands for more characters than this: a prompt longer than max_model_len times this
     # cannot fit, whatever the tokenizer makes of it.
     max_token_chars: int
+    # An embedder's vector size: `dimensions` above it cannot be answered (None: not an embedder, or
+    # a worker from before it was published).
+    embedding_size: int | None = None
 
 
 class DesiredState(msgspec.Struct, frozen=True, kw_only=True):

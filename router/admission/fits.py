@@ -111,7 +111,10 @@ async def check_pooling_fits(cache: ModelLimitsCache, task: PoolingTask, model: 
     known: text longer than any text of its context, token ids beyond its context or vocabulary.
     A job that asks for truncation is let through: its inputs are cut to fit."""
     limits = await cache.get(model)
-    if limits is None or task.truncate_prompt_tokens is not None:
+    if limits is None:
+        return
+    _check_dimensions(task, limits, model)
+    if task.truncate_prompt_tokens is not None:
         return
     query = len(task.query) if task.query is not None else 0
     texts = [len(text) + query for text in task.inputs if isinstance(text, str)]
@@ -128,6 +131,18 @@ async def check_pooling_fits(cache: ModelLimitsCache, task: PoolingTask, model: 
             code=context_length.CONTEXT_LENGTH_EXCEEDED,
         )
     _check_tokens([token for ids in token_inputs for token in ids], limits, param)
+
+
+def _check_dimensions(task: PoolingTask, limits: ModelLimits, model: str) -> None:
+    """Refuse (400) `dimensions` above the embedder's vector size (the worker would, after a hop)."""
+    size = limits.embedding_size
+    if task.dimensions is not None and size is not None and task.dimensions > size:
+        raise InvalidRequestError(
+            f"{model} makes embeddings of {size} dimensions; `dimensions` cannot ask for more "
+            f"({task.dimensions}).",
+            param="dimensions",
+            code="invalid_value",
+        )
 
 
 def check_fits(limits: ModelLimits, size: RequestSize) -> None:

@@ -22,6 +22,8 @@ from tests.support.front_door_harness import MODEL, settings_for, write_chunks
 EMBEDDER = "embedder"
 # An embedder trained to be cut to 4 or 8 dimensions, and one whose vectors are whole only.
 WHOLE_EMBEDDER = "whole-embedder"
+# And one that may be cut to any size up to its own.
+ANY_SIZE_EMBEDDER = "any-size-embedder"
 CLASSIFIER = "classifier"
 RERANKER = "reranker"
 LABELS = ("negative", "neutral", "positive")
@@ -29,6 +31,7 @@ POOLING_MODELS = [
     ModelConfig(name=MODEL, path="/nonexistent"),
     ModelConfig(name=EMBEDDER, path="/nonexistent", kind="embed", matryoshka_dimensions=[4, 8]),
     ModelConfig(name=WHOLE_EMBEDDER, path="/nonexistent", kind="embed"),
+    ModelConfig(name=ANY_SIZE_EMBEDDER, path="/nonexistent", kind="embed", matryoshka_dimensions=[]),
     ModelConfig(name=CLASSIFIER, path="/nonexistent", kind="classify"),
     ModelConfig(name=RERANKER, path="/nonexistent", kind="score"),
 ]

@@ -180,6 +180,7 @@ class PoolingRunner:
             max_model_len=_max_model_len(config, tokenizer),
             vocab_size=int(config.vocab_size),
             max_token_chars=longest_token_chars(tokenizer),
+            embedding_size=self._dimensions if self.model.kind == "embed" else None,
         )
         # The encoder checks lengths itself; transformers would warn of every long input as well.
         tokenizer.model_max_length = 2**31 - 1

@@ -76,6 +76,7 @@ async def test_the_openai_sdk_gets_embeddings_as_base64_and_as_floats(
     assert second.pooling is not None and second.pooling.inputs == ((1, 2), (3,))
     assert decoded._request_id == first.id
     # base64 is the worker's little-endian float32 row as it came.
+    assert raw.headers["x-switchboard-model"] == EMBEDDER
     body = raw.json()
     assert body["object"] == "list" and body["data"][0]["object"] == "embedding"
     assert base64.b64decode(body["data"][0]["embedding"]) == numpy.asarray(VECTORS[0], dtype="<f4").tobytes()
@@ -100,6 +101,7 @@ async def test_classify_answers_each_inputs_label_and_probabilities(
         response = await client.post("/classify", json={"model": CLASSIFIER, "input": ["good", "bad"]})
         v1 = await client.post("/v1/classify", json={"model": CLASSIFIER, "input": ["good", "bad"]})
     assert response.status_code == 200, response.text
+    assert response.headers["x-switchboard-model"] == CLASSIFIER  # as a generation's answer names it
     body = response.json()
     assert body["object"] == "list" and body["model"] == CLASSIFIER
     assert body["id"] == f"classify-{jobs[0].id}" and isinstance(body["created"], int)
@@ -136,6 +138,7 @@ async def test_rerank_sorts_documents_by_relevance_and_keeps_the_top_n(
             },
         )
     assert whole.status_code == 200, whole.text
+    assert whole.headers["x-switchboard-model"] == top.headers["x-switchboard-model"] == RERANKER
     body = whole.json()
     assert [(r["index"], r["document"]["text"]) for r in body["results"]] == [
         (1, "about dogs"),

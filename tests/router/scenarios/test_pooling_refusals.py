@@ -19,6 +19,7 @@ from switchboard.route_config import RouteConfig
 from switchboard.wire import ModelLimits, encode
 from tests.support.front_door_harness import MODEL, serving
 from tests.support.pooling_front_door import (
+    ANY_SIZE_EMBEDDER,
     CLASSIFIER,
     EMBEDDER,
     RERANKER,
@@ -200,7 +201,7 @@ async def test_a_bad_pooling_request_is_a_400_and_queues_nothing(
     assert await queued_jobs(redis) == 0
 
 
-LIMITS = ModelLimits(max_model_len=16, vocab_size=100, max_token_chars=4)
+LIMITS = ModelLimits(max_model_len=16, vocab_size=100, max_token_chars=4, embedding_size=8)
 
 
 @pytest.mark.parametrize(
@@ -216,8 +217,17 @@ LIMITS = ModelLimits(max_model_len=16, vocab_size=100, max_token_chars=4)
         ("/v1/embeddings", embed(input=[list(range(17))]), "input", CONTEXT, "takes 17 tokens"),
         ("/rerank", rerank(query="q" * 40, documents=["d" * 30]), "documents", CONTEXT, "70 characters"),
         ("/classify", {"model": CLASSIFIER, "input": [5, 100]}, "input", "invalid_value", "vocabulary"),
+        # Any size up to the model's is allowed (`matryoshka_dimensions = []`), so only the worker's
+        # published size says 16 is too many.
+        (
+            "/v1/embeddings",
+            embed(model=ANY_SIZE_EMBEDDER, dimensions=16),
+            "dimensions",
+            "invalid_value",
+            "8 dim",
+        ),
     ],
-    ids=["text", "token ids", "query and document", "vocabulary"],
+    ids=["text", "token ids", "query and document", "vocabulary", "dimensions above the size"],
 )
 async def test_an_input_past_the_models_published_limits_is_a_400(
     front_door: httpx.AsyncClient,
@@ -228,7 +238,7 @@ async def test_an_input_past_the_models_published_limits_is_a_400(
     code: str,
     words: str,
 ) -> None:
-    for name in (EMBEDDER, CLASSIFIER, RERANKER):
+    for name in (EMBEDDER, ANY_SIZE_EMBEDDER, CLASSIFIER, RERANKER):
         await redis.set(keys.model_limits(name), encode(LIMITS))
     response = await front_door.post(path, json=body)
     assert response.status_code == 400, response.text

@@ -291,6 +291,10 @@ async def test_limits_jobs_at_once_footprint_and_no_generation(
     limits = engine.limits()
     assert limits is not None and (limits.max_model_len, limits.vocab_size) == (512, 400)
     assert limits.max_token_chars >= 2
+    # Published so that the front door refuses `dimensions` above it; a classifier has no such size.
+    assert limits.embedding_size == reference["embed"].config.hidden_size
+    classifier_limits = engines["classify"].limits()
+    assert classifier_limits is not None and classifier_limits.embedding_size is None
     assert engine.max_sequences() == 2 * engine.model.batching.max_batch_size
     footprint = engine.footprint()
     assert footprint.device == "cpu"
