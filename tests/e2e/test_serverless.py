@@ -88,7 +88,7 @@ def one_worker(
 
     Its models, one test's each: `ghost` (a path that does not exist), `tiny` (unloaded after 3 idle
     seconds), `tiny-a` and `tiny-b`, `tiny-late` (asked through a front door of its own with a short
-    deadline). The test that measures the worker's memory runs before the ones that leave a model
+    deadline), `tiny-ends` (its engine process is killed). The test that measures the worker's memory runs before the ones that leave a model
     loaded, and the one whose model cannot load first of all.
     """
     missing = tmp_path_factory.mktemp("ghost") / "no-such-model"
@@ -100,6 +100,7 @@ def one_worker(
             config_entry(demo_model_dir, name="tiny-a"),
             config_entry(demo_model_dir, name="tiny-b"),
             config_entry(demo_model_dir, name="tiny-late"),
+            config_entry(demo_model_dir, name="tiny-ends"),
         ],
     }
     root = tmp_path_factory.mktemp("one-worker")
@@ -145,7 +146,7 @@ def triton_inferences(stack: Stack, model: str) -> int:
 
 class TestOneWorker:
     """On `one_worker`, in this order: a model that cannot load, one unloaded when idle, two that
-    take turns, one asked with a short deadline."""
+    take turns, one asked with a short deadline, one whose engine process is killed."""
 
     def test_a_load_that_fails_answers_every_waiter_and_backs_off_keeping_the_reason_in_the_log(
         self,
@@ -242,6 +243,22 @@ class TestOneWorker:
         assert triton_inferences(stack, "tiny-late") == 0, "the expired job never reached the engine"
         stack.wait_serving("tiny-late")
         assert triton_inferences(stack, "tiny-late") >= 1
+
+    def test_a_model_whose_engine_process_is_killed_unloads_and_the_next_request_loads_it_again(
+        self, one_worker: Stack
+    ) -> None:
+        stack = one_worker
+        assert chat(stack, "tiny-ends")
+        engines = list(engine_processes(stack))
+        assert engines, "the engine runs in a process of its own"
+        for process in engines:
+            process.kill()  # as the kernel's out-of-memory killer would
+        stack.wait_until(
+            lambda: admin(stack, "tiny-ends")["state"] == "cold", timeout_s=60, what="the unload"
+        )
+        assert chat(stack, "tiny-ends"), "the next request loads it again and is answered"
+        assert admin(stack, "tiny-ends")["load_seconds"][KIND]["samples"] == 2
+        assert "unloading tiny-ends: the vLLM engine core process of tiny-ends ended" in console(stack)
 
 
 class TestBacklog:

@@ -57,6 +57,9 @@ class ControllerEffects(Protocol):
     def is_cold(self, model: str) -> bool:
         """Whether the model's slot here is cold."""
 
+    def engines_ended(self) -> dict[str, str]:
+        """The warm models here whose engine can no longer generate, and why."""
+
     async def serving_elsewhere(self, model: str) -> bool:
         """Whether another live worker serves the model warm."""
 
@@ -179,6 +182,11 @@ class WorkerEffects:
     def is_cold(self, model: str) -> bool:
         """Whether the model's slot here is cold."""
         return self._slots[model].state == "cold"
+
+    def engines_ended(self) -> dict[str, str]:
+        """The warm models here whose engine can no longer generate, and why."""
+        ended = {slot.name: slot.engine_ended() for slot in self._slots.held()}
+        return {name: why for name, why in ended.items() if why is not None}
 
     async def serving_elsewhere(self, model: str) -> bool:
         """Whether another live worker serves the model warm."""

@@ -136,8 +136,10 @@ class ModelController:
             metrics.CONTROLLER_PASS_TIME.observe(time.perf_counter() - started)
 
     async def step(self) -> None:
-        """One pass: renew leases, read the snapshot, decide, commit."""
+        """One pass: renew leases, unload the models whose engine ended, read the snapshot, decide,
+        commit."""
         await self._renew_leases()
+        self._unload_ended_engines()
         view = await self._effects.read_view(self._local_facts())
         self._preload_pending -= {m.name for m in view.models if m.replicas > 0}
         actions = [a for a in decide(view) if a.model not in self._transitions]
@@ -150,6 +152,19 @@ class ModelController:
             task = self._commit(action, view, evictions)
             if isinstance(action, Unload) and action.for_model is not None:
                 evictions.append(task)
+
+    def _unload_ended_engines(self) -> None:
+        """A model whose engine can no longer generate is unloaded here; its jobs wait in its stream
+        (the consumer reads it no more) and its next load, here or elsewhere, serves them."""
+        for model, why in self._effects.engines_ended().items():
+            if model in self._transitions:
+                continue
+            logger.error(
+                f"unloading {model}: {why}; it loads again when asked for",
+                extra={"action": "unload", "model": model, "why": why},
+            )
+            metrics.ENGINES_ENDED.labels(model).inc()
+            self._start(model, self._unload(model))
 
     def _local_facts(self) -> LocalFacts:
         starting = frozenset(name for name in self._transitions if self._effects.is_cold(name))

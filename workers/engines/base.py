@@ -117,6 +117,12 @@ class Engine(abc.ABC):
         limit. A worker takes no more of the model's jobs at once, so the rest wait in its stream."""
         return None
 
+    def ended(self) -> str | None:
+        """Why the started engine can no longer generate (its process was killed, ran out of memory,
+        crashed), if so; None while it can, and after a `stop`. Its model is then unloaded, and
+        loaded again when someone asks for it. An engine that restarts its own process says None."""
+        return None
+
     @property
     def supports_sleep(self) -> bool:
         """Whether `sleep` frees memory and `wake` is much faster than a new start (GPU sleep modes)."""

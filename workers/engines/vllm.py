@@ -335,6 +335,13 @@ class VllmEngine(Engine):
         """The started model's context length, vocabulary size and longest token."""
         return self._prompts.limits if self._prompts is not None else None
 
+    def ended(self) -> str | None:
+        """Why the EngineCore can no longer generate, once vLLM's front end knows it died."""
+        llm = self._llm
+        if llm is None or not llm.errored:
+            return None
+        return f"the vLLM engine core process of {self.model.name} ended (killed, out of memory, or crashed)"
+
     def max_sequences(self) -> int | None:
         """The scheduler's `max_num_seqs` (the engine's default for its platform unless configured)."""
         return int(self._llm.vllm_config.scheduler_config.max_num_seqs) if self._llm is not None else None

@@ -142,8 +142,12 @@ class ModelSlot:
             if self._state == "cold":
                 return
             await self._stop_taking_jobs("unloading")
-            await self._release()
-            self._set_state("cold")
+            try:
+                await self._release()
+            finally:
+                # Even when the engine's stop failed (its process already gone): a slot stuck in
+                # "unloading" could never load the model again.
+                self._set_state("cold")
 
     def waited_while_warm(self, created: float) -> float:
         """How long a job made at `created` has waited in line while this model was warm here (the
@@ -177,8 +181,15 @@ class ModelSlot:
 
     @property
     def wants_jobs(self) -> bool:
-        """Whether the consumer should read this model's job stream (only while warm)."""
-        return self._state == "warm"
+        """Whether the consumer should read this model's job stream: while warm, and its engine can
+        generate (the jobs of one that ended wait in the stream for the model's next load)."""
+        return self._state == "warm" and self.engine_ended() is None
+
+    def engine_ended(self) -> str | None:
+        """Why the warm model's engine can no longer generate, if so (the controller unloads it)."""
+        if self._state != "warm" or self._engine is None:
+            return None
+        return self._engine.ended()
 
     @property
     def engine(self) -> Engine | None:
@@ -271,8 +282,10 @@ class ModelSlot:
         self._engine = None
         if served is not None:
             await served.client.close()
-            await served.triton_model.stop_engine()
-            await asyncio.to_thread(self._host.unbind, self.name)
+            try:
+                await served.triton_model.stop_engine()
+            finally:
+                await asyncio.to_thread(self._host.unbind, self.name)
         elif engine is not None:
             await engine.stop()
 

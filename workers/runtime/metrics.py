@@ -91,6 +91,13 @@ MODEL_SLEEPS = Counter("switchboard:model_sleeps", "Models put to sleep.", ["mod
 MODEL_UNLOADS = Counter(
     "switchboard:model_unloads", "Models unloaded (evictions included).", ["model"], registry=REGISTRY
 )
+ENGINES_ENDED = Counter(
+    "switchboard:worker_engines_ended",
+    "Engines that could no longer generate (their process killed, out of memory, crashed); each "
+    "model was unloaded, to load again on demand.",
+    ["model"],
+    registry=REGISTRY,
+)
 MODEL_EVICTIONS = Counter(
     "switchboard:model_evictions",
     "Models unloaded to make room for another model.",

@@ -50,6 +50,7 @@ class RecordingEffects:
         self.failing = failing or {}
         self.applied: list[tuple[Any, ...]] = []
         self.taken_elsewhere: set[tuple[str, int]] = set()  # leases another worker holds
+        self.ended: dict[str, str] = {}  # warm models whose engine ended, and why
 
     async def follow_demand(self) -> None:
         pass
@@ -72,6 +73,9 @@ class RecordingEffects:
 
     def is_cold(self, model: str) -> bool:
         return self.view.model(model).state == "cold"
+
+    def engines_ended(self) -> dict[str, str]:
+        return dict(self.ended)
 
     async def serving_elsewhere(self, model: str) -> bool:
         return False
@@ -246,6 +250,28 @@ async def test_an_idle_model_past_its_keep_alive_unloads(caplog: pytest.LogCaptu
     ]
     ((action, model, why),) = logged_whys(caplog)
     assert (action, model) == ("unload", "tiny") and why
+
+
+async def test_a_model_whose_engine_ended_unloads_though_busy_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    # Just used, well within its keep-alive: only the ended engine unloads it.
+    effects = RecordingEffects(
+        View(now=NOW, limits=LIMITS, models=(warm("tiny", idle_for=0.0, keep_alive_s=600.0),))
+    )
+    effects.ended["tiny"] = "the engine core process of tiny ended"
+    before = REGISTRY.get_sample_value("switchboard:worker_engines_ended_total", {"model": "tiny"}) or 0.0
+    await one_pass(effects)
+    assert effects.applied == [
+        ("unload", "tiny"),
+        ("release_lease", "tiny"),
+        ("record_cost", "tiny", "unload"),
+    ]
+    ((action, model, why),) = logged_whys(caplog)
+    assert (action, model, why) == ("unload", "tiny", "the engine core process of tiny ended")
+    after = REGISTRY.get_sample_value("switchboard:worker_engines_ended_total", {"model": "tiny"})
+    assert after == before + 1
 
 
 async def test_nothing_to_do_applies_no_effect_and_logs_no_action(caplog: pytest.LogCaptureFixture) -> None:
