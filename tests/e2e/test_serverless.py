@@ -248,11 +248,23 @@ class TestOneWorker:
         self, one_worker: Stack
     ) -> None:
         stack = one_worker
-        assert chat(stack, "tiny-ends")
-        engines = list(engine_processes(stack))
-        assert engines, "the engine runs in a process of its own"
-        for process in engines:
-            process.kill()  # as the kernel's out-of-memory killer would
+        with client(stack, timeout_s=60) as openai_client:
+            stream = openai_client.chat.completions.create(
+                model="tiny-ends",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=960,
+                temperature=0,
+                stream=True,
+            )
+            assert next(iter(stream)), "the engine is generating"
+            engines = list(engine_processes(stack))
+            assert engines, "the engine runs in a process of its own"
+            for process in engines:
+                process.kill()  # as the kernel's out-of-memory killer would
+            # The job in flight ends with an error, not a hang (the unload waits for it).
+            with pytest.raises(openai.APIError):
+                for _ in stream:
+                    pass
         stack.wait_until(
             lambda: admin(stack, "tiny-ends")["state"] == "cold", timeout_s=60, what="the unload"
         )
