@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -110,29 +110,20 @@ class TritonJobClient:
             )
 
     async def _read(self, outbox: asyncio.Queue[service_pb2.ModelInferRequest]) -> None:
-        ended: BaseException
-        call = None
+        ended: BaseException = TritonStreamError(f"the stream of {self.model_name} was closed")
         try:
-            call = self._stub.ModelStreamInfer(_sent(outbox))
-            async for response in call:
-                if response.infer_response.id == _OUTPUT_ID:
-                    self._deliver(response)
-                else:
-                    self._note_job_response(response)
-            ended = TritonStreamError(f"Triton ended the stream of {self.model_name}")
-        except asyncio.CancelledError:
-            ended = TritonStreamError(f"the stream of {self.model_name} was closed")
-            raise
-        except Exception as exc:
-            logger.warning("the Triton stream ended", extra={"model": self.model_name}, exc_info=True)
-            ended = TritonStreamError(f"the Triton stream of {self.model_name} failed: {exc}")
+            ended = await carry_stream(self._stub, outbox, self.model_name, self._on_response)
         finally:
             # Every job sent on this stream, or waiting to be, ends; the next job opens a new one.
-            if call is not None:
-                call.cancel()
             self._reader = None
             for inbox in self._inboxes.values():
                 inbox.put_nowait(ended)
+
+    def _on_response(self, response: service_pb2.ModelStreamInferResponse) -> None:
+        if response.infer_response.id == _OUTPUT_ID:
+            self._deliver(response)
+        else:
+            self._note_job_response(response)
 
     def _deliver(self, response: service_pb2.ModelStreamInferResponse) -> None:
         """Hand each chunk of an output stream's response to its job; the job's last ends it."""
@@ -176,6 +167,31 @@ class TritonJobClient:
             inbox.put_nowait(
                 TritonStreamError(f"a job's request on {self.model_name} ended without its last chunk")
             )
+
+
+async def carry_stream(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+    outbox: asyncio.Queue[service_pb2.ModelInferRequest],
+    model_name: str,
+    on_response: Callable[[service_pb2.ModelStreamInferResponse], None],
+) -> TritonStreamError:
+    """Send `outbox`'s requests on one bidirectional gRPC stream, handing every response to
+    `on_response`, until the stream ends; returns the error that the requests still waiting on it
+    end with. A cancel (the client closing) is raised."""
+    call = None
+    try:
+        call = stub.ModelStreamInfer(_sent(outbox))
+        async for response in call:
+            on_response(response)
+        return TritonStreamError(f"Triton ended the stream of {model_name}")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        logger.warning("the Triton stream ended", extra={"model": model_name}, exc_info=True)
+        return TritonStreamError(f"the Triton stream of {model_name} failed: {exc}")
+    finally:
+        if call is not None:
+            call.cancel()
 
 
 async def _sent(

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import struct
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,7 +33,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from switchboard.wire import Chunk, Job, JobError, PoolingTask, Usage, encode
 from workers.engines.base import PoolingRow
-from workers.triton.client import MAX_MESSAGE_BYTES, TritonStreamError
+from workers.triton.client import MAX_MESSAGE_BYTES, TritonStreamError, carry_stream
 from workers.triton.model import engine_job_decoder
 from workers.triton.pooling_model import (
     ANSWERS_OUTPUT,
@@ -44,8 +43,6 @@ from workers.triton.pooling_model import (
     answer_decoder,
     row_encoder,
 )
-
-logger = logging.getLogger(__name__)
 
 # Triton's BYTES tensors hold each element as a 4-byte little-endian length, then the bytes.
 _LENGTH = struct.Struct("<I")
@@ -242,23 +239,11 @@ class _RequestStream:
             )
 
     async def _read(self, outbox: asyncio.Queue[service_pb2.ModelInferRequest]) -> None:
-        ended: BaseException
-        call = None
+        ended: BaseException = TritonStreamError(f"the stream of {self._model_name} was closed")
         try:
-            call = self._stub.ModelStreamInfer(_sent(outbox))
-            async for response in call:
-                self._deliver(response)
-            ended = TritonStreamError(f"Triton ended the stream of {self._model_name}")
-        except asyncio.CancelledError:
-            ended = TritonStreamError(f"the stream of {self._model_name} was closed")
-            raise
-        except Exception as exc:
-            logger.warning("the Triton stream ended", extra={"model": self._model_name}, exc_info=True)
-            ended = TritonStreamError(f"the Triton stream of {self._model_name} failed: {exc}")
+            ended = await carry_stream(self._stub, outbox, self._model_name, self._deliver)
         finally:
             # Every request sent on this stream, or waiting to be, fails; the next opens a new one.
-            if call is not None:
-                call.cancel()
             self._reader = None
             for answer in self._waiting.values():
                 if not answer.done():
@@ -272,13 +257,6 @@ class _RequestStream:
             answer.set_exception(TritonStreamError(f"{self._model_name} failed: {response.error_message}"))
         else:
             answer.set_result(response.infer_response)
-
-
-async def _sent(
-    outbox: asyncio.Queue[service_pb2.ModelInferRequest],
-) -> AsyncIterator[service_pb2.ModelInferRequest]:
-    while True:
-        yield await outbox.get()
 
 
 def _expired() -> Chunk:
