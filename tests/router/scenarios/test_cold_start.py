@@ -93,7 +93,10 @@ async def test_a_failure_mark_is_a_503_at_once_and_nothing_is_enqueued(
         await mark_failed(redis, "CUDA out of memory.", retry_in_s=11.9)
         started = time.monotonic()
         response = await client.post("/v1/chat/completions", json={**BODY, "stream": stream})
-    assert time.monotonic() - started < 1.0
+        answered_s = time.monotonic() - started
+    # At once: not after the request's 30 s timeout (measured to the answer, not to the front
+    # door's stop, which took the total past a second on a loaded machine).
+    assert answered_s < 5.0
     assert response.status_code == 503
     assert response.headers["retry-after"] == "12"
     assert response.json() == {
