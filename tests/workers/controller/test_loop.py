@@ -165,6 +165,11 @@ def warm(name: str, *, idle_for: float, **fields: Any) -> ModelView:
     )
 
 
+def unloaded(model: str) -> list[tuple[str, ...]]:
+    """The effects of one unload, in order."""
+    return [("unload", model), ("release_lease", model), ("record_cost", model, "unload")]
+
+
 def logged_whys(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
     """The committed actions the loop logged: (action, model, why)."""
     records = [r for r in caplog.records if r.name == "workers.controller.loop" and hasattr(r, "why")]
@@ -243,11 +248,7 @@ async def test_an_idle_model_past_its_keep_alive_unloads(caplog: pytest.LogCaptu
         View(now=NOW, limits=LIMITS, models=(warm("tiny", idle_for=120.0, keep_alive_s=60.0),))
     )
     await one_pass(effects)
-    assert effects.applied == [
-        ("unload", "tiny"),
-        ("release_lease", "tiny"),
-        ("record_cost", "tiny", "unload"),
-    ]
+    assert effects.applied == unloaded("tiny")
     ((action, model, why),) = logged_whys(caplog)
     assert (action, model) == ("unload", "tiny") and why
 
@@ -263,11 +264,7 @@ async def test_a_model_whose_engine_ended_unloads_though_busy_and_says_why(
     effects.ended["tiny"] = "the engine core process of tiny ended"
     before = REGISTRY.get_sample_value("switchboard:worker_engines_ended_total", {"model": "tiny"}) or 0.0
     await one_pass(effects)
-    assert effects.applied == [
-        ("unload", "tiny"),
-        ("release_lease", "tiny"),
-        ("record_cost", "tiny", "unload"),
-    ]
+    assert effects.applied == unloaded("tiny")
     ((action, model, why),) = logged_whys(caplog)
     assert (action, model, why) == ("unload", "tiny", "the engine core process of tiny ended")
     after = REGISTRY.get_sample_value("switchboard:worker_engines_ended_total", {"model": "tiny"})
