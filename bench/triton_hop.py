@@ -175,15 +175,22 @@ async def run_levels(side: str, stream: Stream, args: argparse.Namespace) -> lis
     return measured
 
 
-async def through_triton(args: argparse.Namespace, policy: CoalescingPolicy) -> list[Level]:
+async def through_triton(
+    args: argparse.Namespace, policy: CoalescingPolicy, *, chunks_in_process: bool
+) -> list[Level]:
+    """Jobs through a real Triton host; their chunks handed over in this process (as the worker
+    does), or back through Triton as responses of the model's output stream request."""
+    side = "Triton" if chunks_in_process else "Triton, chunks as responses"
     host = TritonHost(coalescing=policy)
-    print("starting Triton ...", file=sys.stderr, flush=True)
+    print(f"starting Triton ({side}) ...", file=sys.stderr, flush=True)
     await asyncio.to_thread(host.start)
     try:
         callable_ = await asyncio.to_thread(host.bind, MODEL, PacedEngine(args.token_s))
-        client = TritonJobClient(host.grpc_address, triton_model_name(MODEL))
+        assert isinstance(callable_, EngineCallable)
+        local = callable_ if chunks_in_process else None
+        client = TritonJobClient(host.grpc_address, triton_model_name(MODEL), local=local)
         try:
-            return await run_levels("Triton", client.stream, args)
+            return await run_levels(side, client.stream, args)
         finally:
             await client.close()
             await callable_.stop_engine()
@@ -198,12 +205,14 @@ async def direct(args: argparse.Namespace, policy: CoalescingPolicy) -> list[Lev
     return await run_levels("direct", direct_stream(callable_), args)
 
 
-def table(triton: list[Level], inline: list[Level]) -> list[list[str]]:
+def table(sides: list[list[Level]], direct_side: list[Level]) -> list[list[str]]:
+    """Each level's rows, one per side, then each Triton side's ratio to the direct side."""
     lines = [
         ["streams", "side", "first chunk p50 ms", "end p50 ms", "CPU ms/job", "CPU µs/chunk", "chunks/job"]
     ]
-    for hop, base in zip(triton, inline, strict=True):
-        for row in (hop, base):
+    for index, base in enumerate(direct_side):
+        rows = [side[index] for side in sides]
+        for row in [*rows, base]:
             lines.append(
                 [
                     str(row.streams),
@@ -215,17 +224,18 @@ def table(triton: list[Level], inline: list[Level]) -> list[list[str]]:
                     fmt(row.chunks / row.jobs, 1),
                 ]
             )
-        lines.append(
-            [
-                str(hop.streams),
-                "Triton / direct",
-                fmt(hop.first_ms_p50 / base.first_ms_p50, 2) + "x",
-                fmt(hop.end_ms_p50 / base.end_ms_p50, 2) + "x",
-                fmt(hop.cpu_ms_per_job / base.cpu_ms_per_job, 2) + "x",
-                fmt(hop.cpu_us_per_chunk / base.cpu_us_per_chunk, 2) + "x",
-                "",
-            ]
-        )
+        for hop in rows:
+            lines.append(
+                [
+                    str(hop.streams),
+                    f"{hop.side} / direct",
+                    fmt(hop.first_ms_p50 / base.first_ms_p50, 2) + "x",
+                    fmt(hop.end_ms_p50 / base.end_ms_p50, 2) + "x",
+                    fmt(hop.cpu_ms_per_job / base.cpu_ms_per_job, 2) + "x",
+                    fmt(hop.cpu_us_per_chunk / base.cpu_us_per_chunk, 2) + "x",
+                    "",
+                ]
+            )
     return lines
 
 
@@ -246,11 +256,13 @@ def parse_args() -> argparse.Namespace:
 
 async def main() -> None:
     args = parse_args()
-    triton = await through_triton(args, DEFAULT_POLICY)
+    in_process = await through_triton(args, DEFAULT_POLICY, chunks_in_process=True)
+    as_responses = await through_triton(args, DEFAULT_POLICY, chunks_in_process=False)
     inline = await direct(args, DEFAULT_POLICY)
-    print_aligned(table(triton, inline))
+    print_aligned(table([in_process, as_responses], inline))
     if args.output is not None:
-        args.output.write_text(json.dumps([asdict(row) for row in triton + inline], indent=2))
+        rows = in_process + as_responses + inline
+        args.output.write_text(json.dumps([asdict(row) for row in rows], indent=2))
 
 
 if __name__ == "__main__":

@@ -260,7 +260,7 @@ class ModelSlot:
             self._set_state("cold")
             raise
         self._engine = engine
-        client = _job_client(self._host.grpc_address, self.model, engine)
+        client = _job_client(self._host.grpc_address, self.model, engine, triton_model)
         self._served = ServedModel(name=self.name, client=client, triton_model=triton_model)
         self._became_warm()
 
@@ -319,9 +319,11 @@ class ModelSlot:
         self._on_change()
 
 
-def _job_client(grpc_address: str, model: ModelConfig, engine: Engine) -> TritonJobClient | PoolingJobClient:
-    """The consumer's client of the model's Triton model: one stream for every job of a generator;
-    batched requests of a pooling model's rows."""
+def _job_client(
+    grpc_address: str, model: ModelConfig, engine: Engine, triton_model: EngineCallable | PoolingCallable
+) -> TritonJobClient | PoolingJobClient:
+    """The consumer's client of the model's Triton model: one stream for every job of a generator
+    (their chunks handed over in this process); batched requests of a pooling model's rows."""
     name = triton_model_name(model.name)
     if isinstance(engine, PoolingEngine):
         return PoolingJobClient(
@@ -331,7 +333,8 @@ def _job_client(grpc_address: str, model: ModelConfig, engine: Engine) -> Triton
             labels=engine.labels(),
             together=model.batching.enabled,
         )
-    return TritonJobClient(grpc_address, name)
+    assert isinstance(triton_model, EngineCallable)
+    return TritonJobClient(grpc_address, name, local=triton_model)
 
 
 async def _start_and_bind(

@@ -9,21 +9,35 @@ job's last chunk says so. A job's own request lasts as long as the job and only 
 back on it (Triton marks its end with an empty final response, `triton_enable_empty_final_response`).
 The client knows the model's one input and one output, so it also skips the readiness and
 configuration questions that Triton's client asks before every request.
+
+The worker's consumer lives in the process that hosts the model (PyTriton runs the model's callable
+on a thread of the worker), so its client opens the model's output stream in process instead
+(`local`): each job is still a Triton request from its start to its end, but its chunks come back
+as objects handed from the model's thread to the client's loop, not as Triton responses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import Protocol
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT
-from workers.triton.output_stream import OPEN_OUTPUT, STREAM_PARAMETER, TAG_PARAMETER, posted_batch_decoder
+from workers.triton.output_stream import (
+    OPEN_OUTPUT,
+    STREAM_PARAMETER,
+    TAG_PARAMETER,
+    Posted,
+    posted_batch_decoder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +61,20 @@ class TritonStreamError(RuntimeError):
     """Triton refused a job, or the stream that carried it ended."""
 
 
+class LocalOutput(Protocol):
+    """A Triton model in this process that hands its output stream's batches over directly."""
+
+    def open_local_output(
+        self, stream: int, deliver: Callable[[list[Posted] | None], None]
+    ) -> Future[None]: ...
+
+
 class TritonJobClient:
     """Streams jobs (many at once) through one decoupled Triton model, all on one gRPC stream."""
 
-    def __init__(self, grpc_address: str, model_name: str) -> None:
+    def __init__(self, grpc_address: str, model_name: str, *, local: LocalOutput | None = None) -> None:
         self.model_name = model_name
+        self._local = local
         self._channel = grpc.aio.insecure_channel(
             grpc_address,
             options=[
@@ -67,6 +90,8 @@ class TritonJobClient:
         self._inboxes: dict[int, asyncio.Queue[bytes | BaseException | None]] = {}
         self._outbox: asyncio.Queue[service_pb2.ModelInferRequest] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
+        # Why the open stream ended, when its end was seen beside gRPC (its local output ended).
+        self._ended: TritonStreamError | None = None
         self._closed = False
 
     async def stream(self, job_payload: bytes) -> AsyncGenerator[bytes, None]:
@@ -102,12 +127,35 @@ class TritonJobClient:
         if self._reader is None:
             self._outbox = asyncio.Queue()
             self._stream = next(self._streams)
-            self._outbox.put_nowait(
-                _infer_request(self.model_name, _OUTPUT_ID, OPEN_OUTPUT, stream=self._stream)
-            )
+            self._ended = None
+            if self._local is None:
+                self._outbox.put_nowait(
+                    _infer_request(self.model_name, _OUTPUT_ID, OPEN_OUTPUT, stream=self._stream)
+                )
+            else:
+                self._open_local(self._local, self._stream)
             self._reader = asyncio.create_task(
                 self._read(self._outbox), name=f"triton-stream-{self.model_name}"
             )
+
+    def _open_local(self, local: LocalOutput, stream: int) -> None:
+        loop = asyncio.get_running_loop()
+
+        def deliver(batch: list[Posted] | None) -> None:
+            # On the model's thread; the batch is handled on this client's loop (once that has
+            # closed, nobody waits for these chunks).
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_local_output, stream, batch)
+
+        local.open_local_output(stream, deliver)
+
+    def _on_local_output(self, stream: int, batch: list[Posted] | None) -> None:
+        if batch is not None:
+            self._hand_over(batch)
+        elif stream == self._stream and self._reader is not None:
+            # The model is being unbound: its jobs on this stream end, as with Triton's output request.
+            self._ended = TritonStreamError(f"the output stream of {self.model_name} ended")
+            self._reader.cancel()
 
     async def _read(self, outbox: asyncio.Queue[service_pb2.ModelInferRequest]) -> None:
         ended: BaseException = TritonStreamError(f"the stream of {self.model_name} was closed")
@@ -116,6 +164,7 @@ class TritonJobClient:
         finally:
             # Every job sent on this stream, or waiting to be, ends; the next job opens a new one.
             self._reader = None
+            ended = self._ended or ended
             for inbox in self._inboxes.values():
                 inbox.put_nowait(ended)
 
@@ -134,7 +183,10 @@ class TritonJobClient:
         result = response.infer_response
         if not result.raw_output_contents:  # its final response: the model is being unbound
             raise TritonStreamError(f"the output stream of {self.model_name} ended")
-        for posted in posted_batch_decoder.decode(_only_element(result.raw_output_contents[0])):
+        self._hand_over(posted_batch_decoder.decode(_only_element(result.raw_output_contents[0])))
+
+    def _hand_over(self, batch: list[Posted]) -> None:
+        for posted in batch:
             inbox = self._inboxes.get(posted.tag)
             if inbox is None:
                 continue  # its job has stopped reading

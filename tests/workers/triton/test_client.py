@@ -58,14 +58,23 @@ async def texts(client: TritonJobClient, prompt: str) -> list[str]:
     return [chunk_decoder.decode(raw).text async for raw in client.stream(encode(make_job("m", prompt)))]
 
 
-async def test_jobs_at_once_share_the_stream_and_each_gets_its_own_chunks(slot: ModelSlot) -> None:
+@pytest.mark.parametrize("chunks", ["handed over in process", "as Triton responses"])
+async def test_jobs_at_once_share_the_stream_and_each_gets_its_own_chunks(
+    host: TritonHost, slot: ModelSlot, chunks: str
+) -> None:
+    """The worker's client (its slot's) takes its jobs' chunks from the model in process; a client
+    that is given no model reads them from the output stream's request, as a remote one would."""
     lease = slot.lease()
+    client = lease.served.client
+    if chunks == "as Triton responses":
+        client = TritonJobClient(host.grpc_address, triton_model_name("m"))
     try:
-        client = lease.served.client
         counts = [3, 17, 1, 40, 8, 25]
         answers = await asyncio.gather(*(texts(client, f"slow {n} 0.002") for n in counts))
     finally:
         lease.release()
+        if client is not lease.served.client:
+            await client.close()
     for count, answer in zip(counts, answers, strict=True):
         assert "".join(answer) == "".join(f"t{i}\x00 " for i in range(count))
         assert len(answer) == count, "one chunk per token, in order, none lost or repeated"
@@ -125,6 +134,25 @@ async def test_a_closed_client_ends_the_jobs_still_waiting(host: TritonHost, slo
     with pytest.raises(TritonStreamError, match="closed"):
         await texts(client, "fast 1")
     await slot.abort(hung.id)  # still running in the engine, for nobody
+
+
+async def test_a_model_being_unbound_ends_the_jobs_waiting_for_its_chunks_in_process(slot: ModelSlot) -> None:
+    """Unbinding a model first ends its output streams (Triton waits for their requests): a job
+    whose chunks would come in process ends with an error, as one on Triton's output request does."""
+    lease = slot.lease()
+    hung = make_job("m", "queued")
+    try:
+        client = lease.served.client
+        assert len(await texts(client, "fast 2")) == 2
+        waiting = asyncio.ensure_future(anext(client.stream(encode(hung))))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        lease.served.triton_model.end_output_streams()
+        with pytest.raises(TritonStreamError, match=r"output stream of .* ended"):
+            await asyncio.wait_for(waiting, 10)
+    finally:
+        lease.release()
+        await slot.abort(hung.id)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="acting as another user takes root")
