@@ -28,8 +28,11 @@ async def test_levels_in_process_count_every_job_and_chunk() -> None:
     assert loaded.end_ms_p50 >= loaded.first_ms_p50 > 0
 
 
-def test_the_table_puts_the_ratio_under_each_level() -> None:
+def test_the_table_puts_each_sides_ratio_under_each_level() -> None:
     hop = Level("Triton", 8, 10, 100, 4.0, 40.0, 6.0, 600.0)
+    as_responses = Level("Triton, chunks as responses", 8, 10, 100, 6.0, 40.0, 8.0, 800.0)
     base = Level("direct", 8, 10, 100, 2.0, 20.0, 2.0, 200.0)
-    lines = table([hop], [base])
-    assert lines[-1][:6] == ["8", "Triton / direct", "2.00x", "2.00x", "3.00x", "3.00x"]
+    lines = table([[hop], [as_responses]], [base])
+    assert [line[1] for line in lines[1:4]] == ["Triton", "Triton, chunks as responses", "direct"]
+    assert lines[-2][:6] == ["8", "Triton / direct", "2.00x", "2.00x", "3.00x", "3.00x"]
+    assert lines[-1][:6] == ["8", "Triton, chunks as responses / direct", "3.00x", "2.00x", "4.00x", "4.00x"]
