@@ -4,8 +4,10 @@ Each job still goes through Triton as a request of its own, and that request las
 job runs; but its chunks do not come back as its responses. A Triton response costs about half a
 millisecond of CPU across the worker's PyTriton threads, Triton's Python stub (a thread-pool hop
 per response), tritonserver and the worker's gRPC reader, whatever it carries. So the chunks of all
-of a model's jobs are posted here, and one request that the consumer's client opens with the
-stream (`OPEN_OUTPUT`) answers them, many jobs' chunks per response. Each gRPC stream the client
+of a model's jobs are posted here, and one listener takes them, many jobs' chunks at a time: in the
+worker, the consumer's client in the same process (`EngineCallable.open_local_output`, no Triton
+response at all); for a client elsewhere, one request it opens with the stream (`OPEN_OUTPUT`),
+many jobs' chunks per response. Each gRPC stream the client
 opens has an output stream of its own (`STREAM_PARAMETER` on every request), and a newer one ends
 the older ones: chunks of a new stream's jobs can never leave on a request that nobody reads.
 
