@@ -213,6 +213,12 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Share those slots among the warm models (a reserve each, then by priority and weight: see
     # `models.*.priority`); false: one pool, taken in turn, so that one model's flood can hold them all.
     fair_shares: bool = True
+    # With fair shares: while several models run jobs here, the engine processes of one running more
+    # than its share (or of a lower priority) compute at this nice value, so that the others' jobs
+    # get the cores first (workers/runtime/cpu_priority.py); needs CAP_SYS_NICE to give the normal
+    # priority back, without it the worker says so and leaves them alone. false: never.
+    cpu_priorities: bool = True
+    background_nice: Annotated[int, msgspec.Meta(ge=1, le=19)] = 10
     # Shadow copies of routed requests (`routes.*.shadow`) run here at once, at most, and only while
     # no real job waits; None: a quarter of max_concurrent_jobs.
     max_shadow_jobs: Annotated[int, msgspec.Meta(ge=0)] | None = None

@@ -45,6 +45,7 @@ from workers.jobs.writer import ResultWriter
 from workers.models.slot import ModelSlot
 from workers.models.slots import Slots
 from workers.runtime import descendants_guard
+from workers.runtime.cpu_priority import EnginePriorities
 from workers.runtime.heartbeat import Heartbeat
 from workers.runtime.machine import machine_kind, memory_budget_bytes
 from workers.runtime.metrics import SLOTS
@@ -104,6 +105,14 @@ class Worker:
         self._slots = Slots(
             self._models, host=self._host, host_started=self._host_started, create_engine=self._create_engine
         )
+        # While several models run jobs here, the engines of one past its share yield the cores.
+        self._priorities = EnginePriorities.for_worker(
+            self._slots.model_loads,
+            self._slots.engine_processes,
+            background_nice=settings.worker.background_nice,
+            enabled=settings.worker.fair_shares and settings.worker.cpu_priorities,
+        )
+        self._slots.on_jobs_changed(self._priorities.update)
         self._consumer = JobConsumer(
             self._redis,
             self._writer,

@@ -117,6 +117,11 @@ class Engine(abc.ABC):
         limit. A worker takes no more of the model's jobs at once, so the rest wait in its stream."""
         return None
 
+    def process_ids(self) -> list[int]:
+        """The started engine's own processes (that compute), whose CPU priority the worker may set;
+        empty where it computes in the worker's process or has not started."""
+        return []
+
     def ended(self) -> str | None:
         """Why the started engine can no longer generate (its process was killed, ran out of memory,
         crashed), if so; None while it can, and after a `stop`. Its model is then unloaded, and

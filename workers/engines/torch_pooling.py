@@ -86,6 +86,10 @@ class TorchPoolingEngine(PoolingEngine):
             self._process = process
         return process.pool(rows)
 
+    def process_ids(self) -> list[int]:
+        """The model's own process, while started."""
+        return [self.pid] if self.pid is not None else []
+
     @property
     def pid(self) -> int | None:
         """The model's process, while started."""

@@ -236,6 +236,10 @@ class TrtllmEngine(Engine):
             self._plan = plan_load(self.model, budget if budget is not None else machine_budget_bytes())
         return self._plan
 
+    def process_ids(self) -> list[int]:
+        """The executor's processes."""
+        return list(self._engine_pids)
+
     def max_sequences(self) -> int | None:
         """The executor's `max_batch_size`."""
         return self._plan.max_batch_size if self._plan is not None else None

@@ -342,6 +342,10 @@ class VllmEngine(Engine):
             return None
         return f"the vLLM engine core process of {self.model.name} ended (killed, out of memory, or crashed)"
 
+    def process_ids(self) -> list[int]:
+        """The EngineCore processes."""
+        return list(self._engine_pids)
+
     def max_sequences(self) -> int | None:
         """The scheduler's `max_num_seqs` (the engine's default for its platform unless configured)."""
         return int(self._llm.vllm_config.scheduler_config.max_num_seqs) if self._llm is not None else None

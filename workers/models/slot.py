@@ -76,6 +76,7 @@ class ModelSlot:
         create_engine: Callable[[ModelConfig], Engine],
         read_barrier: Callable[[], Awaitable[None]],
         on_change: Callable[[], None],
+        on_jobs: Callable[[], None] = lambda: None,
     ) -> None:
         self.model = model
         self.name = model.name
@@ -84,6 +85,8 @@ class ModelSlot:
         self._create_engine = create_engine
         self._read_barrier = read_barrier
         self._on_change = on_change
+        # Told after a job of this model starts or ends (the engines' CPU priorities follow).
+        self._on_jobs = on_jobs
         self._lock = asyncio.Lock()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -163,6 +166,7 @@ class ModelSlot:
             self._busy_since = time.monotonic()
             self._drained.clear()
         self.in_flight += 1
+        self._on_jobs()
         return Lease(self, self._served)
 
     def abort(self, job_id: str, *, arriving: bool = False) -> Awaitable[None]:
@@ -312,6 +316,7 @@ class ModelSlot:
             self._busy_s += time.monotonic() - self._busy_since
             self.idle_since = time.time()
             self._drained.set()
+        self._on_jobs()
 
     def _set_state(self, state: SlotState) -> None:
         # Leaving warm, the consumer stops reading the model's stream on its next pass.

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from switchboard.config import ModelConfig
 from workers.engines.base import Engine
 from workers.models.slot import ModelSlot
+from workers.runtime.cpu_priority import ModelLoad
 from workers.triton.host import TritonHost
 
 
@@ -39,6 +40,7 @@ class Slots(Mapping[str, ModelSlot]):
                 create_engine=create_engine,
                 read_barrier=self.read_barrier,
                 on_change=functools.partial(self._slot_changed, model.name),
+                on_jobs=self._jobs_changed,
             )
             for model in models
         }
@@ -46,6 +48,7 @@ class Slots(Mapping[str, ModelSlot]):
         # look at these few, not at every model configured.
         self._position = {model.name: position for position, model in enumerate(models)}
         self._held: set[str] = set()
+        self._job_listeners: list[Callable[[], None]] = []
 
     def __getitem__(self, name: str) -> ModelSlot:
         return self._slots[name]
@@ -68,6 +71,27 @@ class Slots(Mapping[str, ModelSlot]):
         """The slots whose job streams the consumer reads now (the event `changed` is set when
         this may have changed; the reader clears it before it looks)."""
         return [slot for slot in self.held() if slot.wants_jobs]
+
+    def model_loads(self) -> list[ModelLoad]:
+        """The jobs each held model runs here now, with its weight and priority."""
+        return [
+            ModelLoad(slot.name, slot.in_flight, slot.model.weight, slot.model.priority)
+            for slot in self.held()
+        ]
+
+    def engine_processes(self, name: str) -> list[int]:
+        """The processes of the model's engine while held (none for an engine in this process)."""
+        engine = self._slots[name].engine
+        return engine.process_ids() if engine is not None else []
+
+    def on_jobs_changed(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener` after any model's job starts or ends; returns what stops that."""
+        self._job_listeners.append(listener)
+        return functools.partial(self._job_listeners.remove, listener)
+
+    def _jobs_changed(self) -> None:
+        for listener in self._job_listeners:
+            listener()
 
     def _slot_changed(self, name: str) -> None:
         if self._slots[name].state == "cold":

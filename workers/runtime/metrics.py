@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -39,6 +39,12 @@ SLOT_WAIT = Histogram(
     "one of the worker's job slots (its model's share of them), by model.",
     ["model"],
     buckets=QUEUE_BUCKETS,
+    registry=REGISTRY,
+)
+ENGINE_BACKGROUND = Gauge(
+    "switchboard:engine_background",
+    "1 while the model's engine computes at the background CPU priority (it runs past its share).",
+    ["model"],
     registry=REGISTRY,
 )
 COLD_START_WAIT = Histogram(

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -30,6 +32,7 @@ from workers.jobs import consume
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slots import Slots
+from workers.runtime.cpu_priority import EnginePriorities, may_restore_priority, process_nice
 from workers.runtime.metrics import SLOTS as SLOT_METRICS
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
@@ -216,3 +219,51 @@ async def test_the_metrics_show_each_models_running_and_waiting_jobs_and_their_w
     # Each job's wait for a slot is measured; the last two waited for the first ones to end (0.5 s).
     assert sample("switchboard:worker_slot_wait_seconds_count", model=QUIET) == waits_before + len(jobs)
     assert sample("switchboard:worker_slot_wait_seconds_sum", model=QUIET) - waited_before >= 2 * 0.4
+
+
+@pytest.fixture
+def stand_ins() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """A waiting child process per model, standing in for its engine's own (the scripted engines
+    compute in this process)."""
+    if not may_restore_priority():
+        pytest.skip("lowering a nice value needs CAP_SYS_NICE, which this process lacks")
+    children = {
+        name: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        for name in (FLOOD, QUIET)
+    }
+    try:
+        yield children
+    finally:
+        for child in children.values():
+            child.kill()
+            child.wait()
+
+
+async def test_the_floods_engine_yields_the_cores_while_the_quiet_model_runs_and_gets_them_back_after(
+    worker: TwoModels, stand_ins: dict[str, subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, child in stand_ins.items():
+        monkeypatch.setattr(worker.engines[name], "process_ids", lambda pid=child.pid: [pid])
+    priorities = EnginePriorities(
+        worker.slots.model_loads, worker.slots.engine_processes, background_nice=10, restore_after_s=0.3
+    )
+    stop_listening = worker.slots.on_jobs_changed(priorities.update)
+    flood_pid, quiet_pid = stand_ins[FLOOD].pid, stand_ins[QUIET].pid
+    try:
+        flood = [make_job(FLOOD, LONG) for _ in range(2 * SLOTS)]
+        await submit(worker.redis, *flood)
+        await until(lambda: running(worker, FLOOD) >= SLOTS - 1, 5, "the flood holds its slots")
+        assert process_nice(flood_pid) == [0]  # alone, it computes as before
+        quiet = make_job(QUIET, "slow 6 0.05")
+        await submit(worker.redis, quiet)
+        await until(lambda: running(worker, QUIET) == 1, 5, "the quiet job runs")
+        assert process_nice(flood_pid) == [10]
+        assert process_nice(quiet_pid) == [0]
+        assert (await result(worker.redis, quiet.id))[-1].finish_reason == "length"
+        await until(lambda: process_nice(flood_pid) == [0], 5, "the flood has its priority back")
+        assert running(worker, FLOOD) > 0  # given back while it still floods: the grace, not its end
+        answers = await asyncio.gather(*(result(worker.redis, one.id) for one in flood))
+        assert all(chunks[-1].finish_reason == "length" for chunks in answers)
+    finally:
+        stop_listening()
+        priorities.restore_all()
