@@ -17,6 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 from openai import AsyncOpenAI, InternalServerError
 
+from router.admission.models import WORKERS_MAX_AGE_S
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, JobError, LoadFailure, SlotStatus, Usage, encode, job_decoder
@@ -393,6 +394,7 @@ async def test_a_warm_model_reads_no_status_on_the_hot_path(
 ) -> None:
     async with serving(settings_for(redis_server.url)) as client:
         await redis.config_resetstat()
+        started = time.monotonic()
         for _ in range(3):
             request = asyncio.create_task(client.post("/v1/chat/completions", json={**BODY, "stream": True}))
             job = await next_job(redis)
@@ -401,6 +403,7 @@ async def test_a_warm_model_reads_no_status_on_the_hot_path(
             response = await request
             assert response.status_code == 200
             assert not any(line.startswith(":") for line in response.text.splitlines())
+        took_s = time.monotonic() - started
     # Admission and the enqueue are one script each (the queue depth admission reads with XLEN and
     # XPENDING, and the enqueue's GET of the failure mark, count inside them); no status is read.
     # The live workers (may one hold the model?) are read once a second for every request together.
@@ -408,4 +411,5 @@ async def test_a_warm_model_reads_no_status_on_the_hot_path(
     commands = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
     assert "evalsha" in commands
     assert not commands.keys() & {"mget", "lrange"}
-    assert commands.get("zrangebyscore", 0) <= 1
+    # Once, and once more for every second the requests took (a loaded machine can stretch them).
+    assert commands.get("zrangebyscore", 0) <= 1 + int(took_s / WORKERS_MAX_AGE_S), took_s
