@@ -110,6 +110,7 @@ class Worker:
             self._slots.model_loads,
             self._slots.engine_processes,
             background_nice=settings.worker.background_nice,
+            total_slots=settings.worker.max_concurrent_jobs,
             enabled=settings.worker.fair_shares and settings.worker.cpu_priorities,
         )
         self._slots.on_jobs_changed(self._priorities.update)

@@ -6,7 +6,7 @@ Beside a flood, a quiet model's job got its slot at once but its prefill took 3-
 alone (20 ms against 5.2, traced), and every hop of its path waited for a core behind the flood's
 work: its time to first token was 4-6x its time alone beside 96 and 256 flooding clients
 (bench/fair_share.py, 2 cores). So, while two or more models run jobs here, the engine processes of
-a model that runs more than its share of them compute at a lower CPU priority
+a model that runs more than its share of the slots compute at a lower CPU priority
 (`worker.background_nice`), and get the normal one back once the rule has left them out for
 `RESTORE_AFTER_S`. The flood's engine then takes the cores the others leave, which is all of them
 between the quiet model's jobs: the quiet model's work is the same, it is only done first. Measured
@@ -14,9 +14,12 @@ with fair shares on, this on against off (three alternating runs each, beside 96
 the quiet model's time to first token 1.9-3.0x and 2.0-4.7x its time alone against 3.3-5.4x and
 5.0-6.8x, the flood's tokens/s (medians) +10.7 % and -2.2 %.
 
-The rule (`background_models`): among the models with jobs running here, one of a lower `priority`
-than another's is put in the background, and so is one of the highest priority that runs more than
-its weighted share of those models' running jobs; a model running alone never is. Lowering a nice
+The rule (`background_models`): while two or more models run jobs here, one of a lower `priority`
+than another's is put in the background, and so is one running more jobs than its share of the
+worker's slots (the slots times its weight over the weights of the held models of its priority,
+as fair shares count it); a model running alone never is, nor one within its share (a flood of 32 clients on a worker of
+64 slots shared by two models: put in the background beside the quiet model, it lost 6-10 % of its
+tokens/s in three rounds of bench/fair_share.py, where it takes no slot from anyone). Lowering a nice
 value again needs an RLIMIT_NICE of 20 (nice values from 0 up, nothing above the normal priority:
 compose.yaml gives its workers that, no capability) or CAP_SYS_NICE; without either the worker says
 so once and leaves every engine at the normal priority.
@@ -52,18 +55,21 @@ class ModelLoad:
     priority: int = 0
 
 
-def background_models(models: Iterable[ModelLoad]) -> set[str]:
-    """The models whose engines should compute at the background priority now."""
-    active = [model for model in models if model.running > 0]
+def background_models(models: Iterable[ModelLoad], total_slots: int) -> set[str]:
+    """The models whose engines should compute at the background priority now, of the `models` held
+    on a worker of `total_slots` job slots."""
+    held = list(models)
+    active = [model for model in held if model.running > 0]
     if len(active) < 2:
         return set()
     top_priority = max(model.priority for model in active)
-    top = [model for model in active if model.priority == top_priority]
-    total_running = sum(model.running for model in top)
-    total_weight = sum(model.weight for model in top)
+    # Shares among the held models of that priority: a model never yields to one of a lower priority.
+    weights = sum(model.weight for model in held if model.priority == top_priority)
     lower = {model.name for model in active if model.priority < top_priority}
     return lower | {
-        model.name for model in top if model.running > total_running * model.weight / total_weight
+        model.name
+        for model in active
+        if model.priority == top_priority and model.running > total_slots * model.weight / weights
     }
 
 
@@ -120,6 +126,7 @@ class EnginePriorities:
         processes_of: Callable[[str], list[int]],
         *,
         background_nice: int,
+        total_slots: int,
         enabled: bool = True,
         restore_after_s: float = RESTORE_AFTER_S,
         set_nice: Callable[[int, int], None] = set_process_nice,
@@ -127,6 +134,7 @@ class EnginePriorities:
         self._loads = loads
         self._processes_of = processes_of
         self._background_nice = background_nice
+        self._total_slots = total_slots
         self._enabled = enabled
         self._restore_after_s = restore_after_s
         self._set_nice = set_nice
@@ -143,6 +151,7 @@ class EnginePriorities:
         processes_of: Callable[[str], list[int]],
         *,
         background_nice: int,
+        total_slots: int,
         enabled: bool,
     ) -> EnginePriorities:
         """Enabled where the worker may also give the normal priority back (it says so if not)."""
@@ -153,7 +162,9 @@ class EnginePriorities:
                 "CAP_SYS_NICE; set worker.cpu_priorities = false to say nothing of it"
             )
             enabled = False
-        return cls(loads, processes_of, background_nice=background_nice, enabled=enabled)
+        return cls(
+            loads, processes_of, background_nice=background_nice, total_slots=total_slots, enabled=enabled
+        )
 
     @property
     def enabled(self) -> bool:
@@ -170,7 +181,7 @@ class EnginePriorities:
         if not self._enabled:
             return
         loads = list(self._loads())
-        wanted = background_models(loads)
+        wanted = background_models(loads, self._total_slots)
         for name in wanted:
             self._calm_since.pop(name, None)
             processes = tuple(self._processes_of(name))

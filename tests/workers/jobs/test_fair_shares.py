@@ -245,7 +245,11 @@ async def test_the_floods_engine_yields_the_cores_while_the_quiet_model_runs_and
     for name, child in stand_ins.items():
         monkeypatch.setattr(worker.engines[name], "process_ids", lambda pid=child.pid: [pid])
     priorities = EnginePriorities(
-        worker.slots.model_loads, worker.slots.engine_processes, background_nice=10, restore_after_s=0.3
+        worker.slots.model_loads,
+        worker.slots.engine_processes,
+        background_nice=10,
+        total_slots=SLOTS,  # the flood's share is 6 (weight 3 of 4); it runs 7
+        restore_after_s=0.3,
     )
     stop_listening = worker.slots.on_jobs_changed(priorities.update)
     flood_pid, quiet_pid = stand_ins[FLOOD].pid, stand_ins[QUIET].pid

@@ -21,6 +21,7 @@ from workers.runtime.cpu_priority import (
 )
 
 BACKGROUND = 10
+SLOTS = 8  # "flood" runs 7 jobs beside "quiet": past its share of 4
 GRACE_S = 0.2
 # A stand-in for an engine's process: a few threads that only wait.
 THREADED_CHILD = (
@@ -31,26 +32,34 @@ THREADED_CHILD = (
 
 
 @pytest.mark.parametrize(
-    ("loads", "expected"),
+    ("loads", "slots", "expected"),
     [
-        pytest.param([ModelLoad("flood", 63)], set(), id="a model alone is never in the background"),
-        pytest.param([ModelLoad("flood", 63), ModelLoad("quiet", 0)], set(), id="the other runs nothing"),
-        pytest.param([ModelLoad("flood", 63), ModelLoad("quiet", 1)], {"flood"}, id="past its share"),
-        pytest.param([ModelLoad("a", 32), ModelLoad("b", 32)], set(), id="equal loads"),
-        pytest.param([ModelLoad("a", 40), ModelLoad("b", 24)], {"a"}, id="the larger of two floods"),
+        pytest.param([ModelLoad("flood", 63)], 64, set(), id="a model alone is never in the background"),
+        pytest.param([ModelLoad("flood", 63), ModelLoad("quiet", 0)], 64, set(), id="the other runs nothing"),
+        pytest.param([ModelLoad("flood", 63), ModelLoad("quiet", 1)], 64, {"flood"}, id="past its share"),
         pytest.param(
-            [ModelLoad("a", 45, weight=3.0), ModelLoad("b", 15)], set(), id="within a weighted share"
+            [ModelLoad("flood", 32), ModelLoad("quiet", 1)], 64, set(), id="most of the jobs, in its share"
+        ),
+        pytest.param([ModelLoad("a", 32), ModelLoad("b", 32)], 64, set(), id="equal loads"),
+        pytest.param([ModelLoad("a", 40), ModelLoad("b", 24)], 64, {"a"}, id="the larger of two floods"),
+        pytest.param(
+            [ModelLoad("a", 45, weight=3.0), ModelLoad("b", 15)], 64, set(), id="within a weighted share"
         ),
         pytest.param(
-            [ModelLoad("a", 1, priority=0), ModelLoad("b", 9, priority=1)], {"a"}, id="a lower priority"
+            [ModelLoad("a", 1, priority=0), ModelLoad("b", 60, priority=1)],
+            64,
+            {"a"},
+            id="a lower priority, whatever the loads",
         ),
-        pytest.param([ModelLoad("a", 9), ModelLoad("b", 1), ModelLoad("c", 1)], {"a"}, id="three models"),
+        pytest.param(
+            [ModelLoad("a", 9), ModelLoad("b", 1), ModelLoad("c", 0)], 12, {"a"}, id="held models share"
+        ),
     ],
 )
-def test_the_rule_puts_in_the_background_a_model_past_its_share_or_of_a_lower_priority(
-    loads: list[ModelLoad], expected: set[str]
+def test_the_rule_puts_in_the_background_a_model_past_its_share_of_the_slots_or_of_a_lower_priority(
+    loads: list[ModelLoad], slots: int, expected: set[str]
 ) -> None:
-    assert background_models(loads) == expected
+    assert background_models(loads, slots) == expected
 
 
 @pytest.fixture
@@ -95,6 +104,7 @@ def priorities_of(loads: Loads, pids: dict[str, int], calls: list[tuple[int, int
         loads,
         lambda name: [pids[name]],
         background_nice=BACKGROUND,
+        total_slots=SLOTS,
         restore_after_s=GRACE_S,
         set_nice=counted,
     )
@@ -171,7 +181,7 @@ async def test_an_unloaded_model_is_forgotten_and_stopping_gives_every_engine_it
 async def test_switched_off_nothing_is_reniced(engines: dict[str, int]) -> None:
     loads = Loads()
     priorities = EnginePriorities(
-        loads, lambda name: [engines[name]], background_nice=BACKGROUND, enabled=False
+        loads, lambda name: [engines[name]], background_nice=BACKGROUND, total_slots=SLOTS, enabled=False
     )
     loads.running.update(flood=7, quiet=1)
     priorities.update()
@@ -185,7 +195,9 @@ async def test_a_refusal_to_renice_switches_the_priorities_off_without_failing_t
     def refuse(pid: int, nice: int) -> None:
         raise PermissionError("not allowed")
 
-    priorities = EnginePriorities(loads, lambda name: [4242], background_nice=BACKGROUND, set_nice=refuse)
+    priorities = EnginePriorities(
+        loads, lambda name: [4242], background_nice=BACKGROUND, total_slots=SLOTS, set_nice=refuse
+    )
     loads.running.update(flood=7, quiet=1)
     priorities.update()  # logs, does not raise
     loads.running["quiet"] = 2
