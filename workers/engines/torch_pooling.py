@@ -3,8 +3,8 @@
 The model runs in a process of its own (`pooling_process`, the runner itself in
 `torch_pooling_runner`), pinned to the cores the worker placed it on with as many intra-op threads.
 The worker's side is this engine: it starts and stops that process, says what the model occupies and
-takes, and hands each batch Triton made to the process from a thread of its own, so that the event
-loop never waits for a batch to be written; the process's answers come back on another thread.
+takes, and hands each batch Triton made to the process from a thread of its own, one at a time, so
+that the event loop never waits for a batch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from switchboard.config import EngineProcess, ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.base import Footprint, InvalidEngineRequest, PooledRow, PoolingEngine, PoolingRow
 from workers.engines.model_files import DTYPE_BYTES, read_config, weights_bytes
-from workers.engines.pooling_process import Answers, BatchNotComputed, PoolingProcess, settle
+from workers.engines.pooling_process import PoolingProcess
 from workers.engines.torch_pooling_runner import TOKEN_BUDGET, device
 
 logger = logging.getLogger(__name__)
@@ -33,9 +33,6 @@ ACTIVATION_WIDTHS = 12
 JOBS_PER_BATCH_ROW = 2
 # How long a pooling process may take to end when asked before it is killed.
 STOP_TIMEOUT_S = 5.0
-# How often a batch is sent again when its process exited before computing it (each time, the
-# batch before it was the one the process died on; a batch is never sent again after that one).
-RESENDS = 3
 
 
 class TorchPoolingEngine(PoolingEngine):
@@ -48,7 +45,9 @@ class TorchPoolingEngine(PoolingEngine):
         self._cpu_threads = cpu_threads
         self._engine_process = engine_process
         self._process: PoolingProcess | None = None
-        # Writes batches to the process off the event loop, in order, without waiting for answers.
+        # Hands batches to the process off the event loop, one at a time (the process computes them
+        # one by one; the batches Triton sends meanwhile wait here, each handed over as the one
+        # before is answered).
         self._sender: ThreadPoolExecutor | None = None
 
     # --- the Engine's life ------------------------------------------------------------------
@@ -61,7 +60,7 @@ class TorchPoolingEngine(PoolingEngine):
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pooling-{self.model.name}")
 
     async def stop(self) -> None:
-        """End the model's process, once the batches sent to it have been answered."""
+        """End the model's process, once a batch in progress has been answered."""
         # The sender first: it may be starting the process again.
         sender, self._sender = self._sender, None
         if sender is not None:
@@ -70,25 +69,22 @@ class TorchPoolingEngine(PoolingEngine):
         if process is not None:
             await asyncio.to_thread(process.stop, STOP_TIMEOUT_S)
 
-    def _hand_over(self, rows: list[PoolingRow], answered: Future[Answers]) -> None:
-        """On the sender's thread: send the batch to the model's process, started again first when it
-        has ended (the batch it was computing failed with it; the next ones need not)."""
-        try:
-            process = self._process
-            if process is None:
-                raise RuntimeError(f"{self.model.name} is not started")
-            if process.exited:
-                logger.error(
-                    "a pooling model's process ended; starting it again", extra={"model": self.model.name}
-                )
-                process.stop(STOP_TIMEOUT_S)
-                process = PoolingProcess.launch(
-                    self.model, cpu_threads=self._cpu_threads, start=self._engine_process
-                )
-                self._process = process
-            process.submit(rows, answered)
-        except BaseException as exc:
-            settle(answered, exc)
+    def _pool_in_process(self, rows: list[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
+        """On the sender's thread: the batch computed in the model's process, started again first
+        when it has ended (the batch it was computing failed with it; the next ones need not)."""
+        process = self._process
+        if process is None:
+            raise RuntimeError(f"{self.model.name} is not started")
+        if process.exited:
+            logger.error(
+                "a pooling model's process ended; starting it again", extra={"model": self.model.name}
+            )
+            process.stop(STOP_TIMEOUT_S)
+            process = PoolingProcess.launch(
+                self.model, cpu_threads=self._cpu_threads, start=self._engine_process
+            )
+            self._process = process
+        return process.pool(rows)
 
     def process_ids(self) -> list[int]:
         """The model's own process, while started."""
@@ -128,23 +124,9 @@ class TorchPoolingEngine(PoolingEngine):
 
     async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
         """Each row's answer, or its refusal, computed in the model's process."""
-        batch = list(rows)
-        resends = 0
-        while True:
-            try:
-                return await self._pooled(batch)
-            except BatchNotComputed:
-                resends += 1
-                if resends > RESENDS:
-                    raise
-
-    async def _pooled(self, batch: list[PoolingRow]) -> Answers:
-        sender = self._sender
-        if self._process is None or sender is None:
+        if self._process is None or self._sender is None:
             raise RuntimeError(f"{self.model.name} is not started")
-        answered: Future[Answers] = Future()
-        sender.submit(self._hand_over, batch, answered)
-        return await asyncio.wrap_future(answered)
+        return await asyncio.wrap_future(self._sender.submit(self._pool_in_process, list(rows)))
 
 
 def _activation_bytes(config: dict[str, Any]) -> int:
