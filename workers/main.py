@@ -27,18 +27,16 @@ from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
 from switchboard.tracing import configure_tracing
 from switchboard.wire import WorkerRecord
+from workers.controller.assembly import model_controller
 from workers.controller.coordination import Coordination
-from workers.controller.effects import WorkerEffects
-from workers.controller.loop import Backoff, ModelController
-from workers.controller.snapshot import SnapshotReader
-from workers.controller.view import WorkerLimits
 from workers.engines.base import Engine
 from workers.engines.registry import (
     EngineOptions,
+    NoRunnableModel,
     create_engine,
     import_runtimes,
-    installed_engines,
     prepare_model_files,
+    runnable_models,
 )
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
@@ -131,7 +129,20 @@ class Worker:
         self._heartbeat = Heartbeat(
             self._redis, self.record, settings.worker.heartbeat_s, healthy=self._healthy
         )
-        self._controller = self._model_controller()
+        self._controller = model_controller(
+            settings.worker,
+            models=self._models,
+            worker_id=self.id,
+            kind=self.kind,
+            memory_budget_bytes=self.memory_budget,
+            expected_footprint=self._placement.expected_footprint,
+            redis=self._redis,
+            poke_redis=self._poke_redis,
+            slots=self._slots,
+            consumer=self._consumer,
+            coordination=self._coordination,
+            advertise=self._heartbeat.beat,
+        )
         self._metrics = MetricsServer(
             settings.worker.metrics_host,
             settings.worker.metrics_port,
@@ -241,41 +252,6 @@ class Worker:
 
     # --- construction -----------------------------------------------------------------------
 
-    def _model_controller(self) -> ModelController:
-        worker = self.settings.worker
-        snapshot = SnapshotReader(
-            self._redis,
-            self._models,
-            self._slots,
-            kind=self.kind,
-            memory_budget_bytes=self.memory_budget,
-            expected_footprint=self._placement.expected_footprint,
-        )
-        limits = WorkerLimits(
-            max_loaded_models=worker.max_loaded_models,
-            memory_budget_bytes=self.memory_budget,
-            min_residency_s=worker.min_residency_s,
-            max_pass_over_s=worker.max_pass_over_s,
-        )
-        effects = WorkerEffects(
-            redis=self._redis,
-            poke_redis=self._poke_redis,
-            slots=self._slots,
-            consumer=self._consumer,
-            coordination=self._coordination,
-            snapshot=snapshot,
-            worker_id=self.id,
-            advertise=self._heartbeat.beat,
-        )
-        return ModelController(
-            effects=effects,
-            models=self._models,
-            worker_id=self.id,
-            limits=limits,
-            backoff=Backoff(worker.load_backoff_s, worker.load_backoff_max_s),
-            tick_s=worker.controller_tick_s,
-        )
-
     def _create_engine(self, model: ModelConfig) -> Engine:
         """A new engine for `model`, computing on a share of the cores no other held model uses."""
         held = [slot.name for slot in self._slots.held()]
@@ -295,32 +271,17 @@ class Worker:
     def _models_it_can_run(
         self, models: list[ModelConfig], engine_factory: EngineFactory
     ) -> list[ModelConfig]:
-        """`models` less those whose engine this environment lacks (a vLLM image has no TensorRT-LLM).
-
-        Such a model is never loaded here, so its loads cannot fail here and hold it back for the
-        workers that can run it; the record's `allowed` names what this worker may hold.
-        """
+        """`models` less those whose engine this environment lacks; the record's `allowed` names
+        what this worker may hold."""
         self._allowed = tuple(self.settings.worker.models)
         if engine_factory is not create_engine:  # scripted engines need no package
             return models
-        installed = installed_engines()
-        lacking = [model for model in models if model.engine_name not in installed]
-        for model in lacking:
-            logger.warning(
-                f"{model.name} is left to other workers: its engine {model.engine_name!r} is not installed here",
-                extra={"model": model.name, "engine": model.engine_name},
-            )
-        if not lacking:
-            return models
-        runnable = [model for model in models if model.engine_name in installed]
-        if not runnable:
-            engines = sorted({model.engine_name for model in lacking})
-            raise CannotStart(
-                f"this worker can run none of its models: their engines ({', '.join(engines)}) are not "
-                "installed here; run it from an image that has them, or name the models it can run in "
-                "worker.models"
-            )
-        self._allowed = tuple(model.name for model in runnable)
+        try:
+            runnable = runnable_models(models)
+        except NoRunnableModel as exc:
+            raise CannotStart(str(exc)) from None
+        if len(runnable) < len(models):
+            self._allowed = tuple(model.name for model in runnable)
         return runnable
 
     # --- running ----------------------------------------------------------------------------

@@ -43,6 +43,34 @@ def installed_engines() -> set[str]:
     return {engine for engine, package in ENGINE_PACKAGES.items() if importlib.util.find_spec(package)}
 
 
+class NoRunnableModel(RuntimeError):
+    """None of the worker's models has its engine installed here; the message says what to do."""
+
+
+def runnable_models(models: list[ModelConfig]) -> list[ModelConfig]:
+    """`models` less those whose engine this environment lacks (a vLLM image has no TensorRT-LLM).
+
+    Such a model is never loaded here, so its loads cannot fail here and hold it back for the
+    workers that can run it. Raises NoRunnableModel when none is left.
+    """
+    installed = installed_engines()
+    runnable = [model for model in models if model.engine_name in installed]
+    lacking = [model for model in models if model.engine_name not in installed]
+    for model in lacking:
+        logger.warning(
+            f"{model.name} is left to other workers: its engine {model.engine_name!r} is not installed here",
+            extra={"model": model.name, "engine": model.engine_name},
+        )
+    if not runnable and lacking:
+        engines = sorted({model.engine_name for model in lacking})
+        raise NoRunnableModel(
+            f"this worker can run none of its models: their engines ({', '.join(engines)}) are not "
+            "installed here; run it from an image that has them, or name the models it can run in "
+            "worker.models"
+        )
+    return runnable
+
+
 def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
     """Import what starting these engines needs, once per process, so the first load skips it.
 
