@@ -9,7 +9,7 @@ from redis.exceptions import RedisError
 from router.admission.auth import check_exposure
 from router.app import create_app
 from router.http.connections import ConnectionLimits, guarded_protocol
-from switchboard import keys
+from switchboard import gc_heap, keys
 from switchboard.config import Settings
 from switchboard.redis_conn import sync_client
 from switchboard.tracing import configure_tracing
@@ -26,7 +26,11 @@ def serve(settings: Settings) -> None:
     # With open access allowed there is nothing to refuse; the app logs its warning as it starts.
     if stored_keys is not None and not settings.router.allow_open_access:
         check_exposure(settings, stored_keys)
-    uvicorn.Server(server_config(create_app(settings), settings)).run()
+    app = create_app(settings)
+    # What start-up made lives as long as the process: full collections need not walk it.
+    gc_heap.freeze_long_lived()
+    gc_heap.observe_pauses()
+    uvicorn.Server(server_config(app, settings)).run()
 
 
 def server_config(app: Litestar, settings: Settings, *, port: int | None = None) -> uvicorn.Config:

@@ -22,6 +22,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from switchboard import gc_heap
 from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
@@ -81,6 +82,7 @@ class Worker:
         if not settings.redis.url:
             raise CannotStart("the worker needs redis.url (or REDIS_URL) to be set")
         self.settings = settings
+        self._owns_process = owns_process
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.started = time.time()
         self.kind = settings.worker.kind or machine_kind()
@@ -294,6 +296,10 @@ class Worker:
         if self._engine_factory is create_engine:  # a scripted engine imports nothing
             engines: set[str] = {model.engine_name for model in self._models}
             await asyncio.to_thread(import_runtimes, engines, self.settings.worker.engine_process)
+        if self._owns_process:
+            # The engines' runtime lives as long as the process: full collections need not walk it.
+            frozen = gc_heap.freeze_long_lived()
+            logger.info(f"froze {frozen} long-lived objects out of garbage collection")
         for model in self._models:
             await asyncio.to_thread(self._placement.estimate, model, self._estimator(model))
         self._engines_imported.set()
@@ -359,6 +365,7 @@ def run_worker(settings: Settings) -> None:
     """Entry point of `switchboard worker`; Triton and the engines end with this process, however it ends."""
     guard = descendants_guard.start()
     configure_tracing("switchboard-worker")
+    gc_heap.observe_pauses()
     try:
         try:
             worker = Worker(settings, owns_process=True)

@@ -96,6 +96,10 @@ def test_a_streamed_request_is_one_trace_across_both_processes_with_a_cold_start
         worker[("switchboard:request_cold_start_wait_seconds_count", (("model", MODEL), ("route", "")))] == 1
     )
     assert any(name.startswith("nv_inference") for name, _ in worker), "Triton's metrics on the worker's port"
+    # Both processes froze what they made at start-up out of full collections, and time every pause.
+    for process in (front, worker):
+        assert process[("switchboard:gc_frozen_objects", ())] > 10_000
+        assert process[("switchboard:gc_pause_seconds_count", (("generation", "0"),))] >= 1
 
 
 def _complete_trace(path: Path) -> list[dict[str, Any]] | None:

@@ -24,6 +24,7 @@ import threading
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from switchboard import gc_heap
 from switchboard.config import EngineProcess, ModelConfig
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.process_env import stop_process
@@ -147,6 +148,8 @@ def _pooling_main(
     except Exception as exc:
         connection.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    # The model and the runtime live as long as this process: full collections need not walk them.
+    gc_heap.freeze_long_lived()
     connection.send(("loaded", loaded))
     while True:
         try:

@@ -1,0 +1,115 @@
+"""The long-lived heap frozen out of full collections: what is frozen, what is still collected, and
+the pauses measured. Each case runs in a child interpreter: freezing the test process's own heap
+would keep its garbage for the rest of the run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def run_child(code: str) -> dict[str, object]:
+    """Run `code` in a fresh interpreter; what it printed last, as JSON."""
+    completed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(completed.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_freezing_keeps_live_start_up_objects_out_of_full_collections_but_not_start_up_garbage() -> None:
+    result = run_child(
+        """
+        import gc, json, weakref
+        from switchboard import gc_heap
+
+        class Node:
+            pass
+
+        kept = [Node() for _ in range(20_000)]  # start-up state: lives on
+        garbage = Node(); garbage.me = garbage  # a cycle nobody holds, made at start-up
+        collected_before = []
+        weakref.finalize(garbage, collected_before.append, True)
+        del garbage
+        before = len(gc.get_objects())
+        frozen = gc_heap.freeze_long_lived()
+        print(json.dumps({
+            "before": before, "frozen": frozen, "tracked_after": len(gc.get_objects()),
+            "start_up_garbage_collected": collected_before == [True],
+        }))
+        """
+    )
+    assert result["start_up_garbage_collected"], "a cycle made before the freeze is collected, not frozen"
+    assert isinstance(result["frozen"], int) and result["frozen"] >= 20_000
+    assert isinstance(result["tracked_after"], int) and result["tracked_after"] < 1_000
+
+
+def test_garbage_made_after_the_freeze_is_collected_and_collect_all_reaches_frozen_objects() -> None:
+    result = run_child(
+        """
+        import gc, json, weakref
+        from switchboard import gc_heap
+
+        class Engine:
+            pass
+
+        freed = []
+        engine = Engine(); engine.me = engine  # an engine's objects: loaded before the freeze
+        weakref.finalize(engine, freed.append, "engine")
+        gc_heap.freeze_long_lived()
+        later = Engine(); later.me = later  # a request's objects, after it
+        weakref.finalize(later, freed.append, "later")
+        del later
+        gc.collect()
+        after_plain = list(freed)
+        del engine  # the engine is unloaded: a plain collection cannot reach it, frozen
+        gc.collect()
+        after_unload_plain = list(freed)
+        gc_heap.collect_all()
+        print(json.dumps({
+            "after_plain": after_plain, "after_unload_plain": after_unload_plain,
+            "after_collect_all": freed, "frozen_again": gc.get_freeze_count() > 0,
+        }))
+        """
+    )
+    assert result["after_plain"] == ["later"]
+    assert result["after_unload_plain"] == ["later"], "a frozen cycle is out of a plain collection's reach"
+    assert result["after_collect_all"] == ["later", "engine"]
+    assert result["frozen_again"], "what survives is frozen again"
+
+
+def test_pauses_are_measured_by_generation_and_the_frozen_count_exported() -> None:
+    result = run_child(
+        """
+        import gc, json
+        from prometheus_client import generate_latest
+        from switchboard import gc_heap
+        from switchboard.metrics import REGISTRY
+
+        def full_pauses():
+            name = "switchboard:gc_pause_seconds_count"
+            return REGISTRY.get_sample_value(name, {"generation": "2"}) or 0.0
+
+        gc_heap.observe_pauses()
+        gc_heap.observe_pauses()  # twice: still one observer
+        gc_heap.freeze_long_lived()
+        before = full_pauses()
+        gc.collect(2)
+        print(json.dumps({
+            "one_full_collection": full_pauses() - before,
+            "text": generate_latest(REGISTRY).decode(),
+            "frozen": gc.get_freeze_count(),
+        }))
+        """
+    )
+    assert result["one_full_collection"] == 1, "each collection is observed once"
+    families = {family.name: family for family in text_string_to_metric_families(str(result["text"]))}
+    pauses = families["switchboard:gc_pause_seconds"].samples
+    assert {sample.labels["generation"] for sample in pauses if sample.name.endswith("_count")} >= {"2"}
+    assert all(sample.value < 1.0 for sample in pauses if sample.name.endswith("_sum")), pauses
+    (frozen,) = families["switchboard:gc_frozen_objects"].samples
+    assert frozen.value == result["frozen"]
+    assert frozen.value > 0
