@@ -9,6 +9,7 @@ from typing import Any
 
 import router.routing.fallback  # registers the fallbacks' counter
 import router.telemetry.metrics  # noqa: F401  (registers the front door's metrics)
+import switchboard.gc_heap  # noqa: F401  (registers the garbage collector's metrics, both sides)
 import workers.runtime.metrics  # noqa: F401  (registers the worker's metrics)
 from switchboard.metrics import REGISTRY, metric_names
 
