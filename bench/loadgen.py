@@ -7,8 +7,10 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
+from gc_pauses import metrics_urls, pauses_between, read_pauses
 from openai import AsyncOpenAI
 from servers import MODEL_NAME, Server
 
@@ -46,6 +48,8 @@ class LevelMetrics:
     redis_clients_peak: int | None = None
     # Other work on the machine skews both systems; the load average (ours included) hints when it did.
     load_1m_before: float | None = None
+    # Switchboard only: each process's garbage collections during the level (bench/gc_pauses.py).
+    gc: dict[str, dict[str, Any]] | None = None
 
 
 async def one_request(client: AsyncOpenAI, max_tokens: int) -> RequestResult:
@@ -117,6 +121,12 @@ async def measure_level(server: Server, concurrency: int, requests: int, max_tok
         load_before = round(os.getloadavg()[0], 2)
         await run_batch(client, WARMUP_REQUESTS, min(concurrency, WARMUP_REQUESTS), max_tokens)
         idle = await redis_clients(server.redis_url) if server.redis_url else None
+        urls = (
+            await asyncio.to_thread(metrics_urls, server.base_url, server.redis_url)
+            if server.redis_url
+            else {}
+        )
+        pauses_before = {name: await asyncio.to_thread(read_pauses, url) for name, url in urls.items()}
         stop = asyncio.Event()
         sampler = asyncio.create_task(sample_redis_peak(server.redis_url, stop)) if server.redis_url else None
         started = time.perf_counter()
@@ -124,8 +134,11 @@ async def measure_level(server: Server, concurrency: int, requests: int, max_tok
         wall_s = time.perf_counter() - started
         stop.set()
         peak = await sampler if sampler else None
+        pauses_after = {name: await asyncio.to_thread(read_pauses, url) for name, url in urls.items()}
     level = summarize(results, concurrency, wall_s, max_tokens)
     level.redis_clients_idle, level.redis_clients_peak = idle, peak
+    if urls:
+        level.gc = {name: pauses_between(pauses_before[name], pauses_after[name]) for name in urls}
     level.load_1m_before = load_before
     return level
 

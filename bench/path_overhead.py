@@ -102,6 +102,11 @@ def describe(level: LevelMetrics) -> str:
     text = f"{ttft}, {level.tokens_per_s:.0f} tok/s, {bad}"
     if level.redis_clients_peak is not None:
         text += f", Redis clients {level.redis_clients_idle} idle / {level.redis_clients_peak} peak"
+    for process, pauses in (level.gc or {}).items():
+        text += (
+            f"\n      {process}: {pauses['full_collections']} full garbage collections "
+            f"({pauses['full_ms']} ms), longest pause <= {pauses['longest_pause_ms_at_most']} ms"
+        )
     return text + "".join(f"\n      ! {sample}" for sample in level.error_samples)
 
 
