@@ -6,7 +6,9 @@ in a front door once its app was built (79,000 objects) and 230 ms in a worker o
 transformers were imported (460,000); under load a front door's took 145 ms. What start-up makes
 (modules, classes, the app, the engines' runtime) lives as long as the process, so a process that
 has started freezes it (`gc.freeze`, as vLLM's own server does): full collections then walk only
-what was made since, and take a millisecond or two.
+what was made since, and take a millisecond or two. A worker freezes what each model's load made as
+well, once the model is warm: its first vLLM model added 210,000 objects (the modules vLLM imports
+on first use among them), and a full collection went from 230 to 340 ms.
 
 A frozen object is never collected, so an engine's unload, which collects to free the memory its
 model held, thaws the heap first and freezes what survives (`collect_all`).
@@ -51,6 +53,13 @@ def freeze_long_lived() -> int:
     gc.freeze()
     _frozen = True
     return gc.get_freeze_count()
+
+
+def freeze_new() -> None:
+    """Freeze what was made since (a model just loaded), where the process froze its heap: at once,
+    without a collection; what of it is garbage goes at the model's unload (`collect_all`)."""
+    if _frozen:
+        gc.freeze()
 
 
 def collect_all() -> None:

@@ -114,6 +114,8 @@ class Worker:
             enabled=settings.worker.fair_shares and settings.worker.cpu_priorities,
         )
         self._slots.on_jobs_changed(self._priorities.update)
+        # A loaded model's objects live until its unload: full collections need not walk them.
+        self._slots.on_state_changed(_freeze_when_warm)
         self._consumer = JobConsumer(
             self._redis,
             self._writer,
@@ -346,6 +348,11 @@ class Worker:
     async def _close_redis(self) -> None:
         await self._poke_redis.aclose()
         await self._redis.aclose()
+
+
+def _freeze_when_warm(slot: ModelSlot) -> None:
+    if slot.state == "warm":
+        gc_heap.freeze_new()
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:

@@ -81,6 +81,25 @@ def test_garbage_made_after_the_freeze_is_collected_and_collect_all_reaches_froz
     assert result["frozen_again"], "what survives is frozen again"
 
 
+def test_what_a_load_made_is_frozen_after_it_only_where_the_process_froze_its_heap() -> None:
+    result = run_child(
+        """
+        import gc, json
+        from switchboard import gc_heap
+
+        gc_heap.freeze_new()  # a process that never froze its heap (a test's): nothing happens
+        untouched = gc.get_freeze_count()
+        gc_heap.freeze_long_lived()
+        at_start = gc.get_freeze_count()
+        model = [[index] for index in range(10_000)]  # a model's objects, loaded later
+        gc_heap.freeze_new()
+        print(json.dumps({"untouched": untouched, "added": gc.get_freeze_count() - at_start}))
+        """
+    )
+    assert result["untouched"] == 0
+    assert isinstance(result["added"], int) and result["added"] >= 10_000
+
+
 def test_pauses_are_measured_by_generation_and_the_frozen_count_exported() -> None:
     result = run_child(
         """

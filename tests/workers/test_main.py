@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from switchboard import keys
+from switchboard import gc_heap, keys
 from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import WorkerRecord, worker_decoder
@@ -65,6 +65,23 @@ async def test_a_started_worker_advertises_and_a_stopped_one_withdraws_and_ends_
     left = [task for task in set(asyncio.all_tasks()) - before if task is not asyncio.current_task()]
     assert not [task for task in left if not task.done()], left
     await worker.stop()  # idempotent
+
+
+async def test_a_model_is_frozen_out_of_full_collections_once_warm(
+    redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker hands the freeze to gc_heap, which freezes only in a process that froze its heap
+    # at start (never this test's): what is checked here is when the worker asks for it.
+    asked: list[list[str]] = []
+    config = settings(redis_server.url, [ModelConfig(name="tiny", path="unused")])
+    worker = Worker(config, Engines())
+    monkeypatch.setattr(gc_heap, "freeze_new", lambda: asked.append(sorted(worker._slots.held_names())))
+    async with running(worker):
+        assert asked == []
+        job = make_job("tiny", "fast 2")
+        await submit(redis, job)
+        await result(redis, job.id)
+        assert asked == [["tiny"]], "once, as the model became warm"
 
 
 class _RecordingEngines(Engines):

@@ -49,6 +49,7 @@ class Slots(Mapping[str, ModelSlot]):
         self._position = {model.name: position for position, model in enumerate(models)}
         self._held: set[str] = set()
         self._job_listeners: list[Callable[[], None]] = []
+        self._state_listeners: list[Callable[[ModelSlot], None]] = []
 
     def __getitem__(self, name: str) -> ModelSlot:
         return self._slots[name]
@@ -89,6 +90,11 @@ class Slots(Mapping[str, ModelSlot]):
         self._job_listeners.append(listener)
         return functools.partial(self._job_listeners.remove, listener)
 
+    def on_state_changed(self, listener: Callable[[ModelSlot], None]) -> Callable[[], None]:
+        """Call `listener` with a slot whose state has just changed; returns what stops that."""
+        self._state_listeners.append(listener)
+        return functools.partial(self._state_listeners.remove, listener)
+
     def _jobs_changed(self) -> None:
         for listener in self._job_listeners:
             listener()
@@ -99,6 +105,8 @@ class Slots(Mapping[str, ModelSlot]):
         else:
             self._held.add(name)
         self.changed.set()
+        for listener in self._state_listeners:
+            listener(self._slots[name])
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:

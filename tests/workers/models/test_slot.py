@@ -154,6 +154,24 @@ async def test_a_model_sleeps_under_no_job_and_wakes_without_a_new_load(host: Ho
     await slot.unload()
 
 
+async def test_listeners_see_each_state_a_slot_goes_through(host: Host) -> None:
+    slots = Slots(
+        [ModelConfig(name=f"m-{uuid.uuid4().hex[:8]}", path="unused")],
+        host=host.triton,
+        host_started=host.started,
+        create_engine=lambda _: ScriptedEngine(),
+    )
+    (slot,) = slots.values()
+    seen: list[str] = []
+    stop_listening = slots.on_state_changed(lambda changed: seen.append(f"{changed.name}:{changed.state}"))
+    await slot.ensure_warm()
+    await slot.unload()
+    stop_listening()
+    await slot.ensure_warm()
+    await slot.unload()
+    assert seen == [f"{slot.name}:{state}" for state in ("loading", "warm", "unloading", "cold")]
+
+
 async def test_a_failed_load_reaches_every_caller_that_joined_it_and_leaves_nothing_bound(host: Host) -> None:
     engine = ScriptedEngine(start_s=0.3, fail_start="CUDA out of memory")
     slot = host.slot(engine)
