@@ -10,8 +10,8 @@ what was made since, and take a millisecond or two. A worker freezes what each m
 well, once the model is warm: its first vLLM model added 210,000 objects (the modules vLLM imports
 on first use among them), and a full collection went from 230 to 340 ms.
 
-A frozen object is never collected, so an engine's unload, which collects to free the memory its
-model held, thaws the heap first and freezes what survives (`collect_all`).
+A frozen object is never collected, so once a worker has unloaded a model it thaws the heap,
+collects, and freezes what survives (`collect_all`): the model's objects go, and the memory they held.
 """
 
 from __future__ import annotations
@@ -56,14 +56,15 @@ def freeze_long_lived() -> int:
 
 
 def freeze_new() -> None:
-    """Freeze what was made since (a model just loaded), where the process froze its heap: at once,
-    without a collection; what of it is garbage goes at the model's unload (`collect_all`)."""
+    """Collect, then freeze what was made since (a model just loaded), where the process froze its
+    heap; the collection walks only what is not frozen yet."""
     if _frozen:
+        gc.collect()
         gc.freeze()
 
 
 def collect_all() -> None:
-    """A full collection that also reaches frozen objects (an unloaded engine's), then the survivors
+    """A full collection that also reaches frozen objects (an unloaded model's), then the survivors
     frozen again where the process froze its heap."""
     if not _frozen:
         gc.collect()

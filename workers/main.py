@@ -114,8 +114,9 @@ class Worker:
             enabled=settings.worker.fair_shares and settings.worker.cpu_priorities,
         )
         self._slots.on_jobs_changed(self._priorities.update)
-        # A loaded model's objects live until its unload: full collections need not walk them.
-        self._slots.on_state_changed(_freeze_when_warm)
+        # A loaded model's objects live until its unload: full collections need not walk them
+        # while it is warm, and are collected once it is cold.
+        self._slots.on_state_changed(_freeze_while_warm)
         self._consumer = JobConsumer(
             self._redis,
             self._writer,
@@ -350,9 +351,11 @@ class Worker:
         await self._redis.aclose()
 
 
-def _freeze_when_warm(slot: ModelSlot) -> None:
+def _freeze_while_warm(slot: ModelSlot) -> None:
     if slot.state == "warm":
         gc_heap.freeze_new()
+    elif slot.state == "cold":
+        gc_heap.collect_all()
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:

@@ -84,7 +84,7 @@ def test_garbage_made_after_the_freeze_is_collected_and_collect_all_reaches_froz
 def test_what_a_load_made_is_frozen_after_it_only_where_the_process_froze_its_heap() -> None:
     result = run_child(
         """
-        import gc, json
+        import gc, json, weakref
         from switchboard import gc_heap
 
         gc_heap.freeze_new()  # a process that never froze its heap (a test's): nothing happens
@@ -92,12 +92,22 @@ def test_what_a_load_made_is_frozen_after_it_only_where_the_process_froze_its_he
         gc_heap.freeze_long_lived()
         at_start = gc.get_freeze_count()
         model = [[index] for index in range(10_000)]  # a model's objects, loaded later
+        freed = []
+        class Junk:
+            pass
+
+        junk = Junk(); junk.me = junk  # the load's garbage: collected, never frozen
+        weakref.finalize(junk, freed.append, True)
+        del junk
         gc_heap.freeze_new()
-        print(json.dumps({"untouched": untouched, "added": gc.get_freeze_count() - at_start}))
+        print(json.dumps({
+            "untouched": untouched, "added": gc.get_freeze_count() - at_start, "garbage_freed": freed,
+        }))
         """
     )
     assert result["untouched"] == 0
     assert isinstance(result["added"], int) and result["added"] >= 10_000
+    assert result["garbage_freed"] == [True]
 
 
 def test_pauses_are_measured_by_generation_and_the_frozen_count_exported() -> None:

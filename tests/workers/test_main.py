@@ -67,21 +67,28 @@ async def test_a_started_worker_advertises_and_a_stopped_one_withdraws_and_ends_
     await worker.stop()  # idempotent
 
 
-async def test_a_model_is_frozen_out_of_full_collections_once_warm(
+async def test_a_model_is_frozen_out_of_full_collections_while_warm_and_collected_once_cold(
     redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The worker hands the freeze to gc_heap, which freezes only in a process that froze its heap
-    # at start (never this test's): what is checked here is when the worker asks for it.
-    asked: list[list[str]] = []
+    # The worker hands both to gc_heap, which freezes only in a process that froze its heap at
+    # start (never this test's): what is checked here is when the worker asks for them.
+    asked: list[tuple[str, list[str]]] = []
     config = settings(redis_server.url, [ModelConfig(name="tiny", path="unused")])
     worker = Worker(config, Engines())
-    monkeypatch.setattr(gc_heap, "freeze_new", lambda: asked.append(sorted(worker._slots.held_names())))
+
+    def ask(what: str) -> None:
+        asked.append((what, sorted(worker._slots.held_names())))
+
+    monkeypatch.setattr(gc_heap, "freeze_new", lambda: ask("freeze"))
+    monkeypatch.setattr(gc_heap, "collect_all", lambda: ask("collect"))
     async with running(worker):
         assert asked == []
         job = make_job("tiny", "fast 2")
         await submit(redis, job)
         await result(redis, job.id)
-        assert asked == [["tiny"]], "once, as the model became warm"
+        assert asked == [("freeze", ["tiny"])], "once, as the model became warm"
+        await worker._slots["tiny"].unload()
+        assert asked[1:] == [("collect", [])], "once, as the model became cold"
 
 
 class _RecordingEngines(Engines):

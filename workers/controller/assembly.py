@@ -1,4 +1,4 @@
-"""The model controller of one worker, put together from the worker's"""
+"""The model controller of one worker, put together from the worker's parts."""
 
 from __future__ import annotations
 

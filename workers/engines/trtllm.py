@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from switchboard import gc_heap, tracing
+from switchboard import tracing
 from switchboard.config import ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
@@ -178,7 +179,7 @@ class TrtllmEngine(Engine):
         self._prompts = None
         self._measured = (0.0, None)
         del llm
-        gc_heap.collect_all()  # frees what its model held, frozen or not
+        gc.collect()
         self.stop_seconds = time.monotonic() - started
         logger.info(
             "engine stopped", extra={"model": self.model.name, "seconds": round(self.stop_seconds, 2)}

@@ -10,6 +10,7 @@ A cold load is what a request for an unloaded model waits for, so starting is ke
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from switchboard import gc_heap, tracing
+from switchboard import tracing
 from switchboard.config import EngineProcess, ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
@@ -207,7 +208,7 @@ class VllmEngine(Engine):
         self._tokenizer = None
         self._prompts = None
         del llm
-        gc_heap.collect_all()  # frees what its model held, frozen or not
+        gc.collect()
         self.stop_seconds = time.monotonic() - started
         logger.info(
             "engine stopped", extra={"model": self.model.name, "seconds": round(self.stop_seconds, 2)}
