@@ -208,18 +208,29 @@ def _aborted(current: RolloutState | None, reason: str) -> RolloutState:
 
 async def _replace_rollout(redis: aioredis.Redis, route: Route, change: Any) -> RolloutState:
     """Write the state `change` makes of the route's current rollout, with its weights, if the
-    route's hash did not change meanwhile (WATCH)."""
+    route's hash did not change meanwhile (WATCH); read again and retry when it did.
+
+    The hash changes under an operator's request for reasons of no concern to it (a front door
+    seeding the route as it starts, the judge stepping the weights): `change` is made again from
+    what the hash holds then, so a real conflict (a rollout started meanwhile) still raises."""
     key = keys.route(route.name)
-    async with redis.pipeline(transaction=True) as pipe:
-        await pipe.watch(key)
-        state: RolloutState = change(decode_state(await pipe.hget(key, ROLLOUT_FIELD)))
-        pipe.multi()
-        stage_weights(pipe, route.name, state.weights(route.targets), route.targets, state)
-        try:
-            await pipe.execute()
-        except WatchError:
-            raise RolloutConflict("the route changed meanwhile; try again") from None
-    return state
+    for _ in range(WATCH_ATTEMPTS):
+        async with redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(key)
+            state: RolloutState = change(decode_state(await pipe.hget(key, ROLLOUT_FIELD)))
+            pipe.multi()
+            stage_weights(pipe, route.name, state.weights(route.targets), route.targets, state)
+            try:
+                await pipe.execute()
+            except WatchError:
+                continue
+        return state
+    raise RolloutConflict("the route kept changing meanwhile; try again")
+
+
+# Enough for the writes a route sees at once (seeding, the judge's step); a route that changes
+# this often while an operator writes is a conflict to report.
+WATCH_ATTEMPTS = 5
 
 
 def _encoded(targets: Sequence[str], weights: Sequence[int]) -> bytes:

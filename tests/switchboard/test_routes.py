@@ -7,14 +7,21 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from switchboard import keys
+from switchboard import keys, routes
 from switchboard.config import ConfigError, load_settings
+from switchboard.local.redis_server import PrivateRedis
+from switchboard.rollout import RolloutPlan, decode_state
 from switchboard.routes import (
     BUCKETS,
+    ROLLOUT_FIELD,
+    VERSION_FIELD,
+    WATCH_ATTEMPTS,
+    RolloutConflict,
     Route,
     WeightsError,
     bucket,
@@ -22,6 +29,7 @@ from switchboard.routes import (
     pick_target,
     route_from_fields,
     seed_route,
+    start_rollout,
     write_weights,
 )
 
@@ -162,3 +170,48 @@ async def test_live_weights_for_other_targets_give_way_to_the_config(redis: aior
     assert await seed_route(redis, CONFIGURED)
     live = route_from_fields("chat", CONFIGURED.targets, await redis.hgetall(keys.route("chat")))
     assert live is not None and live.weights == (90, 10)
+
+
+def change_the_route_as_it_is_read(
+    monkeypatch: pytest.MonkeyPatch, redis_server: PrivateRedis, times: int
+) -> list[int]:
+    """Another client bumps the route's version right after each of the first `times` reads of its
+    rollout (inside the WATCH, as a front door seeding it or the judge stepping it would); the
+    number of writes made so far."""
+    written = [0]
+    decode = decode_state
+
+    def read_with_a_write_beside(raw: bytes | None) -> object:
+        if written[0] < times:
+            written[0] += 1
+            with redis.Redis.from_url(redis_server.url) as other:
+                other.hincrby(keys.route("chat"), VERSION_FIELD, 1)
+        return decode(raw)
+
+    monkeypatch.setattr(routes, "decode_state", read_with_a_write_beside)
+    return written
+
+
+async def test_a_rollout_starts_though_the_route_changed_as_it_was_written(
+    redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed_route(redis, CONFIGURED)
+    written = change_the_route_as_it_is_read(monkeypatch, redis_server, times=2)
+    started = await start_rollout(redis, CONFIGURED, RolloutPlan(canary="chat-v2"))
+    assert written == [2] and started.phase == "warming"
+    assert decode_state(await redis.hget(keys.route("chat"), ROLLOUT_FIELD)) == started  # type: ignore[misc]
+    live = route_from_fields("chat", CONFIGURED.targets, await redis.hgetall(keys.route("chat")))
+    assert live is not None and live.weights == (100, 0)
+    with pytest.raises(RolloutConflict, match="runs"):  # a real conflict is still one
+        await start_rollout(redis, CONFIGURED, RolloutPlan(canary="chat-v2"))
+
+
+async def test_a_route_that_keeps_changing_is_a_conflict(
+    redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed_route(redis, CONFIGURED)
+    written = change_the_route_as_it_is_read(monkeypatch, redis_server, times=WATCH_ATTEMPTS)
+    with pytest.raises(RolloutConflict, match="kept changing"):
+        await start_rollout(redis, CONFIGURED, RolloutPlan(canary="chat-v2"))
+    assert written == [WATCH_ATTEMPTS]
+    assert await redis.hget(keys.route("chat"), ROLLOUT_FIELD) is None  # type: ignore[misc]
