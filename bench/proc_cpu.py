@@ -101,6 +101,10 @@ def classify(argv: tuple[str, ...], comm: str) -> str:
         return "redis-server"
     if comm.startswith(("VLLM::EngineCor", "EngineCore")):
         return "vLLM engine core"
+    if comm.startswith("VLLM::Worker"):
+        return "vLLM model runner"  # vLLM's own server runs the model in a process of its own
+    if "vllm.entrypoints.openai.api_server" in argv or (program == "vllm" and "serve" in argv):
+        return "vLLM API server"
     if "switchboard::pooling::" in comm or program.startswith("switchboard::pooling::"):
         return "pooling model process"
     if comm.startswith("switchboard::") or program.startswith("switchboard::"):

@@ -11,8 +11,17 @@ import threading
 from pathlib import Path
 
 import pytest
-from cpu_accounting import ENDED_THREADS, LevelLoad, cpu_deltas, group_cpu, per_chunk_us, per_request_ms
-from path_cpu_report import LevelCpu, markdown
+from cpu_accounting import (
+    ENDED_THREADS,
+    GroupCpu,
+    LevelLoad,
+    cpu_deltas,
+    group_cpu,
+    per_chunk_us,
+    per_request_ms,
+)
+from path_cpu_compare import compare, comparison_json, comparison_markdown
+from path_cpu_report import LOAD_GENERATOR, LevelCpu, markdown
 from proc_cpu import (
     CLOCK_TICKS,
     MAIN_THREAD,
@@ -65,6 +74,13 @@ def test_the_machine_is_busy_for_all_but_idle_and_iowait() -> None:
             "Python backend stub",
         ),
         (("VLLM::EngineCore",), "VLLM::EngineCor", "vLLM engine core"),
+        (("VLLM::Worker_TP0",), "VLLM::Worker_TP", "vLLM model runner"),
+        (
+            (".venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"),
+            "python",
+            "vLLM API server",
+        ),
+        ((".venv/bin/vllm", "serve", "/m"), "vllm", "vLLM API server"),
         (("switchboard::engine-fork-server",), "switchboard::en", "engine fork server"),
         (("switchboard::pooling::embedder",), "switchboard::po", "pooling model process"),
         ((".venv/bin/python", "-m", "switchboard", "--config", "c.toml", "worker"), "python", "worker"),
@@ -250,3 +266,65 @@ def test_without_py_spy_beside_python_or_on_the_path_there_is_none_to_run(
     assert py_spy_path() is None
     (tmp_path / "py-spy").write_text("")
     assert py_spy_path() == str(tmp_path / "py-spy")
+
+
+def level_of(
+    concurrency: int, requests: int, chunks: int, ttft_ms: float, cpu_s: dict[str, float]
+) -> LevelCpu:
+    """A level whose processes of each kind used `cpu_s[kind]` net of their idle baseline."""
+    groups = [GroupCpu(kind=kind, group=MAIN_THREAD, level_s=seconds) for kind, seconds in cpu_s.items()]
+    load = LevelLoad(concurrency, requests, errors=0, chunks=chunks, tokens=64 * requests, wall_s=10.0)
+    return LevelCpu(load, groups, 10.0, 15.0, 20.0, ttft_ms, ttft_ms * 2, [])
+
+
+def test_the_systems_are_compared_per_request_on_their_path_and_in_their_engine() -> None:
+    switchboard = [
+        level_of(
+            1,
+            100,
+            1600,
+            15.0,
+            {
+                "front door": 1.0,
+                "redis-server": 0.3,
+                "worker": 4.1,
+                "tritonserver": 0.1,
+                "Python backend stub": 0.1,
+                "vLLM engine core": 16.0,
+                LOAD_GENERATOR: 1.6,  # not the stack's
+            },
+        ),
+        level_of(64, 200, 1400, 250.0, {"front door": 1.0, "worker": 1.0, "vLLM engine core": 3.0}),
+    ]
+    vllm = [
+        level_of(
+            1,
+            100,
+            6600,
+            10.0,
+            {
+                "vLLM API server": 4.0,
+                "vLLM engine core": 14.0,
+                "vLLM model runner": 22.0,
+                LOAD_GENERATOR: 4.0,
+            },
+        ),
+        level_of(32, 128, 8000, 80.0, {"vLLM API server": 1.0, "vLLM engine core": 2.0}),
+    ]
+    (row,) = compare(switchboard, vllm)  # only the levels both ran
+    assert row.concurrency == 1
+    assert row.switchboard.path_ms == pytest.approx(56.0)  # 5.6 s over 100 requests
+    assert row.switchboard.engine_ms == pytest.approx(160.0)
+    assert row.vllm.path_ms == pytest.approx(40.0)
+    assert row.vllm.engine_ms == pytest.approx(360.0)  # its model runner is the engine's too
+    assert (row.switchboard.chunks_per_request, row.vllm.chunks_per_request) == (16.0, 66.0)
+    assert row.ratio("path_ms") == 1.4 and row.ratio("ttft_p50_ms") == 1.5
+    assert row.ratio("stack_ms") == 0.54  # 216 / 400
+    table = comparison_markdown([row])
+    assert (
+        "| 1 | 15.0 / 10.0 | 1.50 | 16.0 / 66.0 | 56.00 / 40.00 | 1.40 | 160.00 / 360.00 | 216.00 / 400.00 | 0.54 |"
+        in table
+    )
+    (saved,) = comparison_json([row])
+    assert saved["ratios"] == {"ttft_p50_ms": 1.5, "path_ms": 1.4, "stack_ms": 0.54}
+    assert saved["vllm"]["stack_ms"] == pytest.approx(400.0)
