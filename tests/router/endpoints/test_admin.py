@@ -81,6 +81,9 @@ async def test_status_gathers_replicas_queue_costs_and_failures(
     await redis.set(keys.load_failure(OTHER), encode(failure), ex=20)
 
     tiny, other = (await admin.get("/admin/models")).json()["data"]
+    # Every duration is as of the answer: the state's own plus what passed since it was written
+    # (seconds on a loaded machine), give or take the answer's rounding.
+    passed = time.time() - now + 0.1
 
     assert tiny["state"] == "warm"
     assert tiny["waiting"] == 2
@@ -93,16 +96,16 @@ async def test_status_gathers_replicas_queue_costs_and_failures(
     assert (first["worker_id"], first["host"], first["state"], first["replica"]) == ("w1", "gpu-a", "warm", 0)
     assert first["loading_elapsed_s"] is None
     assert (second["worker_id"], second["state"], second["replica"]) == ("w2", "loading", 1)
-    assert 12 <= second["loading_elapsed_s"] < 14
+    assert 12 <= second["loading_elapsed_s"] <= 12 + passed
     assert second["loading_expected_s"] == 50
 
     assert other["state"] == "warm"
-    assert 30 <= other["idle_s"] < 32
-    assert 268 < other["leaves_in_s"] <= 270
+    assert 30 <= other["idle_s"] <= 30 + passed
+    assert 270 - passed <= other["leaves_in_s"] <= 270
     assert other["never_leaves"] is False
     assert other["failure"]["reason"] == "disk full"
     assert other["failure"]["worker_id"] == "w2"
-    assert 18 < other["failure"]["retry_in_s"] <= 20
+    assert 20 - passed <= other["failure"]["retry_in_s"] <= 20
 
 
 async def test_one_model_and_unknown_models(admin: httpx.AsyncClient) -> None:
