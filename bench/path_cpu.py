@@ -31,7 +31,7 @@ from typing import Any
 from cpu_accounting import LevelLoad, cpu_deltas, group_cpu
 from loadgen import PROMPT, REQUEST_TIMEOUT_S, WARMUP_REQUESTS, RequestResult, run_batch, summarize
 from openai import AsyncOpenAI
-from path_cpu_compare import compare, comparison_json, comparison_markdown
+from path_cpu_compare import Compared, compare, comparison_json, comparison_markdown
 from path_cpu_report import (
     FRAMES_PER_GROUP,
     LOAD_GENERATOR,
@@ -65,6 +65,7 @@ from switchboard.local.demo_model import build_demo_model
 PROFILED = ("front door", "worker", "Python backend stub", "vLLM API server")
 NOT_PYTHON = ("redis-server", "tritonserver", PROFILER)
 SETTLE_S = 1.0  # after warm-up or a level, before the next reading, so stragglers finish
+TITLES = {"switchboard": "Switchboard", "vllm": "vLLM's own server (`vllm.entrypoints.openai.api_server`)"}
 
 
 @dataclass
@@ -299,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    text = report(measured, args)
+    rows = compare(measured["switchboard"], measured["vllm"]) if "vllm" in measured else None
+    text = report(measured, rows, args)
     print("\n" + text)
-    write_results(args, measured, text)
+    write_results(args, measured, rows, text)
     return 0
 
 
@@ -315,23 +317,21 @@ def measure_levels(server: Server, args: argparse.Namespace) -> list[LevelCpu]:
     return levels
 
 
-def report(measured: dict[str, list[LevelCpu]], args: argparse.Namespace) -> str:
-    """Each system's table and profiles, then the two side by side."""
+def report(measured: dict[str, list[LevelCpu]], rows: list[Compared] | None, args: argparse.Namespace) -> str:
+    """Each system's table and profiles, then the two side by side (`rows`, where both ran)."""
     parts = []
     for name, levels in measured.items():
         parts.append(f"## {TITLES[name]}\n\n" + markdown(levels))
         if args.profile and args.py_spy:
             parts.append(profile_summary(levels))
-    if "vllm" in measured:
-        rows = compare(measured["switchboard"], measured["vllm"])
+    if rows is not None:
         parts.append("## Switchboard against vLLM's server\n\n" + comparison_markdown(rows))
     return "\n".join(parts)
 
 
-TITLES = {"switchboard": "Switchboard", "vllm": "vLLM's own server (`vllm.entrypoints.openai.api_server`)"}
-
-
-def write_results(args: argparse.Namespace, measured: dict[str, list[LevelCpu]], text: str) -> None:
+def write_results(
+    args: argparse.Namespace, measured: dict[str, list[LevelCpu]], rows: list[Compared] | None, text: str
+) -> None:
     """The JSON (settings, every level's groups and processes per system, the comparison) and the
     Markdown beside it."""
     settings = {
@@ -348,9 +348,9 @@ def write_results(args: argparse.Namespace, measured: dict[str, list[LevelCpu]],
         "settings": settings,
         "levels": [as_json(level) for level in measured["switchboard"]],
     }
-    if "vllm" in measured:
+    if rows is not None:
         results["vllm_levels"] = [as_json(level) for level in measured["vllm"]]
-        results["comparison"] = comparison_json(compare(measured["switchboard"], measured["vllm"]))
+        results["comparison"] = comparison_json(rows)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     args.output.with_suffix(".md").write_text(text)
     print(f"results: {args.output} and {args.output.with_suffix('.md')}")

@@ -43,6 +43,9 @@ WEIGHT_FIELD = "weights"
 VERSION_FIELD = "version"
 UPDATED_FIELD = "updated"
 ROLLOUT_FIELD = "rollout"
+# Tries of an operator's rollout write whose route changed under its WATCH: enough for the writes a
+# route sees at once (seeding, the judge's step); one that changes this often is a conflict to report.
+WATCH_ATTEMPTS = 5
 
 _weights_json = msgspec.json.Decoder(dict[str, int])
 
@@ -226,11 +229,6 @@ async def _replace_rollout(redis: aioredis.Redis, route: Route, change: Any) -> 
                 continue
         return state
     raise RolloutConflict("the route kept changing meanwhile; try again")
-
-
-# Enough for the writes a route sees at once (seeding, the judge's step); a route that changes
-# this often while an operator writes is a conflict to report.
-WATCH_ATTEMPTS = 5
 
 
 def _encoded(targets: Sequence[str], weights: Sequence[int]) -> bytes:
