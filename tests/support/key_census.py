@@ -133,8 +133,9 @@ def take_census(
         for pattern in keys.all_key_patterns():
             for key in client.scan_iter(match=pattern, count=1000):
                 family = family_of(key)
-                # Milliseconds: a key in its last second reads TTL 0 yet still expires by itself, and
-                # one that expired between the scan and this read (-2) is simply gone.
+                # Milliseconds: a key in its last second (even its last millisecond, PTTL 0) reads
+                # TTL 0 yet still expires by itself, and one that expired between the scan and this
+                # read (-2) is simply gone.
                 pttl = client.pttl(key)
                 if pttl == -2:
                     continue
@@ -152,7 +153,7 @@ def take_census(
                     longest = KEPT_WITH_TTL.get(family) or slots_expire_within_s or 0
                     if family == "job record":
                         longest += deadlines_within_s
-                    if not 0 < ttl <= longest:
+                    if not 0 <= ttl <= longest:  # -1: no expiry at all
                         census.strays.append(f"{key} (ttl {ttl})")
                     census.longest_ttl[family] = max(census.longest_ttl.get(family, 0), ttl)
                 elif family not in LONG_LIVED:

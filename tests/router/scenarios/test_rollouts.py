@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -32,6 +32,7 @@ from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, SlotStatus, Usage, job_decoder
 from tests.router.scenarios.test_routes import CANARY, ROUTE, STABLE, routed_settings
 from tests.support.front_door_harness import advertise, serving, worker_record, write_chunks
+from tests.support.waits import eventually
 
 # What the scripted worker does with the nth job of a model: (seconds before answering, fail it).
 Behaviour = Callable[[str, int], tuple[float, bool]]
@@ -145,15 +146,6 @@ async def until(
             return dict(rollout)
         await asyncio.sleep(0.05)
     raise AssertionError(f"not reached in {timeout_s} s: {await rollout_of(client)}")
-
-
-async def eventually(probe: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await probe():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{probe.__name__} not within {timeout_s} s")
 
 
 def weights(route: dict[str, Any]) -> list[int]:

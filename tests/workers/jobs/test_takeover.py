@@ -8,8 +8,6 @@ on it) and has no worker record; what it sent before dying is on the job's resul
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 
 import msgspec
 import pytest
@@ -20,6 +18,7 @@ from switchboard.demand import note_demand
 from switchboard.wire import Chunk, Job, SamplingParams, Usage, encode
 from tests.support.jobs import result, submit, write_record
 from tests.support.one_worker import MODEL, Worker, job
+from tests.support.waits import eventually
 from workers.jobs.takeover import Takeover
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -56,13 +55,6 @@ async def taken_by_dead_worker(redis: aioredis.Redis, one: Job, *sent: Chunk, ta
         await redis.xadd(keys.result_stream(one.id), {"c": encode(chunk), "w": DEAD}, id=f"0-{position}")
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "not in time"
-        await asyncio.sleep(0.05)
-
-
 async def nothing_pending(redis: aioredis.Redis) -> bool:
     info = await redis.xpending(STREAM, keys.JOB_GROUP)
     return info["pending"] == 0 and await redis.xlen(STREAM) == 0
@@ -75,14 +67,14 @@ async def test_a_dead_workers_job_is_continued_where_its_clients_stream_stopped(
     assert "".join(c.text for c in chunks) == tokens(0, 6), "one seamless answer"
     assert worker.engine.continuations[one.id] == tokens(0, 2)
     assert chunks[-1].usage == Usage(prompt_tokens=3, completion_tokens=6), "every token counted"
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
 
 
 async def test_a_finished_job_delivered_again_is_not_answered_twice(worker: Worker) -> None:
     one = job("fast 2")
     last = Chunk(text=tokens(0, 2), finish_reason="length", usage=Usage(prompt_tokens=3, completion_tokens=2))
     await taken_by_dead_worker(worker.redis, one, last)
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
     assert await worker.redis.xlen(keys.result_stream(one.id)) == 1
     assert one.id not in worker.engine.requests
 
@@ -98,7 +90,7 @@ async def test_a_job_taken_max_deliveries_times_goes_to_the_dead_letters_with_an
     ((_, letter),) = await worker.redis.xrange(keys.dead_letter_stream())
     assert letter[b"job"] == encode(one) and b"3 workers" in letter[b"reason"]
     assert one.id not in worker.engine.requests
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
     await worker.redis.delete(keys.dead_letter_stream())
 
 
@@ -110,7 +102,7 @@ async def test_a_half_answered_job_that_cannot_be_continued_ends_with_an_error(w
     error = chunks[-1].error
     assert error is not None and error.code == "engine_error" and "several choices" in error.message
     assert one.id not in worker.engine.requests
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
 
 
 async def test_a_live_workers_running_job_is_never_taken(worker: Worker) -> None:
@@ -128,7 +120,7 @@ async def test_entries_that_are_not_jobs_go_to_the_dead_letters_and_the_next_job
     one = job("fast 2")
     await submit(worker.redis, one)
     assert (await result(worker.redis, one.id))[-1].finish_reason == "length"
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
     letters = await worker.redis.xrange(keys.dead_letter_stream())
     assert [fields[b"job"] for _, fields in letters] == [b"\xc1 not msgpack", b""]
     assert all(b"cannot be decoded" in fields[b"reason"] for _, fields in letters)
@@ -139,7 +131,7 @@ async def test_a_job_cancelled_before_a_worker_took_it_is_ended_without_output(w
     one = job("slow 1000 0.01")
     await worker.redis.set(keys.cancel_mark(one.id), b"1", ex=60)
     await submit(worker.redis, one)
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
     # The worker sends a fresh job on while it asks whether its client left: the abort meets the
     # job on its way (it never reaches the engine) or, rarely, just after it started there.
     assert one.id not in worker.engine.requests or one.id in worker.engine.aborted
@@ -150,9 +142,9 @@ async def test_a_job_cancelled_before_a_worker_took_it_is_ended_without_output(w
 async def test_a_result_stream_deleted_by_the_front_door_stops_the_engine(worker: Worker) -> None:
     one = job("hang")
     await submit(worker.redis, one)
-    await until(lambda: worker.redis.exists(keys.result_stream(one.id)))
+    await eventually(lambda: worker.redis.exists(keys.result_stream(one.id)), what="the result stream")
     await worker.redis.delete(keys.result_stream(one.id))  # its client left; no cancel mark came
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
     assert one.id in worker.engine.aborted
     assert not await worker.redis.exists(keys.result_stream(one.id)), "never created again"
 
@@ -179,7 +171,7 @@ async def test_a_chunk_redis_refuses_aborts_the_engine_and_the_job_is_taken_over
     assert one.id in worker.engine.aborted, "the engine stopped at once"
     assert worker.engine.requests.count(one.id) == 2, "then the job ran again"
     assert "".join(c.text for c in chunks) == tokens(0, 24)
-    await until(lambda: nothing_pending(worker.redis))
+    await eventually(lambda: nothing_pending(worker.redis), what="nothing pending")
 
 
 async def test_the_read_loop_goes_on_after_an_unexpected_error(
