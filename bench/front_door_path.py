@@ -108,6 +108,8 @@ class LevelRun:
     requests: int
     ttfb_p50_ms: float | None
     ttfb_p99_ms: float | None
+    # Whole answers per second: a closed loop's TTFB rises with what the front door gets through.
+    requests_per_s: float
     cpu_ms_per_request: float
     redis_commands_per_request: float
     syscalls_per_request: float
@@ -149,6 +151,7 @@ async def measure_level(
         requests=requests,
         ttfb_p50_ms=percentile(ttfbs_ms, 50),
         ttfb_p99_ms=percentile(ttfbs_ms, 99),
+        requests_per_s=round(requests / wall_s, 1),
         cpu_ms_per_request=round(cpu_s * 1000 / requests, 3),
         redis_commands_per_request=round(sum(calls.values()), 2),
         syscalls_per_request=round(syscalls_made / requests, 2),
@@ -242,7 +245,8 @@ async def measure_tree(
             into.append(level)
             print(
                 f"round {round_no} {label:>8} c={concurrency:<3} ttfb p50 {fmt(level.ttfb_p50_ms, 2)} ms "
-                f"p99 {fmt(level.ttfb_p99_ms, 2)} ms, cpu {level.cpu_ms_per_request:.3f} ms/req, "
+                f"p99 {fmt(level.ttfb_p99_ms, 2)} ms, {level.requests_per_s} req/s, "
+                f"cpu {level.cpu_ms_per_request:.3f} ms/req, "
                 f"redis {level.redis_commands_per_request} cmd/req, {level.syscalls_per_request} syscalls/req",
                 flush=True,
             )
@@ -280,7 +284,18 @@ def median(values: list[float | None]) -> float | None:
 
 
 def print_table(runs: dict[str, list[LevelRun]], levels: list[int]) -> None:
-    lines = [["tree", "streams", "TTFB p50 ms", "TTFB p99 ms", "CPU ms/req", "Redis cmd/req", "syscalls/req"]]
+    lines = [
+        [
+            "tree",
+            "streams",
+            "TTFB p50 ms",
+            "TTFB p99 ms",
+            "req/s",
+            "CPU ms/req",
+            "Redis cmd/req",
+            "syscalls/req",
+        ]
+    ]
     for label, level_runs in runs.items():
         for concurrency in levels:
             at = [run for run in level_runs if run.concurrency == concurrency]
@@ -290,6 +305,7 @@ def print_table(runs: dict[str, list[LevelRun]], levels: list[int]) -> None:
                     str(concurrency),
                     fmt(median([run.ttfb_p50_ms for run in at]), 2),
                     fmt(median([run.ttfb_p99_ms for run in at]), 2),
+                    fmt(median([run.requests_per_s for run in at]), 1),
                     fmt(median([run.cpu_ms_per_request for run in at]), 3),
                     fmt(median([run.redis_commands_per_request for run in at]), 2),
                     fmt(median([run.syscalls_per_request for run in at]), 1),

@@ -23,7 +23,7 @@ from router.pipeline import Pipeline
 from router.pooling_pipeline import PoolingPipeline
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
-from router.queue.run import JobRuns
+from router.queue.starts import JobRuns
 from router.routing.judge import RolloutJudge
 from router.routing.pipeline_table import PipelineTable
 from router.routing.shadow import ShadowTraffic
@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 # Connections for enqueues and cancel marks; the result reader has one of its own.
 POOL_CONNECTIONS = 16
+# How long a stopping front door waits for the releases its last answers sent without waiting, and
+# then for the deletion of their results.
+RELEASE_DRAIN_S = 2.0
 
 
 class FrontDoor:
@@ -137,6 +140,8 @@ class FrontDoor:
         """Stop every background task, remove the heartbeat and close the connections."""
         await self.tasks.stop()
         await self.judge.stop()
+        await self.admission.drain(RELEASE_DRAIN_S)
+        await self.reader.flush_ended(RELEASE_DRAIN_S)
         await self.heartbeat.forget()
         await self._reader_redis.aclose()
         await self.redis.aclose()

@@ -30,8 +30,9 @@ from router.openai.completions import CompletionRequest
 from router.openai.errors import OpenAIError
 from router.openai.pooling_checks import check_model_kind
 from router.pipeline_shapes import PipelineShapes
-from router.queue.run import JobRun, JobRuns
+from router.queue.run import JobRun
 from router.queue.source import ChunkSource
+from router.queue.starts import JobRuns
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.completions import CompletionRelay, completion_relay
 from router.relay.first_byte import StreamForm, stream_response

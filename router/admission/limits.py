@@ -92,13 +92,31 @@ class Ticket:
         self.reserved_tokens = reserved_tokens
         self._released = False
 
+    @property
+    def answer_waits_for_release(self) -> bool:
+        """Whether the request's answer must wait until its slots are given back: a key limited to
+        some requests at a time sends its next one the moment it has this answer, and that one must
+        find this one's slot free, at whichever front door it lands. Tokens per minute and the
+        servers' overall cap are budgets that a release a few milliseconds late does not break."""
+        return self.caller.max_parallel is not None
+
     async def release(self, used_tokens: int | None) -> None:
         """Free the request's slots and settle its tokens with `used_tokens` (None: keep the estimate)."""
         if self._released:
             return
         self._released = True
-        refund = 0 if used_tokens is None else self.reserved_tokens - used_tokens
-        await self._admission.release(self, refund)
+        await self._admission.release(self, self._refund(used_tokens))
+
+    def release_soon(self, used_tokens: int | None) -> None:
+        """`release`, sent with the front door's next batch of releases without waiting for Redis's
+        reply (a failure is logged; the slots then expire past the job's deadline)."""
+        if self._released:
+            return
+        self._released = True
+        self._admission.release_soon(self, self._refund(used_tokens))
+
+    def _refund(self, used_tokens: int | None) -> int:
+        return 0 if used_tokens is None else self.reserved_tokens - used_tokens
 
     def given_back(self) -> None:
         """Its slots are free already (the script that took them gave them back): `release` sends nothing."""
@@ -221,9 +239,21 @@ class Admission:
 
     async def release(self, ticket: Ticket, refund_tokens: int) -> None:
         """Give a ticket's slots back and its unused tokens (`Ticket.release` calls this)."""
+        await self._releases.run(self._release_script, *self._release_call(ticket, refund_tokens))
+
+    def release_soon(self, ticket: Ticket, refund_tokens: int) -> None:
+        """`release` without waiting for it (`Ticket.release_soon` calls this)."""
+        reply = self._releases.submit(self._release_script, *self._release_call(ticket, refund_tokens))
+        reply.add_done_callback(_log_failed_release)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait, up to `timeout_s`, for the releases sent without waiting to be done (as the front
+        door stops: its Redis connections close next)."""
+        await self._releases.drain(timeout_s)
+
+    def _release_call(self, ticket: Ticket, refund_tokens: int) -> tuple[list[str], list[str | int]]:
         name = ticket.caller.name or ""
-        await self._releases.run(
-            self._release_script,
+        return (
             [keys.key_rate(name), keys.key_in_flight(name), keys.in_flight()],
             [ticket.slot, refund_tokens, ticket.caller.tpm or 0],
         )
@@ -254,3 +284,11 @@ class Admission:
             return TooManyRequestsError(message, retry_after_s=BUSY_RETRY_S, code="server_busy")
         message = f"The queue of model `{job.model}` is full: {detail} jobs wait (limits.max_queue_depth)."
         return TooManyRequestsError(message, retry_after_s=BUSY_RETRY_S, code="queue_full")
+
+
+def _log_failed_release(reply: asyncio.Future[object]) -> None:
+    if reply.cancelled():
+        return
+    if (error := reply.exception()) is not None:
+        # Its slots expire on their own past the job's deadline.
+        logger.warning("could not release a request's admission slots", extra={"error": str(error)})

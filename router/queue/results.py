@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -233,9 +234,10 @@ class ResultReader:
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def _read_once(self) -> None:
-        if self._ended:
-            await self._clean_up_ended()
         if not self._subscriptions:
+            if self._ended:
+                await self._clean_up_ended()
+                return  # a subscription may have come meanwhile: look again before waiting
             self._has_work.clear()
             await self._has_work.wait()
             return
@@ -253,23 +255,48 @@ class ResultReader:
         )
         self.blocked = True
         try:
-            response = await self._redis.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
+            response = await self._read(streams)
         finally:
             self.blocked = False
         for stream_key, entries in stream_entries(response):
             self._dispatch(stream_key, entries)
 
+    async def _read(self, streams: dict[bytes, bytes]) -> Any:
+        """XREAD BLOCK over `streams`; the results of jobs that ended since the last read are deleted
+        in the same round trip (a pass that sent them first read a round trip later, and with it
+        every chunk it read)."""
+        if not self._ended:
+            return await self._redis.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
+        ended, self._ended = self._ended, []
+        pipe = self._redis.pipeline(transaction=False)
+        _clean_up(pipe, ended)
+        pipe.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
+        try:
+            replies = await pipe.execute()
+        except BaseException:
+            self._ended.extend(ended)
+            raise
+        return replies[-1]
+
+    async def flush_ended(self, timeout_s: float) -> None:
+        """Delete (or bound) now, within `timeout_s`, the results of jobs that ended since the reader's
+        last pass: for a stopping front door, whose reader, stopped, takes no next pass. Left undone,
+        they would stay until their writer's expiry (`keys.RESULT_TTL_S`). A failure is logged."""
+        if not self._ended:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._clean_up_ended()
+        except (RedisError, TimeoutError) as exc:
+            logger.warning(
+                "could not delete the results of the last jobs read",
+                extra={"jobs": len(self._ended), "error": str(exc)},
+            )
+
     async def _clean_up_ended(self) -> None:
         ended, self._ended = self._ended, []
         pipe = self._redis.pipeline(transaction=False)
-        for job_id, keep_s in ended:
-            results, record = keys.result_stream(job_id), keys.job_record(job_id)
-            if keep_s is None:
-                pipe.unlink(results, record)
-            else:
-                # Its writer sets an expiry too; this bounds it even if the writer never wrote again.
-                pipe.expire(results, keep_s)
-                pipe.expire(record, keep_s)
+        _clean_up(pipe, ended)
         try:
             await pipe.execute()
         except BaseException:
@@ -356,3 +383,15 @@ class ResultReader:
                 subscription.read_to_end = True
                 self.unsubscribe(subscription)
                 return
+
+
+def _clean_up(pipe: Any, ended: list[tuple[str, int | None]]) -> None:
+    """Delete the results (and records) of jobs whose readers here ended, or bound how long they stay."""
+    for job_id, keep_s in ended:
+        results, record = keys.result_stream(job_id), keys.job_record(job_id)
+        if keep_s is None:
+            pipe.unlink(results, record)
+        else:
+            # Its writer sets an expiry too; this bounds it even if the writer never wrote again.
+            pipe.expire(results, keep_s)
+            pipe.expire(record, keep_s)

@@ -44,12 +44,21 @@ class ScriptBatch:
 
     async def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """`script`'s reply for these KEYS and ARGV; its error raised. A caller cancelled meanwhile
-        leaves its call to run: whoever needs its effect undone waits for it (see `router.queue.run`)."""
+        leaves its call to run: whoever needs its effect undone waits for it (see `router.queue.starts`)."""
+        return await asyncio.shield(self.submit(script, keys, args))
+
+    def submit(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> asyncio.Future[Any]:
+        """Send the call with the next batch without waiting for it: its reply (or error), to come."""
         call = _Call(script, keys, args)
         self._waiting.append(call)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.ensure_future(self._send_while_waiting())
-        return await asyncio.shield(call.reply)
+        return call.reply
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait, up to `timeout_s`, for every call submitted so far to be answered."""
+        if self._sender is not None and not self._sender.done():
+            await asyncio.wait([self._sender], timeout=timeout_s)
 
     async def _send_while_waiting(self) -> None:
         while self._waiting:

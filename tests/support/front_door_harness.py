@@ -106,10 +106,14 @@ async def next_job(redis: aioredis.Redis, model: str = MODEL, timeout_s: float =
 
 
 async def write_chunks(redis: aioredis.Redis, job_id: str, *chunks: Chunk) -> None:
-    """Append result chunks as a worker's result writer does."""
+    """Append result chunks as a worker's result writer does: with the stream's expiry, at once (its
+    script does both in one step; an expiry set a round trip later could undo the shorter one a front
+    door sets when it has read the stream to its end)."""
+    pipe = redis.pipeline(transaction=True)
     for chunk in chunks:
-        await redis.xadd(keys.result_stream(job_id), {keys.CHUNK_FIELD: encode(chunk)})
-    await redis.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
+        pipe.xadd(keys.result_stream(job_id), {keys.CHUNK_FIELD: encode(chunk)})
+    pipe.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
+    await pipe.execute()
 
 
 async def answer_ok(redis: aioredis.Redis, job_id: str) -> None:

@@ -4,13 +4,13 @@ or error, each call run exactly once, even after Redis lost its scripts."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from switchboard.lua.batched import ScriptBatch
+from tests.support.counted_redis import CountedRoundTrips
 
 # Counts its runs per key, and fails when asked to (ARGV[1] = "fail").
 COUNTING = """
@@ -19,30 +19,15 @@ return redis.call('INCR', KEYS[1])
 """
 
 
-class CountedPipelines:
-    """`redis` whose pipelines are counted (the one thing this test doubles)."""
-
-    def __init__(self, redis: aioredis.Redis) -> None:
-        self.pipelines = 0
-        self._redis = redis
-
-    def pipeline(self, **options: Any) -> Any:
-        self.pipelines += 1
-        return self._redis.pipeline(**options)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._redis, name)
-
-
 async def test_concurrent_calls_share_one_round_trip_and_get_their_own_replies(redis: aioredis.Redis) -> None:
-    counted = CountedPipelines(redis)
+    counted = CountedRoundTrips(redis)
     batch = ScriptBatch(counted)  # type: ignore[arg-type]
     script = redis.register_script(COUNTING)
     first = await batch.run(script, ["alone"], ["ok"])
-    assert (first, counted.pipelines) == (1, 1), "a lone call leaves at once"
+    assert (first, counted.round_trips) == (1, 1), "a lone call leaves at once"
     replies = await asyncio.gather(*(batch.run(script, [f"key-{i % 4}"], ["ok"]) for i in range(40)))
     # Made in one turn of the loop, the 40 calls went together.
-    assert counted.pipelines == 2
+    assert counted.round_trips == 2
     assert sorted(replies) == sorted(n for _ in range(4) for n in range(1, 11))
     assert [int(await redis.get(f"key-{i}")) for i in range(4)] == [10, 10, 10, 10]
 
@@ -85,3 +70,15 @@ async def test_a_cancelled_caller_leaves_its_call_to_run(redis: aioredis.Redis) 
             break
         await asyncio.sleep(0.01)
     assert int(await redis.get("second")) == 1
+
+
+async def test_a_submitted_call_runs_without_its_caller_waiting_and_drain_waits_for_it(
+    redis: aioredis.Redis,
+) -> None:
+    batch = ScriptBatch(redis)
+    script = redis.register_script(COUNTING)
+    replies = [batch.submit(script, ["submitted"], ["ok"]) for _ in range(3)]
+    assert not any(reply.done() for reply in replies), "nothing was awaited: nothing has run yet"
+    await batch.drain(timeout_s=5)
+    assert sorted(reply.result() for reply in replies) == [1, 2, 3]
+    assert int(await redis.get("submitted")) == 3

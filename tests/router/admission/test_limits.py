@@ -113,6 +113,28 @@ async def test_parallel_requests_are_limited_per_key_until_released(redis: aiore
     await refused(admission, job(), caller)
 
 
+async def test_a_slot_released_soon_is_free_once_the_releases_are_drained(
+    redis: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    admission = Admission(redis, LimitsConfig())
+    caller = Caller(name="alice", max_parallel=1, tpm=1000)
+    ticket = await admission.admit(job(max_tokens=100), caller)
+    assert ticket.answer_waits_for_release, "a key with a parallel limit waits for its release"
+    assert not (await admission.admit(job(), Caller(name="bob"))).answer_waits_for_release
+    ticket.release_soon(10)
+    ticket.release_soon(10)  # idempotent: one release
+    await admission.drain(timeout_s=5)
+    assert await redis.zcard(keys.key_in_flight("alice")) == 0
+    assert await admission.admit(job(), caller)
+    # A release that fails is logged, not raised: the slot expires past the job's deadline.
+    failing = Ticket(admission, "slot-x", Caller(name="carol", tpm=1000), reserved_tokens=5)
+    await redis.set(keys.key_rate("carol"), "not a hash")
+    with caplog.at_level("WARNING"):
+        failing.release_soon(1)
+        await admission.drain(timeout_s=5)
+    assert "could not release" in caplog.text
+
+
 async def test_a_slot_never_released_expires_past_the_jobs_deadline(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig())
     caller = Caller(name="alice", max_parallel=1)

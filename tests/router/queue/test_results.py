@@ -23,8 +23,10 @@ from switchboard.local.redis_server import PrivateRedis
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, LoadFailure, Usage, encode
+from tests.support.counted_redis import CountedRoundTrips
 from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for
 from tests.support.redis_nodes import RedisNode
+from tests.support.waits import eventually
 
 
 async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
@@ -107,6 +109,62 @@ async def test_readers_of_one_job_each_get_the_chunks_past_their_own_point(redis
         assert reader.in_flight == 0
     finally:
         await tasks.stop()
+
+
+async def test_an_ended_jobs_results_are_deleted_in_the_next_reads_round_trip(redis: aioredis.Redis) -> None:
+    counted = CountedRoundTrips(redis)
+    reader = ResultReader(counted, "door", RedisHealth(redis))  # type: ignore[arg-type]
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    ending, going_on = "e" * 32, "g" * 32
+    last = encode(Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)))
+    await redis.xadd(keys.result_stream(going_on), {"c": encode(Chunk(text="a"))})
+    try:
+        ends, goes_on = reader.subscribe(ending, MODEL), reader.subscribe(going_on, MODEL)
+
+        async def reading_both() -> bool:
+            return reader.blocked and goes_on.has_chunk
+
+        await eventually(reading_both)
+        before = counted.round_trips
+        await redis.xadd(keys.result_stream(ending), {"c": last})
+        assert await texts_until_last(ends) == [""]
+
+        async def deleted_and_reading() -> bool:
+            return reader.blocked and not await redis.exists(keys.result_stream(ending))
+
+        await eventually(deleted_and_reading)
+        # The read that brought the end, then one round trip: the deletion and the next read together.
+        assert counted.round_trips - before == 1
+        await redis.xadd(keys.result_stream(going_on), {"c": last})
+        assert await texts_until_last(goes_on) == ["a", ""]
+    finally:
+        await tasks.stop()
+
+
+async def test_a_stopping_front_door_deletes_the_results_its_reader_had_not_yet(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """A job's results are deleted on the reader's next pass, which a blocked read holds back for up
+    to BLOCK_MS: a front door that stops meanwhile deletes them itself, or they would stay until
+    their writer's expiry (`keys.RESULT_TTL_S`, ten minutes)."""
+    front_door = await FrontDoor.open(settings_for(redis_server.url))
+    reader = front_door.reader
+    left = "l" * 32
+    await redis.xadd(keys.result_stream(left), {"c": encode(Chunk(text="a"))})
+    try:
+        reader.subscribe("w" * 32, MODEL)  # a job still waiting for its first chunk
+        leaving = reader.subscribe(left, MODEL)
+
+        async def blocked_after_the_first_chunk() -> bool:
+            return reader.blocked and leaving.has_chunk
+
+        await eventually(blocked_after_the_first_chunk)
+        reader.unsubscribe(leaving)  # its client left: nothing is kept for it
+        assert await redis.exists(keys.result_stream(left)), "not deleted before the reader's next pass"
+    finally:
+        await front_door.close()
+    assert not await redis.exists(keys.result_stream(left))
 
 
 async def texts_until_last(subscription: Subscription) -> list[str]:
