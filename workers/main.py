@@ -45,6 +45,7 @@ from workers.models.slot import ModelSlot
 from workers.models.slots import Slots
 from workers.runtime import descendants_guard
 from workers.runtime.cpu_priority import EnginePriorities
+from workers.runtime.heap_upkeep import HeapUpkeep
 from workers.runtime.heartbeat import Heartbeat
 from workers.runtime.machine import machine_kind, memory_budget_bytes
 from workers.runtime.metrics import SLOTS
@@ -114,9 +115,6 @@ class Worker:
             enabled=settings.worker.fair_shares and settings.worker.cpu_priorities,
         )
         self._slots.on_jobs_changed(self._priorities.update)
-        # A loaded model's objects live until its unload: full collections need not walk them
-        # while it is warm, and are collected once it is cold.
-        self._slots.on_state_changed(_freeze_while_warm)
         self._consumer = JobConsumer(
             self._redis,
             self._writer,
@@ -131,6 +129,9 @@ class Worker:
             # A worker that no longer takes jobs must not hold models (and replica leases) for nothing.
             on_failure=self._stop_requested.set,
         )
+        # A loaded model's objects live until its unload: full collections need not walk them
+        # while it is warm, and are collected once it is cold (each between jobs).
+        self._heap_upkeep = HeapUpkeep(self._slots)
         self._heartbeat = Heartbeat(
             self._redis, self.record, settings.worker.heartbeat_s, healthy=self._healthy
         )
@@ -205,6 +206,7 @@ class Worker:
         except OSError as exc:
             logger.warning(f"serving no metrics: {exc}", extra={"worker_id": self.id})
         self._writer.start()
+        self._tasks.start(self._heap_upkeep.run(), "heap upkeep")
         await self._consumer.start()
         await self._heartbeat.start()
         self._in_background(self._prepare_loading(), "start Triton")
@@ -349,13 +351,6 @@ class Worker:
     async def _close_redis(self) -> None:
         await self._poke_redis.aclose()
         await self._redis.aclose()
-
-
-def _freeze_while_warm(slot: ModelSlot) -> None:
-    if slot.state == "warm":
-        gc_heap.freeze_new()
-    elif slot.state == "cold":
-        gc_heap.collect_all()
 
 
 async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -> None:

@@ -15,7 +15,7 @@ from switchboard.config import ModelConfig
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import WorkerRecord, worker_decoder
 from tests.support.jobs import make_job, result, submit
-from tests.support.one_worker import running, settings
+from tests.support.one_worker import running, settings, until
 from tests.support.scripted_engine import Engines
 from workers.engines.base import Engine
 from workers.engines.registry import EngineOptions
@@ -86,9 +86,40 @@ async def test_a_model_is_frozen_out_of_full_collections_while_warm_and_collecte
         job = make_job("tiny", "fast 2")
         await submit(redis, job)
         await result(redis, job.id)
+        await until(lambda: bool(asked), 10, "the freeze")
         assert asked == [("freeze", ["tiny"])], "once, as the model became warm"
         await worker._slots["tiny"].unload()
+        await until(lambda: len(asked) == 2, 10, "the collection")
         assert asked[1:] == [("collect", [])], "once, as the model became cold"
+
+
+async def test_a_collection_waits_for_the_other_models_job_to_end(
+    redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection stops the whole process (340 ms once a vLLM model was loaded): one due while
+    another model's job runs waits for that job to end rather than stall its stream."""
+    asked: list[str] = []
+    models = [ModelConfig(name="leaving", path="unused"), ModelConfig(name="busy", path="unused")]
+    worker = Worker(settings(redis_server.url, models), Engines())
+    monkeypatch.setattr(gc_heap, "freeze_new", lambda: asked.append("freeze"))
+    monkeypatch.setattr(gc_heap, "collect_all", lambda: asked.append("collect"))
+    async with running(worker):
+        warming = [make_job("leaving", "fast 1"), make_job("busy", "fast 1")]
+        await submit(redis, *warming)
+        for job in warming:
+            await result(redis, job.id)
+        await until(lambda: "freeze" in asked, 10, "the freeze of both models")
+        long = make_job("busy", "slow 30 0.05")  # 1.5 s of tokens
+        await submit(redis, long)
+        await until(lambda: worker._slots["busy"].in_flight == 1, 10, "the long job's start")
+        asked.clear()
+        await worker._slots["leaving"].unload()
+        await asyncio.sleep(0.5)
+        assert worker._slots["busy"].in_flight == 1, "the long job still runs"
+        assert asked == [], "no collection while it runs"
+        chunks = await result(redis, long.id)
+        assert chunks[-1].finish_reason == "length"
+        await until(lambda: asked == ["collect"], 10, "the collection once the job ended")
 
 
 class _RecordingEngines(Engines):
