@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Literal, NoReturn
 
 import msgspec
@@ -167,6 +168,11 @@ class PooledRow(msgspec.Struct, frozen=True, kw_only=True):
 
 class PoolingEngine(Engine):
     """A model that answers once per row (embed, classify, score) instead of streaming text."""
+
+    @property
+    @abc.abstractmethod
+    def batch_socket(self) -> Path:
+        """Where the model's process takes the batches Triton's stub sends it (a Unix socket)."""
 
     @abc.abstractmethod
     async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:

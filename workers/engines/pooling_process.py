@@ -1,4 +1,5 @@
-"""A pooling model's own process: the runner computes there, the worker sends it batches over a pipe.
+"""A pooling model's own process: the runner computes there; batches come from Triton's stub over a
+Unix socket, and from the worker over a pipe.
 
 In the worker's process the runner's Python glue between torch's kernels (a few hundred calls per
 forward pass of even a tiny BERT) needed the GIL the worker's event loop holds most of the time
@@ -9,8 +10,11 @@ itself, as vLLM's model runner has beside its API server.
 The child is forked from the worker's fork server (`forked_core`), which imported torch and
 transformers once, so a load costs the model's files, not the imports; with `engine_process =
 "spawn"` it starts afresh instead. Its first message says what it loaded (`LoadedModel`) or why it
-could not; then it answers one batch at a time, in order. It ends when the worker closes the pipe or
-sends None, and with the fork server (or the worker) when that ends.
+could not, and from then on it listens at the socket the worker named (`batch_socket`): Triton's
+stub for the model (`workers.triton.pooling_backend`) connects there and sends the batches Triton's
+dynamic batcher made, straight from the stub to the model. The pipe takes the worker's own batches.
+Either way one batch computes at a time, in order. It ends when the worker closes the pipe or sends
+None, and with the fork server (or the worker) when that ends.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import multiprocessing.connection
 import os
 import signal
 import threading
+from multiprocessing.connection import Listener
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from switchboard import gc_heap
@@ -29,6 +35,8 @@ from switchboard.config import EngineProcess, ModelConfig
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.process_env import stop_process
 from workers.engines.torch_pooling_runner import LoadedModel, PoolingRunner
+from workers.triton.pooling_backend import FAILED, OK, frame, unframe
+from workers.triton.pooling_model import answer_of, row_decoder, row_encoder
 
 Answers = list[PooledRow | InvalidEngineRequest]
 
@@ -51,8 +59,11 @@ class PoolingProcess:
         self._lock = threading.Lock()
 
     @classmethod
-    def launch(cls, model: ModelConfig, *, cpu_threads: str | None, start: EngineProcess) -> PoolingProcess:
-        """Start the model's process and wait until it has loaded the model (or failed to)."""
+    def launch(
+        cls, model: ModelConfig, *, cpu_threads: str | None, start: EngineProcess, batch_socket: Path
+    ) -> PoolingProcess:
+        """Start the model's process and wait until it has loaded the model (or failed to) and listens
+        for Triton's batches at `batch_socket`."""
         if start == "fork":
             from workers.engines.forked_core import start_fork_server
 
@@ -66,7 +77,7 @@ class PoolingProcess:
         process: BaseProcess = context.Process(
             target=_pooling_main,
             name=f"pooling-{model.name}",
-            args=(child_end, dict(os.environ), cpu_threads, model, start == "fork"),
+            args=(child_end, dict(os.environ), cpu_threads, model, start == "fork", str(batch_socket)),
         )
         process.start()
         child_end.close()
@@ -84,6 +95,11 @@ class PoolingProcess:
     def pid(self) -> int | None:
         """The process's pid."""
         return self._process.pid
+
+    @property
+    def sentinel(self) -> int:
+        """Ready once the process has ended (for `multiprocessing.connection.wait`)."""
+        return self._process.sentinel
 
     @property
     def exited(self) -> bool:
@@ -135,7 +151,12 @@ def _exited(process: BaseProcess, name: str) -> PoolingProcessFailed:
 
 
 def _pooling_main(
-    connection: Any, environ: dict[str, str], cpu_threads: str | None, model: ModelConfig, forked: bool
+    connection: Any,
+    environ: dict[str, str],
+    cpu_threads: str | None,
+    model: ModelConfig,
+    forked: bool,
+    batch_socket: str,
 ) -> None:
     """The child's life: become the model's process, load it, then answer batches until told to end."""
     from workers.engines.forked_core import become_engine_process
@@ -145,11 +166,16 @@ def _pooling_main(
     runner = PoolingRunner(model)
     try:
         loaded = runner.load()
+        listener = _listen(batch_socket)
     except Exception as exc:
         connection.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     # The model and the runtime live as long as this process: full collections need not walk them.
     gc_heap.freeze_long_lived()
+    computing = threading.Lock()
+    threading.Thread(
+        target=_serve_triton, args=(listener, runner, computing), name="triton-batches", daemon=True
+    ).start()
     connection.send(("loaded", loaded))
     while True:
         try:
@@ -159,8 +185,43 @@ def _pooling_main(
         if rows is None:
             return
         try:
-            answers = runner.pool_now(rows)
+            with computing:
+                answers = runner.pool_now(rows)
         except Exception as exc:
             connection.send(("error", f"{type(exc).__name__}: {exc}"))
             continue
         connection.send(("pooled", answers))
+
+
+def _listen(path: str) -> Listener:
+    """Listen at `path` (in the worker's private folder), replacing a socket a process before this one left."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return Listener(path, family="AF_UNIX")
+
+
+def _serve_triton(listener: Listener, runner: PoolingRunner, computing: threading.Lock) -> None:
+    """Answer the batches of Triton's stub, one connection at a time (a new stub connects anew)."""
+    while True:
+        try:
+            stub = listener.accept()
+        except OSError:
+            return
+        with contextlib.closing(stub):
+            while True:
+                try:
+                    message = stub.recv_bytes()
+                except (EOFError, OSError):
+                    break
+                stub.send_bytes(_answered(message, runner, computing))
+
+
+def _answered(message: bytes, runner: PoolingRunner, computing: threading.Lock) -> bytes:
+    """A batch's reply: every row's encoded answer (or refusal), or why the batch failed."""
+    try:
+        rows = [row_decoder.decode(item) for item in unframe(message)]
+        with computing:
+            answers = runner.pool_now(rows)
+    except Exception as exc:
+        return FAILED + f"{type(exc).__name__}: {exc}".encode()
+    return OK + frame(row_encoder.encode(answer_of(answer)) for answer in answers)

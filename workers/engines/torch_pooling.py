@@ -2,17 +2,20 @@
 
 The model runs in a process of its own (`pooling_process`, the runner itself in
 `torch_pooling_runner`), pinned to the cores the worker placed it on with as many intra-op threads.
-The worker's side is this engine: it starts and stops that process, says what the model occupies and
-takes, and hands each batch Triton made to the process from a thread of its own, one at a time, so
-that the event loop never waits for a batch.
+Triton's stub for the model sends it the batches Triton's dynamic batcher made, over a Unix socket
+in a folder of the worker's own (`batch_socket`). The worker's side is this engine: it starts and
+stops that process, starts it again when it ends unasked (killed, out of memory), says what the
+model occupies and takes, and can hand it a batch itself (`pool`) from a thread of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from workers.engines.base import Footprint, InvalidEngineRequest, PooledRow, Poo
 from workers.engines.model_files import DTYPE_BYTES, read_config, weights_bytes
 from workers.engines.pooling_process import PoolingProcess
 from workers.engines.torch_pooling_runner import TOKEN_BUDGET, device
+from workers.runtime.private_runtime import remove_runtime_dir, runtime_dir
 
 logger = logging.getLogger(__name__)
 
@@ -45,45 +49,92 @@ class TorchPoolingEngine(PoolingEngine):
         self._cpu_threads = cpu_threads
         self._engine_process = engine_process
         self._process: PoolingProcess | None = None
-        # Hands batches to the process off the event loop, one at a time (the process computes them
-        # one by one; the batches Triton sends meanwhile wait here, each handed over as the one
-        # before is answered).
+        self._socket_dir: Path | None = None
+        self._socket_lock = threading.Lock()
+        # Hands the worker's own batches to the process off the event loop, one at a time.
         self._sender: ThreadPoolExecutor | None = None
+        # Held while the process is replaced: by the watcher, or by a batch that found it ended.
+        self._replacing = threading.Lock()
+        self._stopping = False
+
+    @property
+    def batch_socket(self) -> Path:
+        """Where the model's process takes Triton's batches: a socket in a folder only this user opens."""
+        # Asked for by the start and by Triton's bind at once, from two threads: one folder for both.
+        with self._socket_lock:
+            if self._socket_dir is None:
+                self._socket_dir = runtime_dir("pooling")
+            return self._socket_dir / "batches"
 
     # --- the Engine's life ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the model's process; return once it has loaded the model."""
-        self._process = await asyncio.to_thread(
-            PoolingProcess.launch, self.model, cpu_threads=self._cpu_threads, start=self._engine_process
-        )
+        """Start the model's process; return once it has loaded the model and listens for batches."""
+        self._stopping = False
+        self._process = await asyncio.to_thread(self._launch)
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pooling-{self.model.name}")
+        threading.Thread(target=self._watch, name=f"pooling-watch-{self.model.name}", daemon=True).start()
 
     async def stop(self) -> None:
         """End the model's process, once a batch in progress has been answered."""
+        self._stopping = True
         # The sender first: it may be starting the process again.
         sender, self._sender = self._sender, None
         if sender is not None:
             await asyncio.to_thread(sender.shutdown, wait=True)
-        process, self._process = self._process, None
+        with self._replacing:
+            process, self._process = self._process, None
+        with self._socket_lock:
+            socket_dir, self._socket_dir = self._socket_dir, None
         if process is not None:
             await asyncio.to_thread(process.stop, STOP_TIMEOUT_S)
+        if socket_dir is not None:
+            remove_runtime_dir(socket_dir)
 
-    def _pool_in_process(self, rows: list[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
-        """On the sender's thread: the batch computed in the model's process, started again first
-        when it has ended (the batch it was computing failed with it; the next ones need not)."""
-        process = self._process
-        if process is None:
-            raise RuntimeError(f"{self.model.name} is not started")
-        if process.exited:
+    def _launch(self) -> PoolingProcess:
+        return PoolingProcess.launch(
+            self.model,
+            cpu_threads=self._cpu_threads,
+            start=self._engine_process,
+            batch_socket=self.batch_socket,
+        )
+
+    def _watch(self) -> None:
+        """On a thread of its own: start the process again whenever it ends unasked, so that Triton's
+        next batch finds it (the batch it was computing failed with it; the next ones need not)."""
+        while not self._stopping:
+            process = self._process
+            if process is None:
+                return
+            wait([process.sentinel])
+            try:
+                self._replace_if_ended(process)
+            except Exception:
+                logger.exception(
+                    "could not start a pooling model's process again", extra={"model": self.model.name}
+                )
+                return
+
+    def _replace_if_ended(self, process: PoolingProcess) -> PoolingProcess | None:
+        """The process now serving the model: `process`'s replacement if it has ended."""
+        with self._replacing:
+            if self._stopping or self._process is not process or not process.exited:
+                return self._process
             logger.error(
                 "a pooling model's process ended; starting it again", extra={"model": self.model.name}
             )
             process.stop(STOP_TIMEOUT_S)
-            process = PoolingProcess.launch(
-                self.model, cpu_threads=self._cpu_threads, start=self._engine_process
-            )
-            self._process = process
+            self._process = self._launch()
+            return self._process
+
+    def _pool_in_process(self, rows: list[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
+        """On the sender's thread: the batch computed in the model's process, started again first
+        when it has ended."""
+        process = self._process
+        if process is not None and process.exited:
+            process = self._replace_if_ended(process)
+        if process is None:
+            raise RuntimeError(f"{self.model.name} is not started")
         return process.pool(rows)
 
     def process_ids(self) -> list[int]:

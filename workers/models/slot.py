@@ -24,7 +24,7 @@ from workers.triton.client import TritonJobClient
 from workers.triton.host import TritonHost
 from workers.triton.model import EngineCallable
 from workers.triton.pooling_client import PoolingJobClient
-from workers.triton.pooling_model import PoolingCallable
+from workers.triton.pooling_model import PoolingModel
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class ServedModel:
 
     name: str
     client: TritonJobClient | PoolingJobClient
-    triton_model: EngineCallable | PoolingCallable
+    triton_model: EngineCallable | PoolingModel
 
 
 class SlotNotServing(RuntimeError):
@@ -325,7 +325,7 @@ class ModelSlot:
 
 
 def _job_client(
-    grpc_address: str, model: ModelConfig, engine: Engine, triton_model: EngineCallable | PoolingCallable
+    grpc_address: str, model: ModelConfig, engine: Engine, triton_model: EngineCallable | PoolingModel
 ) -> TritonJobClient | PoolingJobClient:
     """The consumer's client of the model's Triton model: one stream for every job of a generator
     (their chunks handed over in this process); batched requests of a pooling model's rows."""
@@ -337,6 +337,7 @@ def _job_client(
             max_batch_size=model.batching.max_batch_size,
             labels=engine.labels(),
             together=model.batching.enabled,
+            model=model.name,
         )
     assert isinstance(triton_model, EngineCallable)
     return TritonJobClient(grpc_address, name, local=triton_model)
@@ -344,7 +345,7 @@ def _job_client(
 
 async def _start_and_bind(
     engine: Engine, host: TritonHost, name: str, *, warm_structured_output: bool = False
-) -> EngineCallable | PoolingCallable:
+) -> EngineCallable | PoolingModel:
     """Start the engine while Triton binds it (about 2 s of Triton's own work, done in parallel);
     with `warm_structured_output`, the engine's first constrained answer is made once both are done.
 
@@ -367,7 +368,7 @@ async def _start_and_bind(
         error = started if isinstance(started, BaseException) else bound
         assert isinstance(error, BaseException)
         raise error
-    assert isinstance(bound, EngineCallable | PoolingCallable)
+    assert isinstance(bound, EngineCallable | PoolingModel)
     if warm_structured_output and isinstance(bound, EngineCallable):
         # On the engine's loop: vLLM's output task lives on the loop its first request ran on.
         await asyncio.wrap_future(bound.on_engine_loop(lambda: warm_structured_output_of(engine)))

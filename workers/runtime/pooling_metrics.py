@@ -1,7 +1,9 @@
 """The pooling models' own metrics: how Triton's dynamic batcher groups their rows, and what they read.
 
-Recorded by each pooling model's Triton callable in the worker's process, on the worker's registry
-(served with the others by `workers.runtime.metrics_server`).
+Recorded by the worker's client of each pooling model (`workers.triton.pooling_client`) from every
+answered request, on the worker's registry (served with the others by
+`workers.runtime.metrics_server`): the batch a request rode in comes back with its answer, from the
+model's Triton stub (`workers.triton.pooling_backend`).
 """
 
 from __future__ import annotations
@@ -47,3 +49,27 @@ POOLING_INPUT_TOKENS = Counter(
     ["model"],
     registry=REGISTRY,
 )
+
+
+class PoolingMetrics:
+    """One pooling model's series."""
+
+    def __init__(self, model: str) -> None:
+        self._batch_rows = POOLING_BATCH_ROWS.labels(model)
+        self._batcher_wait = POOLING_BATCHER_WAIT.labels(model)
+        self._requests = POOLING_REQUESTS.labels(model)
+        self._rows = POOLING_ROWS.labels(model)
+        self._tokens = POOLING_INPUT_TOKENS.labels(model)
+
+    def answered(self, *, rows: int, tokens: int) -> None:
+        """One request answered: its rows, and the tokens the model read for them."""
+        self._requests.inc()
+        self._rows.inc(rows)
+        self._tokens.inc(tokens)
+
+    def batch(self, *, rows: int, held_s: float, first_of_batch: bool) -> None:
+        """The batch a request rode in: its rows (counted once per batch), and how long the request
+        was held before the batch ran."""
+        self._batcher_wait.observe(held_s)
+        if first_of_batch:
+            self._batch_rows.observe(rows)

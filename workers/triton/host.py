@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import os
+import shutil
 import sysconfig
 import threading
 import time
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from pytriton.client.utils import create_client_from_url
-from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.data import TensorStore
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
@@ -30,9 +32,9 @@ from switchboard.pooling_config import BatchingConfig
 from switchboard.ports import free_port
 from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
-from workers.triton import unix_socket
+from workers.triton import pooling_backend, unix_socket
 from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
-from workers.triton.pooling_model import ANSWERS_OUTPUT, ROWS_INPUT, PoolingCallable
+from workers.triton.pooling_model import PoolingModel
 from workers.triton.shm_regions import ShmRegions, remove_stale_regions
 from workers.triton.workspace import make_private, new_workspace_path, remove_stale_workspaces
 
@@ -62,16 +64,6 @@ def send_tensors_inline() -> None:
     """
     os.environ["PYTRITON_NO_TENSORSTORE"] = "1"
 
-
-# Triton instances of a pooling model: one, decoupled (`batched_config`). A decoupled model's instance
-# is free again as soon as it has handed a batch to PyTriton, so Triton's batcher sends the next batch
-# while the engine computes one (in its own process, one batch after another): the hops of one batch
-# overlap the computation of the one before, which several instances gave before without their race.
-# (PyTriton's stubs of a model's later instances read their configuration from a handshake server
-# that the first instance's stub starts, and Triton starts the instances together: under load a later
-# one found no server yet, "Connection refused", and the model failed to load.) Not decoupled, one
-# instance held every batch until it was answered: 10-40 rows per batch waited 20-60 ms in the queue.
-POOLING_INSTANCES = 1
 
 # Triton's metrics endpoint listens here (PyTriton's default is every address); it serves no
 # HTTP API, and gRPC on a Unix socket.
@@ -105,11 +97,13 @@ class TritonHost:
         # Models being unbound in the background: the thread, and the old stub's data socket.
         self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
         # The Triton model of each bound model: their output streams end before Triton stops.
-        self._bound: dict[str, EngineCallable | PoolingCallable] = {}
+        self._bound: dict[str, EngineCallable | PoolingModel] = {}
         # start() runs in a thread that a worker stopping early cannot interrupt: stop() marks the
         # host closed and waits for a start in progress, which then stops what it started.
         self._lifecycle = threading.Lock()
         self._closed = False
+        # Pooling models: written into Triton's repository and loaded there (not bound by PyTriton).
+        self._pooling_models: set[str] = set()
 
     @property
     def grpc_address(self) -> str:
@@ -160,36 +154,30 @@ class TritonHost:
             strict_readiness=False,
         )
 
-    def bind(self, model: str, engine: Engine) -> EngineCallable | PoolingCallable:
+    def bind(self, model: str, engine: Engine) -> EngineCallable | PoolingModel:
         """Serve `engine` as the Triton model `triton_model_name(model)` (about 2 s): decoupled for a
-        generator, batched by Triton's dynamic batcher for a pooling engine.
+        generator, bound through PyTriton; batched by Triton's dynamic batcher for a pooling engine,
+        a Python-backend model of its own (`pooling_backend`).
 
         The engine need not be started yet: Triton sends it nothing until the consumer does.
         """
-        triton = self._running()
-        callable_: EngineCallable | PoolingCallable
-        instances = 1
-        if isinstance(engine, PoolingEngine):
-            callable_ = PoolingCallable(engine)
-            instances = POOLING_INSTANCES
-            inputs = [Tensor(name=ROWS_INPUT, dtype=np.bytes_, shape=(1,))]
-            outputs = [Tensor(name=ANSWERS_OUTPUT, dtype=np.bytes_, shape=(1,))]
-            config = batched_config(engine.model.batching)
-        else:
-            callable_ = EngineCallable(engine, self._coalescing)
-            inputs = [Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))]
-            outputs = [Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))]
-            config = ModelConfig(decoupled=True, batching=False)
         name = triton_model_name(model)
         self._wait_until_unloaded(name)
+        if isinstance(engine, PoolingEngine):
+            self._load_pooling_model(name, engine)
+            pooling = PoolingModel(engine)
+            self._bound[name] = pooling
+            return pooling
+        triton = self._running()
+        callable_ = EngineCallable(engine, self._coalescing)
         try:
             with self._private_shm():
                 triton.bind(
                     model_name=name,
-                    infer_func=[callable_] * instances,
-                    inputs=inputs,
-                    outputs=outputs,
-                    config=config,
+                    infer_func=callable_,
+                    inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
+                    outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
+                    config=ModelConfig(decoupled=True, batching=False),
                     strict=False,
                 )
         except BaseException:
@@ -197,11 +185,31 @@ class TritonHost:
             # make every later bind of the name fail ("same name twice") for the worker's life.
             self._forget(name)
             raise
-        # PyTriton drives the callable from one event loop thread per instance; a generator's engine is
-        # driven from that same loop (its only one), so it is handed over explicitly here.
+        # PyTriton drives the callable from one event loop thread; the generator's engine is driven
+        # from that same loop (its only one), so it is handed over explicitly here.
         callable_.attach_loop(self._handler_loop(name))
         self._bound[name] = callable_
         return callable_
+
+    def _load_pooling_model(self, name: str, engine: PoolingEngine) -> None:
+        """Write the pooling model's Triton model (`pooling_backend`, its batching in `config.pbtxt`)
+        into Triton's repository and load it; its stub sends batches to the engine's process."""
+        folder = self._running()._workspace.model_store_path / name
+        shutil.rmtree(folder, ignore_errors=True)
+        (folder / "1").mkdir(parents=True)
+        shutil.copyfile(pooling_backend.__file__, folder / "1" / "model.py")
+        config = pooling_config(name, engine.model.batching, engine.batch_socket)
+        (folder / "config.pbtxt").write_text(config)
+        try:
+            with (
+                self._private_shm(),
+                contextlib.closing(create_client_from_url(self._running()._url)) as client,
+            ):
+                client.load_model(name, headers=self._control_headers())
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._pooling_models.add(name)
 
     def unbind(self, model: str) -> None:
         """Remove the model from Triton, finishing in the background; returns at once.
@@ -213,6 +221,14 @@ class TritonHost:
         callable_ = self._bound.pop(name, None)
         if callable_ is not None:
             callable_.end_output_streams()
+        if name in self._pooling_models:
+            self._pooling_models.discard(name)
+            unloading = threading.Thread(
+                target=self._unload_pooling_model, args=(name,), name=f"unbind-{name}"
+            )
+            self._unbinding[name] = (unloading, None)
+            unloading.start()
+            return
         bound = self._running()._model_manager._models.pop((name.lower(), 1), None)  # (name, version)
         if bound is None:
             return
@@ -221,6 +237,10 @@ class TritonHost:
         data_socket = Path(tensor_store.address) if tensor_store is not None else None
         self._unbinding[name] = (unbinding, data_socket)
         unbinding.start()
+
+    def _unload_pooling_model(self, name: str) -> None:
+        with contextlib.closing(create_client_from_url(self._running()._url)) as client:
+            client.unload_model(name, headers=self._control_headers())
 
     def _forget(self, name: str) -> None:
         """Drop what a failed bind of `name` left registered, so that the next one starts afresh."""
@@ -300,6 +320,11 @@ class TritonHost:
         for unbinding, _ in list(self._unbinding.values()):
             unbinding.join(UNLOAD_TIMEOUT_S)
         self._unbinding.clear()
+        # Pooling models are Triton's own, not PyTriton's: unloaded here, or Triton's stop waits for them.
+        for name in list(self._pooling_models):
+            with contextlib.suppress(Exception):
+                self._unload_pooling_model(name)
+        self._pooling_models.clear()
         # A model still bound (its unload failed or timed out) keeps its output stream's request
         # open, which Triton would wait for until its own timeout.
         for callable_ in self._bound.values():
@@ -317,25 +342,32 @@ class TritonHost:
             self._socket_dir = None
 
 
-def batched_config(batching: BatchingConfig) -> ModelConfig:
+def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> str:
     """A pooling model's Triton config: rows along the batch dimension, up to `max_batch_size` per
     engine call; with batching enabled, Triton's dynamic batcher groups requests that arrive within
     `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone.
-    Decoupled (each request answered once, on the stream it came by): the instance takes the next
-    batch while the engine computes this one."""
-    batcher = None
+    One instance, not decoupled: while its batch computes, the batcher gathers the next."""
+    backend = pooling_backend
+    lines = [
+        f"name: {json.dumps(name)}",
+        'backend: "python"',
+        f"max_batch_size: {batching.max_batch_size}",
+        "instance_group [ { kind: KIND_CPU count: 1 } ]",
+        f'input [ {{ name: "{backend.ROWS_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+        "output [",
+        f'  {{ name: "{backend.ANSWERS_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},',
+        f'  {{ name: "{backend.BATCH_OUTPUT}" data_type: TYPE_INT64 dims: [ {backend.BATCH_COLUMNS} ] }}',
+        "]",
+        f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(batch_socket))} }} }}',
+    ]
     if batching.enabled:
-        batcher = DynamicBatcher(
-            max_queue_delay_microseconds=int(batching.queue_delay_ms * 1000),
-            preferred_batch_size=list(batching.preferred_batch_sizes),
+        preferred = ", ".join(str(size) for size in batching.preferred_batch_sizes)
+        lines.append(
+            f"dynamic_batching {{ max_queue_delay_microseconds: {int(batching.queue_delay_ms * 1000)}"
+            + (f" preferred_batch_size: [ {preferred} ]" if preferred else "")
+            + " }"
         )
-    # PyTriton's type says a batcher, but None is how it leaves the dynamic batcher out.
-    return ModelConfig(
-        batching=True,
-        max_batch_size=batching.max_batch_size,
-        batcher=batcher,  # type: ignore[arg-type]
-        decoupled=True,
-    )
+    return "\n".join(lines) + "\n"
 
 
 def _shm_prefix(triton: Triton) -> str:

@@ -13,8 +13,8 @@ allows), and each job gets its own rows' answers back. Triton's batcher still gr
 of several reads, but the worker no longer pays a gRPC call, a stub hop and PyTriton's handling
 per job: at 128 clients those were most of the worker's CPU per embedding.
 
-The model is decoupled (`workers.triton.host`), so requests go on one long-lived gRPC stream per
-model, each numbered, and its one answer comes back under its number. A job's deadline is kept here:
+Requests go on one long-lived gRPC stream per model (Triton's streaming API), each numbered, and
+its one answer comes back under its number. A job's deadline is kept here:
 one that passes while its request waits in Triton's queue ends the job with a timeout (its rows may
 still be computed; their answer is dropped).
 """
@@ -33,19 +33,19 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from switchboard.wire import Chunk, Job, JobError, PoolingTask, Usage, encode
 from workers.engines.base import PoolingRow
+from workers.runtime.pooling_metrics import PoolingMetrics
 from workers.triton.client import MAX_MESSAGE_BYTES, TritonStreamError, carry_stream
 from workers.triton.model import engine_job_decoder
-from workers.triton.pooling_model import (
+from workers.triton.pooling_backend import (
     ANSWERS_OUTPUT,
+    BATCH_COLUMNS,
+    BATCH_OUTPUT,
     ROWS_INPUT,
     SENT_PARAMETER,
-    RowAnswer,
-    answer_decoder,
-    row_encoder,
+    frame,
+    unframe,
 )
-
-# Triton's BYTES tensors hold each element as a 4-byte little-endian length, then the bytes.
-_LENGTH = struct.Struct("<I")
+from workers.triton.pooling_model import RowAnswer, answer_decoder, row_encoder
 
 
 def rows_of(task: PoolingTask) -> list[PoolingRow]:
@@ -85,13 +85,16 @@ class PoolingJobClient:
         max_batch_size: int,
         labels: tuple[str, ...] = (),
         together: bool = True,
+        model: str | None = None,
     ) -> None:
         """`together` False sends every job's rows as requests of their own (`batching.enabled` false:
-        nothing is batched, for comparison)."""
+        nothing is batched, for comparison). `model`: the configured model's name, which labels its
+        metrics (the Triton model's name if not given)."""
         self.model_name = model_name
         self._together = together
         self._max_rows = max_batch_size
         self._labels = labels
+        self._metrics = PoolingMetrics(model or model_name)
         self._channel = grpc.aio.insecure_channel(
             grpc_address,
             options=[
@@ -194,7 +197,13 @@ class PoolingJobClient:
 
     async def _infer(self, rows: Sequence[PoolingRow], timeout_s: float) -> list[RowAnswer]:
         response = await self._stream.infer(_infer_request(self.model_name, rows), timeout_s)
-        answers = [answer_decoder.decode(element) for element in _elements(response.raw_output_contents[0])]
+        outputs = {output.name: index for index, output in enumerate(response.outputs)}
+        raw = response.raw_output_contents
+        answers = [answer_decoder.decode(element) for element in unframe(raw[outputs[ANSWERS_OUTPUT]])]
+        if BATCH_OUTPUT in outputs:
+            batch_rows, held_ns, first = struct.unpack_from(f"<{BATCH_COLUMNS}q", raw[outputs[BATCH_OUTPUT]])
+            self._metrics.batch(rows=batch_rows, held_s=held_ns / 1e9, first_of_batch=bool(first))
+        self._metrics.answered(rows=len(answers), tokens=sum(answer.prompt_tokens for answer in answers))
         if len(answers) != len(rows):
             raise TritonStreamError(f"{self.model_name} answered {len(answers)} rows of {len(rows)}")
         return answers
@@ -202,7 +211,7 @@ class PoolingJobClient:
 
 class _RequestStream:
     """One long-lived gRPC stream to the model: requests go out tagged with a number, each one's
-    answer comes back under it (a decoupled model answers once per request, then ends it)."""
+    answer comes back under it (the model answers once per request)."""
 
     def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model_name: str) -> None:
         self._stub = stub
@@ -273,17 +282,7 @@ def _infer_request(model_name: str, rows: Sequence[PoolingRow]) -> service_pb2.M
     rows_input.datatype = "BYTES"
     rows_input.shape.extend([len(rows), 1])
     request.outputs.add().name = ANSWERS_OUTPUT
+    request.outputs.add().name = BATCH_OUTPUT
     encoded = (row_encoder.encode(row) for row in rows)
-    request.raw_input_contents.append(b"".join(_LENGTH.pack(len(data)) + data for data in encoded))
+    request.raw_input_contents.append(frame(encoded))  # a BYTES tensor's layout
     return request
-
-
-def _elements(raw: bytes) -> list[bytes]:
-    """The elements of a BYTES tensor, in order."""
-    elements, offset = [], 0
-    while offset < len(raw):
-        (length,) = _LENGTH.unpack_from(raw, offset)
-        offset += _LENGTH.size
-        elements.append(raw[offset : offset + length])
-        offset += length
-    return elements

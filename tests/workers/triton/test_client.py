@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
+import pytest_asyncio
 
 from switchboard.config import ModelConfig, triton_model_name
 from switchboard.wire import chunk_decoder, encode
@@ -23,8 +24,11 @@ from workers.triton.model import CoalescingPolicy
 # No coalescing: every token is its own response, so that the jobs' responses interleave.
 NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6)
 
+# One Triton for the module (starting and stopping one takes 5 s); each test binds its own model.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-@pytest.fixture
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def host() -> AsyncIterator[TritonHost]:
     triton = TritonHost(coalescing=NO_WAIT)
     await asyncio.to_thread(triton.start)
@@ -34,7 +38,7 @@ async def host() -> AsyncIterator[TritonHost]:
         await asyncio.to_thread(triton.stop)
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def slot(host: TritonHost) -> AsyncIterator[ModelSlot]:
     started = asyncio.Event()
     started.set()

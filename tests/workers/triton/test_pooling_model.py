@@ -1,18 +1,21 @@
-"""A pooling model's batched Triton model against a real PyTriton host and the demo embedder.
+"""A pooling model's batched Triton model against a real Triton host and the demo embedder.
 
 Triton's dynamic batcher groups concurrent jobs into one engine call (seen in the batch-size
 metric), and each job still gets exactly its own rows back; with batching off each request runs
 alone; a job larger than a batch goes in parts and comes back whole, in order; a refused input
 fails its own job only; a job whose deadline passes is answered with a timeout, and the model's
-stream goes on; the next batch reaches the engine while one computes (the model is decoupled); an
-engine that fails fails its batch's requests (the consumer answers their jobs with an engine error).
+stream goes on; the requests that arrive while a batch computes run together as the next batch; a
+model process that dies fails its batch's requests (the consumer answers their jobs with an engine
+error) and its replacement answers the next ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
-from collections.abc import AsyncIterator, Sequence
+import signal
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +29,7 @@ from switchboard.metrics import REGISTRY
 from switchboard.pooling_config import BatchingConfig
 from switchboard.wire import Chunk, Job, chunk_decoder, encode
 from tests.support.pooling_jobs import cosine, embed_job, rows
-from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
+from workers.engines.base import PooledRow, PoolingRow
 from workers.engines.torch_pooling import TorchPoolingEngine
 from workers.triton.client import TritonStreamError
 from workers.triton.host import TritonHost
@@ -35,38 +38,10 @@ from workers.triton.pooling_client import PoolingJobClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-BATCHED, ALONE, SMALL, FAILING, SLOW = "batched", "alone", "small", "failing", "slow"
+BATCHED, ALONE, SMALL, QUICK, MORTAL = "batched", "alone", "small", "quick", "mortal"
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "routers", "send", "requests")
-
-
-class FailingEngine(TorchPoolingEngine):
-    """The demo embedder, whose every engine call fails (our bug, not the client's)."""
-
-    async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
-        raise RuntimeError("the engine broke")
-
-
-class SlowEngine(TorchPoolingEngine):
-    """The demo embedder, each call held 0.3 s first; counts the calls in progress at once and the
-    rows of each call."""
-
-    def __init__(self, model: ModelConfig) -> None:
-        super().__init__(model)
-        self.in_progress = 0
-        self.most_at_once = 0
-        self.rows_per_call: list[int] = []
-        self.computing = asyncio.Event()
-
-    async def pool(self, rows: Sequence[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
-        self.in_progress += 1
-        self.most_at_once = max(self.most_at_once, self.in_progress)
-        self.rows_per_call.append(len(rows))
-        self.computing.set()
-        try:
-            await asyncio.sleep(0.3)
-            return await super().pool(rows)
-        finally:
-            self.in_progress -= 1
+# A batch the demo embedder takes a while over (about 0.7 s on one core): 64 rows of 250 words.
+LONG_BATCH = tuple(" ".join(["word"] * 250) for _ in range(64))
 
 
 @dataclass
@@ -89,12 +64,13 @@ async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mode
             kind="embed",
             batching=BatchingConfig(max_batch_size=8, preferred_batch_sizes=[8]),
         ),
+        # A narrow window: requests a few milliseconds apart meet only while a batch computes.
+        ModelConfig(name=QUICK, path=folder, kind="embed", batching=BatchingConfig(queue_delay_ms=1.0)),
+        ModelConfig(name=MORTAL, path=folder, kind="embed"),
     ]
     host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6))
     await asyncio.to_thread(host.start)
     engines = {config.name: TorchPoolingEngine(config) for config in configs}
-    engines[FAILING] = FailingEngine(ModelConfig(name=FAILING, path=folder, kind="embed"))
-    engines[SLOW] = SlowEngine(ModelConfig(name=SLOW, path=folder, kind="embed"))
     await asyncio.gather(
         *(engine.start() for engine in engines.values()),
         *(asyncio.to_thread(host.bind, name, engine) for name, engine in engines.items()),
@@ -105,6 +81,7 @@ async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mode
             triton_model_name(name),
             max_batch_size=engine.model.batching.max_batch_size,
             together=engine.model.batching.enabled,
+            model=name,
         )
         for name, engine in engines.items()
     }
@@ -171,34 +148,37 @@ async def test_concurrent_jobs_are_batched_and_each_gets_its_own_rows(models: Mo
         assert chunk.usage is not None and chunk.usage.completion_tokens == 0
 
 
-async def test_the_next_batch_reaches_the_engine_while_one_computes(models: Models) -> None:
-    """The model is decoupled: Triton's one instance takes the next batch as soon as it has handed one
-    over, so a batch formed while the one before computes reaches the engine at once (which queues it
-    for its process) instead of waiting in Triton's queue."""
-    slow = models.engines[SLOW]
-    assert isinstance(slow, SlowEngine)
+async def test_requests_that_arrive_while_a_batch_computes_run_together_next(models: Models) -> None:
+    """One instance, not decoupled: while a long batch computes, requests sent one by one (each a
+    Triton request of its own, further apart than the 1 ms window) wait in Triton's queue and leave
+    together once it is done. (Now and then Triton's batcher closes a batch of the first one alone
+    when its window passes, and the rest follow as one more: alone, six would be six batches.)"""
+    calls_before, rows_before, _ = batches(QUICK)
+    long = asyncio.ensure_future(answer(models.clients[QUICK], embed_job(QUICK, *LONG_BATCH)))
 
     async def sent_after(delay_s: float, word: str) -> Chunk:
-        await asyncio.sleep(delay_s)  # a turn of its own: a Triton request of its own
-        return await answer(models.clients[SLOW], embed_job(SLOW, word))
+        await asyncio.sleep(delay_s)
+        return await answer(models.clients[QUICK], embed_job(QUICK, word))
 
-    first = asyncio.ensure_future(sent_after(0.0, WORDS[0]))
-    await slow.computing.wait()
-    later = await asyncio.gather(*(sent_after(0.02 * i, word) for i, word in enumerate(WORDS[1:4])))
-    assert len((await first).pooled) == 1 and all(len(chunk.pooled) == 1 for chunk in later)
-    for word, chunk in zip(WORDS[:4], [await first, *later], strict=True):
+    await asyncio.sleep(0.2)  # the long batch has left the batcher and computes (for about 0.7 s)
+    later = await asyncio.gather(*(sent_after(0.01 * i, word) for i, word in enumerate(WORDS[:6])))
+    assert len((await long).pooled) == len(LONG_BATCH)
+    calls, total, _ = batches(QUICK)
+    assert total - rows_before == len(LONG_BATCH) + 6
+    assert calls - calls_before in (2, 3)
+    for word, chunk in zip(WORDS[:6], later, strict=True):
         assert cosine(rows(chunk)[0], await alone(models.engines[BATCHED], word)) >= 0.999
-    assert slow.most_at_once >= 2
-    assert sum(slow.rows_per_call) == 4
 
 
 async def test_a_deadline_that_passes_while_the_batch_computes_ends_that_job_only(models: Models) -> None:
     """The job's time left is kept by the client: its answer, when it comes later on the model's
     stream, is dropped, and the stream goes on answering the next jobs."""
-    late = await answer(models.clients[SLOW], embed_job(SLOW, WORDS[0], deadline_s=0.1))  # held 0.3 s
+    long = asyncio.ensure_future(answer(models.clients[QUICK], embed_job(QUICK, *LONG_BATCH)))
+    await asyncio.sleep(0.2)
+    late = await answer(models.clients[QUICK], embed_job(QUICK, WORDS[0], deadline_s=0.05))
     assert late.error is not None and late.error.code == "timeout"
-    await asyncio.sleep(0.4)  # its answer comes back meanwhile, to nobody
-    chunk = await answer(models.clients[SLOW], embed_job(SLOW, WORDS[1]))
+    await long  # the late job's answer came back meanwhile, to nobody
+    chunk = await answer(models.clients[QUICK], embed_job(QUICK, WORDS[1]))
     assert cosine(rows(chunk)[0], await alone(models.engines[BATCHED], WORDS[1])) >= 0.999
 
 
@@ -238,9 +218,20 @@ async def test_a_job_past_its_deadline_is_answered_with_a_timeout(models: Models
     assert chunk.error is not None and chunk.error.code == "timeout"
 
 
-async def test_an_engine_that_fails_fails_the_jobs_of_its_batch(models: Models) -> None:
-    with pytest.raises(TritonStreamError, match="the engine broke"):
-        await answer(models.clients[FAILING], embed_job(FAILING, "anything"))
+async def test_a_model_process_that_dies_fails_its_batch_and_its_replacement_answers_next(
+    models: Models,
+) -> None:
+    engine = models.engines[MORTAL]
+    killed = engine.pid
+    assert killed is not None
+    long = asyncio.ensure_future(answer(models.clients[MORTAL], embed_job(MORTAL, *LONG_BATCH)))
+    await asyncio.sleep(0.1)
+    os.kill(killed, signal.SIGKILL)
+    with pytest.raises(TritonStreamError, match="ended during the batch"):
+        await long
+    chunk = await answer(models.clients[MORTAL], embed_job(MORTAL, WORDS[2]))
+    assert cosine(rows(chunk)[0], await alone(models.engines[BATCHED], WORDS[2])) >= 0.999
+    assert engine.pid not in (None, killed)
 
 
 async def test_the_batched_models_metrics_count_requests_and_tokens(models: Models) -> None:
