@@ -10,7 +10,7 @@ in every simulated worker, the product's `workers.main.Worker` with its model co
 job runner, result writer, heartbeat, takeover sweep and model slots, from the same configuration file
 as the front doors. What is simulated: the engine (a scripted one: loads take a time drawn per model
 from --load-range, tokens come at a fixed pace), the hop through the worker's Triton (the job goes
-straight into the product's Triton callable, `EngineCallable`, on the worker's event loop instead of
+straight into the product's Triton callable, `GeneratorModel`, on the worker's event loop instead of
 over gRPC into a Triton process), and the machines: the workers share a few OS processes
 (--processes, one per core by default) and their event loops, and everything shares this machine's
 cores.
@@ -156,7 +156,7 @@ def what_runs(args: argparse.Namespace) -> str:
         "simulated worker the product's workers.main.Worker (model controller, job consumer, job runner, "
         "result writer, heartbeat, takeover sweep, model slots). Simulated: the engine (scripted: loads of "
         f"{args.load_range[0]:g}-{args.load_range[1]:g} s, {args.token_ms:g} ms per token), the Triton hop "
-        "(jobs go into the product's EngineCallable in process, not over gRPC into Triton), and the machines "
+        "(jobs go into the product's GeneratorModel in process, not over gRPC into Triton), and the machines "
         f"(the workers share {args.processes} OS process(es) and {os.cpu_count()} cores with everything else)."
     )
 

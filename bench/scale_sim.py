@@ -8,7 +8,7 @@ on one small machine cannot run:
   streams `max_tokens` tokens at a fixed pace, and it reports a fixed footprint. It notes when each
   load begins and ends and when it stops, for the benchmark's load-storm and cold-start figures.
 - `InProcessHost` and `InProcessJobClient` instead of `TritonHost` and `TritonJobClient`: binding a
-  model wraps its engine in the product's real `EngineCallable` (the decoupled Triton model with its
+  model wraps its engine in the product's real `GeneratorModel` (the decoupled Triton model with its
   coalescer) driven on the worker's own event loop, and a job goes straight into that callable instead
   of over gRPC into a Triton process. `install()` puts them where `workers.main` and
   `workers.models.slot` look them up; no product code changes.
@@ -24,15 +24,12 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
-import numpy as np
-from pytriton.proxy.types import Request
-
 import workers.main
 import workers.models.slot
 from switchboard.config import ModelConfig, triton_model_name
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
 from workers.engines.registry import EngineOptions
-from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
+from workers.triton.model import CoalescingPolicy, GeneratorModel
 
 # Which simulated worker the running code belongs to: set before each worker starts, inherited by
 # every task it creates, so that records made deep inside (a load, a controller pass) name it.
@@ -126,7 +123,7 @@ _addresses = itertools.count()
 
 
 class InProcessHost:
-    """Stands in for `TritonHost`: models are bound to the real `EngineCallable`, on this event loop."""
+    """Stands in for `TritonHost`: models are bound to the real `GeneratorModel`, on this event loop."""
 
     def __init__(self, *, coalescing: CoalescingPolicy) -> None:
         self.http_port = 0
@@ -135,7 +132,7 @@ class InProcessHost:
         self._coalescing = coalescing
         # Made inside the running loop (the Worker is built there); binds happen in worker threads.
         self._loop = asyncio.get_running_loop()
-        self._bound: dict[str, EngineCallable] = {}
+        self._bound: dict[str, GeneratorModel] = {}
         self._address = f"in-process-{next(_addresses)}"
         _hosts[self._address] = self
 
@@ -147,9 +144,9 @@ class InProcessHost:
     def start(self) -> None:
         """Nothing to start."""
 
-    def bind(self, model: str, engine: Engine) -> EngineCallable:
+    def bind(self, model: str, engine: Engine) -> GeneratorModel:
         """Wrap the engine in the real Triton callable, driven on the worker's loop."""
-        callable_ = EngineCallable(engine, self._coalescing)
+        callable_ = GeneratorModel(engine, self._coalescing)
         callable_.attach_loop(self._loop)
         self._bound[triton_model_name(model)] = callable_
         return callable_
@@ -163,7 +160,7 @@ class InProcessHost:
         self._bound.clear()
         _hosts.pop(self._address, None)
 
-    def callable_for(self, triton_model: str) -> EngineCallable:
+    def callable_for(self, triton_model: str) -> GeneratorModel:
         """The bound callable of a model, by its Triton name."""
         return self._bound[triton_model]
 
@@ -183,13 +180,12 @@ class InProcessJobClient:
     async def stream(self, job_payload: bytes) -> AsyncGenerator[bytes, None]:
         """Send an encoded job; yield each encoded chunk the model returns, in order."""
         callable_ = self._host.callable_for(self.model_name)
-        request = Request(data={JOB_INPUT: np.array([job_payload], dtype=np.object_)})
-        responses = callable_([request])
+        responses = callable_.serve(job_payload, stream=0, tag=None)
         try:
-            async for (response,) in responses:
-                yield bytes(response[CHUNK_OUTPUT][0])
+            async for response in responses:
+                yield response
         finally:
-            await responses.aclose()  # type: ignore[attr-defined,assignment]
+            await responses.aclose()  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         """Nothing to close."""

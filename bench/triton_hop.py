@@ -1,10 +1,10 @@
 """What the hop through the worker's Triton costs: the same jobs, through Triton and straight into the model.
 
-Both sides run the product's own Triton model (`workers.triton.model.EngineCallable`, coalescer and
+Both sides run the product's own Triton model (`workers.triton.model.GeneratorModel`, coalescer and
 output stream included) over a scripted engine that streams `--tokens` tokens at a fixed pace, so
 the engine costs nearly nothing and what differs is the hop alone:
 
-- **Triton**: a real `TritonHost` (tritonserver, its Python backend stub, PyTriton's threads) and the
+- **Triton**: a real `TritonHost` (tritonserver, the model's Python backend stub, the engine's loop) and the
   consumer's `TritonJobClient` (one gRPC stream per model, the model's output stream);
 - **direct**: the same callable called on the benchmark's event loop (what `bench/scale_sim.py` puts in
   place of Triton).
@@ -27,9 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import psutil
-from pytriton.proxy.types import Request
 from tables import fmt, print_aligned
 
 from switchboard.config import ModelConfig, triton_model_name
@@ -37,7 +35,7 @@ from switchboard.wire import Job, SamplingParams, chunk_decoder, encode
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
 from workers.triton.client import TritonJobClient
 from workers.triton.host import TritonHost
-from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
+from workers.triton.model import CoalescingPolicy, GeneratorModel
 
 MODEL = "hop"
 WARMUP_JOBS = 30
@@ -95,11 +93,10 @@ def job_payload(tokens: int) -> bytes:
 Stream = Callable[[bytes], AsyncIterator[bytes]]
 
 
-def direct_stream(callable_: EngineCallable) -> Stream:
+def direct_stream(callable_: GeneratorModel) -> Stream:
     async def stream(payload: bytes) -> AsyncIterator[bytes]:
-        request = Request(data={JOB_INPUT: np.array([payload], dtype=np.object_)})
-        async for (response,) in callable_([request]):
-            yield bytes(response[CHUNK_OUTPUT][0])
+        async for response in callable_.serve(payload, stream=0, tag=None):
+            yield response
 
     return stream
 
@@ -186,7 +183,7 @@ async def through_triton(
     await asyncio.to_thread(host.start)
     try:
         callable_ = await asyncio.to_thread(host.bind, MODEL, PacedEngine(args.token_s))
-        assert isinstance(callable_, EngineCallable)
+        assert isinstance(callable_, GeneratorModel)
         local = callable_ if chunks_in_process else None
         client = TritonJobClient(host.grpc_address, triton_model_name(MODEL), local=local)
         try:
@@ -200,7 +197,7 @@ async def through_triton(
 
 
 async def direct(args: argparse.Namespace, policy: CoalescingPolicy) -> list[Level]:
-    callable_ = EngineCallable(PacedEngine(args.token_s), policy)
+    callable_ = GeneratorModel(PacedEngine(args.token_s), policy)
     callable_.attach_loop(asyncio.get_running_loop())
     return await run_levels("direct", direct_stream(callable_), args)
 

@@ -22,7 +22,7 @@ from switchboard.wire import SamplingParams, SlotState, SlotStatus, StructuredOu
 from workers.engines.base import Engine, EngineRequest, PoolingEngine
 from workers.triton.client import TritonJobClient
 from workers.triton.host import TritonHost
-from workers.triton.model import EngineCallable
+from workers.triton.model import GeneratorModel
 from workers.triton.pooling_client import PoolingJobClient
 from workers.triton.pooling_model import PoolingModel
 
@@ -36,7 +36,7 @@ class ServedModel:
 
     name: str
     client: TritonJobClient | PoolingJobClient
-    triton_model: EngineCallable | PoolingModel
+    triton_model: GeneratorModel | PoolingModel
 
 
 class SlotNotServing(RuntimeError):
@@ -171,7 +171,7 @@ class ModelSlot:
 
     def abort(self, job_id: str, *, arriving: bool = False) -> Awaitable[None]:
         """Abort a running job in the engine; its stream ends with finish reason "abort".
-        `arriving`: see `EngineCallable.abort`."""
+        `arriving`: see `GeneratorModel.abort`."""
         if self._served is None:
             raise SlotNotServing(f"{self.name} is not loaded here")
         return asyncio.wrap_future(self._served.triton_model.abort(job_id, arriving=arriving))
@@ -325,7 +325,7 @@ class ModelSlot:
 
 
 def _job_client(
-    grpc_address: str, model: ModelConfig, engine: Engine, triton_model: EngineCallable | PoolingModel
+    grpc_address: str, model: ModelConfig, engine: Engine, triton_model: GeneratorModel | PoolingModel
 ) -> TritonJobClient | PoolingJobClient:
     """The consumer's client of the model's Triton model: one stream for every job of a generator
     (their chunks handed over in this process); batched requests of a pooling model's rows."""
@@ -339,13 +339,13 @@ def _job_client(
             together=model.batching.enabled,
             model=model.name,
         )
-    assert isinstance(triton_model, EngineCallable)
+    assert isinstance(triton_model, GeneratorModel)
     return TritonJobClient(grpc_address, name, local=triton_model)
 
 
 async def _start_and_bind(
     engine: Engine, host: TritonHost, name: str, *, warm_structured_output: bool = False
-) -> EngineCallable | PoolingModel:
+) -> GeneratorModel | PoolingModel:
     """Start the engine while Triton binds it (about 2 s of Triton's own work, done in parallel);
     with `warm_structured_output`, the engine's first constrained answer is made once both are done.
 
@@ -368,8 +368,8 @@ async def _start_and_bind(
         error = started if isinstance(started, BaseException) else bound
         assert isinstance(error, BaseException)
         raise error
-    assert isinstance(bound, EngineCallable | PoolingModel)
-    if warm_structured_output and isinstance(bound, EngineCallable):
+    assert isinstance(bound, GeneratorModel | PoolingModel)
+    if warm_structured_output and isinstance(bound, GeneratorModel):
         # On the engine's loop: vLLM's output task lives on the loop its first request ran on.
         await asyncio.wrap_future(bound.on_engine_loop(lambda: warm_structured_output_of(engine)))
     return bound

@@ -10,8 +10,8 @@ back on it (Triton marks its end with an empty final response, `triton_enable_em
 The client knows the model's one input and one output, so it also skips the readiness and
 configuration questions that Triton's client asks before every request.
 
-The worker's consumer lives in the process that hosts the model (PyTriton runs the model's callable
-on a thread of the worker), so its client opens the model's output stream in process instead
+The worker's consumer lives in the process that hosts the model (Triton's stub hands each request to
+the engine's loop on a thread of the worker), so its client opens the model's output stream in process instead
 (`local`): each job is still a Triton request from its start to its end, but its chunks come back
 as objects handed from the model's thread to the client's loop, not as Triton responses.
 """
@@ -30,7 +30,7 @@ from typing import Protocol
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT
+from workers.triton.generator_backend import CHUNK_OUTPUT, JOB_INPUT
 from workers.triton.output_stream import (
     OPEN_OUTPUT,
     STREAM_PARAMETER,

@@ -1,5 +1,10 @@
-"""The worker's PyTriton host: one Triton server, one decoupled model per engine it holds, bound and
-unbound while the server runs as models are loaded and unloaded.
+"""The worker's Triton host: one Triton server (started by PyTriton), one model per engine it holds,
+loaded and unloaded while the server runs as the worker's models are.
+
+Each model is a Python-backend model of Switchboard's own, written into Triton's model repository at
+load: a generator's (`generator_backend`, decoupled) hands its requests to the engine's loop over a
+Unix socket, a pooling model's (`pooling_backend`, batched by Triton's dynamic batcher) hands its
+batches to the model's process.
 
 Only the worker's user reaches this Triton: it serves gRPC on a Unix socket in a private folder
 (see `unix_socket`) and no HTTP, with no access token on its command line, and the shared memory
@@ -8,9 +13,9 @@ that carries jobs to the models is closed to other users (see `shm_regions`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -19,12 +24,10 @@ import sysconfig
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import numpy as np
 from pytriton.client.utils import create_client_from_url
-from pytriton.model_config import ModelConfig, Tensor
-from pytriton.proxy.data import TensorStore
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 from switchboard.config import triton_model_name
@@ -32,8 +35,9 @@ from switchboard.pooling_config import BatchingConfig
 from switchboard.ports import free_port
 from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
-from workers.triton import pooling_backend, unix_socket
-from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
+from workers.triton import generator_backend, pooling_backend, unix_socket
+from workers.triton.job_socket import JobSocket
+from workers.triton.model import CoalescingPolicy, GeneratorModel
 from workers.triton.pooling_model import PoolingModel
 from workers.triton.shm_regions import ShmRegions, remove_stale_regions
 from workers.triton.workspace import make_private, new_workspace_path, remove_stale_workspaces
@@ -52,17 +56,6 @@ def use_own_libpython() -> None:
         return
     paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != libdir]
     os.environ["LD_LIBRARY_PATH"] = ":".join([libdir, *paths])
-
-
-def send_tensors_inline() -> None:
-    """Make PyTriton carry tensors inside its messages between Triton's stub and this process.
-
-    By default every request and every response takes a block of shared memory from a manager
-    process and hands it back after: four blocking round trips to a third process for a job of a
-    few hundred bytes and chunks of a few dozen, which at 32 streams took a tenth of the worker's
-    samples and almost half of the stub's. Read by PyTriton here at bind and by the stub at its start.
-    """
-    os.environ["PYTRITON_NO_TENSORSTORE"] = "1"
 
 
 # Triton's metrics endpoint listens here (PyTriton's default is every address); it serves no
@@ -94,16 +87,17 @@ class TritonHost:
         self._triton: Triton | None = None
         self._socket_dir: Path | None = None
         self._shm: ShmRegions | None = None
-        # Models being unbound in the background: the thread, and the old stub's data socket.
-        self._unbinding: dict[str, tuple[threading.Thread, Path | None]] = {}
+        # Models being unloaded in the background, and the threads that unload them.
+        self._unbinding: dict[str, threading.Thread] = {}
         # The Triton model of each bound model: their output streams end before Triton stops.
-        self._bound: dict[str, EngineCallable | PoolingModel] = {}
+        self._bound: dict[str, GeneratorModel | PoolingModel] = {}
+        # Each bound generator's engine loop and the socket its stub hands requests to.
+        self._job_sockets: dict[str, JobSocket] = {}
+        self._socket_numbers = itertools.count()
         # start() runs in a thread that a worker stopping early cannot interrupt: stop() marks the
         # host closed and waits for a start in progress, which then stops what it started.
         self._lifecycle = threading.Lock()
         self._closed = False
-        # Pooling models: written into Triton's repository and loaded there (not bound by PyTriton).
-        self._pooling_models: set[str] = set()
 
     @property
     def grpc_address(self) -> str:
@@ -121,7 +115,6 @@ class TritonHost:
 
     def _start(self) -> None:
         use_own_libpython()
-        send_tensors_inline()
         unix_socket.teach_pytriton()
         # What workers of this user killed outright left: their sockets' folders, their regions.
         remove_stale_runtime_dirs()
@@ -154,51 +147,41 @@ class TritonHost:
             strict_readiness=False,
         )
 
-    def bind(self, model: str, engine: Engine) -> EngineCallable | PoolingModel:
+    def bind(self, model: str, engine: Engine) -> GeneratorModel | PoolingModel:
         """Serve `engine` as the Triton model `triton_model_name(model)` (about 2 s): decoupled for a
-        generator, bound through PyTriton; batched by Triton's dynamic batcher for a pooling engine,
-        a Python-backend model of its own (`pooling_backend`).
+        generator, its requests handed to the engine's own loop (`generator_backend`); batched by
+        Triton's dynamic batcher for a pooling engine (`pooling_backend`).
 
         The engine need not be started yet: Triton sends it nothing until the consumer does.
         """
         name = triton_model_name(model)
         self._wait_until_unloaded(name)
         if isinstance(engine, PoolingEngine):
-            self._load_pooling_model(name, engine)
+            config = pooling_config(name, engine.model.batching, engine.batch_socket)
+            self._load_own_model(name, pooling_backend, config)
             pooling = PoolingModel(engine)
             self._bound[name] = pooling
             return pooling
-        triton = self._running()
-        callable_ = EngineCallable(engine, self._coalescing)
+        generator = GeneratorModel(engine, self._coalescing)
+        path = self._socket_folder() / f"jobs-{next(self._socket_numbers)}"
+        job_socket = JobSocket.open(path, generator, name)
         try:
-            with self._private_shm():
-                triton.bind(
-                    model_name=name,
-                    infer_func=callable_,
-                    inputs=[Tensor(name=JOB_INPUT, dtype=np.bytes_, shape=(1,))],
-                    outputs=[Tensor(name=CHUNK_OUTPUT, dtype=np.bytes_, shape=(1,))],
-                    config=ModelConfig(decoupled=True, batching=False),
-                    strict=False,
-                )
+            self._load_own_model(name, generator_backend, generator_config(name, path))
         except BaseException:
-            # PyTriton registers the model before Triton loads it: a load that failed would
-            # make every later bind of the name fail ("same name twice") for the worker's life.
-            self._forget(name)
+            job_socket.close()
             raise
-        # PyTriton drives the callable from one event loop thread; the generator's engine is driven
-        # from that same loop (its only one), so it is handed over explicitly here.
-        callable_.attach_loop(self._handler_loop(name))
-        self._bound[name] = callable_
-        return callable_
+        self._job_sockets[name] = job_socket
+        self._bound[name] = generator
+        return generator
 
-    def _load_pooling_model(self, name: str, engine: PoolingEngine) -> None:
-        """Write the pooling model's Triton model (`pooling_backend`, its batching in `config.pbtxt`)
-        into Triton's repository and load it; its stub sends batches to the engine's process."""
+    def _load_own_model(self, name: str, backend: ModuleType, config: str) -> None:
+        """Write a model's Triton model (`backend` as its `model.py`, and `config` as its
+        `config.pbtxt`) into Triton's repository and load it."""
         folder = self._running()._workspace.model_store_path / name
         shutil.rmtree(folder, ignore_errors=True)
         (folder / "1").mkdir(parents=True)
-        shutil.copyfile(pooling_backend.__file__, folder / "1" / "model.py")
-        config = pooling_config(name, engine.model.batching, engine.batch_socket)
+        assert backend.__file__ is not None
+        shutil.copyfile(backend.__file__, folder / "1" / "model.py")
         (folder / "config.pbtxt").write_text(config)
         try:
             with (
@@ -209,82 +192,52 @@ class TritonHost:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self._pooling_models.add(name)
 
     def unbind(self, model: str) -> None:
         """Remove the model from Triton, finishing in the background; returns at once.
 
-        Its handler thread takes a second to end and Triton's Python stub a few more; nothing
-        waits for that but a later bind of the same name (and `stop`).
+        Triton's Python stub takes a second or more to end; nothing waits for that but a later bind
+        of the same name (and `stop`). A generator's engine must have been stopped before.
         """
         name = triton_model_name(model)
-        callable_ = self._bound.pop(name, None)
-        if callable_ is not None:
-            callable_.end_output_streams()
-        if name in self._pooling_models:
-            self._pooling_models.discard(name)
-            unloading = threading.Thread(
-                target=self._unload_pooling_model, args=(name,), name=f"unbind-{name}"
-            )
-            self._unbinding[name] = (unloading, None)
-            unloading.start()
-            return
-        bound = self._running()._model_manager._models.pop((name.lower(), 1), None)  # (name, version)
+        bound = self._bound.pop(name, None)
         if bound is None:
             return
-        unbinding = threading.Thread(target=self._unbind, args=(name, bound), name=f"unbind-{name}")
-        tensor_store = getattr(bound._serializer_deserializer, "_tensor_store", None)
-        data_socket = Path(tensor_store.address) if tensor_store is not None else None
-        self._unbinding[name] = (unbinding, data_socket)
-        unbinding.start()
+        bound.end_output_streams()
+        unloading = threading.Thread(
+            target=self._unload_own_model,
+            args=(name, self._job_sockets.pop(name, None)),
+            name=f"unbind-{name}",
+        )
+        self._unbinding[name] = unloading
+        unloading.start()
 
-    def _unload_pooling_model(self, name: str) -> None:
-        with contextlib.closing(create_client_from_url(self._running()._url)) as client:
-            client.unload_model(name, headers=self._control_headers())
-
-    def _forget(self, name: str) -> None:
-        """Drop what a failed bind of `name` left registered, so that the next one starts afresh."""
-        bound = self._running()._model_manager._models.pop((name.lower(), 1), None)
-        if bound is None:
-            return
+    def _unload_own_model(self, name: str, job_socket: JobSocket | None) -> None:
+        """Unload the model from Triton; once its stub has ended, close the generator's engine loop."""
         try:
-            self._unbind(name, bound)
-        except Exception:
-            logger.warning("could not clean up after a failed bind", extra={"model": name}, exc_info=True)
-
-    def _unbind(self, name: str, bound: Any) -> None:
-        """What PyTriton's own shutdown does, for one model (PyTriton 0.7 binds but cannot unbind)."""
-        triton = self._running()
-        tensor_store = getattr(bound._serializer_deserializer, "_tensor_store", None)
-        # Drop PyTriton's observers first, so that this model's stub ending does not read as the
-        # whole server terminating (PyTriton stops Triton on that event); then let Triton unload
-        # the stub while the model's own threads wind down (about a second) here.
-        with bound._observers_lock:
-            bound._model_events_observers.clear()
-        with contextlib.closing(create_client_from_url(triton._url)) as client:
-            client.unload_model(name, headers=self._control_headers())
-        bound.clean()
-        if tensor_store is not None:
-            # PyTriton caches one tensor store per socket path for the process's life, with the
-            # old stub's key; a later bind of the same name must make a new one.
-            TensorStore._instances.pop(tensor_store.address, None)
+            with contextlib.closing(create_client_from_url(self._running()._url)) as client:
+                client.unload_model(name, headers=self._control_headers())
+                self._wait_for_unload(client, name)
+        finally:
+            if job_socket is not None:
+                job_socket.close()
 
     def _wait_until_unloaded(self, name: str) -> None:
         """Wait for Triton to finish unloading `name`: a new stub of the same name would otherwise
-        meet the old one's handshake and data sockets (and fail to start)."""
-        unbinding, data_socket = self._unbinding.pop(name, (None, None))
+        meet the old one's (and fail to start)."""
+        unbinding = self._unbinding.pop(name, None)
         if unbinding is None:
             return
         unbinding.join(UNLOAD_TIMEOUT_S)
-        triton = self._running()
+        with contextlib.closing(create_client_from_url(self._running()._url)) as client:
+            self._wait_for_unload(client, name)
+
+    def _wait_for_unload(self, client: Any, name: str) -> None:
         deadline = time.monotonic() + UNLOAD_TIMEOUT_S
-        with contextlib.closing(create_client_from_url(triton._url)) as client:
-            while _still_loaded(self._repository_index(client), name) or (
-                data_socket is not None and data_socket.exists()
-            ):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"Triton did not unload {name} within {UNLOAD_TIMEOUT_S:g} s")
-                time.sleep(0.02)
+        while _still_loaded(self._repository_index(client), name):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Triton did not unload {name} within {UNLOAD_TIMEOUT_S:g} s")
+            time.sleep(0.02)
 
     def _repository_index(self, client: Any) -> list[dict[str, str]]:
         """Triton's models and their states (the gRPC client's answer, as dicts)."""
@@ -304,11 +257,10 @@ class TritonHost:
             raise RuntimeError("start() the Triton host before binding models")
         return self._triton
 
-    def _handler_loop(self, name: str) -> asyncio.AbstractEventLoop:
-        bound = self._running()._model_manager._models[(name.lower(), 1)]
-        # A pooling model's instances share its engine, which takes calls from any loop: the first's.
-        loop: asyncio.AbstractEventLoop = bound._inference_handlers[0]._loop
-        return loop
+    def _socket_folder(self) -> Path:
+        if self._socket_dir is None:
+            raise RuntimeError("start() the Triton host before binding models")
+        return self._socket_dir
 
     def stop(self) -> None:
         """Stop Triton and every model bound to it, after a start in progress; idempotent."""
@@ -317,22 +269,21 @@ class TritonHost:
             self._stop()
 
     def _stop(self) -> None:
-        for unbinding, _ in list(self._unbinding.values()):
+        for unbinding in list(self._unbinding.values()):
             unbinding.join(UNLOAD_TIMEOUT_S)
         self._unbinding.clear()
-        # Pooling models are Triton's own, not PyTriton's: unloaded here, or Triton's stop waits for them.
-        for name in list(self._pooling_models):
+        # A model still bound keeps its output stream's request open, which Triton would wait for
+        # until its own timeout; its stub ends as Triton stops, then its engine loop closes.
+        for name in list(self._bound):
+            self._bound.pop(name).end_output_streams()
             with contextlib.suppress(Exception):
-                self._unload_pooling_model(name)
-        self._pooling_models.clear()
-        # A model still bound (its unload failed or timed out) keeps its output stream's request
-        # open, which Triton would wait for until its own timeout.
-        for callable_ in self._bound.values():
-            callable_.end_output_streams()
-        self._bound.clear()
+                self._unload_own_model(name, self._job_sockets.pop(name, None))
         if self._triton is not None:
             self._triton.stop()
             self._triton = None
+        for job_socket in self._job_sockets.values():
+            job_socket.close()
+        self._job_sockets.clear()
         # Triton removes its regions on a clean stop; whatever a stub that died left goes too.
         if self._shm is not None:
             self._shm.remove()
@@ -340,6 +291,27 @@ class TritonHost:
         if self._socket_dir is not None:
             remove_runtime_dir(self._socket_dir)
             self._socket_dir = None
+
+
+def generator_config(name: str, job_socket: Path) -> str:
+    """A generator's Triton config: decoupled (a job's request lasts as long as the job), one job per
+    request, one instance (its stub only forwards; the engine's loop serves every request at once)."""
+    backend = generator_backend
+    return (
+        "\n".join(
+            [
+                f"name: {json.dumps(name)}",
+                'backend: "python"',
+                "max_batch_size: 0",
+                "model_transaction_policy { decoupled: true }",
+                "instance_group [ { kind: KIND_CPU count: 1 } ]",
+                f'input [ {{ name: "{backend.JOB_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+                f'output [ {{ name: "{backend.CHUNK_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+                f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(job_socket))} }} }}',
+            ]
+        )
+        + "\n"
+    )
 
 
 def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> str:

@@ -1,9 +1,10 @@
-"""The Triton model for one engine: a decoupled callable that takes a Job and streams Chunks.
+"""What one generator's Triton model does with a request: takes a Job and streams its Chunks.
 
-PyTriton runs this callable on its own event loop thread, and the engine is driven from there; a
-pump task moves the engine's deltas into an inbox, and the coalescer groups those that arrive
-together. The job and the chunks keep their wire encoding end to end, so
-the consumer appends Triton's output to Redis as it is.
+Triton's stub for the model hands each request to the engine's own event loop
+(`workers.triton.generator_backend`, `workers.triton.job_socket`), and the engine is driven from
+there; a pump task moves the engine's deltas into an inbox, and the coalescer groups those that
+arrive together. The job and the chunks keep their wire encoding end to end, so the consumer
+appends Triton's output to Redis as it is.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
-from pytriton.proxy.types import Request
 
 from switchboard.config import WorkerConfig
 from switchboard.wire import Chunk, Job, JobError, Usage, encode
@@ -28,8 +26,6 @@ from workers.triton.fan_in import fan_in
 from workers.triton.observer import EngineObserver
 from workers.triton.output_stream import (
     OPEN_OUTPUT,
-    STREAM_PARAMETER,
-    TAG_PARAMETER,
     OutputStreams,
     Posted,
     posted_batch_encoder,
@@ -37,10 +33,6 @@ from workers.triton.output_stream import (
 
 logger = logging.getLogger(__name__)
 
-JOB_INPUT = "job"
-CHUNK_OUTPUT = "chunk"
-
-Responses = list[dict[str, npt.NDArray[np.object_]]]
 T = TypeVar("T")
 
 # Jobs aborted on their way to the engine are remembered until they arrive; the latest so many.
@@ -125,15 +117,17 @@ class CoalescingPolicy(msgspec.Struct, frozen=True, kw_only=True):
         return min(self.max_window_s, max(self.min_window_s, streams / self.max_chunks_per_s))
 
 
-class EngineCallable:
-    """Triton infer function: one job per request, its coalesced chunks out on the model's output stream.
+class GeneratorModel:
+    """A generator's Triton model, worker side: one job per request, its coalesced chunks out on the
+    model's output stream.
 
     A request tagged by the worker's client (`TAG_PARAMETER`) lasts as long as its job and posts
     the job's chunks to the model's output stream (`workers.triton.output_stream`), which the one
     request that opened it (`OPEN_OUTPUT`) answers; an untagged request, as any Triton client sends
-    it, gets its chunks as its own responses. The engine is driven from PyTriton's own event loop
-    (the thread that calls this), so deltas reach the coalescer without crossing threads; `abort`
-    is the only way in from elsewhere.
+    it, gets its chunks as its own responses. Requests arrive on the engine's loop (the thread of
+    `workers.triton.engine_thread`) and the engine is driven from it, so deltas reach the
+    coalescer without crossing threads; `abort` and the other calls from elsewhere go through
+    `on_engine_loop`.
     """
 
     def __init__(self, engine: Engine, policy: CoalescingPolicy) -> None:
@@ -148,26 +142,23 @@ class EngineCallable:
         # its client is still there): they end as they arrive, without reaching the engine.
         self._aborted_early: OrderedDict[str, None] = OrderedDict()
 
-    async def __call__(self, requests: list[Request]) -> AsyncIterator[Responses]:
-        """Decoupled inference: a job's chunks (as responses, or posted to the output stream), or
-        the output stream's batches."""
-        (request,) = requests  # batching is off for decoupled models: one request per call
-        payload = request[JOB_INPUT][0]
-        parameters = request.parameters or {}
+    async def serve(self, payload: bytes, *, stream: int, tag: int | None) -> AsyncIterator[bytes]:
+        """One Triton request of this model (`workers.triton.job_socket` hands them over): a job's
+        chunks as its responses, or posted to the output stream `stream` when the job's request is
+        tagged, or the output stream's batches when the request opens it."""
         if payload == OPEN_OUTPUT:
-            async for batch in self._outputs.of(int(parameters[STREAM_PARAMETER])).listen():
-                yield _response(posted_batch_encoder.encode(batch))
+            async for batch in self._outputs.of(stream).listen():
+                yield posted_batch_encoder.encode(batch)
             return
-        job = engine_job_decoder.decode(payload)  # type: ignore[arg-type]
-        tag = parameters.get(TAG_PARAMETER)
+        job = engine_job_decoder.decode(payload)
         if tag is None:
             async for chunk, _ in self._chunks(job):
-                yield _response(chunk)
+                yield chunk
             return
-        output = self._outputs.of(int(parameters[STREAM_PARAMETER]))
+        output = self._outputs.of(stream)
         first = True
         async for chunk, last in self._chunks(job):
-            output.post(int(tag), chunk, last=last, urgent=first)
+            output.post(tag, chunk, last=last, urgent=first)
             first = False
 
     async def _chunks(self, job: EngineJob) -> AsyncIterator[tuple[bytes, bool]]:
@@ -228,7 +219,7 @@ class EngineCallable:
         return self.on_engine_loop(forward)
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The event loop that PyTriton calls this model on; the engine is driven from it alone."""
+        """The event loop that requests arrive on; the engine is driven from it alone."""
         self._loop = loop
 
     def on_engine_loop(self, work: Callable[[], Coroutine[Any, Any, T]]) -> Future[T]:
@@ -305,7 +296,3 @@ class EngineCallable:
                 await fan_in(self._engine, requests, n, inbox)
         except Exception as exc:
             inbox.put_nowait(exc)
-
-
-def _response(chunk: bytes) -> Responses:
-    return [{CHUNK_OUTPUT: np.array([chunk], dtype=np.object_)}]

@@ -5,7 +5,7 @@ job runs; but its chunks do not come back as its responses. A Triton response co
 millisecond of CPU across the worker's PyTriton threads, Triton's Python stub (a thread-pool hop
 per response), tritonserver and the worker's gRPC reader, whatever it carries. So the chunks of all
 of a model's jobs are posted here, and one listener takes them, many jobs' chunks at a time: in the
-worker, the consumer's client in the same process (`EngineCallable.open_local_output`, no Triton
+worker, the consumer's client in the same process (`GeneratorModel.open_local_output`, no Triton
 response at all); for a client elsewhere, one request it opens with the stream (`OPEN_OUTPUT`),
 many jobs' chunks per response. Each gRPC stream the client
 opens has an output stream of its own (`STREAM_PARAMETER` on every request), and a newer one ends
@@ -24,16 +24,17 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from workers.triton.generator_backend import STREAM_PARAMETER, TAG_PARAMETER
 from workers.triton.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
 
 # The job input that opens a model's output stream instead of running a job.
 OPEN_OUTPUT = b""
-# The request parameter that tags a job's request; its chunks carry the same tag.
-TAG_PARAMETER = "switchboard_tag"
-# The request parameter that names the client's gRPC stream a request came on (numbered upwards).
-STREAM_PARAMETER = "switchboard_stream"
+# The request parameters (`workers.triton.generator_backend` passes them on): TAG_PARAMETER tags a
+# job's request, and its chunks carry the same tag; STREAM_PARAMETER names the client's gRPC stream a
+# request came on (numbered upwards).
+__all__ = ["OPEN_OUTPUT", "STREAM_PARAMETER", "TAG_PARAMETER", "OutputStream", "OutputStreams", "Posted"]
 # Chunks kept while no output stream listens (its client is reopening one); beyond, the oldest go.
 MAX_UNSENT = 100_000
 

@@ -49,7 +49,7 @@ def answer_of(result: PooledRow | InvalidEngineRequest) -> RowAnswer:
 
 class PoolingModel:
     """A pooling model bound into Triton, with the face a model slot uses of a generator's
-    `EngineCallable` (abort, stopping the engine, ending output streams), so that a pooling model is
+    `GeneratorModel` (abort, stopping the engine, ending output streams), so that a pooling model is
     loaded, kept and unloaded the same way. Triton's stub sends it batches itself
     (`workers.triton.pooling_backend`); nothing in the worker runs per batch."""
 

@@ -1,33 +1,30 @@
-"""The Triton callable on its own: a job aborted on its way to the engine ends as it arrives."""
+"""The generator's Triton model on its own: a job aborted on its way to the engine ends as it arrives."""
 
 from __future__ import annotations
 
 import asyncio
 
 import msgspec
-import numpy as np
-from pytriton.proxy.types import Request
 
 from switchboard.wire import Chunk, chunk_decoder, encode
 from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
-from workers.triton.model import CHUNK_OUTPUT, EARLY_ABORTS_KEPT, JOB_INPUT, CoalescingPolicy, EngineCallable
+from workers.triton.model import EARLY_ABORTS_KEPT, CoalescingPolicy, GeneratorModel
 
 NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6)
 
 
-def on_this_loop(engine: ScriptedEngine) -> EngineCallable:
-    callable_ = EngineCallable(engine, NO_WAIT)
+def on_this_loop(engine: ScriptedEngine) -> GeneratorModel:
+    callable_ = GeneratorModel(engine, NO_WAIT)
     callable_.attach_loop(asyncio.get_running_loop())
     return callable_
 
 
-async def run(callable_: EngineCallable, prompt: str, job_id: str | None = None) -> tuple[str, list[Chunk]]:
+async def run(callable_: GeneratorModel, prompt: str, job_id: str | None = None) -> tuple[str, list[Chunk]]:
     job = make_job("scripted", prompt)
     if job_id is not None:
         job = msgspec.structs.replace(job, id=job_id)
-    request = Request(data={JOB_INPUT: np.array([encode(job)], dtype=np.object_)})
-    chunks = [chunk_decoder.decode(bytes(r[0][CHUNK_OUTPUT][0])) async for r in callable_([request])]
+    chunks = [chunk_decoder.decode(r) async for r in callable_.serve(encode(job), stream=0, tag=None)]
     return job.id, chunks
 
 

@@ -5,19 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
 import msgspec
-import numpy as np
-from pytriton.proxy.types import Request
 
 from switchboard.wire import chunk_decoder, encode
 from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
-from workers.triton.model import CHUNK_OUTPUT, JOB_INPUT, CoalescingPolicy, EngineCallable
+from workers.triton.model import CoalescingPolicy, GeneratorModel
 from workers.triton.output_stream import (
     OPEN_OUTPUT,
-    STREAM_PARAMETER,
-    TAG_PARAMETER,
     OutputStream,
     OutputStreams,
     Posted,
@@ -97,21 +94,14 @@ async def test_close_ends_the_listener() -> None:
         pass
 
 
-def tagged(prompt: str, tag: int) -> Request:
-    job = make_job("scripted", prompt)
-    return Request(
-        data={JOB_INPUT: np.array([encode(job)], dtype=np.object_)},
-        parameters={TAG_PARAMETER: tag, STREAM_PARAMETER: 0},
-    )
+def tagged(callable_: GeneratorModel, prompt: str, tag: int) -> AsyncIterator[bytes]:
+    return callable_.serve(encode(make_job("scripted", prompt)), stream=0, tag=tag)
 
 
 async def test_many_jobs_chunks_ride_shared_responses_each_to_its_own_job_in_order() -> None:
     policy = CoalescingPolicy(min_window_s=0.02, max_window_s=0.02, max_chunks_per_s=1e6)
-    callable_ = EngineCallable(ScriptedEngine(), policy)
+    callable_ = GeneratorModel(ScriptedEngine(), policy)
     callable_.attach_loop(asyncio.get_running_loop())
-    opened = Request(
-        data={JOB_INPUT: np.array([OPEN_OUTPUT], dtype=np.object_)}, parameters={STREAM_PARAMETER: 0}
-    )
     received: dict[int, list[str]] = defaultdict(list)
     ended: set[int] = set()
     responses = 0
@@ -119,9 +109,9 @@ async def test_many_jobs_chunks_ride_shared_responses_each_to_its_own_job_in_ord
 
     async def listen() -> None:
         nonlocal responses
-        async for (response,) in callable_([opened]):
+        async for response in callable_.serve(OPEN_OUTPUT, stream=0, tag=None):
             responses += 1
-            for posted in posted_batch_decoder.decode(bytes(response[CHUNK_OUTPUT][0])):
+            for posted in posted_batch_decoder.decode(response):
                 assert posted.tag not in ended, "nothing after a job's last chunk"
                 chunk = chunk_decoder.decode(posted.chunk)
                 received[posted.tag].append(chunk.text)
@@ -130,7 +120,7 @@ async def test_many_jobs_chunks_ride_shared_responses_each_to_its_own_job_in_ord
                     ended.add(posted.tag)
 
     async def job(tag: int) -> None:
-        own = [r async for r in callable_([tagged(f"slow {counts[tag]} 0.005", tag)])]
+        own = [r async for r in tagged(callable_, f"slow {counts[tag]} 0.005", tag)]
         assert own == [], "a tagged job's chunks go to the output stream, not to its own request"
 
     listener = asyncio.create_task(listen())
@@ -146,12 +136,11 @@ async def test_many_jobs_chunks_ride_shared_responses_each_to_its_own_job_in_ord
 
 
 async def test_an_untagged_request_gets_its_chunks_as_its_own_responses() -> None:
-    callable_ = EngineCallable(
+    callable_ = GeneratorModel(
         ScriptedEngine(), CoalescingPolicy(min_window_s=0, max_window_s=0, max_chunks_per_s=1e6)
     )
     callable_.attach_loop(asyncio.get_running_loop())
     job = make_job("scripted", "fast 3")
-    request = Request(data={JOB_INPUT: np.array([encode(job)], dtype=np.object_)})
-    chunks = [chunk_decoder.decode(bytes(r[0][CHUNK_OUTPUT][0])) async for r in callable_([request])]
+    chunks = [chunk_decoder.decode(r) async for r in callable_.serve(encode(job), stream=0, tag=None)]
     assert "".join(c.text for c in chunks) == "t0\x00 t1\x00 t2\x00 "
     assert chunks[-1].is_last and msgspec.structs.asdict(chunks[-1])["usage"] is not None

@@ -1,0 +1,107 @@
+"""Where a generator's Triton stub hands its requests to the engine's loop: a Unix socket.
+
+The stub (`workers.triton.generator_backend`) connects once at its start and sends each request as
+one message; this side serves every request as a task on the engine's loop and answers with its
+responses and its end (`GeneratorModel.serve`). The socket lives in a folder only the worker's user
+can enter (`workers.runtime.private_runtime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from workers.triton.engine_thread import EngineThread
+from workers.triton.generator_backend import END, FAILED, HEADER, JOB, NO_TAG, RESPONSE, message
+from workers.triton.model import GeneratorModel
+
+logger = logging.getLogger(__name__)
+
+# How long opening or closing may wait for the engine's loop.
+LOOP_WAIT_S = 10.0
+
+
+class JobSocket:
+    """Serves one model's Triton requests on the engine's loop (a thread of its own)."""
+
+    def __init__(self, path: Path, model: GeneratorModel, thread: EngineThread) -> None:
+        self.path = path
+        self._model = model
+        self._thread = thread
+        self._server: asyncio.Server | None = None
+        self._requests: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def open(cls, path: Path, model: GeneratorModel, name: str) -> JobSocket:
+        """Start the model's engine loop and listen at `path` on it (before Triton loads the model:
+        its stub connects as it starts); the model is driven from that loop from now on."""
+        thread = EngineThread(f"engine-{name}")
+        model.attach_loop(thread.loop)
+        opened = cls(path, model, thread)
+        try:
+            asyncio.run_coroutine_threadsafe(opened._listen(), thread.loop).result(LOOP_WAIT_S)
+        except BaseException:
+            thread.stop()
+            raise
+        return opened
+
+    def close(self) -> None:
+        """From any thread but the loop's: stop listening, end the requests still served (their stub
+        has gone) and stop the loop. The engine must have been stopped before (`stop_engine`)."""
+        if self._thread.loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._close(), self._thread.loop).result(LOOP_WAIT_S)
+        self._thread.stop()
+
+    async def _listen(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._requests):
+            task.cancel()
+        await asyncio.gather(*self._requests, return_exceptions=True)
+        self.path.unlink(missing_ok=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read the stub's requests until it closes the connection; each is served as a task."""
+        try:
+            while True:
+                length, kind, key, stream, tag = HEADER.unpack(await reader.readexactly(HEADER.size))
+                payload = await reader.readexactly(length) if length else b""
+                if kind != JOB:
+                    logger.warning("the Triton stub sent an unknown message", extra={"kind": kind})
+                    continue
+                task = asyncio.create_task(
+                    self._request(writer, key, payload, stream, None if tag == NO_TAG else tag)
+                )
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the stub has ended (its model unloaded, or it died)
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _request(
+        self, writer: asyncio.StreamWriter, key: int, payload: bytes, stream: int, tag: int | None
+    ) -> None:
+        """Serve one request: its responses, then its end; a failure ends it with the error."""
+        try:
+            async for response in self._model.serve(payload, stream=stream, tag=tag):
+                writer.write(message(RESPONSE, key, response))
+                await writer.drain()  # at once unless the stub falls behind
+            ending = message(END, key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("a Triton request failed", extra={"key": key})
+            ending = message(FAILED, key, f"the request failed: {exc}".encode())
+        if not writer.is_closing():
+            writer.write(ending)
