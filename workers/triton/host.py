@@ -67,6 +67,8 @@ NO_RESTRICTED_ENDPOINTS = TritonSecurityConfig(restricted_endpoints=[])
 
 # How long Triton may take to finish unloading a model (its in-flight requests have ended).
 UNLOAD_TIMEOUT_S = 30.0
+# How long Triton's stop waits for requests still in flight.
+EXIT_TIMEOUT_S = 5
 # Tries at starting Triton when its binary is briefly "busy" (see _run_triton).
 TRITON_START_ATTEMPTS = 3
 
@@ -145,6 +147,9 @@ class TritonHost:
             # (Strict readiness would read "not ready" while any model unloads, and PyTriton's
             # bind waits for readiness in steps of a second.)
             strict_readiness=False,
+            # The worker has drained its jobs before it stops Triton: what Triton still counts in
+            # flight then is a dead stub's (it never ends them), which held every stop 30 s.
+            exit_timeout_secs=EXIT_TIMEOUT_S,
         )
 
     def bind(self, model: str, engine: Engine) -> GeneratorModel | PoolingModel:
@@ -164,7 +169,7 @@ class TritonHost:
             return pooling
         generator = GeneratorModel(engine, self._coalescing)
         path = self._socket_folder() / f"jobs-{next(self._socket_numbers)}"
-        job_socket = JobSocket.open(path, generator, name)
+        job_socket = JobSocket.open(path, generator, name, on_stub_lost=lambda: self._load_again(name))
         try:
             self._load_own_model(name, generator_backend, generator_config(name, path))
         except BaseException:
@@ -173,6 +178,25 @@ class TritonHost:
         self._job_sockets[name] = job_socket
         self._bound[name] = generator
         return generator
+
+    def _load_again(self, name: str) -> None:
+        """Load a generator whose stub died into Triton again, in the background: Triton starts no
+        new stub for a decoupled model, and fails its requests until it is loaded anew."""
+
+        def load() -> None:
+            if name not in self._job_sockets or self._closed:
+                return  # unloaded meanwhile
+            logger.warning("loading the model into Triton again: its stub ended", extra={"model": name})
+            try:
+                with (
+                    self._private_shm(),
+                    contextlib.closing(create_client_from_url(self._running()._url)) as client,
+                ):
+                    client.load_model(name, headers=self._control_headers())
+            except Exception:
+                logger.exception("could not load the model into Triton again", extra={"model": name})
+
+        threading.Thread(target=load, name=f"reload-{name}", daemon=True).start()
 
     def _load_own_model(self, name: str, backend: ModuleType, config: str) -> None:
         """Write a model's Triton model (`backend` as its `model.py`, and `config` as its
@@ -214,6 +238,8 @@ class TritonHost:
 
     def _unload_own_model(self, name: str, job_socket: JobSocket | None) -> None:
         """Unload the model from Triton; once its stub has ended, close the generator's engine loop."""
+        if job_socket is not None:
+            job_socket.expect_stub_end()
         try:
             with contextlib.closing(create_client_from_url(self._running()._url)) as client:
                 client.unload_model(name, headers=self._control_headers())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from workers.triton.engine_thread import EngineThread
@@ -26,26 +27,40 @@ LOOP_WAIT_S = 10.0
 class JobSocket:
     """Serves one model's Triton requests on the engine's loop (a thread of its own)."""
 
-    def __init__(self, path: Path, model: GeneratorModel, thread: EngineThread) -> None:
+    def __init__(
+        self, path: Path, model: GeneratorModel, thread: EngineThread, on_stub_lost: Callable[[], None]
+    ) -> None:
         self.path = path
         self._model = model
         self._thread = thread
+        self._on_stub_lost = on_stub_lost
+        self._stub_may_end = False
         self._server: asyncio.Server | None = None
         self._requests: set[asyncio.Task[None]] = set()
 
     @classmethod
-    def open(cls, path: Path, model: GeneratorModel, name: str) -> JobSocket:
+    def open(
+        cls, path: Path, model: GeneratorModel, name: str, *, on_stub_lost: Callable[[], None]
+    ) -> JobSocket:
         """Start the model's engine loop and listen at `path` on it (before Triton loads the model:
-        its stub connects as it starts); the model is driven from that loop from now on."""
+        its stub connects as it starts); the model is driven from that loop from now on.
+
+        `on_stub_lost` is called (on the engine's loop) when a stub ends that was not told to:
+        Triton does not start a decoupled model's stub again by itself, and fails every request
+        sent to the model until it is loaded anew."""
         thread = EngineThread(f"engine-{name}")
         model.attach_loop(thread.loop)
-        opened = cls(path, model, thread)
+        opened = cls(path, model, thread, on_stub_lost)
         try:
             asyncio.run_coroutine_threadsafe(opened._listen(), thread.loop).result(LOOP_WAIT_S)
         except BaseException:
             thread.stop()
             raise
         return opened
+
+    def expect_stub_end(self) -> None:
+        """The model is being unloaded: its stub's end is no loss."""
+        self._stub_may_end = True
 
     def close(self) -> None:
         """From any thread but the loop's: stop listening, end the requests still served (their stub
@@ -70,7 +85,11 @@ class JobSocket:
         self.path.unlink(missing_ok=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Read the stub's requests until it closes the connection; each is served as a task."""
+        """Read a stub's requests until it closes the connection; each is served as a task. A stub
+        that ends with requests still served has died (Triton waits for every request before it
+        unloads a model): nobody can be answered on them, so they are cancelled, and with them
+        their jobs' work in the engine (Triton fails them to their clients; a new stub connects anew)."""
+        served: set[asyncio.Task[None]] = set()
         try:
             while True:
                 length, kind, key, stream, tag = HEADER.unpack(await reader.readexactly(HEADER.size))
@@ -81,13 +100,19 @@ class JobSocket:
                 task = asyncio.create_task(
                     self._request(writer, key, payload, stream, None if tag == NO_TAG else tag)
                 )
-                self._requests.add(task)
-                task.add_done_callback(self._requests.discard)
+                for tasks in (served, self._requests):
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the stub has ended (its model unloaded, or it died)
         finally:
+            for task in served:
+                task.cancel()
             with contextlib.suppress(Exception):
                 writer.close()
+            if not self._stub_may_end:
+                logger.warning("the model's Triton stub ended", extra={"requests_failed": len(served)})
+                self._on_stub_lost()
 
     async def _request(
         self, writer: asyncio.StreamWriter, key: int, payload: bytes, stream: int, tag: int | None
@@ -100,6 +125,8 @@ class JobSocket:
             ending = message(END, key)
         except asyncio.CancelledError:
             raise
+        except ConnectionError:
+            return  # its stub has gone: there is nobody to answer
         except Exception as exc:
             logger.exception("a Triton request failed", extra={"key": key})
             ending = message(FAILED, key, f"the request failed: {exc}".encode())

@@ -1,4 +1,4 @@
-"""The job client against a real PyTriton host: many jobs on one gRPC stream, each gets its own chunks."""
+"""The job client against a real Triton host: many jobs on one gRPC stream, each gets its own chunks."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import asyncio
 import os
 import pwd
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -16,10 +17,11 @@ from switchboard.config import ModelConfig, triton_model_name
 from switchboard.wire import chunk_decoder, encode
 from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
+from tests.support.waits import eventually
 from workers.models.slot import ModelSlot
 from workers.triton.client import TritonJobClient, TritonStreamError
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
+from workers.triton.model import CoalescingPolicy, GeneratorModel
 
 # No coalescing: every token is its own response, so that the jobs' responses interleave.
 NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6)
@@ -159,13 +161,67 @@ async def test_a_model_being_unbound_ends_the_jobs_waiting_for_its_chunks_in_pro
         await slot.abort(hung.id)
 
 
+async def test_a_stub_that_dies_fails_its_jobs_and_stops_their_work_in_the_engine(slot: ModelSlot) -> None:
+    """The model's Triton stub hands each request to the engine's loop; killed while a job runs (out
+    of memory, say), the job fails rather than hang, its work in the engine stops, and the model
+    serves the next job through the stub Triton starts in its place."""
+    lease = slot.lease()
+    job = make_job("m", "slow 1000000 0.01")
+    try:
+        client, model = lease.served.client, lease.served.triton_model
+        assert isinstance(model, GeneratorModel)
+
+        async def ended_in_the_engine() -> bool:
+            return job.id not in model._running
+
+        stream = client.stream(encode(job))
+        await anext(stream)
+        _stub_of(triton_model_name("m")).kill()
+        with pytest.raises(TritonStreamError):
+            await asyncio.wait_for(_drain(stream), 10)
+        await eventually(ended_in_the_engine)
+        await eventually(_serves_again(client), timeout_s=30, what="a job through the new stub")
+    finally:
+        lease.release()
+
+
+async def _drain(stream: AsyncIterator[bytes]) -> None:
+    async for _ in stream:
+        pass
+
+
+def _stub_of(triton_model: str) -> psutil.Process:
+    stubs = [
+        process
+        for process in psutil.Process().children(recursive=True)
+        if "triton_python_backend_stub" in " ".join(process.cmdline())
+        and f"{triton_model}_0_0" in process.cmdline()
+    ]
+    assert len(stubs) == 1, stubs
+    return stubs[0]
+
+
+def _serves_again(client: TritonJobClient) -> Callable[[], Awaitable[bool]]:
+    async def serves() -> bool:
+        try:
+            return len(await asyncio.wait_for(texts(client, "fast 2"), 5)) == 2
+        except (TritonStreamError, TimeoutError):
+            return False
+
+    return serves
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="acting as another user takes root")
 async def test_another_local_user_cannot_reach_triton_while_the_workers_jobs_are_served(
     host: TritonHost, slot: ModelSlot
 ) -> None:
     """Anyone who reached Triton's gRPC could send it jobs, or load a Python model that runs code
-    as the worker; another user of the machine is refused at connect."""
-    assert not reachable_by(pwd.getpwnam("nobody"), host.grpc_address)
+    as the worker, and anyone who reached the model's job socket could run jobs on the engine;
+    another user of the machine is refused at connect."""
+    nobody = pwd.getpwnam("nobody")
+    assert not reachable_by(nobody, host.grpc_address)
+    job_socket = host._job_sockets[triton_model_name("m")].path
+    assert not reachable_by(nobody, f"unix:{job_socket}"), "nor the socket the stub hands jobs over on"
     lease = slot.lease()
     try:
         assert len(await texts(lease.served.client, "fast 2")) == 2
