@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -60,6 +61,8 @@ logger = logging.getLogger(__name__)
 # Longest any one step of stopping may take (draining running jobs has its own allowance on top),
 # so that a stuck step never keeps the engine's processes alive.
 STOP_STEP_TIMEOUT_S = 20.0
+# How long a thread holding the GIL may run while another waits for it (see run_worker).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 EngineFactory = Callable[[ModelConfig, EngineOptions], Engine]
 
@@ -369,6 +372,12 @@ async def _stop_step(name: str, step: Awaitable[object], extra_s: float = 0.0) -
 def run_worker(settings: Settings) -> None:
     """Entry point of `switchboard worker`; Triton and the engines end with this process, however it ends."""
     guard = descendants_guard.start()
+    # Three threads of this process run Python for every job: the main loop (Redis, gRPC), each
+    # generator's engine loop (vLLM's output handling, the coalescer) and gRPC's. A thread that
+    # becomes ready waits for the one holding the GIL to drop it, up to the switch interval (5 ms by
+    # default). bench/path_cpu.py, 4 alternating rounds: TTFT p50 14.4-17.9 ms at one stream
+    # against 15.3-18.8, 34 against 41 ms (medians) at 8, the same CPU per request.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     configure_tracing("switchboard-worker")
     gc_heap.observe_pauses()
     try:
