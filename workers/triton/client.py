@@ -30,14 +30,8 @@ from typing import Protocol
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from workers.triton.generator_backend import CHUNK_OUTPUT, JOB_INPUT
-from workers.triton.output_stream import (
-    OPEN_OUTPUT,
-    STREAM_PARAMETER,
-    TAG_PARAMETER,
-    Posted,
-    posted_batch_decoder,
-)
+from workers.triton.generator_backend import CHUNK_OUTPUT, JOB_INPUT, STREAM_PARAMETER, TAG_PARAMETER
+from workers.triton.output_stream import OPEN_OUTPUT, Posted, posted_batch_decoder
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,9 @@ JOB_INPUT = "job"
 CHUNK_OUTPUT = "chunk"
 # Where the worker's engine loop takes this model's requests (a Unix socket).
 SOCKET_PARAMETER = "socket"
-# The request parameters the worker's client sets (`workers.triton.output_stream`), passed on as they are.
+# The request parameters the worker's client sets, passed on as they are: TAG_PARAMETER tags a job's
+# request (its chunks on the output stream carry the same tag), STREAM_PARAMETER names the client's
+# gRPC stream it came on (numbered upwards; see `workers.triton.output_stream`).
 STREAM_PARAMETER = "switchboard_stream"
 TAG_PARAMETER = "switchboard_tag"
 # How long the stub waits, at its start, for the engine loop to listen (it listens before the load).

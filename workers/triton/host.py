@@ -188,11 +188,7 @@ class TritonHost:
                 return  # unloaded meanwhile
             logger.warning("loading the model into Triton again: its stub ended", extra={"model": name})
             try:
-                with (
-                    self._private_shm(),
-                    contextlib.closing(create_client_from_url(self._running()._url)) as client,
-                ):
-                    client.load_model(name, headers=self._control_headers())
+                self._triton_load(name)
             except Exception:
                 logger.exception("could not load the model into Triton again", extra={"model": name})
 
@@ -208,14 +204,18 @@ class TritonHost:
         shutil.copyfile(backend.__file__, folder / "1" / "model.py")
         (folder / "config.pbtxt").write_text(config)
         try:
-            with (
-                self._private_shm(),
-                contextlib.closing(create_client_from_url(self._running()._url)) as client,
-            ):
-                client.load_model(name, headers=self._control_headers())
+            self._triton_load(name)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+
+    def _triton_load(self, name: str) -> None:
+        """Ask Triton to load (or load again) the model in its repository's folder `name`."""
+        with (
+            self._private_shm(),
+            contextlib.closing(create_client_from_url(self._running()._url)) as client,
+        ):
+            client.load_model(name, headers=self._control_headers())
 
     def unbind(self, model: str) -> None:
         """Remove the model from Triton, finishing in the background; returns at once.

@@ -65,6 +65,7 @@ class JobSocket:
     def close(self) -> None:
         """From any thread but the loop's: stop listening, end the requests still served (their stub
         has gone) and stop the loop. The engine must have been stopped before (`stop_engine`)."""
+        self._stub_may_end = True
         if self._thread.loop.is_closed():
             return
         with contextlib.suppress(Exception):

@@ -24,17 +24,12 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from workers.triton.generator_backend import STREAM_PARAMETER, TAG_PARAMETER
 from workers.triton.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
 
 # The job input that opens a model's output stream instead of running a job.
 OPEN_OUTPUT = b""
-# The request parameters (`workers.triton.generator_backend` passes them on): TAG_PARAMETER tags a
-# job's request, and its chunks carry the same tag; STREAM_PARAMETER names the client's gRPC stream a
-# request came on (numbered upwards).
-__all__ = ["OPEN_OUTPUT", "STREAM_PARAMETER", "TAG_PARAMETER", "OutputStream", "OutputStreams", "Posted"]
 # Chunks kept while no output stream listens (its client is reopening one); beyond, the oldest go.
 MAX_UNSENT = 100_000
 
