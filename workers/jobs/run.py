@@ -124,6 +124,9 @@ class JobRunner:
     async def _left_while_queued(self, job_id: str, slot: ModelSlot) -> bool:
         """Whether the client of a job just sent to the engine left while the job waited in line;
         if so, the job is aborted, there or on its way."""
+        # One turn of the loop first: the job's request goes out to Triton before this question's
+        # Redis command, whose sending the first token would otherwise wait behind.
+        await asyncio.sleep(0)
         try:
             left = await client_left(self._redis, job_id)
         except Exception:
