@@ -4,11 +4,6 @@ Other local users must neither use it (any client could mint an admin key or rea
 nor read its files. So it asks every client for a password made at start, which reaches it in a
 config file that only this user can read, never on its command line; its folders are 0700 and its
 files 0600. Clients get the password in `url`, or from the file at `url_file`.
-
-Its clients all run on this machine, so `url` names its Unix socket (in the same private folder):
-a command costs both ends less than over loopback TCP, where a front door under load spent a
-quarter of its time in the socket writes of its commands. It listens on loopback TCP as well, for
-people's tools (`address`).
 """
 
 from __future__ import annotations
@@ -46,11 +41,6 @@ class RedisServerError(RuntimeError):
 # switchboard-redis-<pid of the process that started it>-<random>
 _RUN_DIR = re.compile(r"^switchboard-redis-(\d+)-")
 
-# The socket's file, in the run's private folder.
-SOCKET_NAME = "redis.sock"
-# A Unix socket's path is at most 107 bytes (108 with its NUL); past that, clients use TCP.
-MAX_SOCKET_PATH = 107
-
 # Past this much data, writes are refused (noeviction): a full Redis answers errors that the
 # front door turns into 503s, instead of evicting queued jobs or being killed for memory.
 DEFAULT_MAXMEMORY = "1gb"
@@ -72,10 +62,7 @@ class PrivateRedis:
         self.persist_dir = persist_dir
         self.password = secrets.token_urlsafe(32)
         self._process: subprocess.Popen[bytes] | None = None
-        # The private folder of the server's password, URL file and socket: made at the first start,
-        # and made again at the same path by a later one, since the clients' URL names the socket.
-        self._run_path: Path | None = None
-        self._run_dir_made = False
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def address(self) -> str:
@@ -84,12 +71,8 @@ class PrivateRedis:
 
     @property
     def url(self) -> str:
-        """Where clients connect, with the password: a secret. Its Unix socket, unless the socket's
-        path would be too long (a long TMPDIR): then loopback TCP. Known once started."""
-        socket_path = self._run_dir() / SOCKET_NAME
-        if len(str(socket_path).encode()) > MAX_SOCKET_PATH:
-            return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
-        return f"unix://:{self.password}@{socket_path}?db=0"
+        """Where clients connect, with the password: a secret."""
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     @property
     def url_file(self) -> Path:
@@ -104,14 +87,10 @@ class PrivateRedis:
         # The password, its URL and (unless persisted) the data live in a 0700 folder of this run;
         # those of runs killed outright (their servers ended with them) go first.
         remove_dirs_of_gone_processes(Path(tempfile.gettempdir()), _RUN_DIR)
-        run_dir = self._make_run_dir()
-        settings = f'requirepass "{self.password}"\n'
-        if self.url.startswith("unix:"):
-            # Only this user may connect (the folder is 0700 too), and only with the password.
-            settings += f'unixsocket "{run_dir / SOCKET_NAME}"\nunixsocketperm 600\n'
-        config = write_private(run_dir / "redis.conf", settings)
+        self._workdir = tempfile.TemporaryDirectory(prefix=f"switchboard-redis-{os.getpid()}-")
+        config = write_private(self._run_dir() / "redis.conf", f'requirepass "{self.password}"\n')
         write_private(self.url_file, self.url + "\n")
-        directory = str(run_dir)
+        directory = self._workdir.name
         if self.persist_dir is not None:
             directory = str(private_dir(Path(self.persist_dir)))
             make_private_tree(Path(directory))
@@ -151,24 +130,9 @@ class PrivateRedis:
         return self
 
     def _run_dir(self) -> Path:
-        if self._run_path is None:
+        if self._workdir is None:
             raise RedisServerError("start() the private Redis first")
-        return self._run_path
-
-    def _make_run_dir(self) -> Path:
-        """The run's private folder: a new one at the first start, the same path at a later one."""
-        if self._run_path is None:
-            self._run_path = Path(tempfile.mkdtemp(prefix=f"switchboard-redis-{os.getpid()}-"))
-        else:
-            try:
-                self._run_path.mkdir(mode=0o700)
-            except FileExistsError as exc:
-                raise RedisServerError(
-                    f"{self._run_path} exists, and this server's clients expect its socket there: "
-                    "remove it, or start a new PrivateRedis"
-                ) from exc
-        self._run_dir_made = True
-        return self._run_path
+        return Path(self._workdir.name)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -192,9 +156,9 @@ class PrivateRedis:
                 self._process.kill()
                 self._process.wait()
             self._process = None
-        if self._run_path is not None and self._run_dir_made:
-            shutil.rmtree(self._run_path, ignore_errors=True)
-            self._run_dir_made = False
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
 
     def __enter__(self) -> PrivateRedis:
         return self.start()

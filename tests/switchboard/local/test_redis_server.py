@@ -7,7 +7,6 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -75,35 +74,3 @@ def test_the_password_is_on_no_command_line_and_its_files_are_this_users_alone(t
             mode = stat.S_IMODE(path.stat().st_mode)
             assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
     assert not url_file.exists()  # the password's files go with the server
-
-
-def test_its_clients_connect_through_its_private_unix_socket_at_one_path_across_restarts() -> None:
-    server = PrivateRedis().start()
-    try:
-        url = server.url
-        assert url.startswith("unix://")
-        socket_path = Path(urlsplit(url).path)
-        assert stat.S_ISSOCK(socket_path.stat().st_mode)
-        assert stat.S_IMODE(socket_path.stat().st_mode) == 0o600
-        assert stat.S_IMODE(socket_path.parent.stat().st_mode) == 0o700
-        with redis.Redis.from_url(url) as client:
-            client.set("before", "the restart")
-        server.stop()
-        assert not socket_path.parent.exists()
-        server.start()
-        assert server.url == url  # what the components were given still reaches it
-        with redis.Redis.from_url(url) as client:
-            assert client.ping()
-    finally:
-        server.stop()
-
-
-def test_a_socket_path_too_long_for_unix_sockets_leaves_its_clients_on_loopback_tcp(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deep = tmp_path / ("d" * 100)
-    deep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    with PrivateRedis() as server, redis.Redis.from_url(server.url) as client:
-        assert server.url.startswith(f"redis://:{server.password}@127.0.0.1:{server.port}/")
-        assert client.ping()
