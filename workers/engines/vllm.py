@@ -279,7 +279,7 @@ class VllmEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         """Stream deltas; a long prompt is built (template, tokenizer) off the event loop."""
-        from vllm.inputs import tokens_input
+        from vllm.inputs import TokensPrompt
 
         builder = self._prompts
         if builder is None:
@@ -301,10 +301,9 @@ class VllmEngine(Engine):
         )
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
-        # Handed over as the engine's own input form, not as a prompt to render: vLLM renders a raw
-        # prompt (token ids included) on its thread pool, a hop to another thread and back that the
-        # first token waited for on every request.
-        stream = self._llm.generate(tokens_input(prompt.token_ids), params, request.request_id)
+        stream = self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt.token_ids), params, request.request_id
+        )
         before_output = True
         try:
             async for output in stream:
