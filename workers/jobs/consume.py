@@ -52,11 +52,6 @@ logger = logging.getLogger(__name__)
 # waiting is held back is ended as soon as a slot frees (`workers.jobs.wakeable_read`).
 BLOCK_MS = 250
 RETRY_DELAY_S = 0.5
-# Turns of the event loop between one read and the next: the jobs a read started send themselves
-# into Triton before the next read goes out (its command costs the loop a few hundred microseconds,
-# which each new job's first token waited behind). One turn for the jobs' first steps, one for the
-# Triton stream's writer that they wake.
-TURNS_BEFORE_NEXT_READ = 2
 # Waiting jobs answered per round trip when a model cannot be loaded.
 REFUSE_BATCH = 256
 # The answer to a shadow copy that found no slot to spare.
@@ -206,8 +201,7 @@ class JobConsumer:
         while True:
             try:
                 await self._read_pass()
-                for _ in range(TURNS_BEFORE_NEXT_READ):
-                    await asyncio.sleep(0)
+                await reads.let_taken_jobs_start()
             except Exception:
                 # One bad pass must not end the loop: the worker would hold its models and serve nothing.
                 logger.exception("taking jobs failed; going on", extra={"worker_id": self._worker_id})
