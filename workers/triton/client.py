@@ -49,6 +49,18 @@ _OUTPUT_ID = "output"
 # How long a job whose request has ended may still wait for its last chunk (it is on its way on the
 # output stream, which Triton need not deliver after the request's end).
 LAST_CHUNK_GRACE_S = 5.0
+# How long a closing client waits for Triton to end its stream (every request on it answered) before
+# it cancels the stream; see `end_stream`.
+CLOSE_GRACE_S = 1.0
+# The outbox's last item: the stream's requests end there (gRPC's half-close).
+END_OF_REQUESTS = None
+
+Outbox = asyncio.Queue[service_pb2.ModelInferRequest | None]
+
+# The numbers of the gRPC streams that this process's clients open, upwards: a model's newest output
+# stream ends its older ones (`workers.triton.output_stream`), so a client that replaces another in
+# this process takes the model's output over rather than share it with the closed one's listener.
+_stream_numbers = itertools.count()
 
 
 class TritonStreamError(RuntimeError):
@@ -78,11 +90,10 @@ class TritonJobClient:
         )
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._tags = itertools.count()
-        self._streams = itertools.count()
         self._stream = -1  # the number of the gRPC stream open now
         # Each waiting job's inbox, by its request's tag: its chunks, then _END or the error that ended it.
         self._inboxes: dict[int, asyncio.Queue[bytes | BaseException | None]] = {}
-        self._outbox: asyncio.Queue[service_pb2.ModelInferRequest] = asyncio.Queue()
+        self._outbox: Outbox = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
         # Why the open stream ended, when its end was seen beside gRPC (its local output ended).
         self._ended: TritonStreamError | None = None
@@ -109,18 +120,21 @@ class TritonJobClient:
             self._inboxes.pop(tag, None)
 
     async def close(self) -> None:
-        """End the stream and close the channel; jobs still waiting end with an error."""
+        """End the stream and close the channel; jobs still waiting end with an error at once."""
         self._closed = True
+        closed = TritonStreamError(f"the client of {self.model_name} was closed")
+        for inbox in self._inboxes.values():
+            inbox.put_nowait(closed)
+        self._inboxes.clear()
         if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await end_stream(self._reader, self._outbox)
         await self._channel.close()
 
     def _open(self) -> None:
         """Start the stream and its reader, unless they run; a stream that ended is opened anew."""
         if self._reader is None:
             self._outbox = asyncio.Queue()
-            self._stream = next(self._streams)
+            self._stream = next(_stream_numbers)
             self._ended = None
             if self._local is None:
                 self._outbox.put_nowait(
@@ -151,7 +165,7 @@ class TritonJobClient:
             self._ended = TritonStreamError(f"the output stream of {self.model_name} ended")
             self._reader.cancel()
 
-    async def _read(self, outbox: asyncio.Queue[service_pb2.ModelInferRequest]) -> None:
+    async def _read(self, outbox: Outbox) -> None:
         ended: BaseException = TritonStreamError(f"the stream of {self.model_name} was closed")
         try:
             ended = await carry_stream(self._stub, outbox, self.model_name, self._on_response)
@@ -215,15 +229,32 @@ class TritonJobClient:
             )
 
 
+async def end_stream(reader: asyncio.Task[None], outbox: Outbox, grace_s: float = CLOSE_GRACE_S) -> None:
+    """End the stream that `reader` carries (`carry_stream`): its requests end (a half-close), and
+    Triton ends the stream once it has answered every request on it; one still running after
+    `grace_s` is cancelled with the stream.
+
+    Not a cancel at once: a request whose final response Triton has just sent is still in flight
+    in Triton for a few milliseconds (its backend has not released it yet). Cancelling the stream
+    then left Triton waiting, forever, for that request to acknowledge the cancel, and the model
+    could never be unloaded (Triton waits for every request of a model before it unloads it).
+    """
+    outbox.put_nowait(END_OF_REQUESTS)
+    await asyncio.wait({reader}, timeout=grace_s)
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+
+
 async def carry_stream(
     stub: service_pb2_grpc.GRPCInferenceServiceStub,
-    outbox: asyncio.Queue[service_pb2.ModelInferRequest],
+    outbox: Outbox,
     model_name: str,
     on_response: Callable[[service_pb2.ModelStreamInferResponse], None],
 ) -> TritonStreamError:
     """Send `outbox`'s requests on one bidirectional gRPC stream, handing every response to
-    `on_response`, until the stream ends; returns the error that the requests still waiting on it
-    end with. A cancel (the client closing) is raised."""
+    `on_response`, until the stream ends (`END_OF_REQUESTS` in the outbox ends it once every request
+    is answered); returns the error that the requests still waiting on it end with. A cancel (the
+    client closing) is raised."""
     call = None
     try:
         call = stub.ModelStreamInfer(_sent(outbox))
@@ -240,11 +271,9 @@ async def carry_stream(
             call.cancel()
 
 
-async def _sent(
-    outbox: asyncio.Queue[service_pb2.ModelInferRequest],
-) -> AsyncIterator[service_pb2.ModelInferRequest]:
-    while True:
-        yield await outbox.get()
+async def _sent(outbox: Outbox) -> AsyncIterator[service_pb2.ModelInferRequest]:
+    while (request := await outbox.get()) is not END_OF_REQUESTS:
+        yield request
 
 
 def _infer_request(

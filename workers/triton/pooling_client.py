@@ -34,7 +34,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from switchboard.wire import Chunk, Job, JobError, PoolingTask, Usage, encode
 from workers.engines.base import PoolingRow
 from workers.runtime.pooling_metrics import PoolingMetrics
-from workers.triton.client import MAX_MESSAGE_BYTES, TritonStreamError, carry_stream
+from workers.triton.client import MAX_MESSAGE_BYTES, Outbox, TritonStreamError, carry_stream, end_stream
 from workers.triton.model import engine_job_decoder
 from workers.triton.pooling_backend import (
     ANSWERS_OUTPUT,
@@ -218,7 +218,7 @@ class _RequestStream:
         self._model_name = model_name
         self._tags = itertools.count()
         self._waiting: dict[str, asyncio.Future[service_pb2.ModelInferResponse]] = {}
-        self._outbox: asyncio.Queue[service_pb2.ModelInferRequest] = asyncio.Queue()
+        self._outbox: Outbox = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
 
     async def infer(
@@ -237,8 +237,7 @@ class _RequestStream:
 
     async def close(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await end_stream(self._reader, self._outbox)
 
     def _open(self) -> None:
         if self._reader is None:
@@ -247,7 +246,7 @@ class _RequestStream:
                 self._read(self._outbox), name=f"triton-pooling-{self._model_name}"
             )
 
-    async def _read(self, outbox: asyncio.Queue[service_pb2.ModelInferRequest]) -> None:
+    async def _read(self, outbox: Outbox) -> None:
         ended: BaseException = TritonStreamError(f"the stream of {self._model_name} was closed")
         try:
             ended = await carry_stream(self._stub, outbox, self._model_name, self._deliver)

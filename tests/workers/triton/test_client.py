@@ -142,6 +142,28 @@ async def test_a_closed_client_ends_the_jobs_still_waiting(host: TritonHost, slo
     await slot.abort(hung.id)  # still running in the engine, for nobody
 
 
+async def test_a_model_unloads_after_clients_closed_as_their_jobs_ended(
+    host: TritonHost, slot: ModelSlot
+) -> None:
+    """A job's last chunk comes in process before Triton has released the job's request. A client
+    closed at that moment that cancelled its stream left Triton waiting for the request forever, and
+    the model could never be unloaded (it failed the slot's next load after 30 s); a closing client
+    ends its stream, and Triton ends it once every request is answered."""
+    lease = slot.lease()
+    try:
+        model = lease.served.triton_model
+        assert isinstance(model, GeneratorModel)
+        for _ in range(100):
+            # As the slot's own client: chunks in process (each newer client takes the output over).
+            client = TritonJobClient(host.grpc_address, triton_model_name("m"), local=model)
+            assert len(await texts(client, "fast 2")) == 2
+            await asyncio.wait_for(client.close(), 5)
+    finally:
+        lease.release()
+    await slot.unload()
+    await slot.ensure_warm()  # waits for the unload (30 s at most)
+
+
 async def test_a_model_being_unbound_ends_the_jobs_waiting_for_its_chunks_in_process(slot: ModelSlot) -> None:
     """Unbinding a model first ends its output streams (Triton waits for their requests): a job
     whose chunks would come in process ends with an error, as one on Triton's output request does."""
