@@ -48,6 +48,10 @@ class BatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     # The usual window is 5-20 ms: long enough for a burst to meet, short enough for one request.
     queue_delay_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 5.0
+    # Triton instances of the model (batching on or off). Each hands its batch to the model's one
+    # process, which computes one batch at a time: with two, the next batch is gathered, handed
+    # over and waiting while one computes, and the answers of one go back while the next computes.
+    instances: Annotated[int, msgspec.Meta(ge=1, le=8)] = 2
 
 
 class PoolingConfigError(ValueError):

@@ -21,6 +21,7 @@ def test_pooling_kinds_run_on_the_torch_runner_with_the_batcher_on_by_default(tm
     assert (model.kind, model.engine, model.engine_name, model.pooling) == ("embed", None, "torch", True)
     assert model.batching.enabled and 5 <= model.batching.queue_delay_ms <= 20
     assert max(model.batching.preferred_batch_sizes) <= model.batching.max_batch_size
+    assert model.batching.instances == 2  # one batch gathered and handed over while one computes
 
 
 def test_a_generator_stays_on_vllm(tmp_path: Path) -> None:
@@ -36,6 +37,7 @@ def test_a_generator_stays_on_vllm(tmp_path: Path) -> None:
         ('kind = "score"\nbatching = { max_batch_size = 8, preferred_batch_sizes = [4, 16] }', "[16] exceed"),
         ('kind = "classify"\nmatryoshka_dimensions = [8]', "matryoshka_dimensions is for embedders only"),
         ('kind = "rerank"', "kind"),
+        ('kind = "embed"\nbatching = { instances = 0 }', "instances"),
     ],
 )
 def test_mismatches_fail_at_start_saying_what_to_change(tmp_path: Path, entry: str, says: str) -> None:

@@ -25,7 +25,7 @@ import multiprocessing.connection
 import os
 import signal
 import threading
-from multiprocessing.connection import Listener
+from multiprocessing.connection import Connection, Listener
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -201,19 +201,27 @@ def _listen(path: str) -> Listener:
 
 
 def _serve_triton(listener: Listener, runner: PoolingRunner, computing: threading.Lock) -> None:
-    """Answer the batches of Triton's stub, one connection at a time (a new stub connects anew)."""
+    """Answer the batches of Triton's stubs, one connection per model instance, each on a thread of
+    its own (a stub that replaces one connects anew); `computing` lets one batch compute at a time."""
     while True:
         try:
             stub = listener.accept()
         except OSError:
             return
-        with contextlib.closing(stub):
-            while True:
-                try:
-                    message = stub.recv_bytes()
-                except (EOFError, OSError):
-                    break
-                stub.send_bytes(_answered(message, runner, computing))
+        threading.Thread(
+            target=_serve_stub, args=(stub, runner, computing), name="triton-stub", daemon=True
+        ).start()
+
+
+def _serve_stub(stub: Connection, runner: PoolingRunner, computing: threading.Lock) -> None:
+    """One stub's batches, each answered in turn, until it closes its connection."""
+    with contextlib.closing(stub):
+        while True:
+            try:
+                message = stub.recv_bytes()
+            except (EOFError, OSError):
+                return
+            stub.send_bytes(_answered(message, runner, computing))
 
 
 def _answered(message: bytes, runner: PoolingRunner, computing: threading.Lock) -> bytes:

@@ -344,13 +344,14 @@ def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> s
     """A pooling model's Triton config: rows along the batch dimension, up to `max_batch_size` per
     engine call; with batching enabled, Triton's dynamic batcher groups requests that arrive within
     `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone.
-    One instance, not decoupled: while its batch computes, the batcher gathers the next."""
+    Not decoupled, `batching.instances` instances: while one's batch computes, the next is gathered
+    and handed over on another (the model's process computes one batch at a time)."""
     backend = pooling_backend
     lines = [
         f"name: {json.dumps(name)}",
         'backend: "python"',
         f"max_batch_size: {batching.max_batch_size}",
-        "instance_group [ { kind: KIND_CPU count: 1 } ]",
+        f"instance_group [ {{ kind: KIND_CPU count: {batching.instances} }} ]",
         f'input [ {{ name: "{backend.ROWS_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
         "output [",
         f'  {{ name: "{backend.ANSWERS_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},',

@@ -149,10 +149,12 @@ async def test_concurrent_jobs_are_batched_and_each_gets_its_own_rows(models: Mo
 
 
 async def test_requests_that_arrive_while_a_batch_computes_run_together_next(models: Models) -> None:
-    """One instance, not decoupled: while a long batch computes, requests sent one by one (each a
-    Triton request of its own, further apart than the 1 ms window) wait in Triton's queue and leave
-    together once it is done. (Now and then Triton's batcher closes a batch of the first one alone
-    when its window passes, and the rest follow as one more: alone, six would be six batches.)"""
+    """Two instances, not decoupled: while a long batch computes on one, the first of the requests
+    sent one by one (each a Triton request of its own, further apart than the 1 ms window) leaves
+    alone on the other, to wait for the model's process there; the rest wait in Triton's queue, both
+    instances busy, and leave together once the long batch is done. (Now and then Triton's batcher
+    closes a batch of the next one alone when its window passes, and the rest follow as one more:
+    alone, six would be six batches.)"""
     calls_before, rows_before, _ = batches(QUICK)
     long = asyncio.ensure_future(answer(models.clients[QUICK], embed_job(QUICK, *LONG_BATCH)))
 
@@ -165,7 +167,7 @@ async def test_requests_that_arrive_while_a_batch_computes_run_together_next(mod
     assert len((await long).pooled) == len(LONG_BATCH)
     calls, total, _ = batches(QUICK)
     assert total - rows_before == len(LONG_BATCH) + 6
-    assert calls - calls_before in (2, 3)
+    assert calls - calls_before in (3, 4)
     for word, chunk in zip(WORDS[:6], later, strict=True):
         assert cosine(rows(chunk)[0], await alone(models.engines[BATCHED], word)) >= 0.999
 
