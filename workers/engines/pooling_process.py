@@ -219,9 +219,10 @@ def _serve_stub(stub: Connection, runner: PoolingRunner, computing: threading.Lo
         while True:
             try:
                 message = stub.recv_bytes()
+                answer = _answered(message, runner, computing)
+                stub.send_bytes(answer)
             except (EOFError, OSError):
-                return
-            stub.send_bytes(_answered(message, runner, computing))
+                return  # the stub has ended: unloaded, or died (then its batch failed with it)
 
 
 def _answered(message: bytes, runner: PoolingRunner, computing: threading.Lock) -> bytes:

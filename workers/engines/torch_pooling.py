@@ -56,6 +56,8 @@ class TorchPoolingEngine(PoolingEngine):
         # Held while the process is replaced: by the watcher, or by a batch that found it ended.
         self._replacing = threading.Lock()
         self._stopping = False
+        # Why the model can no longer compute: its process ended and could not be started again.
+        self._failed: str | None = None
 
     @property
     def batch_socket(self) -> Path:
@@ -71,6 +73,7 @@ class TorchPoolingEngine(PoolingEngine):
     async def start(self) -> None:
         """Start the model's process; return once it has loaded the model and listens for batches."""
         self._stopping = False
+        self._failed = None
         self._process = await asyncio.to_thread(self._launch)
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pooling-{self.model.name}")
         threading.Thread(target=self._watch, name=f"pooling-watch-{self.model.name}", daemon=True).start()
@@ -110,10 +113,7 @@ class TorchPoolingEngine(PoolingEngine):
             try:
                 self._replace_if_ended(process)
             except Exception:
-                logger.exception(
-                    "could not start a pooling model's process again", extra={"model": self.model.name}
-                )
-                return
+                return  # said why, and `ended` says it to the worker, which unloads the model
 
     def _replace_if_ended(self, process: PoolingProcess) -> PoolingProcess | None:
         """The process now serving the model: `process`'s replacement if it has ended."""
@@ -124,8 +124,21 @@ class TorchPoolingEngine(PoolingEngine):
                 "a pooling model's process ended; starting it again", extra={"model": self.model.name}
             )
             process.stop(STOP_TIMEOUT_S)
-            self._process = self._launch()
+            try:
+                self._process = self._launch()
+            except Exception as exc:
+                self._failed = f"the process of {self.model.name} ended and could not be started again: {exc}"
+                logger.exception(
+                    "could not start a pooling model's process again", extra={"model": self.model.name}
+                )
+                raise
             return self._process
+
+    def ended(self) -> str | None:
+        """Why the model can no longer compute: its process ended, and the one started in its place
+        failed (the worker then unloads the model, and loads it afresh when asked); None while it can
+        (a process that ends is started again, the batch it computed failing with it)."""
+        return None if self._stopping else self._failed
 
     def _pool_in_process(self, rows: list[PoolingRow]) -> list[PooledRow | InvalidEngineRequest]:
         """On the sender's thread: the batch computed in the model's process, started again first

@@ -264,7 +264,7 @@ class ModelSlot:
             self._set_state("cold")
             raise
         self._engine = engine
-        client = _job_client(self._host.grpc_address, self.model, engine, triton_model)
+        client = _job_client(self._host, self.model, engine, triton_model)
         self._served = ServedModel(name=self.name, client=client, triton_model=triton_model)
         self._became_warm()
 
@@ -325,22 +325,24 @@ class ModelSlot:
 
 
 def _job_client(
-    grpc_address: str, model: ModelConfig, engine: Engine, triton_model: GeneratorModel | PoolingModel
+    host: TritonHost, model: ModelConfig, engine: Engine, triton_model: GeneratorModel | PoolingModel
 ) -> TritonJobClient | PoolingJobClient:
     """The consumer's client of the model's Triton model: one stream for every job of a generator
-    (their chunks handed over in this process); batched requests of a pooling model's rows."""
+    (their chunks handed over in this process); batched requests of a pooling model's rows (the
+    model loaded into Triton again when its stub dies)."""
     name = triton_model_name(model.name)
     if isinstance(engine, PoolingEngine):
         return PoolingJobClient(
-            grpc_address,
+            host.grpc_address,
             name,
             max_batch_size=model.batching.max_batch_size,
             labels=engine.labels(),
             together=model.batching.enabled,
             model=model.name,
+            on_stub_lost=lambda: host.load_again_after_stub_loss(model.name),
         )
     assert isinstance(triton_model, GeneratorModel)
-    return TritonJobClient(grpc_address, name, local=triton_model)
+    return TritonJobClient(host.grpc_address, name, local=triton_model)
 
 
 async def _start_and_bind(

@@ -96,6 +96,9 @@ class TritonHost:
         # Each bound generator's engine loop and the socket its stub hands requests to.
         self._job_sockets: dict[str, JobSocket] = {}
         self._socket_numbers = itertools.count()
+        # Models being loaded again after their stub died (`_load_again`), one reload each at a time.
+        self._reloading: set[str] = set()
+        self._reloads_lock = threading.Lock()
         # start() runs in a thread that a worker stopping early cannot interrupt: stop() marks the
         # host closed and waits for a start in progress, which then stops what it started.
         self._lifecycle = threading.Lock()
@@ -179,18 +182,31 @@ class TritonHost:
         self._bound[name] = generator
         return generator
 
+    def load_again_after_stub_loss(self, model: str) -> None:
+        """A pooling model's Triton stub has died (its client saw Triton call it unhealthy): load the
+        model into Triton again, in the background; a reload under way already is enough."""
+        self._load_again(triton_model_name(model))
+
     def _load_again(self, name: str) -> None:
-        """Load a generator whose stub died into Triton again, in the background: Triton starts no
-        new stub for a decoupled model, and fails its requests until it is loaded anew."""
+        """Load a model whose stub died into Triton again, in the background: Triton starts no new
+        stub by itself (for a decoupled model, nor for a batched one), and fails the model's requests
+        until it is loaded anew."""
+        with self._reloads_lock:
+            if name in self._reloading:
+                return
+            self._reloading.add(name)
 
         def load() -> None:
-            if name not in self._job_sockets or self._closed:
-                return  # unloaded meanwhile
-            logger.warning("loading the model into Triton again: its stub ended", extra={"model": name})
             try:
+                if name not in self._bound or self._closed:
+                    return  # unloaded meanwhile
+                logger.warning("loading the model into Triton again: its stub ended", extra={"model": name})
                 self._triton_load(name)
             except Exception:
                 logger.exception("could not load the model into Triton again", extra={"model": name})
+            finally:
+                with self._reloads_lock:
+                    self._reloading.discard(name)
 
         threading.Thread(target=load, name=f"reload-{name}", daemon=True).start()
 

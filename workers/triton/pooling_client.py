@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import struct
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -86,10 +87,12 @@ class PoolingJobClient:
         labels: tuple[str, ...] = (),
         together: bool = True,
         model: str | None = None,
+        on_stub_lost: Callable[[], None] = lambda: None,
     ) -> None:
         """`together` False sends every job's rows as requests of their own (`batching.enabled` false:
         nothing is batched, for comparison). `model`: the configured model's name, which labels its
-        metrics (the Triton model's name if not given)."""
+        metrics (the Triton model's name if not given). `on_stub_lost` is called when Triton answers
+        that a stub of the model is unhealthy (it died): Triton does not start it again by itself."""
         self.model_name = model_name
         self._together = together
         self._max_rows = max_batch_size
@@ -103,7 +106,7 @@ class PoolingJobClient:
             ],
         )
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        self._stream = _RequestStream(self._stub, model_name)
+        self._stream = _RequestStream(self._stub, model_name, on_stub_lost)
         self._closed = False
         # Rows handed over in this turn of the loop, sent together at its end.
         self._waiting: list[_Waiting] = []
@@ -213,9 +216,15 @@ class _RequestStream:
     """One long-lived gRPC stream to the model: requests go out tagged with a number, each one's
     answer comes back under it (the model answers once per request)."""
 
-    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model_name: str) -> None:
+    def __init__(
+        self,
+        stub: service_pb2_grpc.GRPCInferenceServiceStub,
+        model_name: str,
+        on_stub_lost: Callable[[], None],
+    ) -> None:
         self._stub = stub
         self._model_name = model_name
+        self._on_stub_lost = on_stub_lost
         self._tags = itertools.count()
         self._waiting: dict[str, asyncio.Future[service_pb2.ModelInferResponse]] = {}
         self._outbox: Outbox = asyncio.Queue()
@@ -262,9 +271,15 @@ class _RequestStream:
         if answer is None or answer.done():
             return  # it gave up waiting (its deadline), or this is an empty final response
         if response.error_message:
+            if _STUB_UNHEALTHY.search(response.error_message):
+                self._on_stub_lost()
             answer.set_exception(TritonStreamError(f"{self._model_name} failed: {response.error_message}"))
         else:
             answer.set_result(response.infer_response)
+
+
+# How Triton answers a request for an instance whose Python stub has died (killed, out of memory).
+_STUB_UNHEALTHY = re.compile(r"Stub process '[^']*' is not healthy")
 
 
 def _expired() -> Chunk:

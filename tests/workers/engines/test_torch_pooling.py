@@ -32,6 +32,7 @@ from switchboard.local.demo_pooling_models import (
     build_demo_reranker,
 )
 from switchboard.wire import ModelLimits
+from tests.support.waits import eventually
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.pooling_process import PoolingProcessFailed
 from workers.engines.prompts import longest_token_chars
@@ -380,6 +381,33 @@ async def test_the_engine_computes_on_the_cores_it_was_placed_on(folders: dict[s
     assert all(cores == {core} for cores in pinned.values()), pinned
     assert os.sched_getaffinity(0) == before, "the caller's own threads stay put"
     assert not psutil.pid_exists(pid), "the model's process ends with the engine"
+
+
+async def test_a_model_whose_process_cannot_start_again_says_it_has_ended(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """The model's process died and the one started in its place failed (its files gone, say): the
+    engine says why, so that the worker unloads the model rather than keep it warm failing every
+    batch; a stop forgets it (a later start loads afresh)."""
+    model_dir = tmp_path / "embedder"
+    shutil.copytree(folders["embed"], model_dir)
+    engine = TorchPoolingEngine(ModelConfig(name="orphan", path=str(model_dir), kind="embed"))
+    await engine.start()
+    try:
+        assert engine.ended() is None
+        shutil.rmtree(model_dir)
+        killed = engine.pid
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+
+        async def has_ended() -> bool:
+            return engine.ended() is not None
+
+        await eventually(has_ended, timeout_s=60, what="the engine saying its model has ended")
+        assert "orphan ended and could not be started again" in str(engine.ended())
+    finally:
+        await engine.stop()
+    assert engine.ended() is None
 
 
 async def test_a_model_whose_process_dies_fails_that_batch_and_starts_again(folders: dict[str, Path]) -> None:

@@ -12,6 +12,7 @@ error) and its replacement answers the next ones.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -29,6 +31,7 @@ from switchboard.metrics import REGISTRY
 from switchboard.pooling_config import BatchingConfig
 from switchboard.wire import Chunk, Job, chunk_decoder, encode
 from tests.support.pooling_jobs import cosine, embed_job, rows
+from tests.support.waits import eventually
 from workers.engines.base import PooledRow, PoolingRow
 from workers.engines.torch_pooling import TorchPoolingEngine
 from workers.triton.client import TritonStreamError
@@ -82,6 +85,7 @@ async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mode
             max_batch_size=engine.model.batching.max_batch_size,
             together=engine.model.batching.enabled,
             model=name,
+            on_stub_lost=functools.partial(host.load_again_after_stub_loss, name),
         )
         for name, engine in engines.items()
     }
@@ -234,6 +238,47 @@ async def test_a_model_process_that_dies_fails_its_batch_and_its_replacement_ans
     chunk = await answer(models.clients[MORTAL], embed_job(MORTAL, WORDS[2]))
     assert cosine(rows(chunk)[0], await alone(models.engines[BATCHED], WORDS[2])) >= 0.999
     assert engine.pid not in (None, killed)
+
+
+async def test_stubs_that_die_fail_their_batch_and_triton_starts_them_again(models: Models) -> None:
+    """Triton's Python stubs of a pooling model killed (out of memory, say) while a batch computes:
+    the batch fails with an error, never hangs. Triton does not start them again by itself (it calls
+    them unhealthy); the client's first such answer loads the model into Triton again, and the new
+    stubs connect to the model's process anew and answer the next jobs."""
+    client = models.clients[MORTAL]
+    long = asyncio.ensure_future(answer(client, embed_job(MORTAL, *LONG_BATCH)))
+    await asyncio.sleep(0.1)
+    stubs = _stubs_of(triton_model_name(MORTAL))
+    assert len(stubs) == models.engines[MORTAL].model.batching.instances
+    for stub in stubs:
+        stub.kill()
+    with pytest.raises(TritonStreamError):
+        await asyncio.wait_for(long, 30)
+
+    async def answers_again() -> bool:
+        try:
+            chunk = await asyncio.wait_for(answer(client, embed_job(MORTAL, WORDS[3])), 10)
+        except (TritonStreamError, TimeoutError):
+            return False
+        return cosine(rows(chunk)[0], await alone(models.engines[BATCHED], WORDS[3])) >= 0.999
+
+    await eventually(answers_again, timeout_s=60, what="an answer through the stubs started again")
+    assert not {stub.pid for stub in stubs} & {stub.pid for stub in _stubs_of(triton_model_name(MORTAL))}
+
+
+def _stubs_of(triton_model: str) -> list[psutil.Process]:
+    """The model's live Python stubs, one per instance (Triton names them `<model>_0_<instance>`)."""
+    stubs = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            command = process.cmdline()
+        except psutil.Error:
+            continue  # ended, or killed and not yet reaped
+        if "triton_python_backend_stub" in " ".join(command) and any(
+            part.startswith(f"{triton_model}_0_") for part in command
+        ):
+            stubs.append(process)
+    return stubs
 
 
 async def test_the_batched_models_metrics_count_requests_and_tokens(models: Models) -> None:
