@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -31,11 +30,10 @@ from pytriton.client.utils import create_client_from_url
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 from switchboard.config import triton_model_name
-from switchboard.pooling_config import BatchingConfig
 from switchboard.ports import free_port
 from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
-from workers.triton import generator_backend, pooling_backend, unix_socket
+from workers.triton import generator_backend, model_configs, pooling_backend, unix_socket
 from workers.triton.job_socket import JobSocket
 from workers.triton.model import CoalescingPolicy, GeneratorModel
 from workers.triton.pooling_model import PoolingModel
@@ -165,7 +163,7 @@ class TritonHost:
         name = triton_model_name(model)
         self._wait_until_unloaded(name)
         if isinstance(engine, PoolingEngine):
-            config = pooling_config(name, engine.model.batching, engine.batch_socket)
+            config = model_configs.pooling_config(name, engine.model.batching, engine.batch_socket)
             self._load_own_model(name, pooling_backend, config)
             pooling = PoolingModel(engine)
             self._bound[name] = pooling
@@ -174,7 +172,7 @@ class TritonHost:
         path = self._socket_folder() / f"jobs-{next(self._socket_numbers)}"
         job_socket = JobSocket.open(path, generator, name, on_stub_lost=lambda: self._load_again(name))
         try:
-            self._load_own_model(name, generator_backend, generator_config(name, path))
+            self._load_own_model(name, generator_backend, model_configs.generator_config(name, path))
         except BaseException:
             job_socket.close()
             raise
@@ -333,56 +331,6 @@ class TritonHost:
         if self._socket_dir is not None:
             remove_runtime_dir(self._socket_dir)
             self._socket_dir = None
-
-
-def generator_config(name: str, job_socket: Path) -> str:
-    """A generator's Triton config: decoupled (a job's request lasts as long as the job), one job per
-    request, one instance (its stub only forwards; the engine's loop serves every request at once)."""
-    backend = generator_backend
-    return (
-        "\n".join(
-            [
-                f"name: {json.dumps(name)}",
-                'backend: "python"',
-                "max_batch_size: 0",
-                "model_transaction_policy { decoupled: true }",
-                "instance_group [ { kind: KIND_CPU count: 1 } ]",
-                f'input [ {{ name: "{backend.JOB_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
-                f'output [ {{ name: "{backend.CHUNK_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
-                f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(job_socket))} }} }}',
-            ]
-        )
-        + "\n"
-    )
-
-
-def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> str:
-    """A pooling model's Triton config: rows along the batch dimension, up to `max_batch_size` per
-    engine call; with batching enabled, Triton's dynamic batcher groups requests that arrive within
-    `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone.
-    Not decoupled, `batching.instances` instances: while one's batch computes, the next is gathered
-    and handed over on another (the model's process computes one batch at a time)."""
-    backend = pooling_backend
-    lines = [
-        f"name: {json.dumps(name)}",
-        'backend: "python"',
-        f"max_batch_size: {batching.max_batch_size}",
-        f"instance_group [ {{ kind: KIND_CPU count: {batching.instances} }} ]",
-        f'input [ {{ name: "{backend.ROWS_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
-        "output [",
-        f'  {{ name: "{backend.ANSWERS_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},',
-        f'  {{ name: "{backend.BATCH_OUTPUT}" data_type: TYPE_INT64 dims: [ {backend.BATCH_COLUMNS} ] }}',
-        "]",
-        f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(batch_socket))} }} }}',
-    ]
-    if batching.enabled:
-        preferred = ", ".join(str(size) for size in batching.preferred_batch_sizes)
-        lines.append(
-            f"dynamic_batching {{ max_queue_delay_microseconds: {int(batching.queue_delay_ms * 1000)}"
-            + (f" preferred_batch_size: [ {preferred} ]" if preferred else "")
-            + " }"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def _shm_prefix(triton: Triton) -> str:

@@ -26,7 +26,7 @@ from switchboard.wire import chunk_decoder, encode
 from tests.support.jobs import make_job
 from tests.support.network import connection_refused, non_loopback_ipv4
 from tests.support.scripted_engine import ScriptedEngine
-from workers.triton import host
+from workers.triton import host, model_configs
 from workers.triton.client import TritonJobClient
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
@@ -172,9 +172,9 @@ def test_a_failed_bind_leaves_nothing_that_fails_the_next_one(
 ) -> None:
     """A model Triton refuses to load leaves neither its folder in the repository nor its engine's
     loop and socket behind: the next bind of the same name loads, and its jobs are served."""
-    real_config = host.generator_config
+    real_config = model_configs.generator_config
     monkeypatch.setattr(
-        host,
+        model_configs,
         "generator_config",
         lambda name, path: real_config(name, path).replace("TYPE_STRING", "TYPE_NONE"),
     )
@@ -184,7 +184,7 @@ def test_a_failed_bind_leaves_nothing_that_fails_the_next_one(
     assert not (triton._running()._workspace.model_store_path / "again").exists()
     assert {t.name for t in threading.enumerate()} == threads, "no engine loop left running"
     assert not list(triton._socket_folder().glob("jobs-*")), "no socket left listening"
-    monkeypatch.setattr(host, "generator_config", real_config)
+    monkeypatch.setattr(model_configs, "generator_config", real_config)
     model = triton.bind("again", ScriptedEngine())
     try:
         chunks = asyncio.run(_one_job(triton, "again"))

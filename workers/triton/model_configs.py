@@ -1,0 +1,62 @@
+"""What each of the worker's Triton models says of itself: its `config.pbtxt`, as `workers.triton.host`
+writes it into Triton's model repository beside the model's `model.py` (`generator_backend` for a
+generator, `pooling_backend` for a pooling model).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from switchboard.pooling_config import BatchingConfig
+from workers.triton import generator_backend, pooling_backend
+
+
+def generator_config(name: str, job_socket: Path) -> str:
+    """A generator's Triton config: decoupled (a job's request lasts as long as the job), one job per
+    request, one instance (its stub only forwards; the engine's loop serves every request at once)."""
+    backend = generator_backend
+    return (
+        "\n".join(
+            [
+                f"name: {json.dumps(name)}",
+                'backend: "python"',
+                "max_batch_size: 0",
+                "model_transaction_policy { decoupled: true }",
+                "instance_group [ { kind: KIND_CPU count: 1 } ]",
+                f'input [ {{ name: "{backend.JOB_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+                f'output [ {{ name: "{backend.CHUNK_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+                f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(job_socket))} }} }}',
+            ]
+        )
+        + "\n"
+    )
+
+
+def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> str:
+    """A pooling model's Triton config: rows along the batch dimension, up to `max_batch_size` per
+    engine call; with batching enabled, Triton's dynamic batcher groups requests that arrive within
+    `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone.
+    Not decoupled, `batching.instances` instances: while one's batch computes, the next is gathered
+    and handed over on another (the model's process computes one batch at a time)."""
+    backend = pooling_backend
+    lines = [
+        f"name: {json.dumps(name)}",
+        'backend: "python"',
+        f"max_batch_size: {batching.max_batch_size}",
+        f"instance_group [ {{ kind: KIND_CPU count: {batching.instances} }} ]",
+        f'input [ {{ name: "{backend.ROWS_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+        "output [",
+        f'  {{ name: "{backend.ANSWERS_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},',
+        f'  {{ name: "{backend.BATCH_OUTPUT}" data_type: TYPE_INT64 dims: [ {backend.BATCH_COLUMNS} ] }}',
+        "]",
+        f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(batch_socket))} }} }}',
+    ]
+    if batching.enabled:
+        preferred = ", ".join(str(size) for size in batching.preferred_batch_sizes)
+        lines.append(
+            f"dynamic_batching {{ max_queue_delay_microseconds: {int(batching.queue_delay_ms * 1000)}"
+            + (f" preferred_batch_size: [ {preferred} ]" if preferred else "")
+            + " }"
+        )
+    return "\n".join(lines) + "\n"
