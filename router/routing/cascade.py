@@ -15,9 +15,11 @@ left to the engine.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,7 +210,10 @@ def _validator(schema_text: str) -> tuple[Validator | None, str | None]:
 def _mismatch(validator: Validator, document: Any) -> str | None:
     """Why the schema refuses `document` (its most telling error), or None."""
     try:
-        error = best_match(validator.iter_errors(document))
+        # A looping schema recurses to Python's limit; a garbage collection that ran down there
+        # would run other objects' finalizers with no stack left, and they would fail.
+        with _no_collection():
+            error = best_match(validator.iter_errors(document))
     except Unresolvable as exc:  # a `$ref` to a schema that is not in it: nothing is fetched
         return f"the requested schema cannot be applied: {exc}"
     except RecursionError:  # a `$ref` that leads back to itself with nothing in between
@@ -216,6 +221,18 @@ def _mismatch(validator: Validator, document: Any) -> str | None:
     if error is None:
         return None
     return f"does not match the schema: {error.json_path}: {error.message}"
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """No cyclic garbage collection in this block (a collection already paused stays paused)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _not_json(constant: str) -> Any:

@@ -3,8 +3,11 @@ confident enough; its chunks as the client gets them, with usage that adds up.""
 
 from __future__ import annotations
 
+import gc
 import json
+import sys
 from collections.abc import AsyncIterator, Iterable
+from types import FrameType
 from typing import Any
 
 import msgspec
@@ -214,6 +217,34 @@ def test_a_schema_that_cannot_be_applied_rejects_the_draft_with_the_reason(
 ) -> None:
     # Nothing is fetched: a remote `$ref` is unresolvable, at once.
     assert rejected_for(answer("{}"), structure=schema(bad_schema)).startswith(reason)
+
+
+def test_a_looping_schema_runs_no_garbage_collection_at_the_recursion_limit() -> None:
+    """A schema whose `$ref` loops recurses to Python's limit before it is refused; a garbage
+    collection down there would run collected objects' finalizers with no stack left, and each
+    would fail (a full test run once failed on 18 of them). With a collection due at every
+    allocation, none runs deep in the check."""
+    depths: list[int] = []
+
+    def note_depth(phase: str, _: dict[str, int]) -> None:
+        if phase == "start":
+            frame: FrameType | None = sys._getframe()
+            depth = 0
+            while frame is not None:
+                depth, frame = depth + 1, frame.f_back
+            depths.append(depth)
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(note_depth)
+    gc.set_threshold(1, 1, 1)
+    try:
+        reason = rejected_for(answer("{}"), structure=schema({"$ref": "#"}))
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(note_depth)
+    assert reason == "the requested schema cannot be applied: its references loop"
+    assert depths, "collections were due at every allocation"
+    assert max(depths) < sys.getrecursionlimit() // 2
 
 
 def test_a_reason_quoting_a_long_draft_is_cut() -> None:
