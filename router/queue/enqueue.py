@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
@@ -19,7 +20,7 @@ from redis.exceptions import RedisError
 from router.admission.limits import Admitting
 from switchboard import keys, lua
 from switchboard.cancel_marks import CancelMarks
-from switchboard.lua.batched import ScriptBatch
+from switchboard.lua.batched import ScriptBatch, answer
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job, LoadFailure, chunk_decoder, encode, load_failure_decoder
 
@@ -40,6 +41,18 @@ class UnknownEntry(Exception):
 def _field(fields: list[bytes], name: bytes) -> bytes:
     """A field of a stream entry as a script returns it (a flat list of names and values)."""
     return fields[fields.index(name) + 1]
+
+
+def admitted(reply: Any, admitting: Admitting) -> LoadFailure | None:
+    """What `admit_enqueue.lua` answered: None (queued), the model's failure (its slots given back),
+    or a 429 raised when admission refused the job."""
+    if reply is None:
+        return None
+    outcome = reply[0].decode()
+    if outcome == "refused":
+        raise admitting.refused(reply[1:])
+    admitting.ticket.given_back()
+    return load_failure_decoder.decode(reply[1])
 
 
 class JobQueue:
@@ -79,18 +92,19 @@ class JobQueue:
     ) -> LoadFailure | None:
         """`submit`, admitting the job first in the same round trip (`admit_enqueue.lua`): a 429 when
         admission refuses it (nothing taken, nothing queued); the model's failure, its slots given
-        back, when the model's last load failed."""
+        back, when the model's last load failed. A caller cancelled meanwhile waits for the call."""
+        reply = self.send_admitted(job, admitting, owner=owner, wake_stream=wake_stream)
+        return admitted(await answer(reply), admitting)
+
+    def send_admitted(
+        self, job: Job, admitting: Admitting, *, owner: str, wake_stream: str | None = None
+    ) -> asyncio.Future[Any]:
+        """`admit_and_submit`'s call, sent with the next batch of admissions: its reply, to come, for
+        `admitted`. Awaited in the caller's own task, the reply wakes it in one turn of the loop."""
         script_keys, args = _submit_call(job, owner, wake_stream, moved=False)
-        reply = await self._admissions.run(
+        return self._admissions.submit(
             self._admit_enqueue, [*admitting.keys, *script_keys], [*admitting.args, *args]
         )
-        if reply is None:
-            return None
-        outcome = reply[0].decode()
-        if outcome == "refused":
-            raise admitting.refused(reply[1:])
-        admitting.ticket.given_back()
-        return load_failure_decoder.decode(reply[1])
 
     async def resume(self, job_id: str, after: str, *, owner: str) -> Resumption | None:
         """Count one more reader of `job_id`'s results, for the key `owner`; the chunks up to entry

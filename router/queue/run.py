@@ -145,6 +145,12 @@ class JobRun:
         # A client that saw part of a stream may come back for the rest: keep it for the grace.
         resumable = unfinished and self.resumable and self._subscription.taken_id != START
         self._reader.unsubscribe(self._subscription, keep=resumable)
+        if not unfinished and (self._ticket is None or not self._ticket.answer_waits_for_release):
+            # Nothing to wait for: the answer leaves now, without a task and the turns of the event
+            # loop it would take (under load each turn is other requests' work).
+            if self._ticket is not None:
+                self._ticket.release_soon(self._charge.tokens)
+            return
         # Shielded: a client that left cancels this task, and the mark and the release must still happen.
         await asyncio.shield(self._finish(left=unfinished, resumable=resumable))
 

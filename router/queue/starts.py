@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
-from typing import TypeVar
 
 import msgspec
 from redis.exceptions import RedisError
@@ -20,30 +18,17 @@ from redis.exceptions import RedisError
 from router.admission.charges import Charge, DeliveredShare
 from router.admission.limits import Admitting, Ticket
 from router.openai.errors import InvalidRequestError, ModelLoadFailedError, StreamNotFoundError
-from router.queue.enqueue import JobQueue, Resumption, UnknownEntry
+from router.queue.enqueue import JobQueue, Resumption, UnknownEntry, admitted
 from router.queue.results import ResultReader, Subscription
 from router.queue.run import JobRun
 from router.status.models import ModelStatusReader
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
+from switchboard.lua.batched import answer
 from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-async def _finished(call: Awaitable[T]) -> T:
-    """`call`'s result; a caller cancelled meanwhile waits for the call to end before it goes on
-    cancelled, so that what it took in Redis is given back after it was taken, not before."""
-    running = asyncio.ensure_future(call)
-    try:
-        return await asyncio.shield(running)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await running
-        raise
 
 
 class NothingDelivered:
@@ -87,11 +72,10 @@ class JobRuns:
         try:
             with observer.phase("switchboard.enqueue"):
                 # The job is its key's, by the key's identity: only that key may resume its stream.
-                failure = await _finished(
-                    self._queue.admit_and_submit(
-                        observer.traced(job), admitting, owner=ticket.caller.owner, wake_stream=wake
-                    )
+                reply = self._queue.send_admitted(
+                    observer.traced(job), admitting, owner=ticket.caller.owner, wake_stream=wake
                 )
+                failure = admitted(await answer(reply), admitting)
             if failure is not None:
                 raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())
             subscription.queued = True

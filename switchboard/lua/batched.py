@@ -14,12 +14,15 @@ loaded and that call alone is sent again. A call is never sent twice otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
+
+T = TypeVar("T")
 
 
 class _Call:
@@ -30,6 +33,18 @@ class _Call:
         self.keys = keys
         self.args = args
         self.reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+
+async def answer(reply: asyncio.Future[T]) -> T:
+    """A submitted call's reply (`ScriptBatch.submit`); its error raised. A caller cancelled meanwhile
+    waits for the reply before it goes on cancelled, so that what the call took in Redis is given
+    back after it was taken, not before."""
+    try:
+        return await asyncio.shield(reply)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await reply
+        raise
 
 
 class ScriptBatch:
@@ -44,7 +59,7 @@ class ScriptBatch:
 
     async def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """`script`'s reply for these KEYS and ARGV; its error raised. A caller cancelled meanwhile
-        leaves its call to run: whoever needs its effect undone waits for it (see `router.queue.starts`)."""
+        leaves its call to run: whoever needs its effect undone waits for it (`answer`)."""
         return await asyncio.shield(self.submit(script, keys, args))
 
     def submit(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> asyncio.Future[Any]:
@@ -84,6 +99,8 @@ class ScriptBatch:
             ]
             for call, reply in zip(batch, replies, strict=True):
                 if isinstance(reply, NoScriptError) and attempt == 0:
+                    continue
+                if call.reply.done():  # its caller was cancelled twice, and stopped waiting
                     continue
                 if isinstance(reply, Exception):
                     call.reply.set_exception(reply)

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from switchboard.lua.batched import ScriptBatch
+from switchboard.lua.batched import ScriptBatch, answer
 from tests.support.counted_redis import CountedRoundTrips
 
 # Counts its runs per key, and fails when asked to (ARGV[1] = "fail").
@@ -82,3 +82,38 @@ async def test_a_submitted_call_runs_without_its_caller_waiting_and_drain_waits_
     await batch.drain(timeout_s=5)
     assert sorted(reply.result() for reply in replies) == [1, 2, 3]
     assert int(await redis.get("submitted")) == 3
+
+
+async def test_a_caller_cancelled_while_awaiting_its_answer_goes_on_only_once_the_call_has_run(
+    redis: aioredis.Redis,
+) -> None:
+    batch = ScriptBatch(redis)
+    script = redis.register_script(COUNTING)
+    seen_after_cancel: list[bytes | None] = []
+
+    async def caller() -> None:
+        try:
+            await answer(batch.submit(script, ["taken"], ["ok"]))
+        except asyncio.CancelledError:
+            # What a caller undoes after its cancellation must already be there to undo.
+            seen_after_cancel.append(await redis.get("taken"))
+            raise
+
+    task = asyncio.ensure_future(caller())
+    await asyncio.sleep(0)  # the call is in the batch, its reply not back
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen_after_cancel == [b"1"]
+
+
+async def test_a_reply_nobody_waits_for_leaves_the_other_calls_of_its_batch_answered(
+    redis: aioredis.Redis,
+) -> None:
+    batch = ScriptBatch(redis)
+    script = redis.register_script(COUNTING)
+    abandoned = batch.submit(script, ["abandoned"], ["ok"])
+    kept = [batch.submit(script, [f"kept-{i}"], ["ok"]) for i in range(3)]
+    abandoned.cancel()  # a caller cancelled twice stops waiting for its reply altogether
+    assert await asyncio.gather(*kept) == [1, 1, 1]
+    assert int(await redis.get("abandoned")) == 1, "its call still ran, once"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -14,15 +15,15 @@ from router.admission.auth import ANONYMOUS
 from router.front_door import FrontDoor
 from router.intake.job import chat_job
 from router.openai.chat import ChatCompletionRequest
-from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader, ResultsLost, Subscription
 from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.lua.batched import ScriptBatch
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
-from switchboard.wire import Chunk, LoadFailure, Usage, encode
+from switchboard.wire import Chunk, Usage, encode
 from tests.support.counted_redis import CountedRoundTrips
 from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for
 from tests.support.redis_nodes import RedisNode
@@ -33,14 +34,15 @@ async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
     redis: aioredis.Redis, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     enqueuing = asyncio.Event()
-    submit = JobQueue.admit_and_submit
+    send = ScriptBatch._send
 
-    async def slow_submit(self: JobQueue, *args: object, **kwargs: object) -> LoadFailure | None:
+    async def slow_send(self: ScriptBatch, batch: list[Any]) -> None:
         enqueuing.set()
         await asyncio.sleep(0.2)
-        return await submit(self, *args, **kwargs)  # type: ignore[arg-type]
+        await send(self, batch)
 
-    monkeypatch.setattr(JobQueue, "admit_and_submit", slow_submit)
+    # The admission's script (and the release that undoes it) reaches Redis 0.2 s late.
+    monkeypatch.setattr(ScriptBatch, "_send", slow_send)
     front_door = await FrontDoor.open(settings_for(redis_server.url))
     try:
         request = msgspec.convert({**BODY, "stream": True}, ChatCompletionRequest)
