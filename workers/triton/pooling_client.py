@@ -145,7 +145,13 @@ class PoolingJobClient:
                 asyncio.get_running_loop().call_soon(self._send_waiting)
             self._waiting.extend(waiting)
         try:
-            answered = await asyncio.wait_for(asyncio.gather(*(w.answers for w in waiting)), timeout_s)
+            # Awaited in this task, not through wait_for and gather: each of those is one more turn
+            # of the worker's busy loop between the batch's answer and the job's result write.
+            async with asyncio.timeout(timeout_s):
+                if len(waiting) == 1:
+                    answered = [await waiting[0].answers]
+                else:
+                    answered = await asyncio.gather(*(w.answers for w in waiting))
         except TimeoutError:
             return _expired()
         answers = [answer for part in answered for answer in part]
@@ -240,7 +246,8 @@ class _RequestStream:
         try:
             self._open()
             self._outbox.put_nowait(request)
-            return await asyncio.wait_for(answer, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await answer
         finally:
             self._waiting.pop(request.id, None)
 
