@@ -40,7 +40,9 @@ def cancel_on_disconnect(app: ASGIApp) -> ASGIApp:
 
 
 class _Request:
-    """One HTTP request: the app runs in a task; a watcher cancels it when the client leaves."""
+    """One HTTP request: the app runs in the server's task for it; a watcher cancels that task when
+    the client leaves. (A task of its own for the app cost a turn of the event loop before every
+    request started, and another as it ended.)"""
 
     def __init__(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         self._app = app
@@ -51,24 +53,26 @@ class _Request:
         self._disconnected = asyncio.Event()
         self._response_started = False
         self._response_complete = False
+        self._cancelled_by_watcher = False
 
     async def run(self) -> None:
-        handler = asyncio.create_task(self._handle())
+        handler = asyncio.current_task()
+        assert handler is not None, "an ASGI app runs in a task"
         watcher = asyncio.create_task(self._watch(handler))
         try:
-            await handler
+            await self._app(self._scope, self._app_receive, self._app_send)
         except asyncio.CancelledError:
-            if not self._disconnected.is_set():
+            if not self._cancelled_by_watcher:
                 raise  # cancelled from outside (the server stopping), not by the watcher
             logger.debug("client disconnected; request cancelled", extra={"path": self._scope.get("path")})
         finally:
-            handler.cancel()
+            if self._cancelled_by_watcher and handler.cancelling():
+                # The server's task goes on (to close the connection): the watcher's cancel is spent.
+                handler.uncancel()
+            # No await since the app returned: the watcher cannot cancel the task any more.
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-
-    async def _handle(self) -> None:
-        await self._app(self._scope, self._app_receive, self._app_send)
 
     async def _app_receive(self) -> ReceiveMessage:
         if self._body_read.is_set():
@@ -103,6 +107,7 @@ class _Request:
         # Once a response has started, the response itself hears the disconnect: a stream stops
         # and runs its cleanup. (Servers also answer `http.disconnect` once a response is complete.)
         if not self._response_started:
+            self._cancelled_by_watcher = True
             handler.cancel()
 
     def _client_left(self) -> None:

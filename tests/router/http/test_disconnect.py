@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
+from litestar.types import Message, Receive, Scope, Send
 
+from router.http.disconnect import cancel_on_disconnect
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey
 from switchboard.local.redis_server import PrivateRedis
@@ -159,3 +161,40 @@ async def eventually(check: Callable[[], bool], timeout_s: float = 3.0) -> bool:
             return True
         await asyncio.sleep(0.02)
     return check()
+
+
+async def test_the_app_runs_in_the_servers_own_task_which_a_disconnect_leaves_going_on() -> None:
+    body_read = asyncio.Event()
+    client_gone = asyncio.Event()
+    ran_in: list[asyncio.Task[object] | None] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        ran_in.append(asyncio.current_task())
+        await receive()
+        await asyncio.sleep(30)  # a job that would run to its deadline
+
+    async def receive() -> dict[str, object]:
+        if not body_read.is_set():
+            body_read.set()
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+        await client_gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        raise AssertionError(f"nothing is sent to a client that left: {message}")
+
+    middleware = cancel_on_disconnect(app)
+
+    async def server_task() -> int:
+        """The server's task for the request, as uvicorn runs it; how many cancels are left on it."""
+        await middleware({"type": "http", "path": "/v1/chat/completions", "state": {}}, receive, send)  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+
+    serving = asyncio.create_task(server_task())
+    await body_read.wait()
+    client_gone.set()
+    async with asyncio.timeout(5):
+        assert await serving == 0, "the request ended, and the server's task was not left cancelled"
+    assert ran_in == [serving], "no task of its own: the app started in the server's turn"
