@@ -10,7 +10,7 @@ the engine costs nearly nothing and what differs is the hop alone:
   place of Triton).
 
 Per level it prints time to the first chunk and to the end (one stream: a one-token job; more streams:
-closed loops of `--tokens`-token jobs), and the CPU of this process and its children (tritonserver,
+closed loops of `--tokens`-token jobs; `--idle-ms` sleeps before each one-stream job), and the CPU of this process and its children (tritonserver,
 the stub) per job and per chunk, with the ratio Triton / direct. Run: `.venv/bin/python bench/triton_hop.py`.
 """
 
@@ -139,13 +139,19 @@ async def one_job(stream: Stream, tokens: int) -> tuple[float, float, int]:
     return (first - started) * 1e3, (ended - started) * 1e3, chunks
 
 
-async def level(side: str, stream: Stream, streams: int, jobs: int, tokens: int) -> Level:
+async def level(
+    side: str, stream: Stream, streams: int, jobs: int, tokens: int, idle_s: float = 0.0
+) -> Level:
+    """`jobs` jobs, `streams` at a time; each first waits `idle_s`, with nothing else to do, as the
+    worker waits between one stream's requests."""
     for _ in range(WARMUP_JOBS):
         await one_job(stream, 1)
     slots = asyncio.Semaphore(streams)
 
     async def limited() -> tuple[float, float, int]:
         async with slots:
+            if idle_s:
+                await asyncio.sleep(idle_s)
             return await one_job(stream, tokens)
 
     before = cpu_s()
@@ -165,7 +171,7 @@ async def level(side: str, stream: Stream, streams: int, jobs: int, tokens: int)
 
 
 async def run_levels(side: str, stream: Stream, args: argparse.Namespace) -> list[Level]:
-    measured = [await level(side, stream, 1, args.single_jobs, 1)]
+    measured = [await level(side, stream, 1, args.single_jobs, 1, args.idle_ms / 1000)]
     for streams in args.streams:
         print(f"  {side}: {streams} streams ...", file=sys.stderr, flush=True)
         measured.append(await level(side, stream, streams, streams * args.jobs_per_stream, args.tokens))
@@ -245,6 +251,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--token-s", type=float, default=0.01, help="pause before each token, in s")
     parser.add_argument("--jobs-per-stream", type=int, default=6, help="jobs per stream at each loaded level")
     parser.add_argument("--single-jobs", type=int, default=300, help="one-token jobs at one stream")
+    parser.add_argument(
+        "--idle-ms",
+        type=float,
+        default=0.0,
+        help="sleep before each one-stream job, in ms: the hop's cost after its processes slept (default 0)",
+    )
     parser.add_argument("--output", type=Path, help="JSON results file")
     args = parser.parse_args()
     args.streams = [int(n) for n in args.streams.split(",")]
