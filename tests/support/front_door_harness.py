@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 import uvicorn
 
 from router.app import create_app
+from router.front_door import FrontDoor
 from router.server import server_config
 from switchboard import keys
 from switchboard.config import ModelConfig, Settings
@@ -62,6 +63,16 @@ async def serving(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     finally:
         server.should_exit = True
         await task
+
+
+@contextlib.asynccontextmanager
+async def front_door_of(settings: Settings) -> AsyncIterator[FrontDoor]:
+    """A front door's parts, opened on `settings` without an HTTP server, and closed after."""
+    door = await FrontDoor.open(settings)
+    try:
+        yield door
+    finally:
+        await door.close()
 
 
 def worker_record(worker_id: str, *slots: SlotStatus, host: str = "box", kind: str = "cpu") -> WorkerRecord:

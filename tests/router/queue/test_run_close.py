@@ -19,7 +19,7 @@ from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage
-from tests.support.front_door_harness import BODY, settings_for, write_chunks
+from tests.support.front_door_harness import BODY, front_door_of, settings_for, write_chunks
 from tests.support.waits import eventually
 
 ANSWER = Chunk(text="Hello", finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=1))
@@ -28,11 +28,8 @@ REQUEST = msgspec.convert(BODY, ChatCompletionRequest)
 
 @pytest.fixture
 async def front_door(redis: aioredis.Redis, redis_server: PrivateRedis) -> AsyncIterator[FrontDoor]:
-    door = await FrontDoor.open(settings_for(redis_server.url))
-    try:
+    async with front_door_of(settings_for(redis_server.url)) as door:
         yield door
-    finally:
-        await door.close()
 
 
 async def answered_run(front_door: FrontDoor, caller: Caller) -> JobRun:

@@ -24,7 +24,7 @@ from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage, encode
-from tests.support.front_door_harness import BODY, settings_for
+from tests.support.front_door_harness import BODY, front_door_of, settings_for
 
 ANSWER = [
     Chunk(text="Hel"),
@@ -39,11 +39,8 @@ REQUEST = msgspec.convert(
 
 @pytest.fixture
 async def front_door(redis: aioredis.Redis, redis_server: PrivateRedis) -> AsyncIterator[FrontDoor]:
-    door = await FrontDoor.open(settings_for(redis_server.url))
-    try:
+    async with front_door_of(settings_for(redis_server.url)) as door:
         yield door
-    finally:
-        await door.close()
 
 
 async def started_run(front_door: FrontDoor) -> JobRun:
