@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import time
 
+import pytest
 from triton_hop import DEFAULT_POLICY, Level, PacedEngine, direct, table
 
 from switchboard.wire import SamplingParams
@@ -19,9 +21,15 @@ async def test_the_paced_engine_streams_the_tokens_asked_for_and_marks_the_last(
     assert deltas[-1].completion_tokens == 4 and deltas[-1].finish_reason == "length"
 
 
-async def test_levels_in_process_count_every_job_and_chunk() -> None:
-    args = argparse.Namespace(streams=[4], tokens=8, token_s=0.001, jobs_per_stream=2, single_jobs=5)
+@pytest.mark.parametrize("idle_ms", [0.0, 30.0])
+async def test_levels_in_process_count_every_job_and_chunk(idle_ms: float) -> None:
+    args = argparse.Namespace(
+        streams=[4], tokens=8, token_s=0.001, jobs_per_stream=2, single_jobs=5, idle_ms=idle_ms
+    )
+    started = time.perf_counter()
     single, loaded = await direct(args, DEFAULT_POLICY)
+    # Each one-stream job waits its pause first (`--idle-ms`); the loaded levels never do.
+    assert time.perf_counter() - started >= 5 * idle_ms / 1000
     assert (single.streams, single.jobs, single.chunks) == (1, 5, 5)
     assert (loaded.streams, loaded.jobs) == (4, 8)
     assert 8 <= loaded.chunks <= 64, "coalesced: at least a chunk per job, at most one per token"
