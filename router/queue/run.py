@@ -145,7 +145,7 @@ class JobRun:
         # A client that saw part of a stream may come back for the rest: keep it for the grace.
         resumable = unfinished and self.resumable and self._subscription.taken_id != START
         self._reader.unsubscribe(self._subscription, keep=resumable)
-        if not unfinished and (self._ticket is None or not self._ticket.answer_waits_for_release):
+        if not unfinished and not self._release_waits:
             # Nothing to wait for: the answer leaves now, without a task and the turns of the event
             # loop it would take (under load each turn is other requests' work).
             if self._ticket is not None:
@@ -153,6 +153,11 @@ class JobRun:
             return
         # Shielded: a client that left cancels this task, and the mark and the release must still happen.
         await asyncio.shield(self._finish(left=unfinished, resumable=resumable))
+
+    @property
+    def _release_waits(self) -> bool:
+        """Whether the answer waits for the ticket's release (`Ticket.answer_waits_for_release`)."""
+        return self._ticket is not None and self._ticket.answer_waits_for_release
 
     async def _next(self, limit: float, *, before_deadline: bool) -> Chunk | None:
         try:
@@ -222,7 +227,7 @@ class JobRun:
                 logger.warning("could not leave a cancel mark", extra={"job_id": self.job.id})
         if self._ticket is None:
             return
-        if not self._ticket.answer_waits_for_release:
+        if not self._release_waits:
             # The answer goes now; the release leaves with the next batch. Waiting for it held every
             # answer a batch's round trip longer (a third of the front door's part of an embedding's
             # time at 128 clients, measured), and each client's next request with it.
