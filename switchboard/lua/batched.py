@@ -7,6 +7,12 @@ sending commands. Here a call joins the calls waiting to go; the batch leaves th
 before it has come back (a lone call leaves at once), as one pipeline, and each caller gets its own
 reply or error. Nothing waits for a timer.
 
+A batch runs as one transaction (MULTI/EXEC). Redis serves a client blocked on a key after each
+command that touched it; in a plain pipeline, a worker blocked reading the job streams woke after
+the first enqueue of a batch and found that job alone, then read again for the rest. In a
+transaction the clients blocked on its keys wake once it has run whole, and read all of it at once.
+Nothing is rolled back: a call that fails inside it fails alone, as before.
+
 A call that Redis answers NOSCRIPT (it restarted, and lost its scripts) did not run: its script is
 loaded and that call alone is sent again. A call is never sent twice otherwise.
 """
@@ -90,7 +96,7 @@ class ScriptBatch:
     async def _send(self, batch: list[_Call]) -> None:
         for attempt in range(2):
             await self._load([call.script for call in batch])
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self._redis.pipeline(transaction=True)  # see the module's description
             for call in batch:
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
             replies = await pipe.execute(raise_on_error=False)

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from switchboard.lua.batched import ScriptBatch, answer
+from tests.support.blocked_reader import blocked_on, entries_woken_with
 from tests.support.counted_redis import CountedRoundTrips
 
 # Counts its runs per key, and fails when asked to (ARGV[1] = "fail").
@@ -30,6 +31,22 @@ async def test_concurrent_calls_share_one_round_trip_and_get_their_own_replies(r
     assert counted.round_trips == 2
     assert sorted(replies) == sorted(n for _ in range(4) for n in range(1, 11))
     assert [int(await redis.get(f"key-{i}")) for i in range(4)] == [10, 10, 10, 10]
+
+
+# Adds one entry to the stream KEYS[1], as the admission's script queues a job.
+QUEUEING = "return redis.call('XADD', KEYS[1], '*', 'job', ARGV[1])"
+
+
+async def test_a_reader_blocked_on_a_stream_wakes_with_every_entry_the_batch_added(
+    redis: aioredis.Redis,
+) -> None:
+    batch = ScriptBatch(redis)
+    script = redis.register_script(QUEUEING)
+    await batch.run(script, ["warm"], ["x"])  # the next calls share one batch
+    reader = await blocked_on(redis, ["jobs"])  # as a worker waits for a model's jobs
+    await asyncio.gather(*(batch.run(script, ["jobs"], [str(i)]) for i in range(5)))
+    # Woken after the batch's first call, it would hold one job, and take the rest on its next read.
+    assert entries_woken_with(await reader) == 5
 
 
 async def test_a_failing_call_fails_its_caller_only(redis: aioredis.Redis) -> None:

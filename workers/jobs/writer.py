@@ -5,6 +5,11 @@ waiting as one pipeline the moment it is free, so a lone chunk leaves at once an
 up while a flush is in flight share the next one. Each chunk is appended by a small script that
 also tells whether the job's client has gone away (its cancel mark, or its result stream deleted)
 and, with the job's last chunk, acknowledges the job and deletes its cancel mark.
+
+A flush runs as one transaction (MULTI/EXEC), so that a front door blocked reading its jobs' result
+streams wakes once the flush has run whole: in a plain pipeline Redis served it after the first
+append, with that one chunk, and the rest waited for its next read. Now it wakes with every chunk the
+flush added to the stream that woke it (Redis 7.2 and later: to every stream it reads).
 """
 
 from __future__ import annotations
@@ -150,7 +155,7 @@ class ResultWriter:
         if not self._append_loaded:
             await self._redis.script_load(self._append.script)
             self._append_loaded = True
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self._redis.pipeline(transaction=True)  # see the module's description
         for write in batch:
             stream = keys.result_stream(write.job_id)
             job_stream, entry_id = write.ack if write.ack is not None else (stream, b"")

@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.wire import Chunk, chunk_decoder, encode
+from tests.support.blocked_reader import blocked_on, entries_woken_with
 from workers.jobs.writer import ResultWriter, Superseded
 
 
@@ -38,6 +39,19 @@ async def test_chunks_of_many_jobs_land_in_order_with_expiry_and_cancel_marks(re
             f"{job}{i}" for i in range(20)
         ]
         assert 0 < await redis.ttl(keys.result_stream(job)) <= keys.RESULT_TTL_S
+
+
+async def test_a_front_door_blocked_on_a_result_stream_reads_the_whole_flush_in_one_reply(
+    redis: aioredis.Redis,
+) -> None:
+    writer = ResultWriter(redis)
+    writer.start()
+    await writer.append("a", encode(Chunk(text="a0")), create=True)  # the next appends share a flush
+    reader = await blocked_on(redis, [keys.result_stream("a")])
+    await asyncio.gather(*(writer.append("a", encode(Chunk(text=f"a{i}"))) for i in range(1, 5)))
+    await writer.stop()
+    # Woken after the flush's first append, it would hold one chunk, and read the rest next time.
+    assert entries_woken_with(await reader) == 4
 
 
 async def test_the_last_chunk_acknowledges_and_deletes_the_job(redis: aioredis.Redis) -> None:
