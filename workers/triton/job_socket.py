@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from workers.triton.engine_thread import EngineThread
 from workers.triton.generator_backend import END, FAILED, HEADER, JOB, NO_TAG, RESPONSE, message
@@ -37,6 +38,8 @@ class JobSocket:
         self._stub_may_end = False
         self._server: asyncio.Server | None = None
         self._requests: set[asyncio.Task[None]] = set()
+        # Each stub's connection, with the task that reads it: closing ends them (`_close`).
+        self._connections: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}
 
     @classmethod
     def open(
@@ -64,7 +67,8 @@ class JobSocket:
 
     def close(self) -> None:
         """From any thread but the loop's: stop listening, end the requests still served (their stub
-        has gone) and stop the loop. The engine must have been stopped before (`stop_engine`)."""
+        has gone or is told so now: its connection is closed) and stop the loop. The engine must have
+        been stopped before (`stop_engine`)."""
         self._stub_may_end = True
         if self._thread.loop.is_closed():
             return
@@ -83,6 +87,12 @@ class JobSocket:
         for task in list(self._requests):
             task.cancel()
         await asyncio.gather(*self._requests, return_exceptions=True)
+        # A stub still connected (the model's load failed, or the worker stops) is hung up on, so
+        # that its reader ends at the connection's end, as when a stub goes, and not by a cancel at
+        # the loop's stop (which asyncio's server logs as an error in its callback).
+        for writer in list(self._connections):
+            writer.close()
+        await asyncio.gather(*self._connections.values(), return_exceptions=True)
         self.path.unlink(missing_ok=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -91,6 +101,9 @@ class JobSocket:
         unloads a model): nobody can be answered on them, so they are cancelled, and with them
         their jobs' work in the engine (Triton fails them to their clients; a new stub connects anew)."""
         served: set[asyncio.Task[None]] = set()
+        reading = asyncio.current_task()
+        assert reading is not None
+        self._connections[writer] = reading
         try:
             while True:
                 length, kind, key, stream, tag = HEADER.unpack(await reader.readexactly(HEADER.size))
@@ -107,6 +120,7 @@ class JobSocket:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the stub has ended (its model unloaded, or it died)
         finally:
+            self._connections.pop(writer, None)
             for task in served:
                 task.cancel()
             with contextlib.suppress(Exception):
