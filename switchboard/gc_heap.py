@@ -12,6 +12,10 @@ on first use among them), and a full collection went from 230 to 340 ms.
 
 A frozen object is never collected, so once a worker has unloaded a model it thaws the heap,
 collects, and freezes what survives (`collect_all`): the model's objects go, and the memory they held.
+
+The count of frozen objects is exported as it was when the heap was last frozen: Python counts them
+by walking the frozen list, 7 ms for 600,000 objects on a quiet machine, with the GIL held, so a
+gauge that counted at every scrape of `/metrics` stalled every stream of the process that often.
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ GC_FROZEN = Gauge(
     "Objects frozen out of the garbage collector's passes (the heap made at start-up).",
     registry=REGISTRY,
 )
-GC_FROZEN.set_function(gc.get_freeze_count)
 
 # Whether this process froze its heap: then a full collection thaws it first, and freezes again.
 _frozen = False
@@ -52,7 +55,7 @@ def freeze_long_lived() -> int:
     gc.collect()
     gc.freeze()
     _frozen = True
-    return gc.get_freeze_count()
+    return _count_frozen()
 
 
 def freeze_new() -> None:
@@ -61,6 +64,7 @@ def freeze_new() -> None:
     if _frozen:
         gc.collect()
         gc.freeze()
+        _count_frozen()
 
 
 def collect_all() -> None:
@@ -72,6 +76,14 @@ def collect_all() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    _count_frozen()
+
+
+def _count_frozen() -> int:
+    """Count the frozen objects (a walk of them all) into the gauge, and return the count."""
+    count = gc.get_freeze_count()
+    GC_FROZEN.set(count)
+    return count
 
 
 def observe_pauses() -> None:

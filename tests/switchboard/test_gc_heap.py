@@ -142,3 +142,43 @@ def test_pauses_are_measured_by_generation_and_the_frozen_count_exported() -> No
     (frozen,) = families["switchboard:gc_frozen_objects"].samples
     assert frozen.value == result["frozen"]
     assert frozen.value > 0
+
+
+def test_a_scrape_does_not_count_the_frozen_heap_again() -> None:
+    """Counting walks every frozen object with the GIL held: it happens when gc_heap freezes the
+    heap, not at each scrape of the metrics (a scrape reads the count of the last freeze)."""
+    result = run_child(
+        """
+        import gc, json
+        from prometheus_client import generate_latest
+        from switchboard import gc_heap
+        from switchboard.metrics import REGISTRY
+
+        def frozen_gauge():
+            generate_latest(REGISTRY)  # a scrape
+            return REGISTRY.get_sample_value("switchboard:gc_frozen_objects")
+
+        model = [[index] for index in range(5_000)]
+        gc_heap.freeze_long_lived()
+        at_freeze = gc.get_freeze_count()
+        more = [[index] for index in range(5_000)]
+        gc.freeze()  # frozen behind gc_heap's back: no scrape may count it
+        scraped = frozen_gauge()
+        gc_heap.freeze_new()
+        after_new = frozen_gauge()
+        real_after_new = gc.get_freeze_count()
+        del model, more
+        gc_heap.collect_all()
+        print(json.dumps({
+            "at_freeze": at_freeze, "scraped": scraped, "after_new": after_new,
+            "real_after_new": real_after_new, "after_collect_all": frozen_gauge(),
+            "real_after_collect_all": gc.get_freeze_count(),
+        }))
+        """
+    )
+    assert result["scraped"] == result["at_freeze"]
+    assert result["after_new"] == result["real_after_new"]
+    at_freeze, real_after_new = result["at_freeze"], result["real_after_new"]
+    assert isinstance(at_freeze, int) and isinstance(real_after_new, int)
+    assert real_after_new >= at_freeze + 5_000
+    assert result["after_collect_all"] == result["real_after_collect_all"]
