@@ -23,14 +23,14 @@ import contextlib
 import itertools
 import logging
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from typing import Protocol
 
-import grpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from workers.triton.generator_backend import CHUNK_OUTPUT, JOB_INPUT, STREAM_PARAMETER, TAG_PARAMETER
+from workers.triton.grpc_stream import GrpcStream, open_stream
 from workers.triton.output_stream import OPEN_OUTPUT, Posted, posted_batch_decoder
 
 logger = logging.getLogger(__name__)
@@ -38,9 +38,8 @@ logger = logging.getLogger(__name__)
 # Triton's BYTES tensors hold each element as a 4-byte little-endian length, then the bytes.
 _LENGTH = struct.Struct("<I")
 
-# gRPC refuses messages over 4 MiB unless told otherwise; a job (a long conversation) or a chunk
-# (many choices with log probabilities) can be larger. Triton's own clients allow this much.
-MAX_MESSAGE_BYTES = 2**31 - 1
+# The bidirectional streaming call of Triton's gRPC service.
+MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 # The end of a job's responses, as the stream's reader hands it to the job.
 _END = None
@@ -81,14 +80,7 @@ class TritonJobClient:
     def __init__(self, grpc_address: str, model_name: str, *, local: LocalOutput | None = None) -> None:
         self.model_name = model_name
         self._local = local
-        self._channel = grpc.aio.insecure_channel(
-            grpc_address,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._address = grpc_address
         self._tags = itertools.count()
         self._stream = -1  # the number of the gRPC stream open now
         # Each waiting job's inbox, by its request's tag: its chunks, then _END or the error that ended it.
@@ -128,7 +120,6 @@ class TritonJobClient:
         self._inboxes.clear()
         if self._reader is not None:
             await end_stream(self._reader, self._outbox)
-        await self._channel.close()
 
     def _open(self) -> None:
         """Start the stream and its reader, unless they run; a stream that ended is opened anew."""
@@ -168,7 +159,7 @@ class TritonJobClient:
     async def _read(self, outbox: Outbox) -> None:
         ended: BaseException = TritonStreamError(f"the stream of {self.model_name} was closed")
         try:
-            ended = await carry_stream(self._stub, outbox, self.model_name, self._on_response)
+            ended = await carry_stream(self._address, outbox, self.model_name, self._on_response)
         finally:
             # Every job sent on this stream, or waiting to be, ends; the next job opens a new one.
             self._reader = None
@@ -246,20 +237,22 @@ async def end_stream(reader: asyncio.Task[None], outbox: Outbox, grace_s: float 
 
 
 async def carry_stream(
-    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+    address: str,
     outbox: Outbox,
     model_name: str,
     on_response: Callable[[service_pb2.ModelStreamInferResponse], None],
 ) -> TritonStreamError:
-    """Send `outbox`'s requests on one bidirectional gRPC stream, handing every response to
-    `on_response`, until the stream ends (`END_OF_REQUESTS` in the outbox ends it once every request
-    is answered); returns the error that the requests still waiting on it end with. A cancel (the
-    client closing) is raised."""
-    call = None
+    """Send `outbox`'s requests on one bidirectional gRPC stream to Triton at `address` (its gRPC
+    target, `unix:<path>`), handing every response to `on_response`, until the stream ends
+    (`END_OF_REQUESTS` in the outbox ends it once every request is answered); returns the error that
+    the requests still waiting on it end with. A cancel (the client closing) is raised."""
+    stream: GrpcStream | None = None
+    sending: asyncio.Task[None] | None = None
     try:
-        call = stub.ModelStreamInfer(_sent(outbox))
-        async for response in call:
-            on_response(response)
+        stream = await open_stream(address.removeprefix("unix:"), MODEL_STREAM_INFER)
+        sending = asyncio.create_task(_send_all(stream, outbox))
+        while (message := await stream.read()) is not None:
+            on_response(service_pb2.ModelStreamInferResponse.FromString(message))
         return TritonStreamError(f"Triton ended the stream of {model_name}")
     except asyncio.CancelledError:
         raise
@@ -267,13 +260,25 @@ async def carry_stream(
         logger.warning("the Triton stream ended", extra={"model": model_name}, exc_info=True)
         return TritonStreamError(f"the Triton stream of {model_name} failed: {exc}")
     finally:
-        if call is not None:
-            call.cancel()
+        if sending is not None:
+            sending.cancel()
+        if stream is not None:
+            stream.close()
 
 
-async def _sent(outbox: Outbox) -> AsyncIterator[service_pb2.ModelInferRequest]:
-    while (request := await outbox.get()) is not END_OF_REQUESTS:
-        yield request
+async def _send_all(stream: GrpcStream, outbox: Outbox) -> None:
+    """Send the outbox's requests as they come, all that are waiting in one write; half-close at
+    `END_OF_REQUESTS`."""
+    while True:
+        request = await outbox.get()
+        while request is not END_OF_REQUESTS:
+            stream.send(request.SerializeToString())
+            if outbox.empty():
+                break
+            request = outbox.get_nowait()
+        if request is END_OF_REQUESTS:
+            stream.end()
+            return
 
 
 def _infer_request(

@@ -29,13 +29,12 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
-import grpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from switchboard.wire import Chunk, Job, JobError, PoolingTask, Usage, encode
 from workers.engines.base import PoolingRow
 from workers.runtime.pooling_metrics import PoolingMetrics
-from workers.triton.client import MAX_MESSAGE_BYTES, Outbox, TritonStreamError, carry_stream, end_stream
+from workers.triton.client import Outbox, TritonStreamError, carry_stream, end_stream
 from workers.triton.model import engine_job_decoder
 from workers.triton.pooling_backend import (
     ANSWERS_OUTPUT,
@@ -98,15 +97,7 @@ class PoolingJobClient:
         self._max_rows = max_batch_size
         self._labels = labels
         self._metrics = PoolingMetrics(model or model_name)
-        self._channel = grpc.aio.insecure_channel(
-            grpc_address,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        self._stream = _RequestStream(self._stub, model_name, on_stub_lost)
+        self._stream = _RequestStream(grpc_address, model_name, on_stub_lost)
         self._closed = False
         # Rows handed over in this turn of the loop, sent together at its end.
         self._waiting: list[_Waiting] = []
@@ -120,10 +111,9 @@ class PoolingJobClient:
         yield encode(await self._answer(job))
 
     async def close(self) -> None:
-        """Close the channel; jobs still waiting end with an error."""
+        """End the stream; jobs still waiting end with an error."""
         self._closed = True
         await self._stream.close()
-        await self._channel.close()
 
     async def _answer(self, job: Job) -> Chunk:
         if job.pooling is None:
@@ -224,11 +214,11 @@ class _RequestStream:
 
     def __init__(
         self,
-        stub: service_pb2_grpc.GRPCInferenceServiceStub,
+        grpc_address: str,
         model_name: str,
         on_stub_lost: Callable[[], None],
     ) -> None:
-        self._stub = stub
+        self._address = grpc_address
         self._model_name = model_name
         self._on_stub_lost = on_stub_lost
         self._tags = itertools.count()
@@ -265,7 +255,7 @@ class _RequestStream:
     async def _read(self, outbox: Outbox) -> None:
         ended: BaseException = TritonStreamError(f"the stream of {self._model_name} was closed")
         try:
-            ended = await carry_stream(self._stub, outbox, self._model_name, self._deliver)
+            ended = await carry_stream(self._address, outbox, self._model_name, self._deliver)
         finally:
             # Every request sent on this stream, or waiting to be, fails; the next opens a new one.
             self._reader = None
