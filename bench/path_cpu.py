@@ -92,7 +92,9 @@ def start_profiles(names: Snapshot, args: argparse.Namespace, level: int) -> dic
         pids = sorted(p.pid for p in names.processes.values() if p.kind == kind)
         if pids:
             output = args.log_dir / f"profile-c{level}-{kind.replace(' ', '-')}.txt"
-            recordings[kind] = Recording(args.py_spy, pids[0], output, args.profile_rate, args.native)
+            recordings[kind] = Recording(
+                args.py_spy, pids[0], output, args.profile_rate, args.native, args.gil
+            )
     return recordings
 
 
@@ -271,6 +273,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--profile", action="store_true", help="record py-spy profiles of " + ", ".join(PROFILED))
     add("--profile-rate", type=int, default=100, help="py-spy samples per second (default 100)")
     add("--native", action="store_true", help="py-spy --native (stops the targets at every sample)")
+    add("--gil", action="store_true", help="py-spy --gil: only the thread holding the GIL is sampled")
     add("--no-vllm", action="store_true", help="measure Switchboard alone, not vLLM's server after it")
     add_model_and_output_args(parser, "path_cpu")
     return parser.parse_args(argv)

@@ -47,13 +47,18 @@ def py_spy_path() -> str | None:
 class Recording:
     """One py-spy process recording one target until `stop`."""
 
-    def __init__(self, executable: str, pid: int, output: Path, rate: int, native: bool) -> None:
+    def __init__(
+        self, executable: str, pid: int, output: Path, rate: int, native: bool, gil: bool = False
+    ) -> None:
+        """`gil`: sample only the thread holding the GIL, so that a thread waiting for it (in a
+        process whose threads all run Python) does not count as busy."""
         self.output = output
         self.log = output.with_suffix(".log")
         argv = [executable, "record", "--pid", str(pid), "--format", "raw", "--output", str(output)]
         argv += ["--rate", str(rate), "--threads"]
         # Native stacks need the target stopped at each sample; without them it runs undisturbed.
         argv += ["--native"] if native else ["--nonblocking"]
+        argv += ["--gil"] if gil else []
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
