@@ -30,7 +30,7 @@ from typing import Protocol
 from tritonclient.grpc import service_pb2
 
 from workers.triton.generator_backend import CHUNK_OUTPUT, JOB_INPUT, STREAM_PARAMETER, TAG_PARAMETER
-from workers.triton.grpc_stream import GrpcStream, open_stream
+from workers.triton.grpc_stream import GrpcCallError, GrpcStream, open_stream
 from workers.triton.output_stream import OPEN_OUTPUT, Posted, posted_batch_decoder
 
 logger = logging.getLogger(__name__)
@@ -271,11 +271,14 @@ async def _send_all(stream: GrpcStream, outbox: Outbox) -> None:
     `END_OF_REQUESTS`."""
     while True:
         request = await outbox.get()
-        while request is not END_OF_REQUESTS:
-            stream.send(request.SerializeToString())
-            if outbox.empty():
-                break
-            request = outbox.get_nowait()
+        try:
+            while request is not END_OF_REQUESTS:
+                stream.send(request.SerializeToString())
+                if outbox.empty():
+                    break
+                request = outbox.get_nowait()
+        except GrpcCallError:
+            return  # the call has ended: its reader tells the requests why
         if request is END_OF_REQUESTS:
             stream.end()
             return

@@ -50,7 +50,8 @@ class GrpcStream(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._call_id = 0
         self._outgoing = bytearray()
-        self._end_pending = False
+        self._end_asked = False  # end() was called: no more sends
+        self._end_sent = False
         self._incoming = bytearray()
         self._messages: deque[bytes] = deque()
         self._arrived: asyncio.Future[None] | None = None
@@ -63,7 +64,7 @@ class GrpcStream(asyncio.Protocol):
 
     def send(self, message: bytes) -> None:
         """Send one message (at once, or as soon as Triton's window lets it)."""
-        if self._end_pending or self._finished or self._ended is not None:
+        if self._end_asked or self._finished or self._ended is not None:
             raise GrpcCallError("the call's sending side is closed")
         self._outgoing += _PREFIX.pack(0, len(message))
         self._outgoing += message
@@ -71,7 +72,7 @@ class GrpcStream(asyncio.Protocol):
 
     def end(self) -> None:
         """No more messages (a half-close): Triton ends the call once it has answered them all."""
-        self._end_pending = True
+        self._end_asked = True
         self._pump()
 
     async def read(self) -> bytes | None:
@@ -204,10 +205,10 @@ class GrpcStream(asyncio.Protocol):
                     break  # the rest goes when Triton opens its window (a WindowUpdated)
                 self._h2.send_data(self._call_id, bytes(self._outgoing[:size]))
                 del self._outgoing[:size]
-            if self._end_pending and not self._outgoing:
+            if self._end_asked and not self._end_sent and not self._outgoing:
                 with contextlib.suppress(h2.exceptions.StreamClosedError):
                     self._h2.end_stream(self._call_id)
-                self._end_pending = False
+                self._end_sent = True
         if data := self._h2.data_to_send():
             self._transport.write(data)
 
