@@ -40,7 +40,7 @@ RUN /opt/uv/bin/uv venv --system-site-packages --python python3 /opt/switchboard
     && cp /tmp/trtllm-environment.txt /opt/switchboard/trtllm-environment.txt \
     && /opt/uv/bin/uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode \
         --constraint /opt/switchboard/trtllm-environment.txt \
-        . nvidia-pytriton==0.7.0
+        . nvidia-pytriton==0.7.0 h2==4.4.1
 
 FROM ${TRTLLM_IMAGE}
 RUN apt-get update \

@@ -165,6 +165,8 @@ def test_the_trtllm_image_carries_no_vllm_and_the_pytriton_of_the_other_workers(
     optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     pytriton = {r for r in optional["gpu"] if r.startswith("nvidia-pytriton")}
     assert pytriton and pytriton <= set(requirements), "PyTriton at the version the vLLM workers run"
+    # The worker's own stream to Triton (workers/triton/grpc_stream.py) speaks HTTP/2 with h2.
+    assert any(r.startswith("h2==") for r in requirements), "h2, which the gpu extra brings the others"
     assert all("==" in r for r in requirements if r != "."), "every package added is pinned"
 
 
