@@ -10,7 +10,7 @@ back on it (Triton marks its end with an empty final response, `triton_enable_em
 The client knows the model's one input and one output, so it also skips the readiness and
 configuration questions that Triton's client asks before every request.
 
-The worker's consumer lives in the process that hosts the model (Triton's stub hands each request to
+The worker's consumer lives in the process that hosts the model (Triton's model hands each request to
 the engine's loop on a thread of the worker), so its client opens the model's output stream in process instead
 (`local`): each job is still a Triton request from its start to its end, but its chunks come back
 as objects handed from the model's thread to the client's loop, not as Triton responses.

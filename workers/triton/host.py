@@ -1,10 +1,11 @@
 """The worker's Triton host: one Triton server (started by PyTriton), one model per engine it holds,
 loaded and unloaded while the server runs as the worker's models are.
 
-Each model is a Python-backend model of Switchboard's own, written into Triton's model repository at
-load: a generator's (`generator_backend`, decoupled) hands its requests to the engine's loop over a
-Unix socket, a pooling model's (`pooling_backend`, batched by Triton's dynamic batcher) hands its
-batches to the model's process.
+Each model is Switchboard's own, written into Triton's model repository at load (`model_folders`): a
+generator's (decoupled) hands its requests to the engine's loop over a Unix socket, from inside
+tritonserver on the worker's own backend (`native_backend`) or, where that is not built, from a
+Python-backend stub (`generator_backend`); a pooling model's (`pooling_backend`, batched by Triton's
+dynamic batcher) hands its batches to the model's process.
 
 Only the worker's user reaches this Triton: it serves gRPC on a Unix socket in a private folder
 (see `unix_socket`) and no HTTP, with no access token on its command line, and the shared memory
@@ -22,8 +23,8 @@ import shutil
 import sysconfig
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from pytriton.client.utils import create_client_from_url
@@ -33,7 +34,14 @@ from switchboard.config import triton_model_name
 from switchboard.ports import free_port
 from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
-from workers.triton import generator_backend, model_configs, pooling_backend, unix_socket
+from workers.triton import (
+    generator_backend,
+    model_configs,
+    model_folders,
+    native_backend,
+    pooling_backend,
+    unix_socket,
+)
 from workers.triton.job_socket import JobSocket
 from workers.triton.model import CoalescingPolicy, GeneratorModel
 from workers.triton.pooling_model import PoolingModel
@@ -78,12 +86,20 @@ def _still_loaded(index: list[dict[str, str]], name: str) -> bool:
 class TritonHost:
     """Starts Triton on free ports and binds engines to it as streaming models."""
 
-    def __init__(self, *, coalescing: CoalescingPolicy) -> None:
+    def __init__(self, *, coalescing: CoalescingPolicy, native_generators: bool | None = None) -> None:
+        """`native_generators`: serve generators on the worker's own Triton backend (True; it must be
+        built), on Triton's Python backend (False), or on the former where it is built (None)."""
         # No TCP port but the metrics one: Triton serves no HTTP, and gRPC on a Unix socket.
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = free_port()
         self._coalescing = coalescing
+        self._native_library = None if native_generators is False else native_backend.built_library()
+        if native_generators and self._native_library is None:
+            raise RuntimeError(
+                "the worker's Triton backend is not built: run `make install` "
+                "(or `python -m workers.triton.native_backend`)"
+            )
         self._triton: Triton | None = None
         self._socket_dir: Path | None = None
         self._shm: ShmRegions | None = None
@@ -101,6 +117,11 @@ class TritonHost:
         # host closed and waits for a start in progress, which then stops what it started.
         self._lifecycle = threading.Lock()
         self._closed = False
+
+    @property
+    def native_generators(self) -> bool:
+        """Whether generators are served on the worker's own Triton backend (`native_backend`)."""
+        return self._native_library is not None
 
     @property
     def grpc_address(self) -> str:
@@ -134,6 +155,12 @@ class TritonHost:
         self._shm = ShmRegions(_shm_prefix(self._triton))
         self._shm.watch()
         logger.info("triton started", extra={"grpc": self.grpc_address, "metrics_port": self.metrics_port})
+        if self._native_library is None:
+            logger.warning(
+                "generators go through Triton's Python backend (a stub process per model, and a slower "
+                "path for every job): the worker's own backend is not built; `make install` builds it "
+                "(or `python -m workers.triton.native_backend`, with a C compiler)"
+            )
 
     def _config(self, socket_dir: Path) -> TritonConfig:
         return TritonConfig(
@@ -164,7 +191,9 @@ class TritonHost:
         self._wait_until_unloaded(name)
         if isinstance(engine, PoolingEngine):
             config = model_configs.pooling_config(name, engine.model.batching, engine.batch_socket)
-            self._load_own_model(name, pooling_backend, config)
+            self._load_own_model(
+                name, lambda folder: model_folders.write_python(folder, config, pooling_backend)
+            )
             pooling = PoolingModel(engine)
             self._bound[name] = pooling
             return pooling
@@ -172,7 +201,7 @@ class TritonHost:
         path = self._socket_folder() / f"jobs-{next(self._socket_numbers)}"
         job_socket = JobSocket.open(path, generator, name, on_stub_lost=lambda: self._load_again(name))
         try:
-            self._load_own_model(name, generator_backend, model_configs.generator_config(name, path))
+            self._load_generator(name, path)
         except BaseException:
             job_socket.close()
             raise
@@ -208,15 +237,25 @@ class TritonHost:
 
         threading.Thread(target=load, name=f"reload-{name}", daemon=True).start()
 
-    def _load_own_model(self, name: str, backend: ModuleType, config: str) -> None:
-        """Write a model's Triton model (`backend` as its `model.py`, and `config` as its
-        `config.pbtxt`) into Triton's repository and load it."""
+    def _load_generator(self, name: str, job_socket: Path) -> None:
+        """Write a generator's Triton model, on the worker's own backend where it is built, and load it."""
+        library = self._native_library
+        if library is None:
+            config = model_configs.generator_config(name, job_socket)
+            self._load_own_model(
+                name, lambda folder: model_folders.write_python(folder, config, generator_backend)
+            )
+        else:
+            config = model_configs.native_generator_config(name)
+            self._load_own_model(
+                name, lambda folder: model_folders.write_native(folder, config, library, job_socket)
+            )
+
+    def _load_own_model(self, name: str, write: Callable[[Path], None]) -> None:
+        """Write a model's folder into Triton's repository (`write`, into the emptied folder) and load it."""
         folder = self._running()._workspace.model_store_path / name
         shutil.rmtree(folder, ignore_errors=True)
-        (folder / "1").mkdir(parents=True)
-        assert backend.__file__ is not None
-        shutil.copyfile(backend.__file__, folder / "1" / "model.py")
-        (folder / "config.pbtxt").write_text(config)
+        write(folder)
         try:
             self._triton_load(name)
         except BaseException:

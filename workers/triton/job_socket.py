@@ -1,9 +1,10 @@
-"""Where a generator's Triton stub hands its requests to the engine's loop: a Unix socket.
+"""Where a generator's Triton model hands its requests to the engine's loop: a Unix socket.
 
-The stub (`workers.triton.generator_backend`) connects once at its start and sends each request as
-one message; this side serves every request as a task on the engine's loop and answers with its
-responses and its end (`GeneratorModel.serve`). The socket lives in a folder only the worker's user
-can enter (`workers.runtime.private_runtime`).
+Triton's model (the worker's own backend inside tritonserver, `workers.triton.native_backend`, or a
+Python-backend stub, `workers.triton.generator_backend`; both called "the stub" below) connects once
+as it loads and sends each request as one message; this side serves every request as a task on the
+engine's loop and answers with its responses and its end (`GeneratorModel.serve`). The socket lives
+in a folder only the worker's user can enter (`workers.runtime.private_runtime`).
 """
 
 from __future__ import annotations

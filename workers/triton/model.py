@@ -1,7 +1,7 @@
 """What one generator's Triton model does with a request: takes a Job and streams its Chunks.
 
-Triton's stub for the model hands each request to the engine's own event loop
-(`workers.triton.generator_backend`, `workers.triton.job_socket`), and the engine is driven from
+Triton's model hands each request to the engine's own event loop (`workers.triton.native_backend`
+or `workers.triton.generator_backend`, and `workers.triton.job_socket`), and the engine is driven from
 there; a pump task moves the engine's deltas into an inbox, and the coalescer groups those that
 arrive together. The job and the chunks keep their wire encoding end to end, so the consumer
 appends Triton's output to Redis as it is.
@@ -202,7 +202,7 @@ class GeneratorModel:
 
         For a client in the model's own process (the worker's consumer): its jobs still go through
         Triton, each a request that lasts as long as the job, but their chunks come back as objects
-        handed over between two threads, not as responses through the Python stub, tritonserver and
+        handed over between two threads, not as responses through Triton's model, tritonserver and
         gRPC (about 0.6 ms of CPU and a millisecond of latency per response, measured by
         `bench/triton_hop.py`). The pacing is the output stream's own. `deliver` is called on the
         model's loop, with None once the stream has ended (the model is being unbound, or the client

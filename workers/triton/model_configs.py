@@ -1,6 +1,7 @@
 """What each of the worker's Triton models says of itself: its `config.pbtxt`, as `workers.triton.host`
-writes it into Triton's model repository beside the model's `model.py` (`generator_backend` for a
-generator, `pooling_backend` for a pooling model).
+writes it into Triton's model repository (`model_folders`) beside what runs the model: for a generator
+the worker's own backend (`native_backend`) or Triton's Python backend with `generator_backend` as its
+`model.py`, for a pooling model the latter with `pooling_backend`.
 """
 
 from __future__ import annotations
@@ -9,28 +10,37 @@ import json
 from pathlib import Path
 
 from switchboard.pooling_config import BatchingConfig
-from workers.triton import generator_backend, pooling_backend
+from workers.triton import generator_backend, native_backend, pooling_backend
 
 
 def generator_config(name: str, job_socket: Path) -> str:
-    """A generator's Triton config: decoupled (a job's request lasts as long as the job), one job per
-    request, one instance (its stub only forwards; the engine's loop serves every request at once)."""
-    backend = generator_backend
-    return (
-        "\n".join(
-            [
-                f"name: {json.dumps(name)}",
-                'backend: "python"',
-                "max_batch_size: 0",
-                "model_transaction_policy { decoupled: true }",
-                "instance_group [ { kind: KIND_CPU count: 1 } ]",
-                f'input [ {{ name: "{backend.JOB_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
-                f'output [ {{ name: "{backend.CHUNK_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
-                f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(job_socket))} }} }}',
-            ]
-        )
-        + "\n"
-    )
+    """A generator's Triton config on Triton's Python backend (`generator_backend` as its stub; the
+    socket's path a parameter of the model)."""
+    socket = f'parameters {{ key: "{generator_backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(job_socket))} }} }}'
+    return _generator_config(name, "python", [socket])
+
+
+def native_generator_config(name: str) -> str:
+    """A generator's Triton config on the worker's own backend (`native_backend`; the socket's path is
+    in a file of the model's folder, `model_folders.write_native`)."""
+    return _generator_config(name, native_backend.BACKEND_NAME, [])
+
+
+def _generator_config(name: str, backend: str, more: list[str]) -> str:
+    """Decoupled (a job's request lasts as long as the job), one job per request, one instance (it only
+    forwards; the engine's loop serves every request at once)."""
+    tensors = generator_backend
+    lines = [
+        f"name: {json.dumps(name)}",
+        f"backend: {json.dumps(backend)}",
+        "max_batch_size: 0",
+        "model_transaction_policy { decoupled: true }",
+        "instance_group [ { kind: KIND_CPU count: 1 } ]",
+        f'input [ {{ name: "{tensors.JOB_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+        f'output [ {{ name: "{tensors.CHUNK_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
+        *more,
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> str:

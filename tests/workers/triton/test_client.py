@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import re
 import socket
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
@@ -30,9 +32,14 @@ NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def host() -> AsyncIterator[TritonHost]:
-    triton = TritonHost(coalescing=NO_WAIT)
+# Every test runs against both ways a generator's Triton model reaches the engine's loop: the
+# worker's own backend inside tritonserver, and a Python-backend stub (where it is not built).
+BACKENDS = {"own backend": True, "Python stub": False}
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=list(BACKENDS))
+async def host(request: pytest.FixtureRequest) -> AsyncIterator[TritonHost]:
+    triton = TritonHost(coalescing=NO_WAIT, native_generators=BACKENDS[request.param])
     await asyncio.to_thread(triton.start)
     try:
         yield triton
@@ -183,10 +190,14 @@ async def test_a_model_being_unbound_ends_the_jobs_waiting_for_its_chunks_in_pro
         await slot.abort(hung.id)
 
 
-async def test_a_stub_that_dies_fails_its_jobs_and_stops_their_work_in_the_engine(slot: ModelSlot) -> None:
+async def test_a_stub_that_dies_fails_its_jobs_and_stops_their_work_in_the_engine(
+    host: TritonHost, slot: ModelSlot
+) -> None:
     """The model's Triton stub hands each request to the engine's loop; killed while a job runs (out
     of memory, say), the job fails rather than hang, its work in the engine stops, and the model
     serves the next job through the stub Triton starts in its place."""
+    if host.native_generators:
+        pytest.skip("the worker's own backend runs inside tritonserver: there is no stub to die")
     lease = slot.lease()
     job = make_job("m", "slow 1000000 0.01")
     try:
@@ -207,20 +218,67 @@ async def test_a_stub_that_dies_fails_its_jobs_and_stops_their_work_in_the_engin
         lease.release()
 
 
+async def test_the_engine_loops_end_fails_the_jobs_it_had(host: TritonHost, slot: ModelSlot) -> None:
+    """A job whose engine loop goes away (its socket closes under Triton's model) fails rather than
+    hang: Triton's model ends its request, or the loop's end ends the output it was handed in process
+    (whichever reaches the client first)."""
+    lease = slot.lease()
+    try:
+        stream = lease.served.client.stream(encode(make_job("m", "slow 1000000 0.01")))
+        await anext(stream)
+        await asyncio.to_thread(host._job_sockets[triton_model_name("m")].close)
+        with pytest.raises(
+            TritonStreamError, match=r"engine loop ended while the job ran|output stream of m ended"
+        ):
+            await asyncio.wait_for(_drain(stream), 10)
+    finally:
+        lease.release()
+
+
+async def test_the_own_backend_serves_inside_tritonserver_and_triton_counts_its_requests(
+    host: TritonHost, slot: ModelSlot
+) -> None:
+    """On the worker's own backend no stub process runs for the model, and Triton's metrics count its
+    requests as they count a Python model's."""
+    if not host.native_generators:
+        pytest.skip("the Python backend's model runs in a stub")
+    lease = slot.lease()
+    try:
+        for _ in range(3):
+            assert len(await texts(lease.served.client, "fast 2")) == 2
+    finally:
+        lease.release()
+    assert not _stubs_of(triton_model_name("m"))
+    metrics = await asyncio.to_thread(_triton_metrics, host)
+    found = re.search(
+        rf'^nv_inference_request_success\{{model="{triton_model_name("m")}".*\}} (\d+)', metrics, re.M
+    )
+    assert found is not None and int(found.group(1)) >= 3, metrics
+
+
+def _triton_metrics(host: TritonHost) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{host.metrics_port}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
+
+
 async def _drain(stream: AsyncIterator[bytes]) -> None:
     async for _ in stream:
         pass
 
 
 def _stub_of(triton_model: str) -> psutil.Process:
-    stubs = [
+    stubs = _stubs_of(triton_model)
+    assert len(stubs) == 1, stubs
+    return stubs[0]
+
+
+def _stubs_of(triton_model: str) -> list[psutil.Process]:
+    return [
         process
         for process in psutil.Process().children(recursive=True)
         if "triton_python_backend_stub" in " ".join(process.cmdline())
         and f"{triton_model}_0_0" in process.cmdline()
     ]
-    assert len(stubs) == 1, stubs
-    return stubs[0]
 
 
 def _serves_again(client: TritonJobClient) -> Callable[[], Awaitable[bool]]:

@@ -74,7 +74,11 @@ def test_shared_memory_and_the_socket_are_this_users_alone_and_go_with_the_host(
     stale_workspace = Path(PYTRITON_HOME) / f"sb{gone.pid}-abcd"
     stale_workspace.mkdir(mode=0o700, parents=True)
     (stale_workspace / "m_0_0-server.sock").write_bytes(b"")
-    host = TritonHost(coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100))
+    # A Python-backend stub's shared memory (the worker's own backend has none; pooling models have).
+    host = TritonHost(
+        coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100),
+        native_generators=False,
+    )
     try:
         host.start()
         assert not stale_region.exists() and not stale_folder.exists() and not stale_workspace.exists()
@@ -172,11 +176,11 @@ def test_a_failed_bind_leaves_nothing_that_fails_the_next_one(
 ) -> None:
     """A model Triton refuses to load leaves neither its folder in the repository nor its engine's
     loop and socket behind: the next bind of the same name loads, and its jobs are served."""
-    real_config = model_configs.generator_config
+    real_config = model_configs._generator_config
     monkeypatch.setattr(
         model_configs,
-        "generator_config",
-        lambda name, path: real_config(name, path).replace("TYPE_STRING", "TYPE_NONE"),
+        "_generator_config",
+        lambda *args: real_config(*args).replace("TYPE_STRING", "TYPE_NONE"),
     )
     threads = {t.name for t in threading.enumerate()}
     with pytest.raises(Exception, match="failed to load"):
@@ -184,7 +188,7 @@ def test_a_failed_bind_leaves_nothing_that_fails_the_next_one(
     assert not (triton._running()._workspace.model_store_path / "again").exists()
     assert {t.name for t in threading.enumerate()} == threads, "no engine loop left running"
     assert not list(triton._socket_folder().glob("jobs-*")), "no socket left listening"
-    monkeypatch.setattr(model_configs, "generator_config", real_config)
+    monkeypatch.setattr(model_configs, "_generator_config", real_config)
     model = triton.bind("again", ScriptedEngine())
     try:
         chunks = asyncio.run(_one_job(triton, "again"))

@@ -1,0 +1,33 @@
+"""A model's folder in Triton's model repository, as the worker writes it before asking Triton to load
+the model: `config.pbtxt` and what runs the model.
+
+- A generator on the worker's own backend (`native_backend`): a link to the built library, where
+  Triton looks for a model's backend, and the file naming the engine loop's socket.
+- A generator or a pooling model on Triton's Python backend: the model's `model.py` (its module
+  here: `generator_backend`, `pooling_backend`), in the folder of its version 1.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+from workers.triton import native_backend
+
+
+def write_native(folder: Path, config: str, library: Path, job_socket: Path) -> None:
+    """A generator served by the worker's own backend: a link to `library` (not a copy: a file that a
+    running Triton has loaded is never written over), and the socket's path for the backend to read."""
+    (folder / "1").mkdir(parents=True)
+    (folder / native_backend.LIBRARY_NAME).symlink_to(library)
+    (folder / native_backend.SOCKET_FILE).write_text(str(job_socket))
+    (folder / "config.pbtxt").write_text(config)
+
+
+def write_python(folder: Path, config: str, backend: ModuleType) -> None:
+    """A model served by Triton's Python backend: `backend`'s file as its `model.py`."""
+    (folder / "1").mkdir(parents=True)
+    assert backend.__file__ is not None
+    shutil.copyfile(backend.__file__, folder / "1" / "model.py")
+    (folder / "config.pbtxt").write_text(config)

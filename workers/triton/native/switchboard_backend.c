@@ -1,0 +1,633 @@
+/*
+ * Triton backend "switchboard": a generator model whose requests go straight from Triton to the
+ * worker's engine loop over a Unix socket, with no Python backend stub between them.
+ *
+ * Each request of the model (decoupled: it lasts as long as its job) is sent to the engine loop as
+ * one message, in the framing of `workers/triton/generator_backend.py` (the engine loop's side,
+ * `workers/triton/job_socket.py`, serves both): the job's bytes, the client's stream and tag from the
+ * request's parameters. A thread of the model reads the loop's answers and sends them on the
+ * request's response factory: a response (its output tensor's one element), the request's end, or
+ * its end with an error. When the loop's socket closes, every request still open ends with an error.
+ *
+ * Triton loads this library from the model's folder (`libtriton_switchboard.so` beside
+ * `config.pbtxt`); the model's folder holds a file `job_socket` with the socket's path.
+ *
+ * The declarations below are the parts of Triton's backend API (`tritonbackend.h`, API 1.x) and
+ * server API (`tritonserver.h`) this backend calls, stated here so that it builds with a C compiler
+ * alone; the enumerations' values are the API's.
+ */
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- Triton's API, as far as used here ---- */
+
+typedef struct TRITONSERVER_Error TRITONSERVER_Error;
+typedef struct TRITONBACKEND_Backend TRITONBACKEND_Backend;
+typedef struct TRITONBACKEND_Model TRITONBACKEND_Model;
+typedef struct TRITONBACKEND_ModelInstance TRITONBACKEND_ModelInstance;
+typedef struct TRITONBACKEND_Request TRITONBACKEND_Request;
+typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
+typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
+typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
+typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
+
+enum { ERROR_INTERNAL = 1, ERROR_INVALID_ARG = 3, ERROR_UNAVAILABLE = 4 };
+enum { TYPE_BYTES = 13 };
+enum { MEMORY_CPU = 0 };
+enum { PARAMETER_INT = 1 };
+enum { ARTIFACT_FILESYSTEM = 0 };
+enum { REQUEST_RELEASE_ALL = 1 };
+enum { RESPONSE_COMPLETE_FINAL = 1 };
+enum { API_VERSION_MAJOR = 1 };
+
+extern TRITONSERVER_Error* TRITONSERVER_ErrorNew(int code, const char* message);
+extern void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
+extern const char* TRITONSERVER_ErrorMessage(TRITONSERVER_Error* error);
+
+extern TRITONSERVER_Error* TRITONBACKEND_ApiVersion(uint32_t* major, uint32_t* minor);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelRepository(
+    TRITONBACKEND_Model* model, int* artifact_type, const char** location);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelState(TRITONBACKEND_Model* model, void** state);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelSetState(TRITONBACKEND_Model* model, void* state);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Model** model);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request, bool success,
+    uint64_t exec_start_ns, uint64_t compute_start_ns, uint64_t compute_end_ns, uint64_t exec_end_ns);
+extern TRITONSERVER_Error* TRITONBACKEND_RequestInput(
+    TRITONBACKEND_Request* request, const char* name, TRITONBACKEND_Input** input);
+extern TRITONSERVER_Error* TRITONBACKEND_InputProperties(
+    TRITONBACKEND_Input* input, const char** name, int* datatype, const int64_t** shape,
+    uint32_t* dims_count, uint64_t* byte_size, uint32_t* buffer_count);
+extern TRITONSERVER_Error* TRITONBACKEND_InputBuffer(
+    TRITONBACKEND_Input* input, uint32_t index, const void** buffer, uint64_t* buffer_byte_size,
+    int* memory_type, int64_t* memory_type_id);
+extern TRITONSERVER_Error* TRITONBACKEND_RequestParameterCount(
+    TRITONBACKEND_Request* request, uint32_t* count);
+extern TRITONSERVER_Error* TRITONBACKEND_RequestParameter(
+    TRITONBACKEND_Request* request, uint32_t index, const char** key, int* type, const void** value);
+extern TRITONSERVER_Error* TRITONBACKEND_RequestRelease(
+    TRITONBACKEND_Request* request, uint32_t release_flags);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryNew(
+    TRITONBACKEND_ResponseFactory** factory, TRITONBACKEND_Request* request);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory* factory);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseFactorySendFlags(
+    TRITONBACKEND_ResponseFactory* factory, uint32_t send_flags);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseNewFromFactory(
+    TRITONBACKEND_Response** response, TRITONBACKEND_ResponseFactory* factory);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseDelete(TRITONBACKEND_Response* response);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseOutput(
+    TRITONBACKEND_Response* response, TRITONBACKEND_Output** output, const char* name, int datatype,
+    const int64_t* shape, uint32_t dims_count);
+extern TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(
+    TRITONBACKEND_Output* output, void** buffer, uint64_t buffer_byte_size, int* memory_type,
+    int64_t* memory_type_id);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseSend(
+    TRITONBACKEND_Response* response, uint32_t send_flags, TRITONSERVER_Error* error);
+
+/* ---- The engine loop's framing (workers/triton/generator_backend.py) ---- */
+
+static const char JOB_INPUT[] = "job";
+static const char CHUNK_OUTPUT[] = "chunk";
+static const char STREAM_PARAMETER[] = "switchboard_stream";
+static const char TAG_PARAMETER[] = "switchboard_tag";
+static const char SOCKET_FILE[] = "job_socket";
+/* The Python side waits as long for the engine loop to listen: it listens before the load. */
+static const double CONNECT_WAIT_S = 10.0;
+
+/* Header "<IBQqq": the payload's length, the kind, the request's key, the client's stream, the tag. */
+enum { HEADER_SIZE = 4 + 1 + 8 + 8 + 8 };
+static const int64_t NO_TAG = -1;
+enum { KIND_JOB = 1, KIND_RESPONSE = 2, KIND_END = 3, KIND_FAILED = 4 };
+
+/* ---- One model's state ---- */
+
+/* A request still open, by its key (the requests' keys are handed out upwards). */
+typedef struct Open {
+  uint64_t key;
+  TRITONBACKEND_ResponseFactory* factory;
+  struct Open* next;
+} Open;
+
+enum { OPEN_BUCKETS = 1024 };
+
+typedef struct Model {
+  char name[256];
+  int connection;
+  pthread_t reader;
+  bool reader_started;
+  pthread_mutex_t lock; /* guards `open` and `next_key` */
+  pthread_mutex_t write_lock; /* one message at a time on `connection` */
+  Open* open[OPEN_BUCKETS];
+  uint64_t next_key;
+} Model;
+
+static uint64_t
+now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void
+forget(TRITONSERVER_Error* error)
+{
+  if (error != NULL) {
+    fprintf(stderr, "switchboard backend: %s\n", TRITONSERVER_ErrorMessage(error));
+    TRITONSERVER_ErrorDelete(error);
+  }
+}
+
+static void
+put_le(uint8_t* at, uint64_t value, int size)
+{
+  for (int i = 0; i < size; i++) {
+    at[i] = (uint8_t)(value >> (8 * i));
+  }
+}
+
+static uint64_t
+get_le(const uint8_t* at, int size)
+{
+  uint64_t value = 0;
+  for (int i = 0; i < size; i++) {
+    value |= (uint64_t)at[i] << (8 * i);
+  }
+  return value;
+}
+
+/* ---- Open requests (callers hold the model's lock) ---- */
+
+static void
+open_add(Model* model, uint64_t key, TRITONBACKEND_ResponseFactory* factory)
+{
+  Open* entry = malloc(sizeof(Open));
+  entry->key = key;
+  entry->factory = factory;
+  entry->next = model->open[key % OPEN_BUCKETS];
+  model->open[key % OPEN_BUCKETS] = entry;
+}
+
+static TRITONBACKEND_ResponseFactory*
+open_find(Model* model, uint64_t key, bool remove)
+{
+  for (Open** at = &model->open[key % OPEN_BUCKETS]; *at != NULL; at = &(*at)->next) {
+    if ((*at)->key == key) {
+      Open* entry = *at;
+      TRITONBACKEND_ResponseFactory* factory = entry->factory;
+      if (remove) {
+        *at = entry->next;
+        free(entry);
+      }
+      return factory;
+    }
+  }
+  return NULL;
+}
+
+/* ---- Ending a request ---- */
+
+static void
+end_request(TRITONBACKEND_ResponseFactory* factory, const char* error_message)
+{
+  if (error_message == NULL) {
+    forget(TRITONBACKEND_ResponseFactorySendFlags(factory, RESPONSE_COMPLETE_FINAL));
+  } else {
+    TRITONBACKEND_Response* response;
+    TRITONSERVER_Error* error = TRITONBACKEND_ResponseNewFromFactory(&response, factory);
+    if (error == NULL) {
+      forget(TRITONBACKEND_ResponseSend(
+          response, RESPONSE_COMPLETE_FINAL, TRITONSERVER_ErrorNew(ERROR_INTERNAL, error_message)));
+    } else {
+      forget(error);
+      forget(TRITONBACKEND_ResponseFactorySendFlags(factory, RESPONSE_COMPLETE_FINAL));
+    }
+  }
+  forget(TRITONBACKEND_ResponseFactoryDelete(factory));
+}
+
+static void
+end_key(Model* model, uint64_t key, const char* error_message)
+{
+  pthread_mutex_lock(&model->lock);
+  TRITONBACKEND_ResponseFactory* factory = open_find(model, key, true);
+  pthread_mutex_unlock(&model->lock);
+  if (factory != NULL) {
+    end_request(factory, error_message);
+  }
+}
+
+static void
+send_response(Model* model, uint64_t key, const uint8_t* payload, uint32_t length)
+{
+  pthread_mutex_lock(&model->lock);
+  TRITONBACKEND_ResponseFactory* factory = open_find(model, key, false);
+  pthread_mutex_unlock(&model->lock);
+  if (factory == NULL) {
+    return;
+  }
+  /* Only this thread ends a request once it is open, so the factory outlives this send. */
+  TRITONBACKEND_Response* response;
+  TRITONBACKEND_Output* output;
+  void* buffer;
+  int memory_type = MEMORY_CPU;
+  int64_t memory_type_id = 0;
+  const int64_t shape[1] = {1};
+  TRITONSERVER_Error* error = TRITONBACKEND_ResponseNewFromFactory(&response, factory);
+  if (error != NULL) {
+    forget(error);
+    return;
+  }
+  error = TRITONBACKEND_ResponseOutput(response, &output, CHUNK_OUTPUT, TYPE_BYTES, shape, 1);
+  if (error == NULL) {
+    error = TRITONBACKEND_OutputBuffer(output, &buffer, 4 + (uint64_t)length, &memory_type, &memory_type_id);
+  }
+  if (error == NULL && memory_type != MEMORY_CPU) {
+    error = TRITONSERVER_ErrorNew(ERROR_INTERNAL, "the chunk's output buffer is not in CPU memory");
+  }
+  if (error != NULL) {
+    forget(TRITONBACKEND_ResponseDelete(response));
+    forget(error);
+    return;
+  }
+  put_le(buffer, length, 4); /* a BYTES element: its length, then its bytes */
+  memcpy((uint8_t*)buffer + 4, payload, length);
+  forget(TRITONBACKEND_ResponseSend(response, 0, NULL));
+}
+
+/* ---- The engine loop's answers ---- */
+
+static bool
+read_exactly(int connection, uint8_t* into, size_t size)
+{
+  size_t done = 0;
+  while (done < size) {
+    ssize_t got = recv(connection, into + done, size - done, 0);
+    if (got == 0) {
+      return false;
+    }
+    if (got < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      return false;
+    }
+    done += (size_t)got;
+  }
+  return true;
+}
+
+static void*
+read_answers(void* arg)
+{
+  Model* model = arg;
+  uint8_t header[HEADER_SIZE];
+  uint8_t* payload = NULL;
+  size_t capacity = 0;
+  while (read_exactly(model->connection, header, HEADER_SIZE)) {
+    uint32_t length = (uint32_t)get_le(header, 4);
+    uint8_t kind = header[4];
+    uint64_t key = get_le(header + 5, 8);
+    if (length + 1 > capacity) {
+      capacity = (size_t)length + 1;
+      payload = realloc(payload, capacity);
+    }
+    if (length > 0 && !read_exactly(model->connection, payload, length)) {
+      break;
+    }
+    payload[length] = 0; /* an error's message is read as a string */
+    if (kind == KIND_RESPONSE) {
+      send_response(model, key, payload, length);
+    } else if (kind == KIND_END) {
+      end_key(model, key, NULL);
+    } else if (kind == KIND_FAILED) {
+      end_key(model, key, (const char*)payload);
+    }
+  }
+  free(payload);
+  /* The loop's socket has closed: nobody will answer the requests still open. */
+  char message[512];
+  snprintf(message, sizeof message, "%s's engine loop ended while the job ran", model->name);
+  pthread_mutex_lock(&model->lock);
+  for (int bucket = 0; bucket < OPEN_BUCKETS; bucket++) {
+    for (Open* entry = model->open[bucket]; entry != NULL;) {
+      Open* next = entry->next;
+      end_request(entry->factory, message);
+      free(entry);
+      entry = next;
+    }
+    model->open[bucket] = NULL;
+  }
+  pthread_mutex_unlock(&model->lock);
+  return NULL;
+}
+
+/* ---- The model's connection ---- */
+
+static TRITONSERVER_Error*
+socket_path(TRITONBACKEND_Model* triton_model, char* path, size_t size)
+{
+  int artifact_type;
+  const char* location;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelRepository(triton_model, &artifact_type, &location);
+  if (error != NULL) {
+    return error;
+  }
+  char file_path[4096];
+  snprintf(file_path, sizeof file_path, "%s/%s", location, SOCKET_FILE);
+  FILE* file = fopen(file_path, "r");
+  if (file == NULL) {
+    return TRITONSERVER_ErrorNew(ERROR_INVALID_ARG, "the model's folder has no job_socket file");
+  }
+  size_t got = fread(path, 1, size - 1, file);
+  fclose(file);
+  path[got] = 0;
+  while (got > 0 && (path[got - 1] == '\n' || path[got - 1] == ' ')) {
+    path[--got] = 0;
+  }
+  return NULL;
+}
+
+static TRITONSERVER_Error*
+connect_to(const char* path, int* connection)
+{
+  struct sockaddr_un address = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof address.sun_path) {
+    return TRITONSERVER_ErrorNew(ERROR_INVALID_ARG, "the job socket's path is too long");
+  }
+  strcpy(address.sun_path, path);
+  double waited = 0.0;
+  for (;;) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      return TRITONSERVER_ErrorNew(ERROR_INTERNAL, strerror(errno));
+    }
+    if (connect(fd, (struct sockaddr*)&address, sizeof address) == 0) {
+      *connection = fd;
+      return NULL;
+    }
+    close(fd);
+    if (waited > CONNECT_WAIT_S) {
+      char message[4200];
+      snprintf(message, sizeof message, "the worker's engine loop does not listen at %s", path);
+      return TRITONSERVER_ErrorNew(ERROR_UNAVAILABLE, message);
+    }
+    usleep(50000);
+    waited += 0.05;
+  }
+}
+
+static bool
+send_all(int connection, struct iovec* parts, int count)
+{
+  while (count > 0) {
+    struct msghdr message = {.msg_iov = parts, .msg_iovlen = (size_t)count};
+    ssize_t sent = sendmsg(connection, &message, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      return false;
+    }
+    while (count > 0 && (size_t)sent >= parts->iov_len) {
+      sent -= (ssize_t)parts->iov_len;
+      parts++;
+      count--;
+    }
+    if (count > 0) {
+      parts->iov_base = (uint8_t*)parts->iov_base + sent;
+      parts->iov_len -= (size_t)sent;
+    }
+  }
+  return true;
+}
+
+/* ---- Triton's entry points ---- */
+
+TRITONSERVER_Error*
+TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend)
+{
+  (void)backend;
+  uint32_t major, minor;
+  TRITONSERVER_Error* error = TRITONBACKEND_ApiVersion(&major, &minor);
+  if (error != NULL) {
+    return error;
+  }
+  if (major != API_VERSION_MAJOR) {
+    return TRITONSERVER_ErrorNew(ERROR_UNAVAILABLE, "the switchboard backend needs Triton's backend API 1.x");
+  }
+  return NULL;
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* triton_model)
+{
+  Model* model = calloc(1, sizeof(Model));
+  const char* name = "the model";
+  forget(TRITONBACKEND_ModelName(triton_model, &name));
+  snprintf(model->name, sizeof model->name, "%s", name);
+  pthread_mutex_init(&model->lock, NULL);
+  pthread_mutex_init(&model->write_lock, NULL);
+  char path[4096];
+  TRITONSERVER_Error* error = socket_path(triton_model, path, sizeof path);
+  if (error == NULL) {
+    error = connect_to(path, &model->connection);
+  }
+  if (error == NULL && pthread_create(&model->reader, NULL, read_answers, model) != 0) {
+    close(model->connection);
+    error = TRITONSERVER_ErrorNew(ERROR_INTERNAL, "could not start the thread that reads the engine loop's answers");
+  }
+  if (error != NULL) {
+    pthread_mutex_destroy(&model->lock);
+    pthread_mutex_destroy(&model->write_lock);
+    free(model);
+    return error;
+  }
+  model->reader_started = true;
+  return TRITONBACKEND_ModelSetState(triton_model, model);
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* triton_model)
+{
+  void* state;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelState(triton_model, &state);
+  if (error != NULL || state == NULL) {
+    return error;
+  }
+  Model* model = state;
+  /* The reader ends at the connection's end and ends whatever is still open. */
+  shutdown(model->connection, SHUT_RDWR);
+  if (model->reader_started) {
+    pthread_join(model->reader, NULL);
+  }
+  close(model->connection);
+  pthread_mutex_destroy(&model->lock);
+  pthread_mutex_destroy(&model->write_lock);
+  free(model);
+  return NULL;
+}
+
+/* The job's bytes: the one element of the BYTES input, without its 4-byte length. */
+static TRITONSERVER_Error*
+read_job(TRITONBACKEND_Request* request, uint8_t** job, uint32_t* job_length)
+{
+  TRITONBACKEND_Input* input;
+  int datatype;
+  const int64_t* shape;
+  uint32_t dims, buffers;
+  uint64_t byte_size;
+  TRITONSERVER_Error* error = TRITONBACKEND_RequestInput(request, JOB_INPUT, &input);
+  if (error == NULL) {
+    error = TRITONBACKEND_InputProperties(input, NULL, &datatype, &shape, &dims, &byte_size, &buffers);
+  }
+  if (error != NULL) {
+    return error;
+  }
+  if (datatype != TYPE_BYTES || byte_size < 4) {
+    return TRITONSERVER_ErrorNew(ERROR_INVALID_ARG, "the job input must be one BYTES element");
+  }
+  uint8_t* whole = malloc(byte_size);
+  uint64_t filled = 0;
+  for (uint32_t index = 0; index < buffers && error == NULL; index++) {
+    const void* buffer;
+    uint64_t size;
+    int memory_type;
+    int64_t memory_type_id;
+    error = TRITONBACKEND_InputBuffer(input, index, &buffer, &size, &memory_type, &memory_type_id);
+    if (error == NULL && (memory_type == 2 || filled + size > byte_size)) {
+      error = TRITONSERVER_ErrorNew(ERROR_INVALID_ARG, "the job input is not in CPU memory");
+    }
+    if (error == NULL) {
+      memcpy(whole + filled, buffer, size);
+      filled += size;
+    }
+  }
+  uint32_t length = filled >= 4 ? (uint32_t)get_le(whole, 4) : 0;
+  if (error == NULL && (filled < 4 || 4 + (uint64_t)length > filled)) {
+    error = TRITONSERVER_ErrorNew(ERROR_INVALID_ARG, "the job input's element is cut short");
+  }
+  if (error != NULL) {
+    free(whole);
+    return error;
+  }
+  *job = whole;
+  *job_length = length;
+  return NULL;
+}
+
+static void
+stream_and_tag(TRITONBACKEND_Request* request, int64_t* stream, int64_t* tag)
+{
+  *stream = 0;
+  *tag = NO_TAG;
+  uint32_t count = 0;
+  forget(TRITONBACKEND_RequestParameterCount(request, &count));
+  for (uint32_t index = 0; index < count; index++) {
+    const char* key;
+    int type;
+    const void* value;
+    if (TRITONBACKEND_RequestParameter(request, index, &key, &type, &value) != NULL || type != PARAMETER_INT) {
+      continue;
+    }
+    if (strcmp(key, STREAM_PARAMETER) == 0) {
+      *stream = *(const int64_t*)value;
+    } else if (strcmp(key, TAG_PARAMETER) == 0) {
+      *tag = *(const int64_t*)value;
+    }
+  }
+}
+
+static void
+fail_request(TRITONBACKEND_Request* request, TRITONSERVER_Error* error)
+{
+  TRITONBACKEND_ResponseFactory* factory;
+  TRITONSERVER_Error* failed = TRITONBACKEND_ResponseFactoryNew(&factory, request);
+  if (failed != NULL) {
+    forget(failed);
+    forget(error);
+    return;
+  }
+  end_request(factory, TRITONSERVER_ErrorMessage(error));
+  TRITONSERVER_ErrorDelete(error);
+}
+
+/* Send one request to the engine loop; false if it could not be (it has then been ended). */
+static bool
+send_request(Model* model, TRITONBACKEND_Request* request)
+{
+  uint8_t* job = NULL;
+  uint32_t job_length = 0;
+  TRITONSERVER_Error* error = read_job(request, &job, &job_length);
+  if (error != NULL) {
+    fail_request(request, error);
+    return false;
+  }
+  int64_t stream, tag;
+  stream_and_tag(request, &stream, &tag);
+  TRITONBACKEND_ResponseFactory* factory;
+  error = TRITONBACKEND_ResponseFactoryNew(&factory, request);
+  if (error != NULL) {
+    free(job);
+    fail_request(request, error);
+    return false;
+  }
+  uint8_t header[HEADER_SIZE];
+  pthread_mutex_lock(&model->lock);
+  uint64_t key = model->next_key++;
+  open_add(model, key, factory);
+  pthread_mutex_unlock(&model->lock);
+  put_le(header, job_length, 4);
+  header[4] = KIND_JOB;
+  put_le(header + 5, key, 8);
+  put_le(header + 13, (uint64_t)stream, 8);
+  put_le(header + 21, (uint64_t)tag, 8);
+  struct iovec parts[2] = {{header, HEADER_SIZE}, {job + 4, job_length}};
+  pthread_mutex_lock(&model->write_lock);
+  bool sent = send_all(model->connection, parts, 2);
+  pthread_mutex_unlock(&model->write_lock);
+  free(job);
+  if (!sent) {
+    char message[600];
+    snprintf(message, sizeof message, "%s cannot take jobs: its engine loop is gone (%s)", model->name, strerror(errno));
+    end_key(model, key, message);
+  }
+  return sent;
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const uint32_t request_count)
+{
+  TRITONBACKEND_Model* triton_model;
+  void* state;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &triton_model);
+  if (error == NULL) {
+    error = TRITONBACKEND_ModelState(triton_model, &state);
+  }
+  if (error != NULL) {
+    return error; /* Triton then fails the requests itself */
+  }
+  Model* model = state;
+  for (uint32_t index = 0; index < request_count; index++) {
+    uint64_t start = now_ns();
+    bool sent = send_request(model, requests[index]);
+    uint64_t end = now_ns();
+    forget(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[index], sent, start, start, end, end));
+    forget(TRITONBACKEND_RequestRelease(requests[index], REQUEST_RELEASE_ALL));
+  }
+  return NULL;
+}
