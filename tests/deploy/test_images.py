@@ -24,6 +24,7 @@ DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 SOURCES = {"pyproject.toml", "uv.lock", "README.md", "switchboard", "router", "workers"}
 # The images that install from uv.lock; the TensorRT-LLM one holds NVIDIA's container's packages.
 LOCKED = ("router", "worker-cpu", "worker-gpu")
+WORKERS = ("worker-cpu", "worker-gpu", "worker-trtllm")
 IMAGES_LOCK = REPO / "deploy" / "images.lock"
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|KEY_SHA256|CREDENTIAL", re.IGNORECASE)
@@ -274,3 +275,23 @@ def test_pin_images_writes_each_digest_into_every_reference(tmp_path: Path) -> N
             assert not bare, f"{path.name} still names {image} by tag alone"
             if image in text:
                 assert f"{image}@{digest}" in text
+
+
+@pytest.mark.parametrize("dockerfile", [DOCKER / f"{name}.Dockerfile" for name in WORKERS], ids=str)
+def test_worker_images_build_the_workers_triton_backend_into_the_package(dockerfile: Path) -> None:
+    """Generators go through the worker's own Triton backend only where it is built: each worker image
+    builds it (a C compiler in the build stage) before the package is installed, so that the wheel
+    carries it; a library built on the machine that sends the context stays out of it."""
+    _, stages = dockerfile_stages(dockerfile)
+    runs = stages[0].all("RUN")
+    (built,) = [i for i, run in enumerate(runs) if "workers.triton.native_backend" in run]
+    (installed,) = [i for i, run in enumerate(runs) if "uv sync" in run or "uv pip install" in run]
+    assert "gcc" in " ".join(runs[: built + 1]), "a C compiler in the build stage"
+    assert built < installed or runs[built].index("native_backend") < runs[built].index("uv ")
+    assert "**/*.so" in Path(f"{dockerfile}.dockerignore").read_text().split("\n")
+    artifacts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"][
+        "wheel"
+    ]
+    assert any(
+        Path("workers/triton/native/libtriton_switchboard.so").match(glob) for glob in artifacts["artifacts"]
+    )
