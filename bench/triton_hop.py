@@ -4,8 +4,10 @@ Both sides run the product's own Triton model (`workers.triton.model.GeneratorMo
 output stream included) over a scripted engine that streams `--tokens` tokens at a fixed pace, so
 the engine costs nearly nothing and what differs is the hop alone:
 
-- **Triton**: a real `TritonHost` (tritonserver, the model's Python backend stub, the engine's loop) and the
-  consumer's `TritonJobClient` (one gRPC stream per model, the model's output stream);
+- **Triton**: a real `TritonHost` (tritonserver with the worker's own backend, the engine's loop) and the
+  consumer's `TritonJobClient` (one gRPC stream per model, the model's output stream); the same with
+  the model on Triton's Python backend (its stub process between Triton and the engine's loop, as
+  where the worker's own backend is not built; `--no-python-stub` leaves it out);
 - **direct**: the same callable called on the benchmark's event loop (what `bench/scale_sim.py` puts in
   place of Triton).
 
@@ -179,12 +181,15 @@ async def run_levels(side: str, stream: Stream, args: argparse.Namespace) -> lis
 
 
 async def through_triton(
-    args: argparse.Namespace, policy: CoalescingPolicy, *, chunks_in_process: bool
+    args: argparse.Namespace, policy: CoalescingPolicy, *, chunks_in_process: bool, native: bool = True
 ) -> list[Level]:
     """Jobs through a real Triton host; their chunks handed over in this process (as the worker
-    does), or back through Triton as responses of the model's output stream request."""
+    does), or back through Triton as responses of the model's output stream request. The model on the
+    worker's own Triton backend, or (`native` False) on Triton's Python backend with its stub."""
     side = "Triton" if chunks_in_process else "Triton, chunks as responses"
-    host = TritonHost(coalescing=policy)
+    if not native:
+        side += ", Python stub"
+    host = TritonHost(coalescing=policy, native_generators=native)
     print(f"starting Triton ({side}) ...", file=sys.stderr, flush=True)
     await asyncio.to_thread(host.start)
     try:
@@ -257,6 +262,11 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="sleep before each one-stream job, in ms: the hop's cost after its processes slept (default 0)",
     )
+    parser.add_argument(
+        "--no-python-stub",
+        action="store_true",
+        help="leave out the side with the model on Triton's Python backend (its stub) instead of the worker's own",
+    )
     parser.add_argument("--output", type=Path, help="JSON results file")
     args = parser.parse_args()
     args.streams = [int(n) for n in args.streams.split(",")]
@@ -265,12 +275,14 @@ def parse_args() -> argparse.Namespace:
 
 async def main() -> None:
     args = parse_args()
-    in_process = await through_triton(args, DEFAULT_POLICY, chunks_in_process=True)
-    as_responses = await through_triton(args, DEFAULT_POLICY, chunks_in_process=False)
+    sides = [await through_triton(args, DEFAULT_POLICY, chunks_in_process=True)]
+    if not args.no_python_stub:
+        sides.append(await through_triton(args, DEFAULT_POLICY, chunks_in_process=True, native=False))
+    sides.append(await through_triton(args, DEFAULT_POLICY, chunks_in_process=False))
     inline = await direct(args, DEFAULT_POLICY)
-    print_aligned(table([in_process, as_responses], inline))
+    print_aligned(table(sides, inline))
     if args.output is not None:
-        rows = in_process + as_responses + inline
+        rows = [row for side in sides for row in side] + inline
         args.output.write_text(json.dumps([asdict(row) for row in rows], indent=2))
 
 
