@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 BACKEND_NAME = "switchboard"
+# The backend's source; `triton_api.h` beside it declares what it calls of Triton's API.
 SOURCE = Path(__file__).parent / "native" / "switchboard_backend.c"
 # Where Triton looks for a model's backend: `libtriton_<backend>.so` in the model's folder.
 LIBRARY_NAME = f"libtriton_{BACKEND_NAME}.so"
@@ -39,12 +40,18 @@ class BuildError(RuntimeError):
 
 
 def built_library() -> Path | None:
-    """The built backend, if it is there and not older than its source; None otherwise."""
+    """The built backend, if it is there and not older than its sources; None otherwise."""
     if not LIBRARY.is_file():
         return None
-    if SOURCE.is_file() and SOURCE.stat().st_mtime > LIBRARY.stat().st_mtime:
+    built = LIBRARY.stat().st_mtime
+    if any(source.stat().st_mtime > built for source in _sources()):
         return None
     return LIBRARY
+
+
+def _sources() -> list[Path]:
+    """The backend's source and the header beside it (Triton's API as far as it uses it)."""
+    return sorted(SOURCE.parent.glob("*.[ch]"))
 
 
 def build(output: Path = LIBRARY) -> Path:

@@ -26,14 +26,20 @@ def test_it_builds_without_a_warning_into_a_library_with_tritons_entry_points(tm
 def test_a_library_older_than_its_source_counts_as_not_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, library = tmp_path / "backend.c", tmp_path / native_backend.LIBRARY_NAME
+    source, header = tmp_path / "backend.c", tmp_path / "api.h"
+    library = tmp_path / native_backend.LIBRARY_NAME
     source.write_text("/* the backend */")
+    header.write_text("/* what it calls */")
     monkeypatch.setattr(native_backend, "SOURCE", source)
     monkeypatch.setattr(native_backend, "LIBRARY", library)
     assert native_backend.built_library() is None, "nothing built"
     library.write_bytes(b"built")
-    os.utime(source, (1_000, 1_000))
+    for path in (source, header):
+        os.utime(path, (1_000, 1_000))
     assert native_backend.built_library() == library
+    os.utime(header, (2_000_000_000, 2_000_000_000))
+    assert native_backend.built_library() is None, "the header changed since"
+    os.utime(header, (1_000, 1_000))
     os.utime(source, (2_000_000_000, 2_000_000_000))
     assert native_backend.built_library() is None, "the source changed since"
 
