@@ -124,8 +124,8 @@ def _what_only_the_workers_user_can_open(worker: psutil.Process, started: list[p
     assert b"access-token" not in command_line and b"restricted" not in command_line, command_line
     listening = [c.laddr for c in triton.net_connections("inet") if c.status == "LISTEN"]
     assert len(listening) == 1 and listening[0].ip == "127.0.0.1", listening  # its metrics
+    # Python-backend stubs' shared memory: none for a generator on the worker's own backend.
     regions = list(SHM_DIR.glob(f"pytrtion{worker.pid}-*"))
-    assert regions, "the model's stub has its region"
     folders = list(Path(tempfile.gettempdir()).glob(f"switchboard-{worker.pid}-*"))
     assert {folder.name.split("-")[2] for folder in folders} == {"triton", "ipc"}, folders
     (vllm_sockets,) = [folder for folder in folders if "-ipc-" in folder.name]
