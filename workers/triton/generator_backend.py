@@ -1,5 +1,7 @@
-"""The Triton model of a generator: a decoupled Python-backend model that hands each request to the
-worker's engine loop over a Unix socket and sends back what the loop answers.
+"""The Triton model of a generator on Triton's Python backend, where the worker's own backend
+(`workers.triton.native_backend`, the same model in C inside tritonserver) is not built: a decoupled
+Python-backend model that hands each request to the worker's engine loop over a Unix socket and sends
+back what the loop answers.
 
 Triton runs this file as the model's `model.py` in its Python backend stub (`workers.triton.host`
 writes it into Triton's model repository with the model's `config.pbtxt`). Every job is still a
