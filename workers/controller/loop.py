@@ -34,6 +34,12 @@ PROGRESS_EVERY_S = 5.0
 # The least time from one pass's start to the next one's (asyncio.sleep of a negative time returns
 # at once): a cold model's first request waits at most this much more for its load to start.
 MIN_PASS_INTERVAL_S = 0.1
+# How long a pass that a poke set off waits after it. Every enqueue pokes every worker, and the job
+# that poked is mostly one a warm model's consumer takes at once, on the same event loop: a pass run
+# at once took that loop first (its lease renewal, snapshot and decisions, 1-2 ms here) while the
+# job waited to be taken and then for its first token. After the wait the job has started, and the
+# pass sees the queue as the consumers left it; a cold model's load starts this much later.
+POKE_SETTLE_S = 0.03
 # The reason a failed load gives everyone else (clients, the operator's status); the worker logs the real one.
 LOAD_FAILED_REASON = "the worker's log has the reason"
 
@@ -112,7 +118,9 @@ class ModelController:
             trigger = await self._wait(started)
             # Every enqueue pokes: under load, the pokes of a moment share one pass instead of
             # costing every worker a snapshot per request.
-            await asyncio.sleep(started + MIN_PASS_INTERVAL_S - asyncio.get_running_loop().time())
+            now = asyncio.get_running_loop().time()
+            settle_s = POKE_SETTLE_S if trigger == "poke" else 0.0
+            await asyncio.sleep(max(started + MIN_PASS_INTERVAL_S - now, settle_s))
 
     async def _wait(self, started: float) -> str:
         """Wait for a poke about a model this worker could hold (or about any), or for the tick after

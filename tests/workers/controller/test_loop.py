@@ -30,7 +30,13 @@ from switchboard.wire import DesiredState, JobError, encode, load_failure_decode
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import KIND, running, settings, until
 from tests.support.scripted_engine import Engines
-from workers.controller.loop import LOAD_FAILED_REASON, Backoff, ModelController
+from workers.controller.loop import (
+    LOAD_FAILED_REASON,
+    MIN_PASS_INTERVAL_S,
+    POKE_SETTLE_S,
+    Backoff,
+    ModelController,
+)
 from workers.controller.snapshot import LocalFacts
 from workers.controller.view import ModelView, View, WorkerLimits
 from workers.main import Worker
@@ -288,9 +294,11 @@ class PokedEffects(RecordingEffects):
         self.pokes = pokes
         self.poked = asyncio.Event()
         self.passes = 0
+        self.last_pass_at = 0.0
 
     async def read_view(self, local: LocalFacts) -> View:
         self.passes += 1
+        self.last_pass_at = asyncio.get_running_loop().time()
         return self.view
 
     def poke_about(self, *models: str) -> None:
@@ -329,6 +337,26 @@ async def test_only_pokes_about_a_model_this_worker_may_hold_start_a_pass() -> N
     finally:
         await loop.stop()
     assert (passes("tick") - ticks_before, passes("poke") - pokes_before) == (1, 2)
+
+
+async def test_a_poke_lets_the_job_that_poked_start_before_its_pass() -> None:
+    """Long after the last pass, a poke's pass still waits `POKE_SETTLE_S`: the job that poked (which a
+    consumer on the same loop takes at once) goes first, then the pass."""
+    effects = PokedEffects(View(now=NOW, limits=LIMITS, models=(warm("tiny", idle_for=1.0),)), [])
+    loop = ModelController(
+        effects=effects, models=[], worker_id="w-1", limits=LIMITS, backoff=Backoff(2.0, 60.0), tick_s=30.0
+    )
+    await loop.start()
+    try:
+        await until(lambda: effects.passes == 1, 5, "the first pass")
+        await asyncio.sleep(MIN_PASS_INTERVAL_S + 0.05)  # the pass interval is over
+        effects.poke_about("tiny")
+        poked = asyncio.get_running_loop().time()
+        await until(lambda: effects.passes == 2, 5, "the poke's pass")
+        waited = effects.last_pass_at - poked
+    finally:
+        await loop.stop()
+    assert waited >= POKE_SETTLE_S, waited
 
 
 async def test_the_tick_still_passes_without_pokes() -> None:
