@@ -35,7 +35,6 @@ from switchboard.ports import free_port
 from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
 from workers.triton import (
-    generator_backend,
     model_configs,
     model_folders,
     native_backend,
@@ -181,9 +180,10 @@ class TritonHost:
         )
 
     def bind(self, model: str, engine: Engine) -> GeneratorModel | PoolingModel:
-        """Serve `engine` as the Triton model `triton_model_name(model)` (about 2 s): decoupled for a
-        generator, its requests handed to the engine's own loop (`generator_backend`); batched by
-        Triton's dynamic batcher for a pooling engine (`pooling_backend`).
+        """Serve `engine` as the Triton model `triton_model_name(model)`: decoupled for a generator,
+        its requests handed to the engine's own loop (`model_folders.write_generator`: milliseconds on
+        the worker's own backend, about 1.4 s with a Python stub); batched by Triton's dynamic batcher
+        for a pooling engine (`pooling_backend`, about 1.4 s).
 
         The engine need not be started yet: Triton sends it nothing until the consumer does.
         """
@@ -201,7 +201,10 @@ class TritonHost:
         path = self._socket_folder() / f"jobs-{next(self._socket_numbers)}"
         job_socket = JobSocket.open(path, generator, name, on_stub_lost=lambda: self._load_again(name))
         try:
-            self._load_generator(name, path)
+            library = self._native_library
+            self._load_own_model(
+                name, lambda folder: model_folders.write_generator(folder, name, path, library)
+            )
         except BaseException:
             job_socket.close()
             raise
@@ -236,20 +239,6 @@ class TritonHost:
                     self._reloading.discard(name)
 
         threading.Thread(target=load, name=f"reload-{name}", daemon=True).start()
-
-    def _load_generator(self, name: str, job_socket: Path) -> None:
-        """Write a generator's Triton model, on the worker's own backend where it is built, and load it."""
-        library = self._native_library
-        if library is None:
-            config = model_configs.generator_config(name, job_socket)
-            self._load_own_model(
-                name, lambda folder: model_folders.write_python(folder, config, generator_backend)
-            )
-        else:
-            config = model_configs.native_generator_config(name)
-            self._load_own_model(
-                name, lambda folder: model_folders.write_native(folder, config, library, job_socket)
-            )
 
     def _load_own_model(self, name: str, write: Callable[[Path], None]) -> None:
         """Write a model's folder into Triton's repository (`write`, into the emptied folder) and load it."""

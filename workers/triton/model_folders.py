@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from types import ModuleType
 
-from workers.triton import native_backend
+from workers.triton import generator_backend, model_configs, native_backend
 
 
 def write_native(folder: Path, config: str, library: Path, job_socket: Path) -> None:
@@ -31,3 +31,12 @@ def write_python(folder: Path, config: str, backend: ModuleType) -> None:
     assert backend.__file__ is not None
     shutil.copyfile(backend.__file__, folder / "1" / "model.py")
     (folder / "config.pbtxt").write_text(config)
+
+
+def write_generator(folder: Path, name: str, job_socket: Path, library: Path | None) -> None:
+    """A generator's model: on the worker's own backend when its `library` is built, else on Triton's
+    Python backend (`generator_backend` as its stub)."""
+    if library is None:
+        write_python(folder, model_configs.generator_config(name, job_socket), generator_backend)
+    else:
+        write_native(folder, model_configs.native_generator_config(name), library, job_socket)
