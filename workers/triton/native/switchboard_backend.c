@@ -254,17 +254,23 @@ read_answers(void* arg)
   /* The loop's socket has closed: nobody will answer the requests still open. */
   char message[512];
   snprintf(message, sizeof message, "%s's engine loop ended while the job ran", model->name);
+  Open* left = NULL; /* taken out under the lock, ended outside it (ending calls into Triton) */
   pthread_mutex_lock(&model->lock);
   for (int bucket = 0; bucket < OPEN_BUCKETS; bucket++) {
-    for (Open* entry = model->open[bucket]; entry != NULL;) {
-      Open* next = entry->next;
-      end_request(entry->factory, message);
-      free(entry);
-      entry = next;
+    while (model->open[bucket] != NULL) {
+      Open* entry = model->open[bucket];
+      model->open[bucket] = entry->next;
+      entry->next = left;
+      left = entry;
     }
-    model->open[bucket] = NULL;
   }
   pthread_mutex_unlock(&model->lock);
+  while (left != NULL) {
+    Open* next = left->next;
+    end_request(left->factory, message);
+    free(left);
+    left = next;
+  }
   return NULL;
 }
 
