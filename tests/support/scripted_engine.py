@@ -29,6 +29,8 @@ class ScriptedEngine(Engine):
         self._max_sequences = max_sequences
         self.aborted: list[str] = []
         self.requests: list[str] = []
+        # How many tokens each request let the engine hold (`EngineRequest.output_every`), in order.
+        self.output_every: list[int] = []
         self.continuations: dict[str, str] = {}
         self.starts = 0
         self.stops = 0
@@ -44,6 +46,7 @@ class ScriptedEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         self.requests.append(request.request_id)
+        self.output_every.append(request.output_every)
         words = request.prompt.split() if isinstance(request.prompt, str) else ["fast"]
         abort = self._running[request.request_id] = asyncio.Event()
         if words[0] == "invalid":

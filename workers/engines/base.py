@@ -46,6 +46,10 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     # Text already generated for this request by a worker that died (one choice only): generation
     # goes on after it, and its tokens count as completion tokens (and against max_tokens).
     continuation: str | None = None
+    # How many new tokens of a choice the engine may hold before it hands them over (the first
+    # and the last never wait): a consumer that coalesces them anyway is woken less often. An
+    # engine without such a setting hands every token over.
+    output_every: int = 1
 
 
 class Delta(msgspec.Struct, kw_only=True):

@@ -298,6 +298,7 @@ class VllmEngine(Engine):
             builder,
             prompt_param=prompt_param,
             skip_special_tokens=tools.skip_special_tokens if tools is not None else True,
+            output_every=request.output_every,
         )
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None

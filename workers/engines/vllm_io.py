@@ -39,8 +39,10 @@ def vllm_sampling_params(
     *,
     prompt_param: str,
     skip_special_tokens: bool = True,
+    output_every: int = 1,
 ) -> Any:
-    """vLLM's SamplingParams for one request whose prompt is `prompt`."""
+    """vLLM's SamplingParams for one request whose prompt is `prompt`, handing its output over every
+    `output_every` tokens (vLLM's stream interval; the first and the last token never wait)."""
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.sampling_params import SamplingParams as VllmSamplingParams
@@ -62,6 +64,7 @@ def vllm_sampling_params(
         "logprobs": sampling.logprobs,
         # Echoed prompts report their own tokens' log probabilities too, as OpenAI's do.
         "prompt_logprobs": sampling.logprobs if sampling.echo else None,
+        "stream_interval": output_every if output_every > 1 else None,
     }
     if sampling.structured is not None:
         structured = sampling.structured

@@ -30,6 +30,7 @@ from workers.triton.output_stream import (
     Posted,
     posted_batch_encoder,
 )
+from workers.triton.token_pace import StreamPace, TokenPace
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,9 @@ class EngineJob(Job, frozen=True, kw_only=True, omit_defaults=True):
 engine_job_decoder = msgspec.msgpack.Decoder(EngineJob)
 
 
-def engine_requests(job: EngineJob) -> list[EngineRequest]:
-    """What the engine runs for a job: the conversation, or one request per prompt."""
+def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequest]:
+    """What the engine runs for a job: the conversation, or one request per prompt (each handing
+    its output over every `output_every` tokens, see `EngineRequest.output_every`)."""
     if job.prompts is None:
         chat = EngineRequest(
             request_id=job.id,
@@ -77,16 +79,22 @@ def engine_requests(job: EngineJob) -> list[EngineRequest]:
             tools=job.tools,
             parse_tool_calls=job.parse_tool_calls,
             continuation=job.continuation,
+            output_every=output_every,
         )
         return [chat]
     if len(job.prompts) == 1:
-        return [
-            EngineRequest(
-                request_id=job.id, sampling=job.sampling, prompt=job.prompts[0], continuation=job.continuation
-            )
-        ]
+        only = EngineRequest(
+            request_id=job.id,
+            sampling=job.sampling,
+            prompt=job.prompts[0],
+            continuation=job.continuation,
+            output_every=output_every,
+        )
+        return [only]
     return [
-        EngineRequest(request_id=f"{job.id}/{i}", sampling=job.sampling, prompt=prompt)
+        EngineRequest(
+            request_id=f"{job.id}/{i}", sampling=job.sampling, prompt=prompt, output_every=output_every
+        )
         for i, prompt in enumerate(job.prompts)
     ]
 
@@ -135,6 +143,7 @@ class GeneratorModel:
         self._policy = policy
         self._outputs = OutputStreams(gap_s=policy.min_window_s)
         self._streams = 0
+        self._pace = TokenPace()
         self._loop: asyncio.AbstractEventLoop | None = None
         # The engine's request ids of each running job (one per prompt), for abort.
         self._running: dict[str, list[str]] = {}
@@ -171,14 +180,20 @@ class GeneratorModel:
             )
             return
         inbox = DeltaInbox()
-        requests_ = engine_requests(job)
+        requests_ = engine_requests(job, output_every=self._pace.output_every(self._window_s(joining=1)))
         self._running[job.id] = [r.request_id for r in requests_]
         observer = EngineObserver(job)
         with observer.current():
             pump = asyncio.create_task(self._pump(requests_, job.sampling.n, inbox, observer))
         self._streams += 1
+        loop = asyncio.get_running_loop()
+        # A job of one choice measures the pace of its tokens (a job of several counts them all).
+        single = len(requests_) == 1 and job.sampling.n == 1
+        measured = StreamPace(self._pace, loop.time()) if single else None
         try:
             async for deltas in coalesce(inbox, self._window_s):
+                if measured is not None:
+                    measured.chunk(deltas[-1].completion_tokens, loop.time())
                 for delta in deltas:
                     observer.sent()
                     yield encode(chunk_for(delta)), delta.last
@@ -276,8 +291,8 @@ class GeneratorModel:
             return
         self._loop.call_soon_threadsafe(self._outputs.close)
 
-    def _window_s(self) -> float:
-        return self._policy.window_s(self._streams)
+    def _window_s(self, joining: int = 0) -> float:
+        return self._policy.window_s(self._streams + joining)
 
     async def _pump(
         self,

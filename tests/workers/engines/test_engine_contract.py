@@ -86,11 +86,13 @@ class Kind:
 
     make: Callable[[Path], Engine]
     prepare: Callable[[pytest.MonkeyPatch], Any]
+    # Whether its engine can hold tokens before it hands them over (`EngineRequest.output_every`).
+    holds_tokens: bool = False
 
 
 KINDS = {
     # vLLM's CPU build sizes its KV cache from NUMA node 0 unless told (docs: ENVIRONMENT.md).
-    "vllm": Kind(_vllm, lambda patch: patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")),
+    "vllm": Kind(_vllm, lambda patch: patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1"), holds_tokens=True),
     "trtllm-stand-in": Kind(_trtllm, fake_tensorrt_llm.install),
     "trtllm": Kind(_trtllm, lambda patch: None),
 }
@@ -322,6 +324,21 @@ async def test_logprobs_of_each_token_with_the_top_alternatives(
         assert entry.logprob is not None and entry.logprob <= 0
         assert len(entry.top) == 2
         assert entry.top[0].logprob >= entry.top[1].logprob
+
+
+async def test_tokens_held_in_the_engine_arrive_whole_in_fewer_outputs(
+    engine: Engine, kind: Kind, no_eos: dict[int, float]
+) -> None:
+    sampling = SamplingParams(max_tokens=12, temperature=0.0, logprobs=1, logit_bias=no_eos)
+    each = await run(engine, sampling)
+    held = await run(engine, sampling, output_every=4)
+    assert held.text() == each.text() and held.completion_tokens == each.completion_tokens == 12
+    assert [entry.token for entry in held.logprobs()] == [entry.token for entry in each.logprobs()]
+    assert (held.finish(), len(held.logprobs())) == ("length", 12)
+    if kind.holds_tokens:
+        # The first token at once, then every fourth (the last with its finish).
+        assert len(held.deltas) <= 1 + 3
+        assert held.deltas[0].completion_tokens == 1
 
 
 async def test_a_logit_bias_bans_a_token(engine: Engine, tokenizer: Any) -> None:

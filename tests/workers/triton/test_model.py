@@ -1,4 +1,5 @@
-"""The generator's Triton model on its own: a job aborted on its way to the engine ends as it arrives."""
+"""The generator's Triton model on its own: a job aborted on its way to the engine ends as it arrives;
+the engine holds as many tokens per output as the coalescing window leaves room for."""
 
 from __future__ import annotations
 
@@ -60,3 +61,27 @@ async def test_only_the_latest_early_aborts_are_kept() -> None:
     _, newest = await run(callable_, "fast 1", job_id=f"job-{EARLY_ABORTS_KEPT}")
     assert oldest[-1].finish_reason == "length", "the oldest was forgotten and runs"
     assert [c.finish_reason for c in newest] == ["abort"]
+
+
+async def test_once_a_pace_is_measured_the_engine_holds_what_half_a_window_brings() -> None:
+    engine = ScriptedEngine()
+    window = CoalescingPolicy(min_window_s=0.2, max_window_s=0.2, max_chunks_per_s=1e6)
+    callable_ = GeneratorModel(engine, window)
+    callable_.attach_loop(asyncio.get_running_loop())
+    # Tokens 10 ms apart: the first goes at once, the other five with the last.
+    _, chunks = await run(callable_, "slow 6 0.01")
+    assert len(chunks) == 2
+    _, again = await run(callable_, "slow 3 0.01")
+    assert "".join(c.text for c in again) == "t0\x00 t1\x00 t2\x00 "
+    first, second = engine.output_every
+    assert first == 1, "nothing measured yet: every token is handed over"
+    # Half of 200 ms at about 10 ms a token (a slower machine only lowers it).
+    assert 3 <= second <= 10
+
+
+async def test_without_a_window_every_token_is_handed_over() -> None:
+    engine = ScriptedEngine()
+    callable_ = on_this_loop(engine)
+    for _ in range(3):
+        await run(callable_, "slow 4 0.005")
+    assert engine.output_every == [1, 1, 1]
