@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, Usage, chunk_decoder, encode
-from workers.jobs.continuation import Plan, client_left, plan
+from workers.jobs.continuation import LeftChecks, Plan, plan
 from workers.jobs.observer import JobObserver, current_job, note_outcome
 from workers.jobs.orphans import OrphanWatch
 from workers.jobs.takeover import Entry, acknowledge
@@ -44,6 +44,7 @@ class JobRunner:
         self._writer = writer
         self._worker_id = worker_id
         self._orphans = orphans
+        self._left_checks = LeftChecks(redis)
 
     async def run(self, entry: Entry, slot: ModelSlot, lease: Lease) -> None:
         """Run one job on `slot`, which `lease` holds for it; the lease is released at its end."""
@@ -128,7 +129,7 @@ class JobRunner:
         # Redis command, whose sending the first token would otherwise wait behind.
         await asyncio.sleep(0)
         try:
-            left = await client_left(self._redis, job_id)
+            left = await self._left_checks.client_left(job_id)
         except Exception:
             # The first chunk's write meets the same Redis and says whether the client is there.
             logger.warning("could not read whether a job's client is still there", extra={"job_id": job_id})
