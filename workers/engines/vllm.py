@@ -279,7 +279,7 @@ class VllmEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         """Stream deltas; a long prompt is built (template, tokenizer) off the event loop."""
-        from vllm.inputs.engine import tokens_input
+        from vllm.inputs import TokensPrompt
 
         builder = self._prompts
         if builder is None:
@@ -302,9 +302,9 @@ class VllmEngine(Engine):
         )
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
-        # Handed over as tokens already rendered: vLLM then checks them where it is (a prompt it
-        # must render itself is sent to a thread pool first, a thread wake-up per request).
-        stream = self._llm.generate(tokens_input(prompt.token_ids), params, request.request_id)
+        stream = self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt.token_ids), params, request.request_id
+        )
         before_output = True
         try:
             async for output in stream:

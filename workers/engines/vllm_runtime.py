@@ -36,7 +36,7 @@ def import_runtime() -> None:
         started = time.monotonic()
         from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: F401
-        from vllm.inputs.engine import tokens_input  # noqa: F401
+        from vllm.inputs import TokensPrompt  # noqa: F401
         from vllm.platforms import current_platform
         from vllm.sampling_params import SamplingParams  # noqa: F401
         from vllm.usage.usage_lib import UsageContext  # noqa: F401
