@@ -80,7 +80,7 @@ def run_system(
     with starter as server:
         print(f"[round {round_no}/{args.rounds}] {system}: ready after {server.start_s:.0f} s", flush=True)
         for concurrency in args.concurrency:
-            requests = args.requests or max(16, 4 * concurrency)
+            requests = args.requests or max(48, 4 * concurrency)
             print(f"    concurrency {concurrency}: {requests} requests ...", flush=True)
             level = asyncio.run(measure_level(server, concurrency, requests, args.max_tokens))
             print(f"      {describe(level)}", flush=True)
@@ -197,7 +197,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add = parser.add_argument
     add("--concurrency", type=int_list, default=[1, 8, 32, 64], help="concurrency levels (default 1,8,32,64)")
-    add("--requests", type=int, default=0, help="measured requests per level (default max(16, 4 x level))")
+    add("--requests", type=int, default=0, help="measured requests per level (default max(48, 4 x level))")
     add("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
     add(
         "--breakdown-requests",
