@@ -19,7 +19,8 @@ from redis.exceptions import ResponseError
 
 from switchboard import keys, lua
 from switchboard.redis_conn import stream_entries
-from switchboard.wire import Chunk, SlotStatus, Usage, WorkerRecord, encode, job_decoder
+from switchboard.wire import Chunk, Job, SlotStatus, Usage, WorkerRecord, encode, job_decoder
+from workers.jobs.writer import inbox_of
 
 MODEL = "tiny"
 WORKER_ID = "scripted-worker"
@@ -79,24 +80,26 @@ async def scripted_worker(redis_url: str, chunks: int, tokens: int) -> None:
         for _, entries in stream_entries(response):
             for entry_id, fields in entries:
                 job = job_decoder.decode(fields[keys.JOB_FIELD.encode()])
-                queue_answer(pipe, append.sha, job.id, entry_id, payloads)
+                queue_answer(pipe, append.sha, job, entry_id, payloads)
         if len(pipe):
             await pipe.execute()
     beating.result()
 
 
-def queue_answer(pipe: Any, sha: str, job_id: str, entry_id: bytes, payloads: list[bytes]) -> None:
+def queue_answer(pipe: Any, sha: str, job: Job, entry_id: bytes, payloads: list[bytes]) -> None:
     """The job's chunks on `pipe`, as the worker's result writer sends them (one EVALSHA each)."""
+    job_id, inbox = job.id, inbox_of(job)
     results, stream = keys.result_stream(job_id), keys.job_stream(MODEL)
     for seq, payload in enumerate(payloads):
         last = seq == len(payloads) - 1
         pipe.evalsha(
             sha,
-            4,
+            5,
             results,
             keys.cancel_mark(job_id),
             stream if last else results,
             keys.job_record(job_id),
+            inbox or results,
             payload,
             keys.RESULT_TTL_S,
             int(seq == 0),
@@ -105,6 +108,8 @@ def queue_answer(pipe: Any, sha: str, job_id: str, entry_id: bytes, payloads: li
             seq,
             WORKER_ID,
             int(seq == 0),
+            "" if inbox is None else keys.INBOX_MAX_ENTRIES,
+            keys.INBOX_TTL_S,
         )
 
 

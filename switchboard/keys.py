@@ -14,9 +14,9 @@ Hash tags (the part of a key inside `{}`, which alone decides a Redis Cluster's 
   demand index, the catalogue version, the API keys and their limits, the in-flight set, the dead
   letters, the front doors' keys. No script touches two models' keys; those that reach past one
   model's touch the job's own keys or these deployment-wide ones (`enqueue.lua`: the job's record,
-  the demand index and stream, the front door's wake stream; `admit.lua`: the API key's limits and
-  the in-flight set; `append_chunk.lua`: the job's keys). In a Redis Cluster those writes would
-  leave the scripts for commands pipelined beside them (`lua.run_pipeline`); today they stay inside,
+  the demand index and stream; `admit.lua`: the API key's limits and the in-flight set;
+  `append_chunk.lua`: the job's keys, its model's job stream and its front door's inbox). In a
+  Redis Cluster those writes would leave the scripts for commands pipelined beside them (`lua.run_pipeline`); today they stay inside,
   where they are atomic with the job's append and cost no reply of their own.
 """
 
@@ -51,8 +51,11 @@ WORKER_TTL_S = 15
 DEAD_LETTER_MAXLEN = 10_000
 DEAD_LETTER_TTL_S = 7 * 24 * 3600
 
-# The front door's wake stream only needs to exist while that front door runs.
-WAKE_TTL_S = 60
+# A front door's inbox (`inbox`) only needs to exist while that front door runs; what it has read
+# it trims, and a writer keeps it to about this many entries whatever happens to its reader (one
+# that falls this far behind reads the jobs' result streams themselves: nothing is lost).
+INBOX_TTL_S = 60
+INBOX_MAX_ENTRIES = 10_000
 
 # A replica lease is renewed by its holder on every controller pass; a holder that dies loses it
 # this long after its last renewal, and another worker may then add that replica.
@@ -108,8 +111,11 @@ DONE_FIELD = "done"
 LEAVES_FIELD = "leaves"
 # A demand poke: the model it is about ("" for any).
 MODEL_FIELD = "m"
-# A wake poke of a front door's result reader carries nothing.
+# A wake poke in a front door's inbox carries nothing; a copy of a result chunk carries the result
+# stream it was appended to, its entry id there, and the entry's chunk (and model) fields.
 WAKE_FIELD = "w"
+INBOX_STREAM_FIELD = "r"
+INBOX_ENTRY_FIELD = "e"
 
 
 def set_prefix(prefix: str) -> None:
@@ -162,9 +168,10 @@ def workers_index() -> str:
     return f"{PREFIX}:workers"
 
 
-def wake_stream(router_id: str) -> str:
-    """Poked at enqueue so the front door's result reader picks up a new result stream at once."""
-    return f"{PREFIX}:router:{router_id}:wake"
+def inbox(router_id: str) -> str:
+    """The front door `router_id`'s inbox: a copy of every result chunk of the jobs it queued, which its
+    result reader reads in one XREAD of one key (`router.queue.results`), and its wake pokes."""
+    return f"{PREFIX}:router:{router_id}:inbox"
 
 
 def replica_lease(model: str, replica: int) -> str:

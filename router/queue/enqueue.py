@@ -72,36 +72,30 @@ class JobQueue:
         self._step_away = lua.register(redis, "step_away")
         self._cancel_marks = CancelMarks(redis)
 
-    async def submit(
-        self, job: Job, *, owner: str, wake_stream: str | None = None, moved: bool = False
-    ) -> LoadFailure | None:
+    async def submit(self, job: Job, *, owner: str, moved: bool = False) -> LoadFailure | None:
         """Append the job to its model's stream, unless the model's last load failed: then its failure.
 
         Its record (`keys.job_record`) is written, naming `owner` (the identity of the key that sent
         it, `Caller.owner`), its model noted in the demand index, and the
-        demand stream (and `wake_stream`, if given) poked, in the same round trip. Submitting a job
+        demand stream poked, in the same round trip. Submitting a job
         again queues nothing. A `moved` job (`router.queue.move`) keeps its record, now naming its
         new model.
         """
-        script_keys, args = _submit_call(job, owner, wake_stream, moved=moved)
+        script_keys, args = _submit_call(job, owner, moved=moved)
         failure = await self._enqueue(keys=script_keys, args=args)
         return None if failure is None else load_failure_decoder.decode(failure)
 
-    async def admit_and_submit(
-        self, job: Job, admitting: Admitting, *, owner: str, wake_stream: str | None = None
-    ) -> LoadFailure | None:
+    async def admit_and_submit(self, job: Job, admitting: Admitting, *, owner: str) -> LoadFailure | None:
         """`submit`, admitting the job first in the same round trip (`admit_enqueue.lua`): a 429 when
         admission refuses it (nothing taken, nothing queued); the model's failure, its slots given
         back, when the model's last load failed. A caller cancelled meanwhile waits for the call."""
-        reply = self.send_admitted(job, admitting, owner=owner, wake_stream=wake_stream)
+        reply = self.send_admitted(job, admitting, owner=owner)
         return admitted(await answer(reply), admitting)
 
-    def send_admitted(
-        self, job: Job, admitting: Admitting, *, owner: str, wake_stream: str | None = None
-    ) -> asyncio.Future[Any]:
+    def send_admitted(self, job: Job, admitting: Admitting, *, owner: str) -> asyncio.Future[Any]:
         """`admit_and_submit`'s call, sent with the next batch of admissions: its reply, to come, for
         `admitted`. Awaited in the caller's own task, the reply wakes it in one turn of the loop."""
-        script_keys, args = _submit_call(job, owner, wake_stream, moved=False)
+        script_keys, args = _submit_call(job, owner, moved=False)
         return self._admissions.submit(
             self._admit_enqueue, [*admitting.keys, *script_keys], [*admitting.args, *args]
         )
@@ -178,9 +172,7 @@ class JobQueue:
             logger.warning("could not give up a job nobody reads", extra={"job_id": job_id})
 
 
-def _submit_call(
-    job: Job, owner: str, wake_stream: str | None, *, moved: bool
-) -> tuple[list[str], list[bytes | str | int]]:
+def _submit_call(job: Job, owner: str, *, moved: bool) -> tuple[list[str], list[bytes | str | int]]:
     """enqueue.lua's KEYS and ARGV for `job` (`JobQueue.submit`)."""
     script_keys = [
         keys.load_failure(job.model),
@@ -189,8 +181,6 @@ def _submit_call(
         keys.demand_index(),
         keys.demand_stream(),
     ]
-    if wake_stream is not None:
-        script_keys.append(wake_stream)
     args: list[bytes | str | int] = [
         encode(job),
         keys.JOB_STREAM_TTL_S,
@@ -199,7 +189,6 @@ def _submit_call(
         keys.DEMAND_INDEX_TTL_S,
         keys.DEMAND_MAXLEN,
         keys.DEMAND_TTL_S,
-        keys.WAKE_TTL_S,
         owner,
         record_ttl_s(job),
     ]

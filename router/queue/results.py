@@ -1,12 +1,23 @@
-"""One reader loop per front-door process for the result streams of all in-flight jobs.
+"""One reader loop per front-door process for the results of all in-flight jobs.
 
 A blocking read per request would tie up a Redis connection each; instead one task issues a single
-``XREAD BLOCK`` over every in-flight job's result stream (plus this process's wake stream) and hands
-each chunk, with its entry id, to the request waiting for it. Streams are read from their start (or,
-for a resumed stream, from after the entry its client saw last), so a chunk written before the
-request subscribed is not lost. One job may have several readers here (clients resuming one stream,
-say from two tabs), each from its own point: its stream is read from the earliest of them, and each
-gets the chunks past its own.
+``XREAD BLOCK`` and hands each chunk, with its entry id, to the request waiting for it. Most of what
+it reads comes from one key: this front door's inbox (`keys.inbox`). A worker's append script
+copies every chunk of a job queued here into it, with the job's result stream and the chunk's entry
+id there (`switchboard/lua/append_chunk.lua`), so a new request needs no wake poke and each read
+blocks on one key, not on one per job in flight: the reads cost Redis and this process the same
+whether 1 or 1,000 streams are open. What was read is trimmed from the inbox on a later pass.
+
+A job's result stream stays the record of its answer, and a subscription reads it itself ("direct")
+whenever the inbox may not bring it all: a resumed stream (its job may be another front door's, and
+what its client missed is only there), a gap in what the inbox brought (copies trimmed before they
+were read), and a job of which nothing came for `QUIET_S` (its writer may not copy to the inbox: an
+older worker; or it waits in line). A chunk the inbox brings in order for a direct subscription
+makes it inbox-fed again. Direct streams are read from their start (or, for a resumed stream, from
+after the entry its client saw last), so a chunk written before the request subscribed is not lost,
+and chunks that come both ways are handed over once. One job may have several readers here (clients
+resuming one stream, say from two tabs), each from its own point: its stream is read from the
+earliest of them, and each gets the chunks past its own.
 
 The loop also notices a Redis that restarted (its run id changed), on its first pass after Redis
 answers again: a job that did not survive the restart can never finish, and its request is failed at
@@ -33,6 +44,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from router.queue.subscription import START, ResultsLost, Subscription, entry_order, skips_entries
 from router.status.redis_health import RedisHealth
 from switchboard import keys
 from switchboard.redis_conn import is_connection_error, server_run_id, stream_entries
@@ -41,9 +53,14 @@ from switchboard.wire import Chunk, chunk_decoder
 
 logger = logging.getLogger(__name__)
 
-# How long one XREAD may block. New subscriptions wake it early through the wake stream, so this
-# only bounds how often an idle front door polls.
-BLOCK_MS = 5_000
+# A subscription fed by the inbox that got nothing for this long has its result stream read as well.
+QUIET_S = 0.5
+# How long one XREAD may block: a subscription gone quiet is read directly from the pass after. A
+# resumed subscription wakes the read early (a poke in the inbox).
+BLOCK_MS = int(QUIET_S * 1000)
+# What was read from the inbox is trimmed with the next pass that writes anyway (the cleaning up of
+# ended jobs), or once this many entries wait to be trimmed.
+TRIM_EVERY = 512
 # After a Redis error the loop backs off this long before trying again; after a lost connection,
 # only briefly (a connection from before a restart fails once, and the next one works).
 RETRY_DELAY_S = 0.5
@@ -51,79 +68,10 @@ RECONNECT_DELAY_S = 0.1
 # While jobs are in flight, Redis's run id is compared this often (and after every failed read).
 RUN_ID_CHECK_S = 5.0
 
-START = "0-0"
 _CHUNK = keys.CHUNK_FIELD.encode()
 _SERVED_BY = keys.SERVED_BY_FIELD.encode()
-
-
-def entry_order(entry_id: bytes) -> tuple[int, int]:
-    """A result stream entry id (`<ms>-<seq>`) as something that sorts as Redis orders entries."""
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
-def skips_entries(last: tuple[int, int], entry: tuple[int, int]) -> bool:
-    """Whether result entry `entry`, the first one read past `last`, leaves out entries between
-    them. Chunks are entries `0-<position + 1>`; ids of another form are not judged."""
-    return last[0] == 0 and entry[0] == 0 and entry[1] != last[1] + 1
-
-
-class ResultsLost(Exception):
-    """Redis lost the job (in a restart), or chunks of its results that its reader had not read."""
-
-
-class Subscription:
-    """The chunks of one job, each with its result stream entry id, in order."""
-
-    def __init__(self, job_id: str, model: str, after: str = START, *, streamed: bool = False) -> None:
-        self.job_id = job_id
-        self.model = model
-        # A streamed answer is kept a while after it was read to its end, for a client that resumes it.
-        self.streamed = streamed
-        self.stream_key = keys.result_stream(job_id).encode()
-        self.last_id = after.encode()
-        # Set once the job's last chunk was handed out: its result stream is no longer needed.
-        self.finished = False
-        # Set once the reader has read the job's last chunk (the caller may not have taken it yet).
-        self.read_to_end = False
-        # Entry id of the last chunk handed out (`after` for a stream resumed there).
-        self.taken_id = after
-        self.released = False
-        # Set once its job is known to be in Redis (the enqueue returned, or the stream is resumed):
-        # until then, a missing job record means only that it is on its way.
-        self.queued = False
-        # The model that writes the job's results, once its first chunk says (`keys.SERVED_BY_FIELD`):
-        # another than `model` for a job moved to another model while it waited.
-        self.served_by: str | None = None
-        self._queue: asyncio.Queue[tuple[str, Chunk] | ResultsLost] = asyncio.Queue()
-
-    @property
-    def has_chunk(self) -> bool:
-        """Whether a chunk (or the news that the results are lost) waits to be taken."""
-        return not self._queue.empty()
-
-    def deliver(self, entry_id: str, chunk: Chunk) -> None:
-        """Called by the reader loop for every chunk read from the job's result stream."""
-        self._queue.put_nowait((entry_id, chunk))
-
-    def fail(self, error: ResultsLost) -> None:
-        """Called by the reader loop when the job's results are gone for good."""
-        self._queue.put_nowait(error)
-
-    async def get(self, deadline: float) -> tuple[str, Chunk]:
-        """The next chunk and its entry id; TimeoutError past `deadline` (loop time); ResultsLost."""
-        if self._queue.empty():
-            async with asyncio.timeout_at(deadline):
-                item = await self._queue.get()
-        else:
-            item = self._queue.get_nowait()
-        if isinstance(item, ResultsLost):
-            raise item
-        entry_id, chunk = item
-        # Marked before the caller sees it: a caller that stops at the last chunk has not left early.
-        self.finished = chunk.is_last
-        self.taken_id = entry_id
-        return item
+_RESULT_STREAM = keys.INBOX_STREAM_FIELD.encode()
+_RESULT_ENTRY = keys.INBOX_ENTRY_FIELD.encode()
 
 
 class ResultReader:
@@ -132,8 +80,9 @@ class ResultReader:
     def __init__(self, redis: aioredis.Redis, router_id: str, health: RedisHealth) -> None:
         self._redis = redis
         self._health = health
-        self._wake_key = keys.wake_stream(router_id).encode()
-        self._wake_last_id = b"0-0"
+        self._inbox_key = keys.inbox(router_id).encode()
+        self._inbox_last_id = b"0-0"
+        self._untrimmed = 0  # inbox entries read and not trimmed yet
         # Result stream key → its job's subscriptions in this process (one per reader).
         self._subscriptions: dict[bytes, list[Subscription]] = {}
         # Jobs whose subscription ended, with how long their results (and record) are kept: deleted
@@ -148,17 +97,27 @@ class ResultReader:
         self.blocked = False
 
     @property
-    def wake_key(self) -> str:
-        """The stream to poke so that a blocked read returns and picks up new subscriptions."""
-        return self._wake_key.decode()
+    def inbox_key(self) -> str:
+        """This front door's inbox: its jobs' writers copy their chunks there (`keys.inbox`)."""
+        return self._inbox_key.decode()
 
     def subscribe(
-        self, job_id: str, model: str, after: str = START, *, streamed: bool = False, queued: bool = False
+        self,
+        job_id: str,
+        model: str,
+        after: str = START,
+        *,
+        streamed: bool = False,
+        queued: bool = False,
+        from_inbox: bool = False,
     ) -> Subscription:
         """Start delivering the chunks of `job_id` (a job of `model`) that follow entry `after`;
         `streamed`: they go to a streamed response (see `Subscription.streamed`); `queued`: the job is
-        in Redis already (else the caller sets `Subscription.queued` once it is)."""
-        subscription = Subscription(job_id, model, after, streamed=streamed)
+        in Redis already (else the caller sets `Subscription.queued` once it is); `from_inbox`: a job
+        this front door queues, whose chunks come to its inbox (else its result stream is read, which
+        a blocked read picks up on its next pass: `wake` makes that now)."""
+        subscription = Subscription(job_id, model, after, streamed=streamed, from_inbox=from_inbox)
+        subscription.quiet_at = asyncio.get_running_loop().time() + QUIET_S
         subscription.queued = queued
         self._subscriptions.setdefault(subscription.stream_key, []).append(subscription)
         self._has_work.set()
@@ -199,8 +158,8 @@ class ResultReader:
     async def wake(self) -> None:
         """Make a blocked read return, so that it picks up a new subscription at once."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(self._wake_key, {keys.WAKE_FIELD: ""}, maxlen=1)
-        pipe.expire(self._wake_key, keys.WAKE_TTL_S)
+        pipe.xadd(self._inbox_key, {keys.WAKE_FIELD: ""}, maxlen=keys.INBOX_MAX_ENTRIES, approximate=True)
+        pipe.expire(self._inbox_key, keys.INBOX_TTL_S)
         await pipe.execute()
 
     @property
@@ -247,36 +206,39 @@ class ResultReader:
             self._check_run_id_at = loop.time() + RUN_ID_CHECK_S
         if self._unjudged:
             await self._judge_enqueued()
-        streams = {self._wake_key: self._wake_last_id}
-        # A stream is read from the earliest point any of its readers needs.
-        streams.update(
-            (key, min((sub.last_id for sub in subs), key=entry_order))
-            for key, subs in self._subscriptions.items()
-        )
+        streams = self._streams_to_read(loop.time())
         self.blocked = True
         try:
             response = await self._read(streams)
         finally:
             self.blocked = False
         for stream_key, entries in stream_entries(response):
-            self._dispatch(stream_key, entries)
+            if stream_key == self._inbox_key:
+                self._dispatch_inbox(entries)
+            else:
+                self._dispatch(stream_key, entries)
+
+    def _streams_to_read(self, now: float) -> dict[bytes, bytes]:
+        """The inbox, and the result streams read directly, each from the earliest point any of its
+        readers needs."""
+        streams = {self._inbox_key: self._inbox_last_id}
+        for key, subs in self._subscriptions.items():
+            direct = False
+            for sub in subs:
+                if not sub.direct and now >= sub.quiet_at:
+                    sub.direct = True  # nothing came from the inbox for a while: read it itself
+                direct = direct or sub.direct
+            if direct:
+                streams[key] = min((sub.last_id for sub in subs), key=entry_order)
+        return streams
 
     async def _read(self, streams: dict[bytes, bytes]) -> Any:
         """XREAD BLOCK over `streams`; the results of jobs that ended since the last read are deleted
         in the same round trip (a pass that sent them first read a round trip later, and with it
-        every chunk it read)."""
-        if not self._ended:
+        every chunk it read), and so is what was read of the inbox."""
+        if not self._ended and self._untrimmed < TRIM_EVERY:
             return await self._redis.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
-        ended, self._ended = self._ended, []
-        pipe = self._redis.pipeline(transaction=False)
-        _clean_up(pipe, ended)
-        pipe.xread(streams, block=BLOCK_MS)  # type: ignore[arg-type]
-        try:
-            replies = await pipe.execute()
-        except BaseException:
-            self._ended.extend(ended)
-            raise
-        return replies[-1]
+        return (await self._clean_up_ended(then_read=streams))[-1]
 
     async def flush_ended(self, timeout_s: float) -> None:
         """Delete (or bound) now, within `timeout_s`, the results of jobs that ended since the reader's
@@ -293,15 +255,25 @@ class ResultReader:
                 extra={"jobs": len(self._ended), "error": str(exc)},
             )
 
-    async def _clean_up_ended(self) -> None:
+    async def _clean_up_ended(self, then_read: dict[bytes, bytes] | None = None) -> list[Any]:
+        """Delete (or bound) the results of the jobs that ended since the last pass and trim what was
+        read from the inbox, in one round trip; with `then_read`, an XREAD BLOCK of those streams
+        last in it. Its replies."""
         ended, self._ended = self._ended, []
         pipe = self._redis.pipeline(transaction=False)
         _clean_up(pipe, ended)
+        if self._untrimmed:
+            # Entries before the last one read go; a writer's MAXLEN bounds what a reader leaves.
+            pipe.xtrim(self._inbox_key, minid=self._inbox_last_id, approximate=False)
+        if then_read is not None:
+            pipe.xread(then_read, block=BLOCK_MS)  # type: ignore[arg-type]
         try:
-            await pipe.execute()
+            replies = await pipe.execute()
         except BaseException:
             self._ended.extend(ended)
             raise
+        self._untrimmed = 0
+        return replies
 
     async def _check_restart(self) -> None:
         """Fail the subscriptions whose job a Redis restart lost; remember the server's run id once
@@ -346,10 +318,37 @@ class ResultReader:
             subscription.fail(ResultsLost(subscription.job_id))
         return lost
 
-    def _dispatch(self, stream_key: bytes, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        if stream_key == self._wake_key:
-            self._wake_last_id = entries[-1][0]
+    def _dispatch_inbox(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        """Hand out the chunks copied to the inbox (wake pokes carry none), each job's in order."""
+        self._inbox_last_id = entries[-1][0]
+        self._untrimmed += len(entries)
+        for _, fields in entries:
+            stream_key = fields.get(_RESULT_STREAM)
+            if stream_key is None:
+                continue  # a wake poke
+            subscriptions = self._subscriptions.get(stream_key)
+            if not subscriptions:
+                continue  # a job nobody here reads (any more)
+            chunk = chunk_decoder.decode(fields[_CHUNK])
+            served_by = fields.get(_SERVED_BY)
+            for subscription in list(subscriptions):
+                if served_by is not None:
+                    subscription.served_by = served_by.decode()
+                self._deliver_copy(subscription, fields[_RESULT_ENTRY], chunk)
+
+    def _deliver_copy(self, subscription: Subscription, entry_id: bytes, chunk: Chunk) -> None:
+        """Hand `subscription` an inbox copy of entry `entry_id` if it is the next one it needs;
+        one that leaves out entries has its result stream read for them instead."""
+        after, order = entry_order(subscription.last_id), entry_order(entry_id)
+        if order <= after:
+            return  # it came the other way already
+        if skips_entries(after, order):
+            subscription.direct = True
             return
+        subscription.direct = False
+        self._deliver(subscription, [(entry_id, chunk)])
+
+    def _dispatch(self, stream_key: bytes, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
         subscriptions = self._subscriptions.get(stream_key)
         if not subscriptions:  # unsubscribed while the read was in flight
             return
@@ -376,6 +375,7 @@ class ResultReader:
                 return
             after = order
             subscription.last_id = entry_id
+            subscription.quiet_at = asyncio.get_running_loop().time() + QUIET_S
             subscription.deliver(entry_id.decode(), chunk)
             if chunk.is_last:
                 # Nothing follows: stop reading the stream; it is deleted on the next pass (its

@@ -28,7 +28,8 @@ from router.openai.errors import (
     ResultsLostError,
 )
 from router.queue.enqueue import JobQueue
-from router.queue.results import START, ResultReader, ResultsLost, Subscription
+from router.queue.results import ResultReader
+from router.queue.subscription import START, ResultsLost, Subscription
 from router.status.models import ModelStatusReader, may_serve
 from router.telemetry.job_observer import JobObserver
 from switchboard.wire import Chunk, Job

@@ -19,8 +19,9 @@ from router.admission.charges import Charge, DeliveredShare
 from router.admission.limits import Admitting, Ticket
 from router.openai.errors import InvalidRequestError, ModelLoadFailedError, StreamNotFoundError
 from router.queue.enqueue import JobQueue, Resumption, UnknownEntry, admitted
-from router.queue.results import ResultReader, Subscription
+from router.queue.results import ResultReader
 from router.queue.run import JobRun
+from router.queue.subscription import Subscription
 from router.status.models import ModelStatusReader
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
@@ -66,15 +67,13 @@ class JobRuns:
         Whatever stops it on its way (an error, its client leaving) gives the ticket back, and a job
         that may have been queued for nobody is cancelled.
         """
-        subscription = self._reader.subscribe(job.id, job.model)
-        wake = self._reader.wake_key if self._reader.blocked else None
+        # Its chunks come to this front door's inbox: the reader need not be woken for it.
+        subscription = self._reader.subscribe(job.id, job.model, from_inbox=True)
         ticket = admitting.ticket
         try:
             with observer.phase("switchboard.enqueue"):
                 # The job is its key's, by the key's identity: only that key may resume its stream.
-                reply = self._queue.send_admitted(
-                    observer.traced(job), admitting, owner=ticket.caller.owner, wake_stream=wake
-                )
+                reply = self._queue.send_admitted(observer.traced(job), admitting, owner=ticket.caller.owner)
                 failure = admitted(await answer(reply), admitting)
             if failure is not None:
                 raise ModelLoadFailedError(job.model, failure.reason, failure.retry_at - time.time())

@@ -40,8 +40,9 @@ from redis.exceptions import RedisError
 
 from router.openai.errors import OpenAIError
 from router.queue.enqueue import JobQueue
-from router.queue.results import ResultReader, Subscription
+from router.queue.results import ResultReader
 from router.queue.run import JobRun
+from router.queue.subscription import Subscription
 from router.status.models import ModelStatus, ModelStatusReader
 from router.telemetry.requests import arrival_id
 from switchboard import keys
@@ -310,10 +311,9 @@ class ShadowTraffic:
     async def _queued(self, copy: Job) -> JobRun | None:
         """The copy queued without admission, its results read from the start; None if the shadow
         model's last load failed (nothing is queued)."""
-        subscription = self._reader.subscribe(copy.id, copy.model)
-        wake = self._reader.wake_key if self._reader.blocked else None
+        subscription = self._reader.subscribe(copy.id, copy.model, from_inbox=True)
         try:
-            failure = await self._queue.submit(copy, owner=SHADOW_OWNER, wake_stream=wake)
+            failure = await self._queue.submit(copy, owner=SHADOW_OWNER)
         except BaseException:
             self._reader.unsubscribe(subscription)
             raise

@@ -9,7 +9,7 @@
 --
 -- KEYS[1..4]   admit.lua's KEYS: the key's token buckets, its in-flight set, everyone's in-flight
 --              set, the model's job stream
--- KEYS[5..]    enqueue.lua's KEYS (5 or 6 of them: the wake stream is optional)
+-- KEYS[5..9]   enqueue.lua's KEYS
 -- ARGV[1..9]   admit.lua's ARGV (ARGV[1], the slot, is the job's id)
 -- ARGV[10..]   enqueue.lua's ARGV (never "moved": a moved job was admitted long ago)
 --

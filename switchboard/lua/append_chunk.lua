@@ -4,6 +4,7 @@
 -- KEYS[2]  the job's cancel mark
 -- KEYS[3]  the job stream to acknowledge on (the result stream again when nothing is acknowledged)
 -- KEYS[4]  the job record
+-- KEYS[5]  the inbox of the front door that queued the job (the result stream again for none)
 -- ARGV[1]  the encoded chunk
 -- ARGV[2]  the result stream's TTL (seconds)
 -- ARGV[3]  "1" if the chunk may create the result stream
@@ -12,6 +13,8 @@
 -- ARGV[6]  the chunk's position in the results (-1: after the last one)
 -- ARGV[7]  the writer (the worker's id)
 -- ARGV[8]  "1" for the first chunk this writer writes for the job
+-- ARGV[9]  the inbox's approximate MAXLEN ("" for no inbox)
+-- ARGV[10] the inbox's TTL (seconds)
 --
 -- Returns 0 (written, or found written by an earlier try, and its client still reads), 1 (nobody
 -- reads the job's results any more: its cancel mark, or its result stream deleted) or 2 (another
@@ -28,6 +31,11 @@
 -- results created for it would be generated for nobody and kept until they expire. Fields: `c` the chunk, `w` its writer,
 -- and on a writer's first chunk `m` the model that wrote it (keys.CHUNK_FIELD, keys.WRITER_FIELD,
 -- keys.SERVED_BY_FIELD); `done` on the job record (keys.DONE_FIELD).
+--
+-- A chunk written is copied to the front door's inbox (router.queue.results): its result stream `r`
+-- and entry id `e` (keys.INBOX_STREAM_FIELD, keys.INBOX_ENTRY_FIELD), and the entry's `c` and `m`.
+-- The front door reads every job's chunks there in one read of one key; the result stream stays the
+-- record of the answer (a resumed stream reads it, and so does a reader that misses a copy).
 local function writer_of(fields)
   for i = 1, #fields, 2 do
     if fields[i] == 'w' then return fields[i + 1] end
@@ -60,12 +68,20 @@ else
     -- A writer's first chunk names the model the job is queued for now (its record's): a job
     -- moved to another model while it waited (router.queue.move) is answered under that name.
     local model = ARGV[8] == '1' and redis.call('HGET', KEYS[4], 'model')
+    local id = '0-' .. position
+    local copy = {'r', KEYS[1], 'e', id, 'c', ARGV[1]}
     if model then
-      redis.call('XADD', KEYS[1], '0-' .. position, 'c', ARGV[1], 'w', ARGV[7], 'm', model)
+      redis.call('XADD', KEYS[1], id, 'c', ARGV[1], 'w', ARGV[7], 'm', model)
+      copy[#copy + 1] = 'm'
+      copy[#copy + 1] = model
     else
-      redis.call('XADD', KEYS[1], '0-' .. position, 'c', ARGV[1], 'w', ARGV[7])
+      redis.call('XADD', KEYS[1], id, 'c', ARGV[1], 'w', ARGV[7])
     end
     redis.call('EXPIRE', KEYS[1], ARGV[2])
+    if ARGV[9] ~= '' then
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[9], '*', unpack(copy))
+      redis.call('EXPIRE', KEYS[5], ARGV[10])
+    end
   end
 end
 if ARGV[4] ~= '' then

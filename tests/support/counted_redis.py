@@ -12,15 +12,18 @@ class CountedRoundTrips:
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self.round_trips = 0
+        # The keys each XREAD sent alone (not in a pipeline) read.
+        self.xread_keys: list[list[str]] = []
         self._redis = redis
 
     def pipeline(self, **options: Any) -> Any:
         self.round_trips += 1
         return self._redis.pipeline(**options)
 
-    async def xread(self, *args: Any, **kwargs: Any) -> Any:
+    async def xread(self, streams: dict[Any, Any], *args: Any, **kwargs: Any) -> Any:
         self.round_trips += 1
-        return await self._redis.xread(*args, **kwargs)
+        self.xread_keys.append([key.decode() if isinstance(key, bytes) else key for key in streams])
+        return await self._redis.xread(streams, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._redis, name)

@@ -116,15 +116,42 @@ async def next_job(redis: aioredis.Redis, model: str = MODEL, timeout_s: float =
                 return job_decoder.decode(entries[0][1][keys.JOB_FIELD.encode()])
 
 
+# A worker's append script's part the front door sees (switchboard/lua/append_chunk.lua): each chunk
+# on the job's result stream and a copy in the inboxes given, then the stream's expiry.
+_WRITE_CHUNKS = """
+for i = 2, #ARGV do
+  local id = redis.call('XADD', KEYS[1], '*', 'c', ARGV[i])
+  for k = 2, #KEYS do
+    redis.call('XADD', KEYS[k], '*', 'r', KEYS[1], 'e', id, 'c', ARGV[i])
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""
+
+
 async def write_chunks(redis: aioredis.Redis, job_id: str, *chunks: Chunk) -> None:
     """Append result chunks as a worker's result writer does: with the stream's expiry, at once (its
     script does both in one step; an expiry set a round trip later could undo the shorter one a front
-    door sets when it has read the stream to its end)."""
-    pipe = redis.pipeline(transaction=True)
-    for chunk in chunks:
-        pipe.xadd(keys.result_stream(job_id), {keys.CHUNK_FIELD: encode(chunk)})
-    pipe.expire(keys.result_stream(job_id), keys.RESULT_TTL_S)
-    await pipe.execute()
+    door sets when it has read the stream to its end), each copied to the inbox of the front door that
+    queued the job: here, of every front door running."""
+    inboxes = [keys.inbox(router_id) for router_id in await running_front_doors(redis)]
+    await redis.eval(  # type: ignore[misc]
+        _WRITE_CHUNKS,
+        1 + len(inboxes),
+        keys.result_stream(job_id),
+        *inboxes,
+        keys.RESULT_TTL_S,
+        *(encode(chunk) for chunk in chunks),
+    )
+
+
+async def running_front_doors(redis: aioredis.Redis) -> list[str]:
+    """The ids of the front doors whose heartbeat is in Redis."""
+    head, tail = keys.router_alive("\0").split("\0")
+    return [
+        key.decode()[len(head) : -len(tail)]
+        async for key in redis.scan_iter(match=keys.router_alive("*"), count=1000)
+    ]
 
 
 async def answer_ok(redis: aioredis.Redis, job_id: str) -> None:

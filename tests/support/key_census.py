@@ -3,7 +3,7 @@
 Families that describe the deployment live on: worker records and their index, replica leases, model
 state (limits, measured costs, load failures, desired state), the demand stream and index, the
 catalogue version, API keys and their rate buckets, routes and their version, the pipelines set
-through the admin API and their version, a running front door's heartbeat and wake stream, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
+through the admin API and their version, a running front door's heartbeat and inbox, and each model's job stream, which must hold no job and nothing pending. What belongs to one request must be gone once it ended:
 in-flight slots. Cancel marks are removed when their job ends, but a job given up after its client
 left (`lua/give_up.lua`) while its worker was being killed may keep its mark until it expires, so
 they are allowed with an expiry of at most `keys.CANCEL_TTL_S`. Result streams and job records
@@ -38,7 +38,7 @@ FAMILIES = [
     ("worker record", keys.worker_record("*")),
     ("workers index", keys.workers_index()),
     ("front door alive", keys.router_alive("*")),
-    ("front door wake", keys.wake_stream("*")),
+    ("front door inbox", keys.inbox("*")),
     ("dead letters", keys.dead_letter_stream()),
     ("demand stream", keys.demand_stream()),
     ("demand index", keys.demand_index()),
@@ -66,7 +66,7 @@ LONG_LIVED = {
     "worker record",
     "workers index",
     "front door alive",
-    "front door wake",
+    "front door inbox",
     "demand stream",
     "demand index",
     "catalogue version",

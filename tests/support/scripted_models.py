@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, JobError, Usage, encode, job_decoder
-from workers.jobs.writer import ResultWriter
+from workers.jobs.writer import ResultWriter, inbox_of
 
 
 @dataclass
@@ -67,7 +67,7 @@ async def scripted_models(
         for seq, chunk in enumerate(scripted.chunks):
             if seq == len(scripted.chunks) - 1 and seq > 0:
                 await asyncio.sleep(scripted.pause_before_last_s)
-            await writer.append(job.id, encode(chunk), seq=seq, first=seq == 0)
+            await writer.append(job.id, encode(chunk), seq=seq, first=seq == 0, inbox=inbox_of(job))
 
     async def read() -> None:
         while True:

@@ -10,7 +10,7 @@ import pytest
 from switchboard import keys
 from switchboard.config import load_settings
 
-PER_ID = [keys.job_stream, keys.result_stream, keys.cancel_mark, keys.worker_record, keys.wake_stream]
+PER_ID = [keys.job_stream, keys.result_stream, keys.cancel_mark, keys.worker_record, keys.inbox]
 
 
 @pytest.mark.parametrize("ident", ["x", "job-1", "Qwen/Qwen3-0.6B", "a:b"])
@@ -46,7 +46,7 @@ def test_ttls_are_positive() -> None:
         keys.RESULT_TTL_S,
         keys.CANCEL_TTL_S,
         keys.WORKER_TTL_S,
-        keys.WAKE_TTL_S,
+        keys.INBOX_TTL_S,
         keys.DEAD_LETTER_TTL_S,
     ):
         assert isinstance(ttl, int)

@@ -36,8 +36,8 @@ async def append_first_chunk(redis: aioredis.Redis, job_id: str) -> int:
     """A worker's first chunk for `job_id` (position 0), as its result writer sends it."""
     script = lua.register(redis, "append_chunk")
     results = keys.result_stream(job_id)
-    script_keys = [results, keys.cancel_mark(job_id), results, keys.job_record(job_id)]
-    args = [encode(Chunk(text="Hel")), keys.RESULT_TTL_S, "1", "", keys.JOB_GROUP, 0, "w1", "1"]
+    script_keys = [results, keys.cancel_mark(job_id), results, keys.job_record(job_id), results]
+    args = [encode(Chunk(text="Hel")), keys.RESULT_TTL_S, "1", "", keys.JOB_GROUP, 0, "w1", "1", "", 60]
     return int(await script(keys=script_keys, args=args))
 
 

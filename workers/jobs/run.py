@@ -23,7 +23,7 @@ from workers.jobs.continuation import LeftChecks, Plan, plan
 from workers.jobs.observer import JobObserver, current_job, note_outcome
 from workers.jobs.orphans import OrphanWatch
 from workers.jobs.takeover import Entry, acknowledge
-from workers.jobs.writer import ResultWriter, Superseded
+from workers.jobs.writer import ResultWriter, Superseded, inbox_of
 from workers.models.slot import Lease, ModelSlot
 from workers.triton.model import EngineJob
 
@@ -152,6 +152,7 @@ class JobRunner:
         whether the last one was written (or the job ended without one: its client left while it
         waited in line, `left`)."""
         job_id = entry.job.id
+        inbox = inbox_of(entry.job)
         seq = sent
         observer = current_job()
         if observer is not None:
@@ -174,7 +175,12 @@ class JobRunner:
                     observer.received(chunk)
                 try:
                     gone = await self._writer.append(
-                        job_id, raw, ack=entry.ack if is_last else None, seq=seq, first=seq == sent
+                        job_id,
+                        raw,
+                        ack=entry.ack if is_last else None,
+                        seq=seq,
+                        first=seq == sent,
+                        inbox=inbox,
                     )
                 except Superseded:
                     await _abort(slot, job_id)
@@ -193,7 +199,7 @@ class JobRunner:
                     # Nobody reads on: stop the engine, and drop what it already made (a fast
                     # engine can be far ahead of the writes) instead of writing it for nobody.
                     await _abort(slot, job_id)
-                    await self._writer.append(job_id, ABANDONED, ack=entry.ack, seq=seq)
+                    await self._writer.append(job_id, ABANDONED, ack=entry.ack, seq=seq, inbox=inbox)
                     return True
         finally:
             await chunks.aclose()
@@ -202,7 +208,13 @@ class JobRunner:
     async def fail(self, entry: Entry, error: JobError, *, create: bool) -> None:
         """Answer the job with `error`, which acknowledges it."""
         try:
-            await self._writer.append(entry.job.id, encode(Chunk(error=error)), ack=entry.ack, create=create)
+            await self._writer.append(
+                entry.job.id,
+                encode(Chunk(error=error)),
+                ack=entry.ack,
+                create=create,
+                inbox=inbox_of(entry.job),
+            )
         except Exception:
             # Unacknowledged, the job stays pending in its stream rather than being lost.
             logger.exception(

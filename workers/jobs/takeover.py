@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 
 from switchboard import keys, lua
 from switchboard.wire import Chunk, Job, JobError, encode, job_decoder
-from workers.jobs.writer import ResultWriter
+from workers.jobs.writer import ResultWriter, inbox_of
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,9 @@ class Takeover:
         if await self._redis.exists(keys.cancel_mark(job.id)):
             await acknowledge(self._redis, stream, entry_id, job.id)  # nobody waits for an answer
             return
-        await self._writer.append(job.id, encode(Chunk(error=error)), ack=(stream, entry_id), create=True)
+        await self._writer.append(
+            job.id, encode(Chunk(error=error)), ack=(stream, entry_id), create=True, inbox=inbox_of(job)
+        )
 
 
 def _name(consumer: bytes | str) -> str:

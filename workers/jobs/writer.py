@@ -20,6 +20,7 @@ import logging
 import redis.asyncio as aioredis
 
 from switchboard import keys, lua
+from switchboard.wire import Job
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,13 @@ class Superseded(Exception):
     """Another worker took the job over and writes its results now: this worker must stop it."""
 
 
+def inbox_of(job: Job) -> str | None:
+    """The inbox of the front door that queued `job`, where its chunks are copied (`keys.inbox`)."""
+    return keys.inbox(job.router_id) if job.router_id else None
+
+
 class _Write:
-    __slots__ = ("ack", "create", "done", "first", "job_id", "payload", "seq")
+    __slots__ = ("ack", "create", "done", "first", "inbox", "job_id", "payload", "seq")
 
     def __init__(
         self,
@@ -47,6 +53,7 @@ class _Write:
         create: bool,
         seq: int | None,
         first: bool,
+        inbox: str | None,
     ) -> None:
         self.job_id = job_id
         self.payload = payload
@@ -54,6 +61,7 @@ class _Write:
         self.create = create
         self.seq = seq
         self.first = first
+        self.inbox = inbox
         self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
 
@@ -96,8 +104,10 @@ class ResultWriter:
         create: bool = True,
         seq: int | None = None,
         first: bool = False,
+        inbox: str | None = None,
     ) -> bool:
-        """Append one encoded chunk; `ack` = (job stream, entry id) for the job's last chunk.
+        """Append one encoded chunk; `ack` = (job stream, entry id) for the job's last chunk; `inbox`:
+        the front door's inbox that gets a copy (`inbox_of`).
 
         `seq`: the chunk's position in the job's results (0 for its first chunk), which makes the
         append idempotent and fenced (see switchboard/lua/append_chunk.lua); None puts it after the
@@ -111,7 +121,7 @@ class ResultWriter:
         """
         if self._task is None or self._task.done():
             raise RuntimeError("the result writer is not running")
-        write = _Write(job_id, payload, ack, create if seq is None else seq == 0, seq, first)
+        write = _Write(job_id, payload, ack, create if seq is None else seq == 0, seq, first, inbox)
         self._pending.append(write)
         self._has_pending.set()
         return await write.done
@@ -161,11 +171,12 @@ class ResultWriter:
             job_stream, entry_id = write.ack if write.ack is not None else (stream, b"")
             pipe.evalsha(
                 self._append.sha,
-                4,
+                5,
                 stream,
                 keys.cancel_mark(write.job_id),
                 job_stream,
                 keys.job_record(write.job_id),
+                write.inbox or stream,
                 write.payload,
                 keys.RESULT_TTL_S,
                 int(write.create),
@@ -174,5 +185,7 @@ class ResultWriter:
                 -1 if write.seq is None else write.seq,
                 self._writer_id,
                 int(write.first),
+                "" if write.inbox is None else keys.INBOX_MAX_ENTRIES,
+                keys.INBOX_TTL_S,
             )
         return [int(status) for status in await pipe.execute()]

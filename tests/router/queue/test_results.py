@@ -15,7 +15,8 @@ from router.admission.auth import ANONYMOUS
 from router.front_door import FrontDoor
 from router.intake.job import chat_job
 from router.openai.chat import ChatCompletionRequest
-from router.queue.results import BLOCK_MS, ResultReader, ResultsLost, Subscription
+from router.queue.results import BLOCK_MS, QUIET_S, ResultReader
+from router.queue.subscription import ResultsLost, Subscription
 from router.status.redis_health import RedisHealth
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
@@ -28,6 +29,7 @@ from tests.support.counted_redis import CountedRoundTrips
 from tests.support.front_door_harness import BODY, MODEL, next_job, serving, settings_for
 from tests.support.redis_nodes import RedisNode
 from tests.support.waits import eventually
+from workers.jobs.writer import ResultWriter
 
 
 async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
@@ -216,3 +218,110 @@ async def test_a_job_being_enqueued_when_a_restart_is_noticed_is_judged_once_it_
         await blocking.aclose()
         await redis.aclose()
         node.kill()
+
+
+LAST = Chunk(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=2))
+
+
+async def test_the_jobs_a_front_door_queued_are_read_from_its_inbox_alone(redis: aioredis.Redis) -> None:
+    counted = CountedRoundTrips(redis)
+    reader = ResultReader(counted, "door", RedisHealth(redis))  # type: ignore[arg-type]
+    writer = ResultWriter(redis, "w1")
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    writer.start()
+    jobs = [f"{n}" * 32 for n in range(5)]
+    try:
+        for job_id in jobs:
+            await redis.hset(keys.job_record(job_id), keys.READERS_FIELD, 1)  # queued
+        subscriptions = [reader.subscribe(job_id, MODEL, from_inbox=True) for job_id in jobs]
+        started = asyncio.get_running_loop().time()
+        for seq, chunk in enumerate((Chunk(text="a"), Chunk(text="b"), LAST)):
+            await asyncio.gather(
+                *(
+                    writer.append(job_id, encode(chunk), seq=seq, first=seq == 0, inbox=reader.inbox_key)
+                    for job_id in jobs
+                )
+            )
+        assert [await texts_until_last(subscription) for subscription in subscriptions] == [
+            ["a", "b", ""]
+        ] * 5
+        # Every chunk came before any subscription could have been read directly.
+        assert asyncio.get_running_loop().time() - started < QUIET_S
+        assert counted.xread_keys, "the reader read alone at least once"
+        assert all(read == [reader.inbox_key] for read in counted.xread_keys), counted.xread_keys
+    finally:
+        await writer.stop()
+        await tasks.stop()
+
+
+async def test_a_job_whose_writer_copies_nothing_is_read_from_its_stream_once_quiet(
+    redis: aioredis.Redis,
+) -> None:
+    """A worker from before the inbox (during an upgrade, say) writes the result stream alone."""
+    reader = ResultReader(redis, "door", RedisHealth(redis))
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    loop = asyncio.get_running_loop()
+    try:
+        subscription = reader.subscribe("q" * 32, MODEL, from_inbox=True)
+        started = loop.time()
+        await redis.xadd(keys.result_stream("q" * 32), {"c": encode(Chunk(text="a"))})
+        _, chunk = await subscription.get(loop.time() + 10 * QUIET_S)
+        assert chunk.text == "a"
+        assert loop.time() - started >= QUIET_S * 0.9  # not read directly before it went quiet
+        # Read directly now, and the chunks after it too.
+        await redis.xadd(keys.result_stream("q" * 32), {"c": encode(LAST)})
+        _, chunk = await subscription.get(loop.time() + QUIET_S / 2)
+        assert chunk.is_last
+    finally:
+        await tasks.stop()
+
+
+async def test_a_copy_that_leaves_out_chunks_has_them_read_from_the_stream_at_once(
+    redis: aioredis.Redis,
+) -> None:
+    reader = ResultReader(redis, "door", RedisHealth(redis))
+    writer = ResultWriter(redis, "w1")
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    writer.start()
+    job_id = "g" * 32
+    await redis.hset(keys.job_record(job_id), keys.READERS_FIELD, 1)
+    try:
+        subscription = reader.subscribe(job_id, MODEL, from_inbox=True)
+        started = asyncio.get_running_loop().time()
+        # The first chunk's copy is missing (trimmed before it was read, say); the next ones are there.
+        await writer.append(job_id, encode(Chunk(text="a")), seq=0, first=True)
+        await writer.append(job_id, encode(Chunk(text="b")), seq=1, inbox=reader.inbox_key)
+        await writer.append(job_id, encode(LAST), seq=2, inbox=reader.inbox_key)
+        assert await texts_until_last(subscription) == ["a", "b", ""]
+        assert asyncio.get_running_loop().time() - started < QUIET_S
+    finally:
+        await writer.stop()
+        await tasks.stop()
+
+
+async def test_what_the_reader_took_from_its_inbox_is_trimmed(redis: aioredis.Redis) -> None:
+    reader = ResultReader(redis, "door", RedisHealth(redis))
+    writer = ResultWriter(redis, "w1")
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    writer.start()
+    try:
+        for n in range(20):
+            job_id = f"t{n:031d}"
+            await redis.hset(keys.job_record(job_id), keys.READERS_FIELD, 1)
+            subscription = reader.subscribe(job_id, MODEL, from_inbox=True)
+            await writer.append(job_id, encode(Chunk(text="a")), seq=0, first=True, inbox=reader.inbox_key)
+            await writer.append(job_id, encode(LAST), seq=1, inbox=reader.inbox_key)
+            assert await texts_until_last(subscription) == ["a", ""]
+            reader.unsubscribe(subscription)
+
+        async def trimmed() -> bool:
+            return await redis.xlen(reader.inbox_key) <= 1  # the last entry read marks the point
+
+        await eventually(trimmed)
+    finally:
+        await writer.stop()
+        await tasks.stop()

@@ -24,7 +24,7 @@ from switchboard.local.redis_server import PrivateRedis
 from switchboard.readiness import NO_LIVE_WORKER
 from switchboard.wire import Chunk, Job, JobError, Usage, WorkerRecord, encode, job_decoder
 from tests.support.front_door_harness import BODY, MODEL, serving, settings_for
-from workers.jobs.writer import ResultWriter
+from workers.jobs.writer import ResultWriter, inbox_of
 from workers.runtime.heartbeat import Heartbeat
 
 Answer = Callable[[Job, ResultWriter, tuple[str, bytes]], Awaitable[None]]
@@ -33,9 +33,9 @@ Answer = Callable[[Job, ResultWriter, tuple[str, bytes]], Awaitable[None]]
 async def answer_words(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
     """Three text chunks, then a finish with usage."""
     for word in ["Hello", ", ", "world"]:
-        await writer.append(job.id, encode(Chunk(text=word)))
+        await writer.append(job.id, encode(Chunk(text=word)), inbox=inbox_of(job))
     last = Chunk(finish_reason="length", usage=Usage(prompt_tokens=4, completion_tokens=3))
-    await writer.append(job.id, encode(last), ack=ack)
+    await writer.append(job.id, encode(last), ack=ack, inbox=inbox_of(job))
 
 
 @contextlib.asynccontextmanager
@@ -147,7 +147,7 @@ async def test_worker_errors_map_to_openai_errors(
 ) -> None:
     async def refuse(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
         error = JobError(code="invalid_request", message="The prompt is too long.")
-        await writer.append(job.id, encode(Chunk(error=error)), ack=ack)
+        await writer.append(job.id, encode(Chunk(error=error)), ack=ack, inbox=inbox_of(job))
 
     async with scripted_worker(redis, refuse):
         response = await front_door.post("/v1/chat/completions", json=BODY)
@@ -166,7 +166,7 @@ async def test_a_job_that_misses_its_deadline_is_a_504_and_is_cancelled(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
     async def never(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
-        await writer.append(job.id, encode(Chunk(text="thinking")))
+        await writer.append(job.id, encode(Chunk(text="thinking")), inbox=inbox_of(job))
 
     settings = settings_for(redis_server.url, timeout_s=0.5)
     async with serving(settings) as client, scripted_worker(redis, never) as jobs:
@@ -282,13 +282,14 @@ async def test_a_client_that_leaves_mid_stream_leaves_a_cancel_mark(
 
     async def endless(job: Job, writer: ResultWriter, ack: tuple[str, bytes]) -> None:
         while not await redis.exists(keys.cancel_mark(job.id)):
-            await writer.append(job.id, encode(Chunk(text="more ")))
+            await writer.append(job.id, encode(Chunk(text="more ")), inbox=inbox_of(job))
             await asyncio.sleep(0.05)
         cancelled.append(job.id)  # the job's last chunk deletes its cancel mark
         await writer.append(
             job.id,
             encode(Chunk(finish_reason="abort", usage=Usage(prompt_tokens=1, completion_tokens=0))),
             ack=ack,
+            inbox=inbox_of(job),
         )
 
     async with asyncio.timeout(60), serving(settings) as front_door, scripted_worker(redis, endless) as jobs:

@@ -41,7 +41,7 @@ from tests.support.front_door_harness import (
     write_chunks,
 )
 from tests.support.metric_samples import counter
-from workers.jobs.writer import ResultWriter
+from workers.jobs.writer import ResultWriter, inbox_of
 
 STABLE, CANARY, ROUTE = "chat-v1", "chat-v2", "chat"
 # Each caller is one HTTP request per phase (about 5 ms each on a small box); at 90/10, 4 sigma is
@@ -399,7 +399,7 @@ async def test_a_job_moved_to_the_stable_version_while_it_waited_is_answered_und
             done = Chunk(
                 text="moved", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1)
             )
-            await writer.append(job.id, encode(done), seq=0, first=True)
+            await writer.append(job.id, encode(done), seq=0, first=True, inbox=inbox_of(job))
             answer = await request
             assert answer.status_code == 200, answer.text
             assert answer.headers["x-switchboard-model"] == STABLE

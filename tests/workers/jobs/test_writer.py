@@ -54,6 +54,27 @@ async def test_a_front_door_blocked_on_a_result_stream_reads_the_whole_flush_in_
     assert entries_woken_with(await reader) == 4
 
 
+async def test_each_chunk_written_is_copied_once_to_the_inbox_of_its_front_door(
+    redis: aioredis.Redis,
+) -> None:
+    writer = ResultWriter(redis, "w1")
+    writer.start()
+    inbox = keys.inbox("door")
+    await writer.append("a", encode(Chunk(text="a0")), seq=0, first=True, inbox=inbox)
+    await writer.append("a", encode(Chunk(text="a1")), seq=1, inbox=inbox)
+    # A flush tried again after its reply was lost finds its chunk written: no second copy.
+    await writer.append("a", encode(Chunk(text="a1")), seq=1, inbox=inbox)
+    await writer.append("b", encode(Chunk(text="b0")), seq=0, first=True)  # no front door named
+    await writer.stop()
+    copies = [
+        (fields[b"r"].decode(), fields[b"e"], chunk_decoder.decode(fields[b"c"]).text)
+        for _, fields in await redis.xrange(inbox)
+    ]
+    assert copies == [(keys.result_stream("a"), b"0-1", "a0"), (keys.result_stream("a"), b"0-2", "a1")]
+    assert 0 < await redis.ttl(inbox) <= keys.INBOX_TTL_S
+    assert await redis.xlen(keys.result_stream("b")) == 1  # written, and copied nowhere
+
+
 async def test_the_last_chunk_acknowledges_and_deletes_the_job(redis: aioredis.Redis) -> None:
     stream = keys.job_stream("m")
     await redis.xgroup_create(stream, keys.JOB_GROUP, id="0", mkstream=True)
