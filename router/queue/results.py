@@ -281,6 +281,8 @@ class ResultReader:
         run_id = await server_run_id(self._redis)
         self._health.mark_up()
         if self._run_id is not None and self._run_id != run_id:
+            # Another server's inbox: its entry ids owe nothing to the last one read here.
+            self._inbox_last_id, self._untrimmed = START.encode(), 0
             subscriptions = [sub for subs in self._subscriptions.values() for sub in subs]
             lost = await self._fail_lost([sub for sub in subscriptions if sub.queued])
             # A job still being enqueued may not be in Redis yet: it is judged once it is.

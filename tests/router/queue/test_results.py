@@ -325,3 +325,33 @@ async def test_what_the_reader_took_from_its_inbox_is_trimmed(redis: aioredis.Re
     finally:
         await writer.stop()
         await tasks.stop()
+
+
+async def test_after_a_redis_restart_the_inbox_is_read_from_its_start(tmp_path: Path) -> None:
+    """A new server's entry ids owe nothing to the old one's: the point read to is forgotten."""
+    node = RedisNode(tmp_path).start()
+    blocking = blocking_client(node.url, BLOCK_MS)
+    reader = ResultReader(blocking, "door", RedisHealth(blocking))
+    tasks = TaskSet("test")
+    reader.start(tasks)
+    redis = pooled_client(node.url)
+    job_id = "j" * 32
+    try:
+        subscription = reader.subscribe(job_id, MODEL, from_inbox=True)  # its enqueue not returned yet
+        # The old server's inbox had reached an id beyond anything the new one's clock will give.
+        await redis.xadd(reader.inbox_key, {keys.WAKE_FIELD: ""}, id="9999999999999-0")
+        await asyncio.sleep(0.3)  # read
+        node.kill()
+        node.start()  # empty
+        await redis.hset(keys.job_record(job_id), keys.READERS_FIELD, 1)
+        subscription.queued = True
+        # Only the copy is written: the job's result stream, read directly, would bring nothing.
+        copy = {"r": keys.result_stream(job_id), "e": "0-1", "c": encode(Chunk(text="a"))}
+        await redis.xadd(reader.inbox_key, copy)  # type: ignore[arg-type]
+        _, chunk = await subscription.get(asyncio.get_running_loop().time() + 5)
+        assert chunk.text == "a"
+    finally:
+        await tasks.stop()
+        await blocking.aclose()
+        await redis.aclose()
+        node.kill()
