@@ -41,6 +41,7 @@ from workers.engines.registry import (
     runnable_models,
 )
 from workers.jobs.consume import JobConsumer
+from workers.jobs.lane import FrontDoorLanes
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import ModelSlot
 from workers.models.slots import Slots
@@ -118,6 +119,8 @@ class Worker:
             enabled=settings.worker.fair_shares and settings.worker.cpu_priorities,
         )
         self._slots.on_jobs_changed(self._priorities.update)
+        # Chunks straight to the front doors on this machine, while this worker's record is sure to live.
+        self._lanes = FrontDoorLanes(self._redis, fresh=lambda: self._heartbeat.fresh())
         self._consumer = JobConsumer(
             self._redis,
             self._writer,
@@ -131,6 +134,7 @@ class Worker:
             orphan_grace_s=settings.worker.orphan_grace_s,
             # A worker that no longer takes jobs must not hold models (and replica leases) for nothing.
             on_failure=self._stop_requested.set,
+            lanes=self._lanes,
         )
         # A loaded model's objects live until its unload: full collections need not walk them
         # while it is warm, and are collected once it is cold (each between jobs).
@@ -240,6 +244,7 @@ class Worker:
             await _stop_step("drain running jobs", self._consumer.stop(drain_s), drain_s)
             await _stop_step("withdraw the advertisement", self._heartbeat.stop())
             await _stop_step("flush result chunks", self._writer.stop())
+            await _stop_step("close the lanes to front doors", self._lanes.close())
             for slot in self._slots.values():
                 await _stop_step(f"unload {slot.name}", self._unload_on_stop(slot))
             await _stop_step("end the background starts", self._tasks.stop())

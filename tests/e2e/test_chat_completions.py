@@ -7,8 +7,10 @@ import asyncio
 import httpx
 import openai
 import pytest
+import redis
 from openai import AsyncOpenAI, OpenAI
 
+from switchboard import keys
 from tests.support.stack import (
     BROKEN_ROUTER_PIPELINE,
     BROKEN_VERSION,
@@ -204,3 +206,28 @@ async def test_redis_holds_no_result_streams_after_requests_finish(client: OpenA
         assert await redis.ttl(job_stream) > 0
     finally:
         await redis.aclose()
+
+
+def test_a_streamed_answer_comes_to_its_front_door_over_the_lane_not_through_redis(
+    client: OpenAI, stack: Stack
+) -> None:
+    """The worker and the front door share this machine and user: each chunk goes over the front
+    door's lane (router.queue.lane); Redis records it in the result stream but copies none to the
+    front door's inbox."""
+    params = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16, "temperature": 0}
+    client.chat.completions.create(**params, stream=True).close()  # the worker's lane comes up
+    client.chat.completions.create(**params)
+    with redis.Redis.from_url(stack.redis_url) as store:
+        before = _copies_to_inboxes(store)
+        stream = client.chat.completions.create(**params, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text
+        assert _copies_to_inboxes(store) == before
+
+
+def _copies_to_inboxes(store: redis.Redis) -> dict[bytes, int]:
+    """Entries ever added to each front door's inbox (their copies of chunks and their wake pokes)."""
+    added = {}
+    for key in store.scan_iter(match=keys.inbox("*")):
+        added[key] = int(store.xinfo_stream(key)["entries-added"])
+    return added
