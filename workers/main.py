@@ -105,7 +105,9 @@ class Worker:
         self._engines_imported = asyncio.Event()
         # Advertised: Triton runs and the engines' runtime is imported (see `_advertise_when_prepared`).
         self._engines_ready = False
-        self._writer = ResultWriter(self._redis, self.id)
+        # Chunks straight to the front doors on this machine, while this worker's record is sure to live.
+        self._lanes = FrontDoorLanes(self._redis, fresh=lambda: self._heartbeat.fresh())
+        self._writer = ResultWriter(self._redis, self.id, before_flush=self._lanes.flush)
         self._coordination = Coordination(self._redis, self.id, self.kind)
         self._slots = Slots(
             self._models, host=self._host, host_started=self._host_started, create_engine=self._create_engine
@@ -119,8 +121,6 @@ class Worker:
             enabled=settings.worker.fair_shares and settings.worker.cpu_priorities,
         )
         self._slots.on_jobs_changed(self._priorities.update)
-        # Chunks straight to the front doors on this machine, while this worker's record is sure to live.
-        self._lanes = FrontDoorLanes(self._redis, fresh=lambda: self._heartbeat.fresh())
         self._consumer = JobConsumer(
             self._redis,
             self._writer,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
@@ -68,8 +69,12 @@ class _Write:
 class ResultWriter:
     """Batches chunk appends of all jobs of one worker into pipelines."""
 
-    def __init__(self, redis: aioredis.Redis, writer_id: str = "") -> None:
+    def __init__(
+        self, redis: aioredis.Redis, writer_id: str = "", *, before_flush: Callable[[], None] = lambda: None
+    ) -> None:
+        """`before_flush` runs as each batch leaves (`workers.jobs.lane.FrontDoorLanes.flush`)."""
         self._redis = redis
+        self._before_flush = before_flush
         # Marks every chunk written, so that a retried flush recognises its own chunks.
         self._writer_id = writer_id
         self._pending: list[_Write] = []
@@ -133,6 +138,7 @@ class ResultWriter:
             self._has_pending.clear()
             if self._pending:
                 batch, self._pending = self._pending, []
+                self._before_flush()
                 await self._write(batch)
 
     async def _write(self, batch: list[_Write]) -> None:

@@ -88,6 +88,7 @@ async def test_a_chunk_on_the_lane_reaches_its_request_before_redis_has_it(
         job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
         subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
         assert lanes.send(job, 1, encode(Chunk(text="a")), served_by="served-name")
+        lanes.flush()
         entry_id, chunk = await next_chunk(subscription, QUIET_S / 2)
         assert (entry_id, chunk.text) == ("0-1", "a")
         assert subscription.served_by == "served-name"
@@ -100,7 +101,7 @@ async def test_chunks_that_come_both_ways_are_handed_over_once_and_in_order(
     redis: aioredis.Redis, door: Door
 ) -> None:
     lanes = await connected_lanes(redis)
-    writer = ResultWriter(redis, "w1")
+    writer = ResultWriter(redis, "w1", before_flush=lanes.flush)
     writer.start()
     job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
     await redis.hset(keys.job_record(job.id), keys.READERS_FIELD, 1)
@@ -114,6 +115,7 @@ async def test_chunks_that_come_both_ways_are_handed_over_once_and_in_order(
             await writer.append(job.id, encode(chunk), seq=seq, first=seq == 0, inbox=inbox_of(job))
         await writer.append(job.id, encode(chunks[2]), seq=2, inbox=inbox_of(job))
         assert lanes.send(job, 4, encode(LAST))
+        lanes.flush()
         got = [await next_chunk(subscription) for _ in chunks]
         assert [(entry_id, chunk.text) for entry_id, chunk in got] == [
             ("0-1", "a"),
@@ -131,7 +133,7 @@ async def test_a_chunk_that_skips_ahead_on_the_lane_has_the_missing_ones_read_fr
     redis: aioredis.Redis, door: Door
 ) -> None:
     lanes = await connected_lanes(redis)
-    writer = ResultWriter(redis, "w1")
+    writer = ResultWriter(redis, "w1", before_flush=lanes.flush)
     writer.start()
     job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
     await redis.hset(keys.job_record(job.id), keys.READERS_FIELD, 1)
@@ -142,6 +144,7 @@ async def test_a_chunk_that_skips_ahead_on_the_lane_has_the_missing_ones_read_fr
         await writer.append(job.id, encode(Chunk(text="a")), seq=0, first=True)
         await writer.append(job.id, encode(LAST), seq=1)
         assert lanes.send(job, 2, encode(LAST))
+        lanes.flush()
         assert [(await next_chunk(subscription))[1].text for _ in range(2)] == ["a", ""]
         assert asyncio.get_running_loop().time() - started < QUIET_S
     finally:
@@ -216,3 +219,27 @@ async def test_a_front_door_advertises_its_lane_while_it_runs_in_a_folder_of_its
     assert not await redis.exists(keys.router_lane(router_id))
     with pytest.raises(FileNotFoundError):
         os.stat(folder)
+
+
+async def test_the_chunks_sent_on_the_lane_leave_with_the_result_writers_next_batch(
+    redis: aioredis.Redis, door: Door
+) -> None:
+    lanes = await connected_lanes(redis)
+    writer = ResultWriter(redis, "w1", before_flush=lanes.flush)
+    writer.start()
+    job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
+    await redis.hset(keys.job_record(job.id), keys.READERS_FIELD, 1)
+    try:
+        subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
+        started = asyncio.get_running_loop().time()
+        assert lanes.send(job, 1, encode(Chunk(text="a")))
+        with pytest.raises(TimeoutError):
+            await next_chunk(subscription, 0.1)  # held until the writer's batch leaves
+        # Appended without an inbox copy, as a worker does once the lane took the chunk.
+        await writer.append(job.id, encode(Chunk(text="a")), seq=0, first=True)
+        entry_id, chunk = await next_chunk(subscription)
+        assert (entry_id, chunk.text) == ("0-1", "a")
+        assert asyncio.get_running_loop().time() - started < QUIET_S  # not read from the stream
+    finally:
+        await writer.stop()
+        await lanes.close()
