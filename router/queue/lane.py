@@ -3,8 +3,9 @@
 Through Redis a chunk takes two hops to the request that waits for it (the worker's append to Redis,
 then Redis to this front door's blocked XREAD of its inbox), each the wake-up of a process that may
 sit idle; a socket between the two processes is one. Measured one request at a time, alternating
-request by request on one stack: from the worker's hands to the request's 0.89 / 0.92 ms through
-Redis, 0.53 / 0.55 ms over the lane.
+request by request on one stack: from the worker's hands to the request's 0.85 / 0.95 ms through
+Redis, 0.46 / 0.58 ms over the lane; and this process and Redis spend less CPU per request at every
+load (`bench/README.md`, path_overhead's section).
 
 So the front door also listens on a Unix socket, in a folder that only its user can open
 (`switchboard.local.private_files`), and advertises the socket with a random token beside its

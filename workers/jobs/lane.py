@@ -8,9 +8,7 @@ front door elsewhere, the lane behind), the append copies it to the inbox as bef
 itself is never left out: the result stream stays the record, a takeover goes on from it. The
 frames leave with the result writer's next batch of appends, just before it (`flush`): written on
 their own, a write per turn of the worker's loop, they woke the front door more often than the
-batches had, and cost the two cores more than the hop saved (8 and 32 streams, 2 alternating
-rounds: 160 requests in 5.4 / 4.4 s against 3.5 / 3.9, the worker's CPU per request at 32 streams
-5.8 / 5.1 ms against 4.5 / 4.6).
+batches had, and cost the two cores more than the hop saved from 8 streams on (bench/README.md).
 
 A lane is looked up (`keys.router_lane`) and connected in the background the first time a front door
 is named, so no chunk waits for that; the chunks before it is up go through Redis. A front door
