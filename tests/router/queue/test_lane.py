@@ -80,6 +80,29 @@ async def _sent_nothing_yet(lanes: FrontDoorLanes, job: object) -> bool:
     return lanes.send(job, 1, encode(Chunk(text="nobody")))  # type: ignore[arg-type]
 
 
+class WorkerSide:
+    """A worker's lanes, up, and its result writer, which flushes them; a job of the front door's."""
+
+    def __init__(self, lanes: FrontDoorLanes, writer: ResultWriter) -> None:
+        self.lanes = lanes
+        self.writer = writer
+        self.job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
+
+
+@pytest.fixture
+async def worker(redis: aioredis.Redis, door: Door) -> AsyncIterator[WorkerSide]:
+    lanes = await connected_lanes(redis)
+    writer = ResultWriter(redis, "w1", before_flush=lanes.flush)
+    writer.start()
+    side = WorkerSide(lanes, writer)
+    await redis.hset(keys.job_record(side.job.id), keys.READERS_FIELD, 1)
+    try:
+        yield side
+    finally:
+        await writer.stop()
+        await lanes.close()
+
+
 async def test_a_chunk_on_the_lane_reaches_its_request_before_redis_has_it(
     redis: aioredis.Redis, door: Door
 ) -> None:
@@ -98,58 +121,42 @@ async def test_a_chunk_on_the_lane_reaches_its_request_before_redis_has_it(
 
 
 async def test_chunks_that_come_both_ways_are_handed_over_once_and_in_order(
-    redis: aioredis.Redis, door: Door
+    door: Door, worker: WorkerSide
 ) -> None:
-    lanes = await connected_lanes(redis)
-    writer = ResultWriter(redis, "w1", before_flush=lanes.flush)
-    writer.start()
-    job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
-    await redis.hset(keys.job_record(job.id), keys.READERS_FIELD, 1)
-    try:
-        subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
-        chunks = [Chunk(text="a"), Chunk(text="b"), Chunk(text="c"), LAST]
-        # The first two come over the lane and through the inbox as well; the third only through the
-        # inbox (the lane was behind, say); the last over the lane alone, after the others.
-        for seq, chunk in enumerate(chunks[:2]):
-            assert lanes.send(job, seq + 1, encode(chunk))
-            await writer.append(job.id, encode(chunk), seq=seq, first=seq == 0, inbox=inbox_of(job))
-        await writer.append(job.id, encode(chunks[2]), seq=2, inbox=inbox_of(job))
-        assert lanes.send(job, 4, encode(LAST))
-        lanes.flush()
-        got = [await next_chunk(subscription) for _ in chunks]
-        assert [(entry_id, chunk.text) for entry_id, chunk in got] == [
-            ("0-1", "a"),
-            ("0-2", "b"),
-            ("0-3", "c"),
-            ("0-4", ""),
-        ]
-        assert got[-1][1].is_last
-    finally:
-        await writer.stop()
-        await lanes.close()
+    lanes, writer, job = worker.lanes, worker.writer, worker.job
+    subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
+    chunks = [Chunk(text="a"), Chunk(text="b"), Chunk(text="c"), LAST]
+    # The first two come over the lane and through the inbox as well; the third only through the
+    # inbox (the lane was behind, say); the last over the lane alone, after the others.
+    for seq, chunk in enumerate(chunks[:2]):
+        assert lanes.send(job, seq + 1, encode(chunk))
+        await writer.append(job.id, encode(chunk), seq=seq, first=seq == 0, inbox=inbox_of(job))
+    await writer.append(job.id, encode(chunks[2]), seq=2, inbox=inbox_of(job))
+    assert lanes.send(job, 4, encode(LAST))
+    lanes.flush()
+    got = [await next_chunk(subscription) for _ in chunks]
+    assert [(entry_id, chunk.text) for entry_id, chunk in got] == [
+        ("0-1", "a"),
+        ("0-2", "b"),
+        ("0-3", "c"),
+        ("0-4", ""),
+    ]
+    assert got[-1][1].is_last
 
 
 async def test_a_chunk_that_skips_ahead_on_the_lane_has_the_missing_ones_read_from_the_stream(
-    redis: aioredis.Redis, door: Door
+    door: Door, worker: WorkerSide
 ) -> None:
-    lanes = await connected_lanes(redis)
-    writer = ResultWriter(redis, "w1", before_flush=lanes.flush)
-    writer.start()
-    job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
-    await redis.hset(keys.job_record(job.id), keys.READERS_FIELD, 1)
-    try:
-        subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
-        started = asyncio.get_running_loop().time()
-        # The first chunk went to the stream alone (no copy anywhere), the second over the lane.
-        await writer.append(job.id, encode(Chunk(text="a")), seq=0, first=True)
-        await writer.append(job.id, encode(LAST), seq=1)
-        assert lanes.send(job, 2, encode(LAST))
-        lanes.flush()
-        assert [(await next_chunk(subscription))[1].text for _ in range(2)] == ["a", ""]
-        assert asyncio.get_running_loop().time() - started < QUIET_S
-    finally:
-        await writer.stop()
-        await lanes.close()
+    lanes, writer, job = worker.lanes, worker.writer, worker.job
+    subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
+    started = asyncio.get_running_loop().time()
+    # The first chunk went to the stream alone (no copy anywhere), the second over the lane.
+    await writer.append(job.id, encode(Chunk(text="a")), seq=0, first=True)
+    await writer.append(job.id, encode(LAST), seq=1)
+    assert lanes.send(job, 2, encode(LAST))
+    lanes.flush()
+    assert [(await next_chunk(subscription))[1].text for _ in range(2)] == ["a", ""]
+    assert asyncio.get_running_loop().time() - started < QUIET_S
 
 
 async def test_a_connection_that_does_not_say_the_token_is_closed_unread(door: Door) -> None:
@@ -222,24 +229,16 @@ async def test_a_front_door_advertises_its_lane_while_it_runs_in_a_folder_of_its
 
 
 async def test_the_chunks_sent_on_the_lane_leave_with_the_result_writers_next_batch(
-    redis: aioredis.Redis, door: Door
+    door: Door, worker: WorkerSide
 ) -> None:
-    lanes = await connected_lanes(redis)
-    writer = ResultWriter(redis, "w1", before_flush=lanes.flush)
-    writer.start()
-    job = msgspec.structs.replace(make_job(MODEL, "x"), router_id=ROUTER)
-    await redis.hset(keys.job_record(job.id), keys.READERS_FIELD, 1)
-    try:
-        subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
-        started = asyncio.get_running_loop().time()
-        assert lanes.send(job, 1, encode(Chunk(text="a")))
-        with pytest.raises(TimeoutError):
-            await next_chunk(subscription, 0.1)  # held until the writer's batch leaves
-        # Appended without an inbox copy, as a worker does once the lane took the chunk.
-        await writer.append(job.id, encode(Chunk(text="a")), seq=0, first=True)
-        entry_id, chunk = await next_chunk(subscription)
-        assert (entry_id, chunk.text) == ("0-1", "a")
-        assert asyncio.get_running_loop().time() - started < QUIET_S  # not read from the stream
-    finally:
-        await writer.stop()
-        await lanes.close()
+    job = worker.job
+    subscription = door.reader.subscribe(job.id, MODEL, from_inbox=True)
+    started = asyncio.get_running_loop().time()
+    assert worker.lanes.send(job, 1, encode(Chunk(text="a")))
+    with pytest.raises(TimeoutError):
+        await next_chunk(subscription, 0.1)  # held until the writer's batch leaves
+    # Appended without an inbox copy, as a worker does once the lane took the chunk.
+    await worker.writer.append(job.id, encode(Chunk(text="a")), seq=0, first=True)
+    entry_id, chunk = await next_chunk(subscription)
+    assert (entry_id, chunk.text) == ("0-1", "a")
+    assert asyncio.get_running_loop().time() - started < QUIET_S  # not read from the stream
