@@ -105,8 +105,11 @@ class Worker:
         self._engines_imported = asyncio.Event()
         # Advertised: Triton runs and the engines' runtime is imported (see `_advertise_when_prepared`).
         self._engines_ready = False
-        # Chunks straight to the front doors on this machine, while this worker's record is sure to live.
-        self._lanes = FrontDoorLanes(self._redis, fresh=lambda: self._heartbeat.fresh())
+        # Chunks straight to the front doors on this machine, while this worker's record is sure to
+        # live and its last flush of chunks went through.
+        self._lanes = FrontDoorLanes(
+            self._redis, fresh=lambda: self._heartbeat.fresh() and self._writer.healthy
+        )
         self._writer = ResultWriter(self._redis, self.id, before_flush=self._lanes.flush)
         self._coordination = Coordination(self._redis, self.id, self.kind)
         self._slots = Slots(

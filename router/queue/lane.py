@@ -17,6 +17,9 @@ stream is still the record, written all the same; each chunk is judged by its en
 another machine, a lane that is down or behind) comes through the inbox, or a read of its stream.
 
 A connection that does not say the token first, or sends what no worker sends, is closed.
+
+Off by default (`router.chunk_lane`): a chunk reaches the client before Redis has it, and one that
+Redis then loses is missing from the record a takeover answers from (README, "How a request travels").
 """
 
 from __future__ import annotations

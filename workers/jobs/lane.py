@@ -15,10 +15,12 @@ is named, so no chunk waits for that; the chunks before it is up go through Redi
 whose address is missing, or whose socket cannot be reached from here (another machine, another
 container), is tried again after `RETRY_S`.
 
-Chunks go out on the lane only while this worker's record is sure to be in Redis (`fresh`, from the
-heartbeat): no other worker takes over a job while its worker's record lives, so a worker that
-stalled past its record's expiry can never send a chunk of a job that another worker now answers;
-its appends, fenced in Redis, say so (`Superseded`).
+Chunks go out on the lane only while `fresh` says so: while this worker's record is sure to be in
+Redis (the heartbeat; no other worker takes over a job while its worker's record lives, so a worker
+that stalled past its record's expiry never sends a chunk of a job another worker now answers) and
+its last flush of chunks went through (the result writer's `healthy`: while Redis is away, no more
+chunks are shown that it may never record). Used only when the front door turns it on
+(`router.chunk_lane`).
 """
 
 from __future__ import annotations

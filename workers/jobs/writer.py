@@ -75,6 +75,8 @@ class ResultWriter:
         """`before_flush` runs as each batch leaves (`workers.jobs.lane.FrontDoorLanes.flush`)."""
         self._redis = redis
         self._before_flush = before_flush
+        # False from a flush that failed to the next that succeeds: no chunk goes over a lane then.
+        self.healthy = True
         # Marks every chunk written, so that a retried flush recognises its own chunks.
         self._writer_id = writer_id
         self._pending: list[_Write] = []
@@ -145,8 +147,10 @@ class ResultWriter:
         for delay_s in (*RETRY_DELAYS_S, None):
             try:
                 statuses = await self._flush(batch)
+                self.healthy = True
                 break
             except Exception as exc:
+                self.healthy = False
                 if delay_s is not None:
                     logger.warning("writing result chunks failed; retrying", extra={"chunks": len(batch)})
                     self._append_loaded = False  # Redis may have restarted without the script

@@ -210,10 +210,25 @@ async def test_a_front_door_with_no_lane_is_asked_again_only_after_a_while(
         await lanes.close()
 
 
-async def test_a_front_door_advertises_its_lane_while_it_runs_in_a_folder_of_its_own(
+async def test_a_front_door_opens_no_lane_unless_asked(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
     front_door = await FrontDoor.open(settings_for(redis_server.url))
+    try:
+        router_id = front_door.reader.inbox_key.split(":")[2]
+        await eventually(lambda: redis.exists(keys.router_alive(router_id)), 5, "the heartbeat")
+        assert front_door.lane is None
+        assert not await redis.exists(keys.router_lane(router_id))
+    finally:
+        await front_door.close()
+
+
+async def test_a_front_door_advertises_its_lane_while_it_runs_in_a_folder_of_its_own(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    settings = settings_for(redis_server.url)
+    settings.router.chunk_lane = True
+    front_door = await FrontDoor.open(settings)
     try:
         router_id = front_door.reader.inbox_key.split(":")[2]
         await eventually(lambda: redis.exists(keys.router_lane(router_id)), 5, "the lane advertised")
