@@ -7,11 +7,11 @@ request by request on one stack: from the worker's hands to the request's 0.85 /
 Redis, 0.46 / 0.58 ms over the lane; and this process and Redis spend less CPU per request at every
 load (`bench/README.md`, path_overhead's section).
 
-So the front door also listens on a Unix socket, in a folder that only its user can open
-(`switchboard.local.private_files`), and advertises the socket with a random token beside its
-heartbeat (`keys.router_lane`, `switchboard.chunk_lane.LaneAddress`). A worker on the same machine,
-run by the same user, connects, says the token, and sends each chunk here before it appends it
-(`workers.jobs.lane`); that append then leaves out the inbox copy. Nothing else changes: the result
+So the front door also listens on a Unix socket, in a folder that only its user can open (made by
+`tempfile.mkdtemp`, mode 0700), and advertises the socket with a random token beside its heartbeat
+(`keys.router_lane`, `switchboard.chunk_lane.LaneAddress`). A worker on the same machine, run by
+the same user, connects, says the token, and sends its chunks here, each batch just before the
+batch's appends to Redis (`workers.jobs.lane`); those appends then leave out the inbox copies. Nothing else changes: the result
 stream is still the record, written all the same; each chunk is judged by its entry id
 (`ResultReader.deliver_copy`), whichever way it came; a chunk that did not come here (a worker on
 another machine, a lane that is down or behind) comes through the inbox, or a read of its stream.

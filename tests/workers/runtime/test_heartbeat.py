@@ -10,21 +10,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from switchboard import keys
-from switchboard.wire import WorkerRecord
+from tests.support.front_door_harness import worker_record
 from workers.runtime import heartbeat as heartbeat_module
 from workers.runtime.heartbeat import Heartbeat
 
-RECORD = WorkerRecord(
-    id="w1",
-    host="here",
-    pid=1,
-    started=0.0,
-    heartbeat=0.0,
-    models=(),
-    triton_http_port=1,
-    triton_grpc_port=2,
-    triton_metrics_port=3,
-)
+RECORD = worker_record("w1")
 
 
 async def test_the_record_is_fresh_after_a_beat_and_not_once_withdrawn(redis: aioredis.Redis) -> None:
