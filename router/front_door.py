@@ -22,7 +22,6 @@ from router.admission.models import ModelTable
 from router.pipeline import Pipeline
 from router.pooling_pipeline import PoolingPipeline
 from router.queue.enqueue import JobQueue
-from router.queue.lane import ChunkLane
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.starts import JobRuns
 from router.routing.judge import RolloutJudge
@@ -64,9 +63,6 @@ class FrontDoor:
         self.health = RedisHealth(redis)
         self.heartbeat = RouterHeartbeat(redis, router_id)
         self.reader = ResultReader(reader_redis, router_id, self.health)
-        self.lane = (
-            ChunkLane(self.reader.deliver_copy, self.reader.wake) if settings.router.chunk_lane else None
-        )
         self.status = ModelStatusReader(redis, settings.models)
         self.limits = ModelLimitsCache(redis)
         self.key_table = KeyTable(redis, settings)
@@ -132,7 +128,6 @@ class FrontDoor:
                 await reader_redis.aclose()
                 await redis.aclose()
                 raise
-        await front_door._open_lane()
         front_door.reader.start(front_door.tasks)
         front_door.routes.start(front_door.tasks)
         front_door.pipelines.start(front_door.tasks)
@@ -141,21 +136,6 @@ class FrontDoor:
         front_door.health.start(front_door.tasks)
         return front_door
 
-    async def _open_lane(self) -> None:
-        """Listen for the chunks of the workers on this machine; without the lane (a temporary
-        folder that cannot be made, say), every chunk comes through Redis."""
-        if self.lane is None:
-            return
-        try:
-            await self.lane.open()
-        except OSError as exc:
-            logger.warning(
-                "the chunk lane could not open; chunks come through Redis", extra={"error": str(exc)}
-            )
-            self.lane = None
-            return
-        self.heartbeat.lane = self.lane.address
-
     async def close(self) -> None:
         """Stop every background task, remove the heartbeat and close the connections."""
         await self.tasks.stop()
@@ -163,7 +143,5 @@ class FrontDoor:
         await self.admission.drain(RELEASE_DRAIN_S)
         await self.reader.flush_ended(RELEASE_DRAIN_S)
         await self.heartbeat.forget()
-        if self.lane is not None:
-            await self.lane.close()
         await self._reader_redis.aclose()
         await self.redis.aclose()

@@ -284,12 +284,6 @@ def router_alive(router_id: str) -> str:
     return f"{PREFIX}:router:{router_id}:alive"
 
 
-def router_lane(router_id: str) -> str:
-    """Where the front door `router_id` takes chunks straight from the workers on its machine
-    (`switchboard.chunk_lane.LaneAddress`, JSON), refreshed with its heartbeat."""
-    return f"{PREFIX}:router:{router_id}:lane"
-
-
 def route(name: str) -> str:
     """Hash of route `name`'s live state (`switchboard.routes`): its weights, version, last change.
 

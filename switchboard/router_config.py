@@ -45,12 +45,6 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # new one is answered 503 at once and closed. Lowered at start to what the process's open-file
     # limit (`ulimit -n`) leaves room for.
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 4096
-    # Workers on this machine, run by the same user, send their chunks straight to this front door
-    # over a Unix socket in a private folder (router.queue.lane), a hop fewer than through Redis,
-    # which still records every chunk. Off by default: a chunk is shown before Redis has it, and one
-    # that Redis then loses (a failover, a restart, a write that fails) is missing from the record
-    # that a takeover answers from, so the client's text may not add up.
-    chunk_lane: bool = False
     # Host names (or addresses) a front door without API keys answers to besides loopback ones
     # (`localhost`, 127.0.0.0/8, ::1): with no key, a request naming another Host, or sent from a web
     # page of another origin, is refused (403), so that no web page can use it (DNS rebinding,

@@ -41,7 +41,6 @@ from workers.engines.registry import (
     runnable_models,
 )
 from workers.jobs.consume import JobConsumer
-from workers.jobs.lane import FrontDoorLanes
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import ModelSlot
 from workers.models.slots import Slots
@@ -105,12 +104,7 @@ class Worker:
         self._engines_imported = asyncio.Event()
         # Advertised: Triton runs and the engines' runtime is imported (see `_advertise_when_prepared`).
         self._engines_ready = False
-        # Chunks straight to the front doors on this machine, while this worker's record is sure to
-        # live and its last flush of chunks went through.
-        self._lanes = FrontDoorLanes(
-            self._redis, fresh=lambda: self._heartbeat.fresh() and self._writer.healthy
-        )
-        self._writer = ResultWriter(self._redis, self.id, before_flush=self._lanes.flush)
+        self._writer = ResultWriter(self._redis, self.id)
         self._coordination = Coordination(self._redis, self.id, self.kind)
         self._slots = Slots(
             self._models, host=self._host, host_started=self._host_started, create_engine=self._create_engine
@@ -137,7 +131,6 @@ class Worker:
             orphan_grace_s=settings.worker.orphan_grace_s,
             # A worker that no longer takes jobs must not hold models (and replica leases) for nothing.
             on_failure=self._stop_requested.set,
-            lanes=self._lanes,
         )
         # A loaded model's objects live until its unload: full collections need not walk them
         # while it is warm, and are collected once it is cold (each between jobs).
@@ -247,7 +240,6 @@ class Worker:
             await _stop_step("drain running jobs", self._consumer.stop(drain_s), drain_s)
             await _stop_step("withdraw the advertisement", self._heartbeat.stop())
             await _stop_step("flush result chunks", self._writer.stop())
-            await _stop_step("close the lanes to front doors", self._lanes.close())
             for slot in self._slots.values():
                 await _stop_step(f"unload {slot.name}", self._unload_on_stop(slot))
             await _stop_step("end the background starts", self._tasks.stop())

@@ -1,11 +1,12 @@
 """One reader loop per front-door process for the results of all in-flight jobs.
 
-One task issues a single ``XREAD BLOCK`` and hands each chunk, with its entry id, to the request
-waiting for it. Most of what it reads comes from one key: this front door's inbox (`keys.inbox`). A
-worker's append script copies every chunk of a job queued here into it, with the job's result stream
-and the chunk's entry id there (`switchboard/lua/append_chunk.lua`), so each read blocks on one key,
-not on one per job in flight. What was read is trimmed from the inbox on a later pass. A worker on
-this machine sends its chunks over the lane instead (`router.queue.lane`): the same copies, sooner.
+A blocking read per request would tie up a Redis connection each; instead one task issues a single
+``XREAD BLOCK`` and hands each chunk, with its entry id, to the request waiting for it. Most of what
+it reads comes from one key: this front door's inbox (`keys.inbox`). A worker's append script
+copies every chunk of a job queued here into it, with the job's result stream and the chunk's entry
+id there (`switchboard/lua/append_chunk.lua`), so a new request needs no wake poke and each read
+blocks on one key, not on one per job in flight: the reads cost Redis and this process the same
+whether 1 or 1,000 streams are open. What was read is trimmed from the inbox on a later pass.
 
 A job's result stream stays the record of its answer, and a subscription reads it itself ("direct")
 whenever the inbox may not bring it all: a resumed stream (its job may be another front door's, and
@@ -22,10 +23,11 @@ The loop also notices a Redis that restarted (its run id changed), on its first 
 answers again: a job that did not survive the restart can never finish, and its request is failed at
 once instead of waiting for its deadline. A job survived if its record (`keys.job_record`, written
 with the job and deleted only with its results) is there and, once its first chunk was read, its
-result stream too (nothing else brings the record back, unlike its model's job stream). A check
-that fails (Redis still loading its data, a pooled connection from before the restart) is repeated
-on the next pass: the restart is remembered only once it was checked. With append-only
-persistence everything survives, and reading goes on.
+result stream too. Nothing else traffic writes can bring the record back (unlike its model's job
+stream, which the next enqueue creates again). A check that fails (Redis still loading its data, a
+pooled connection from before the restart) is repeated on the next pass: the restart is remembered
+only once it was checked. With append-only persistence everything survives, and reading simply goes
+on.
 
 Writes can be lost without a restart this front door sees, too (a replica promoted before it had
 them): result entries are `0-1`, `0-2`, ... in order (`append_chunk.lua`), so a gap after the last
@@ -323,21 +325,18 @@ class ResultReader:
         self._inbox_last_id = entries[-1][0]
         self._untrimmed += len(entries)
         for _, fields in entries:
-            if (stream_key := fields.get(_RESULT_STREAM)) is not None:  # else a wake poke
-                self.deliver_copy(stream_key, fields[_RESULT_ENTRY], fields[_CHUNK], fields.get(_SERVED_BY))
-
-    def deliver_copy(self, stream_key: bytes, entry_id: bytes, chunk: bytes, served_by: bytes | None) -> bool:
-        """Hand a copy of entry `entry_id` of `stream_key` (from the inbox, or `router.queue.lane`) to
-        its job's readers here; whether one must read the stream now (the copy left entries out)."""
-        if not (subscriptions := self._subscriptions.get(stream_key)):
-            return False  # a job nobody here reads (any more)
-        decoded, direct = chunk_decoder.decode(chunk), False
-        for subscription in list(subscriptions):
-            if served_by is not None:
-                subscription.served_by = served_by.decode()
-            self._deliver_copy(subscription, entry_id, decoded)
-            direct = direct or subscription.direct
-        return direct
+            stream_key = fields.get(_RESULT_STREAM)
+            if stream_key is None:
+                continue  # a wake poke
+            subscriptions = self._subscriptions.get(stream_key)
+            if not subscriptions:
+                continue  # a job nobody here reads (any more)
+            chunk = chunk_decoder.decode(fields[_CHUNK])
+            served_by = fields.get(_SERVED_BY)
+            for subscription in list(subscriptions):
+                if served_by is not None:
+                    subscription.served_by = served_by.decode()
+                self._deliver_copy(subscription, fields[_RESULT_ENTRY], chunk)
 
     def _deliver_copy(self, subscription: Subscription, entry_id: bytes, chunk: Chunk) -> None:
         """Hand `subscription` an inbox copy of entry `entry_id` if it is the next one it needs;

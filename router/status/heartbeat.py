@@ -19,16 +19,11 @@ logger = logging.getLogger(__name__)
 
 
 class RouterHeartbeat:
-    """Refreshes `keys.router_alive(router_id)` (and `keys.router_lane`) every ROUTER_HEARTBEAT_S;
-    `forget` deletes them."""
+    """Refreshes `keys.router_alive(router_id)` every ROUTER_HEARTBEAT_S; `forget` deletes it."""
 
     def __init__(self, redis: aioredis.Redis, router_id: str) -> None:
         self._redis = redis
         self._key = keys.router_alive(router_id)
-        self._lane_key = keys.router_lane(router_id)
-        # Where the workers on this machine send chunks (`router.queue.lane`), advertised with
-        # every beat while it is set.
-        self.lane: bytes | None = None
 
     def start(self, tasks: TaskSet) -> None:
         """Beat now and every ROUTER_HEARTBEAT_S, as a task of `tasks`."""
@@ -45,13 +40,7 @@ class RouterHeartbeat:
     async def forget(self) -> None:
         """Remove the key at once, once beating stopped (this front door waits for nothing more)."""
         with contextlib.suppress(RedisError):
-            await self._redis.delete(self._key, self._lane_key)
+            await self._redis.delete(self._key)
 
     async def _beat(self) -> None:
-        if self.lane is None:
-            await self._redis.set(self._key, b"1", ex=keys.ROUTER_TTL_S)
-            return
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.set(self._key, b"1", ex=keys.ROUTER_TTL_S)
-        pipe.set(self._lane_key, self.lane, ex=keys.ROUTER_TTL_S)
-        await pipe.execute()
+        await self._redis.set(self._key, b"1", ex=keys.ROUTER_TTL_S)

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import redis
 from openai import AsyncOpenAI, OpenAI
 
-from switchboard import keys
-from switchboard.local.demo_model import config_entry
 from tests.support.stack import (
     BROKEN_ROUTER_PIPELINE,
     BROKEN_VERSION,
@@ -25,13 +19,10 @@ from tests.support.stack import (
     ROUTE,
     ROUTER_PIPELINE,
     SECOND_VERSION,
-    STACK_TIMEOUT_S,
     TRACED_VERSION,
     WARM_ROUTER_PIPELINE,
     Stack,
 )
-
-StartStack = Callable[..., contextlib.AbstractContextManager[Stack]]
 
 pytestmark = pytest.mark.e2e
 
@@ -213,31 +204,3 @@ async def test_redis_holds_no_result_streams_after_requests_finish(client: OpenA
         assert await redis.ttl(job_stream) > 0
     finally:
         await redis.aclose()
-
-
-def test_with_the_lane_on_a_streamed_answer_comes_to_its_front_door_over_it_not_through_redis(
-    start_stack: StartStack, demo_model_dir: Path
-) -> None:
-    """The worker and the front door share this machine and user: with `router.chunk_lane` on, each
-    chunk goes over the front door's lane (router.queue.lane); Redis records it in the result stream
-    but copies none to the front door's inbox."""
-    config = {"router": {"chunk_lane": True}, "models": [config_entry(demo_model_dir, preload=True)]}
-    with start_stack(config) as lane_stack:
-        lane_stack.wait_serving(MODEL, timeout_s=STACK_TIMEOUT_S)
-        client = OpenAI(base_url=f"{lane_stack.base_url}/v1", api_key="unused")
-        params = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16, "temperature": 0}
-        alone = client.chat.completions.create(**params)  # the worker's lane comes up meanwhile
-        with redis.Redis.from_url(lane_stack.redis_url) as store:
-            before = _copies_to_inboxes(store)
-            stream = client.chat.completions.create(**params, stream=True)
-            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-            assert text == alone.choices[0].message.content
-            assert _copies_to_inboxes(store) == before
-
-
-def _copies_to_inboxes(store: redis.Redis) -> dict[bytes, int]:
-    """Entries ever added to each front door's inbox (their copies of chunks and their wake pokes)."""
-    added = {}
-    for key in store.scan_iter(match=keys.inbox("*")):
-        added[key] = int(store.xinfo_stream(key)["entries-added"])
-    return added

@@ -1,20 +1,22 @@
 """Take jobs from the model streams, run them through the local Triton models, append their chunks.
 
-Each pass reads the job streams of the models warm here now, each with the count its model is
-allotted (`workers.jobs.shares`: a reserve per warm model, weighted shares of the rest, no more than
-its engine batches or the free slots; the reads are `workers.jobs.reads`). A model whose last read
-came back full is read without blocking first; otherwise the pass blocks on all the allotted
-streams; with no model warm the consumer waits for one. Jobs of a model nobody holds, or beyond what
-a model may take here, stay in its stream for any worker. A job is acknowledged in the same round
-trip as its last chunk, so a worker that dies mid-job leaves it pending, and another worker's sweep
-puts it back in line (`workers.jobs.takeover`); the worker that takes it goes on where the client's
-stream stopped (`workers.jobs.continuation`). An entry that cannot be decoded goes to the
-dead-letter stream; nothing that goes wrong in one pass stops the loop.
+Each pass reads the job streams of the models that are warm on this worker right now, each stream
+with the count its model is allotted (`workers.jobs.shares`: a reserve per warm model, weighted
+shares of the rest, no more than its engine batches, never more than the free slots; the reads
+themselves are `workers.jobs.reads`). A model whose last read came back full may have more jobs
+waiting: it is read without blocking first; otherwise the pass blocks on all the allotted streams.
+The set is rebuilt every pass; with no model warm the consumer waits for one. Jobs of a model
+nobody holds, or beyond what a model may take here, stay in its stream for any worker. A job is
+acknowledged in the same round trip as its last chunk, so a worker that dies mid-job leaves it
+pending, and another worker's sweep puts it back in line (`workers.jobs.takeover`); the worker that
+takes it goes on where the client's stream stopped (`workers.jobs.continuation`). An entry that
+cannot be decoded goes to the dead-letter stream; nothing that goes wrong in one pass stops the loop.
 
 Shadow copies of routed requests (`Job.shadow`, `router.routing.shadow`) come last: nobody waits for
-them, so one runs only while the worker has slots to spare (fewer than `max_shadow_jobs` running, a
-slot free once the real jobs of the same read have theirs, no real job left waiting); otherwise it
-is acknowledged at once with a "shadow_dropped" error, which its front door counts.
+them, so one runs only while the worker has slots to spare — fewer than `max_shadow_jobs` of them
+running, a slot free once the real jobs of the same read have theirs, and no real job left waiting
+(no model's read came back full, and none was held back). Otherwise it is acknowledged at once
+with a "shadow_dropped" error, which its front door counts.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from switchboard.redis_conn import stream_entries
 from switchboard.tasks import TaskSet, first_of, poll
 from switchboard.wire import JobError
 from workers.jobs import reads, shares
-from workers.jobs.lane import FrontDoorLanes
 from workers.jobs.orphans import ORPHAN_GRACE_S, OrphanWatch
 from workers.jobs.run import JobRunner
 from workers.jobs.takeover import Entry, Takeover, dead_letter, decode_entry
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 # Short, so that a model that just became warm is read within a quarter second even while the
 # consumer is blocked on the other models' streams. A read that blocks while a model with jobs
-# waiting is held back ends as soon as a slot frees (`workers.jobs.wakeable_read`).
+# waiting is held back is ended as soon as a slot frees (`workers.jobs.wakeable_read`).
 BLOCK_MS = 250
 RETRY_DELAY_S = 0.5
 # Waiting jobs answered per round trip when a model cannot be loaded.
@@ -76,12 +77,10 @@ class JobConsumer:
         takeover_check_s: float = 2.0,
         orphan_grace_s: float = ORPHAN_GRACE_S,
         on_failure: Callable[[], None] = lambda: None,
-        lanes: FrontDoorLanes | None = None,
     ) -> None:
         """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping;
-        `lanes` send chunks to the front doors on this machine; `max_shadow_jobs` (None: a quarter
-        of `max_concurrent_jobs`) bounds the shadow copies running; `fair_shares` False shares the
-        slots in turn, without reserves, weights or priorities."""
+        `max_shadow_jobs` (None: a quarter of `max_concurrent_jobs`) bounds the shadow copies running;
+        `fair_shares` False shares the slots in turn, without reserves, weights or priorities."""
         self._redis = redis
         self._worker_id = worker_id
         self._slots = slots
@@ -106,8 +105,9 @@ class JobConsumer:
         # The blocking read made while a model with jobs waiting is held back: a freed slot ends it.
         self._held_back_read = WakeableRead(redis)
         self._orphans = OrphanWatch(redis, grace_s=orphan_grace_s)
-        self._runner = JobRunner(redis, writer, worker_id=worker_id, orphans=self._orphans, lanes=lanes)
-        # Taking jobs (reader, takeover sweep) stops before running jobs drain; orphan watch after.
+        self._runner = JobRunner(redis, writer, worker_id=worker_id, orphans=self._orphans)
+        # Taking jobs (the reader and the takeover sweep) stops before the running jobs drain;
+        # the orphan watch goes on until they have.
         self._taking = TaskSet("job consumer")
         self._watching = TaskSet("job consumer")
         self._reader: asyncio.Task[None] | None = None

@@ -20,7 +20,6 @@ import redis.asyncio as aioredis
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, Usage, chunk_decoder, encode
 from workers.jobs.continuation import LeftChecks, Plan, plan
-from workers.jobs.lane import FrontDoorLanes
 from workers.jobs.observer import JobObserver, current_job, note_outcome
 from workers.jobs.orphans import OrphanWatch
 from workers.jobs.takeover import Entry, acknowledge
@@ -39,17 +38,10 @@ class JobRunner:
     """Runs the jobs one worker took, each on the model slot leased for it."""
 
     def __init__(
-        self,
-        redis: aioredis.Redis,
-        writer: ResultWriter,
-        *,
-        worker_id: str,
-        orphans: OrphanWatch,
-        lanes: FrontDoorLanes | None = None,
+        self, redis: aioredis.Redis, writer: ResultWriter, *, worker_id: str, orphans: OrphanWatch
     ) -> None:
         self._redis = redis
         self._writer = writer
-        self._lanes = lanes
         self._worker_id = worker_id
         self._orphans = orphans
         self._left_checks = LeftChecks(redis)
@@ -181,8 +173,6 @@ class JobRunner:
                 is_last = chunk.is_last
                 if observer is not None:
                     observer.received(chunk)
-                # Sent on the lane, the chunk is not copied to the inbox; written to the stream all the same.
-                laned = self._send_on_lane(entry, slot, seq, raw, first=seq == sent)
                 try:
                     gone = await self._writer.append(
                         job_id,
@@ -190,7 +180,7 @@ class JobRunner:
                         ack=entry.ack if is_last else None,
                         seq=seq,
                         first=seq == sent,
-                        inbox=None if laned else inbox,
+                        inbox=inbox,
                     )
                 except Superseded:
                     await _abort(slot, job_id)
@@ -214,13 +204,6 @@ class JobRunner:
         finally:
             await chunks.aclose()
         return False
-
-    def _send_on_lane(self, entry: Entry, slot: ModelSlot, seq: int, raw: bytes, *, first: bool) -> bool:
-        """Send the chunk at `seq` straight to the job's front door, if it is on this machine
-        (`workers.jobs.lane`); whether it went. Its entry is `0-<seq + 1>` (append_chunk.lua)."""
-        if self._lanes is None:
-            return False
-        return self._lanes.send(entry.job, seq + 1, raw, served_by=slot.name if first else None)
 
     async def fail(self, entry: Entry, error: JobError, *, create: bool) -> None:
         """Answer the job with `error`, which acknowledges it."""

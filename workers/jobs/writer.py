@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
@@ -69,14 +68,8 @@ class _Write:
 class ResultWriter:
     """Batches chunk appends of all jobs of one worker into pipelines."""
 
-    def __init__(
-        self, redis: aioredis.Redis, writer_id: str = "", *, before_flush: Callable[[], None] = lambda: None
-    ) -> None:
-        """`before_flush` runs as each batch leaves (`workers.jobs.lane.FrontDoorLanes.flush`)."""
+    def __init__(self, redis: aioredis.Redis, writer_id: str = "") -> None:
         self._redis = redis
-        self._before_flush = before_flush
-        # False from a flush that failed to the next that succeeds: no chunk goes over a lane then.
-        self.healthy = True
         # Marks every chunk written, so that a retried flush recognises its own chunks.
         self._writer_id = writer_id
         self._pending: list[_Write] = []
@@ -140,17 +133,14 @@ class ResultWriter:
             self._has_pending.clear()
             if self._pending:
                 batch, self._pending = self._pending, []
-                self._before_flush()
                 await self._write(batch)
 
     async def _write(self, batch: list[_Write]) -> None:
         for delay_s in (*RETRY_DELAYS_S, None):
             try:
                 statuses = await self._flush(batch)
-                self.healthy = True
                 break
             except Exception as exc:
-                self.healthy = False
                 if delay_s is not None:
                     logger.warning("writing result chunks failed; retrying", extra={"chunks": len(batch)})
                     self._append_loaded = False  # Redis may have restarted without the script

@@ -16,10 +16,6 @@ from switchboard.wire import WorkerRecord, encode
 
 logger = logging.getLogger(__name__)
 
-# A record is trusted to live this much less than its TTL after its beat was sent (clocks that run
-# at slightly different rates, a beat that took long to reach Redis).
-FRESH_MARGIN_S = 3.0
-
 
 class Heartbeat:
     """Keeps `sb:worker:{id}` and the workers index fresh while the worker runs.
@@ -42,9 +38,6 @@ class Heartbeat:
         self._healthy = healthy
         self._tasks = TaskSet("heartbeat")
         self._started = False
-        # When the last beat that Redis took was sent (monotonic): the record lives until at least
-        # WORKER_TTL_S after it.
-        self._beat_sent_at = float("-inf")
 
     async def start(self) -> None:
         """Advertise at once, then keep advertising."""
@@ -60,13 +53,7 @@ class Heartbeat:
         await self._tasks.stop()
         await self._withdraw()
 
-    def fresh(self) -> bool:
-        """Whether this worker's record is sure to be in Redis now (its last beat is recent enough),
-        so that no other worker takes its jobs over (`workers.jobs.takeover`)."""
-        return time.monotonic() - self._beat_sent_at < keys.WORKER_TTL_S - FRESH_MARGIN_S
-
     async def _withdraw(self) -> None:
-        self._beat_sent_at = float("-inf")
         worker_id = self._record().id
         with contextlib.suppress(RedisError):
             pipe = self._redis.pipeline(transaction=False)
@@ -84,7 +71,6 @@ class Heartbeat:
             return
         record = self._record()
         now = time.time()
-        sent_at = time.monotonic()
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(keys.worker_record(record.id), encode(record), ex=keys.WORKER_TTL_S)
         pipe.zadd(keys.workers_index(), {record.id: now})
@@ -92,7 +78,6 @@ class Heartbeat:
         # The index itself goes away with the last worker.
         pipe.expire(keys.workers_index(), 4 * keys.WORKER_TTL_S)
         await pipe.execute()
-        self._beat_sent_at = sent_at
 
     async def _run(self) -> None:
         with contextlib.suppress(_Unhealthy):

@@ -6,12 +6,10 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from switchboard import keys
 from switchboard.wire import Chunk, chunk_decoder, encode
 from tests.support.blocked_reader import blocked_on, entries_woken_with
-from workers.jobs import writer as writer_module
 from workers.jobs.writer import ResultWriter, Superseded
 
 
@@ -183,29 +181,3 @@ async def test_a_worker_whose_job_was_taken_over_is_fenced_off_its_results(redis
     await successor.stop()
     entries = await redis.xrange(keys.result_stream("j"))
     assert [chunk_decoder.decode(fields[b"c"]).text for _, fields in entries] == ["s0", "s1", "n2", "n3"]
-
-
-async def test_a_writer_whose_flush_failed_is_unhealthy_until_one_goes_through(
-    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While it is unhealthy the worker sends no chunk over a lane (workers.jobs.lane)."""
-    monkeypatch.setattr(writer_module, "RETRY_DELAYS_S", ())
-    writer = ResultWriter(redis, "w1")
-    writer.start()
-    pipeline_type = type(redis.pipeline())
-    execute = pipeline_type.execute
-    try:
-        assert writer.healthy
-
-        async def unreachable(*_: object, **__: object) -> None:
-            raise RedisConnectionError("down")
-
-        monkeypatch.setattr(pipeline_type, "execute", unreachable)
-        with pytest.raises(RedisConnectionError):
-            await writer.append("h" * 32, encode(Chunk(text="a")), seq=0, first=True)
-        assert not writer.healthy
-        monkeypatch.setattr(pipeline_type, "execute", execute)
-        await writer.append("h" * 32, encode(Chunk(text="a")), seq=0, first=True)
-        assert writer.healthy
-    finally:
-        await writer.stop()
