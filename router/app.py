@@ -73,6 +73,7 @@ def create_app(settings: Settings) -> Litestar:
         route_handlers=[
             v1.create_chat_completion,
             v1.create_completion,
+            v1.create_response,
             v1.list_models,
             v1.retrieve_model,
             create_embeddings,

@@ -22,6 +22,7 @@ from router.http.responses import Answer, json_response
 from router.intake.body import decode_body
 from router.intake.call import Call
 from router.intake.job import addressed, chat_job, completion_job
+from router.intake.responses import chat_request
 from router.intake.resume import LAST_EVENT_ID_HEADER, ResumePoint, resume_point, wants_event_ids
 from router.intake.tools import plan_tools
 from router.openai.chat import ChatCompletionRequest
@@ -29,13 +30,16 @@ from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
 from router.openai.errors import OpenAIError
 from router.openai.pooling_checks import check_model_kind
+from router.openai.responses import ResponsesRequest
 from router.pipeline_shapes import PipelineShapes
 from router.queue.run import JobRun
 from router.queue.source import ChunkSource
 from router.queue.starts import JobRuns
-from router.relay.chat import ChatRelay, chat_relay
-from router.relay.completions import CompletionRelay, completion_relay
+from router.relay.chat import chat_relay
+from router.relay.completions import completion_relay
 from router.relay.first_byte import StreamForm, stream_response
+from router.relay.kinds import AnswerRelay
+from router.relay.responses import responses_relay
 from router.routing.fallback import failed_on_the_model, note_failure, note_fallback
 from router.routing.resolve import Resolution, answering_model, resolve, resolve_step
 from router.routing.shadow import ShadowTraffic
@@ -53,12 +57,14 @@ from switchboard.wire import Chunk, Job
 
 _chat_request = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_request = msgspec.json.Decoder(CompletionRequest)
+_responses_request = msgspec.json.Decoder(ResponsesRequest)
 
 AnyAnswer = TypeVar("AnyAnswer", Response[bytes], Stream, Answer)
 
 
 class Pipeline:
-    """The steps of a chat, a completion and a resumed request, over the parts each step calls."""
+    """The steps of a chat, a completion, a response and a resumed request, over the parts each step
+    calls."""
 
     def __init__(
         self,
@@ -106,6 +112,13 @@ class Pipeline:
         call = Call(request, caller, completion.user, completion=completion, prompts=prompts)
         return await self._call(call, completion.model, completion.stream)
 
+    async def responses(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
+        """`POST /v1/responses`: answered as the chat request it amounts to."""
+        responses = await decode_body(request, _responses_request)
+        chat = chat_request(responses)
+        call = Call(request, caller, responses.user, chat=chat, responses=responses)
+        return await self._call(call, chat.model, chat.stream)
+
     async def _call(self, call: Call, name: str, stream: bool) -> Answer:
         """The answer to `call`, naming `name`: its model's, or its route's or pipeline's."""
         resolution = self._resolve(call, name)
@@ -132,7 +145,7 @@ class Pipeline:
         """A chat completion answered by the resolved model, as job `job_id`."""
         request, caller, resume = call.http, call.caller, call.resume
         chat = msgspec.structs.replace(chat, model=resolution.served)
-        model = self._served_model(resolution, caller, "chat completions")
+        model = self._served_model(resolution, caller, "responses" if call.responses else "chat completions")
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
         job = chat_job(
             chat,
@@ -144,7 +157,9 @@ class Pipeline:
         job = resolution.applied_to(job)
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
-        relay = chat_relay(chat, job, tools)
+        relay: AnswerRelay = chat_relay(chat, job, tools)
+        if call.responses is not None:
+            relay = responses_relay(call.responses, job, tools, model=chat.model, logprobs=chat.logprobs)
         self._health.require_up()
         if resume is not None:
             return await self._resumed(job, caller, resume, relay, form, resolution)
@@ -232,7 +247,7 @@ class Pipeline:
         self,
         job: Job,
         call: Call,
-        relay: ChatRelay | CompletionRelay,
+        relay: AnswerRelay,
         *,
         form: StreamForm,
         resolution: Resolution,
@@ -269,7 +284,7 @@ class Pipeline:
         job: Job,
         caller: Caller,
         resume: ResumePoint,
-        relay: ChatRelay | CompletionRelay,
+        relay: AnswerRelay,
         form: StreamForm,
         resolution: Resolution,
     ) -> Stream:
@@ -288,7 +303,7 @@ class Pipeline:
         return labelled(answer, resolution.served_by(run.job.model))
 
     async def relayed(
-        self, run: ChunkSource, relay: ChatRelay | CompletionRelay, *, stream: bool, form: StreamForm
+        self, run: ChunkSource, relay: AnswerRelay, *, stream: bool, form: StreamForm
     ) -> Answer:
         """The job's result, streamed, or whole once it has finished. A client that leaves cancels the
         job either way (`router.http.disconnect`)."""
@@ -306,7 +321,7 @@ def labelled(answer: AnyAnswer, resolution: Resolution) -> AnyAnswer:
     return answer
 
 
-async def served_chunks(run: ChunkSource, relay: ChatRelay | CompletionRelay) -> AsyncIterator[Chunk]:
+async def served_chunks(run: ChunkSource, relay: AnswerRelay) -> AsyncIterator[Chunk]:
     """The run's chunks, the relay naming the model that writes them (`JobRun.served_model`)."""
     async for chunk in run.chunks():
         relay.model = run.served_model

@@ -22,9 +22,8 @@ from router.openai.errors import OpenAIError
 from router.queue.held import HeldAnswer, collect
 from router.queue.run import JobRun
 from router.queue.source import ChunkSource
-from router.relay.chat import ChatRelay
-from router.relay.completions import CompletionRelay
 from router.relay.first_byte import StreamForm
+from router.relay.kinds import AnswerRelay
 from router.routing.cascade import client_chunks, draft_failed, draft_sampling, draft_too_slow, judge_draft
 from router.routing.fallback import failed_on_the_model
 from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
@@ -60,7 +59,7 @@ class StepHost(Protocol):
     async def queued(self, job: Job, caller: Caller) -> JobRun: ...
 
     async def relayed(
-        self, run: ChunkSource, relay: ChatRelay | CompletionRelay, *, stream: bool, form: StreamForm
+        self, run: ChunkSource, relay: AnswerRelay, *, stream: bool, form: StreamForm
     ) -> Answer: ...
 
     def step(self, call: Call, step: str, within: Resolution) -> Resolution: ...
@@ -186,7 +185,7 @@ class PipelineShapes:
         self,
         job: Job,
         call: Call,
-        relay: ChatRelay | CompletionRelay,
+        relay: AnswerRelay,
         draft: Draft,
         *,
         form: StreamForm,

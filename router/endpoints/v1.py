@@ -1,4 +1,5 @@
-"""The OpenAI endpoints: chat and plain completions (through `router.pipeline`), and the models.
+"""The OpenAI endpoints: chat and plain completions and responses (through `router.pipeline`), and the
+models.
 
 Handlers ask for the parts they need (`router.app` provides them) and raise errors, never build them.
 The two generation endpoints ask for one part and read their caller from the request (`caller_of`: the
@@ -36,6 +37,12 @@ async def create_chat_completion(
 async def create_completion(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
     """OpenAI (legacy) Completions, streamed (server-sent events) or not."""
     return await pipeline.completion(request, await caller_of(request))
+
+
+@post("/v1/responses", status_code=200)
+async def create_response(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
+    """OpenAI Responses, streamed (typed server-sent events) or not; nothing is stored."""
+    return await pipeline.responses(request, await caller_of(request))
 
 
 @get("/v1/models")

@@ -21,7 +21,7 @@ import logging
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
-from router.relay.sse import SSE_DONE
+from router.relay.sse import ends_stream
 from router.telemetry.requests import note_client_left
 
 logger = logging.getLogger(__name__)
@@ -90,11 +90,11 @@ class _Request:
         if message["type"] == "http.response.start":
             self._response_started = True
         elif message["type"] == "http.response.body" and (
-            not message.get("more_body", False) or message.get("body", b"").endswith(SSE_DONE)
+            not message.get("more_body", False) or ends_stream(message.get("body", b""))
         ):
             # A disconnect from now on is the end of an answer the client has whole: after the last
-            # body, or after a stream's `[DONE]`, which clients (the openai SDK) close on at once,
-            # before the server's closing empty body.
+            # body, or after a stream's `[DONE]` (or a response's last event), which clients (the
+            # openai SDK) close on at once, before the server's closing empty body.
             self._response_complete = True
         await self._send(message)
 

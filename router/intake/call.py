@@ -11,6 +11,7 @@ from router.admission.auth import Caller
 from router.intake.resume import ResumePoint
 from router.openai.chat import ChatCompletionRequest
 from router.openai.completions import CompletionRequest
+from router.openai.responses import ResponsesRequest
 from router.routing.resolve import stickiness_key
 from router.routing.router_model import request_text
 from router.routing.spent import Spent
@@ -19,7 +20,8 @@ from switchboard.wire import ChatMessage
 
 
 class Call:
-    """A chat completion or a completion request, decoded and checked."""
+    """A chat completion or a completion request, decoded and checked. A Responses request is its
+    chat request (`router.intake.responses`), answered in the Responses shape (`responses`)."""
 
     def __init__(
         self,
@@ -29,12 +31,14 @@ class Call:
         *,
         chat: ChatCompletionRequest | None = None,
         completion: CompletionRequest | None = None,
+        responses: ResponsesRequest | None = None,
         prompts: int = 1,
     ) -> None:
         self.http = http
         self.caller = caller
         self.chat = chat
         self.completion = completion
+        self.responses = responses
         self.prompts = prompts
         self.stickiness_key = stickiness_key(http, user, caller)
         self.resume: ResumePoint | None = None

@@ -28,7 +28,7 @@ _KIND_NAMES: dict[ModelKind, str] = {
     "score": "a reranking (cross-encoder) model",
 }
 KIND_ENDPOINTS: dict[ModelKind, str] = {
-    "generate": "/v1/chat/completions and /v1/completions",
+    "generate": "/v1/chat/completions, /v1/completions and /v1/responses",
     "embed": "/v1/embeddings",
     "classify": "/classify",
     "score": "/rerank",

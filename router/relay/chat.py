@@ -29,12 +29,23 @@ from router.openai.chat import (
 )
 from router.openai.common import LOWEST_LOGPROB
 from router.openai.errors import OpenAIError
-from router.relay.sse import ChoiceText, error_for, events_of, gather_choices, sse_error, sse_event, usage_of
+from router.relay.sse import (
+    SSE_DONE,
+    ChoiceText,
+    error_for,
+    events_of,
+    gather_choices,
+    sse_error,
+    sse_event,
+    usage_of,
+)
 from switchboard.wire import Chunk, Job, TokenLogprob, ToolCall
 
 
 class ChatRelay:
     """Relays one job's chunks as an OpenAI chat completion."""
+
+    stream_end = SSE_DONE
 
     def __init__(
         self,

@@ -11,12 +11,14 @@ from collections.abc import AsyncIterator, Sequence
 
 from router.openai.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from router.openai.errors import OpenAIError
-from router.relay.sse import error_for, events_of, gather_choices, sse_error, sse_event, usage_of
+from router.relay.sse import SSE_DONE, error_for, events_of, gather_choices, sse_error, sse_event, usage_of
 from switchboard.wire import Chunk, Job, TokenLogprob
 
 
 class CompletionRelay:
     """Relays one job's chunks as an OpenAI completion."""
+
+    stream_end = SSE_DONE
 
     def __init__(
         self, *, job_id: str, model: str, created: int, choices: int, include_usage: bool, logprobs: bool

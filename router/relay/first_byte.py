@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from router.openai.errors import OpenAIError
 from router.queue.source import ChunkSource
-from router.relay.sse import SSE_DONE, Relay, error_for, sse_comment
+from router.relay.sse import Relay, error_for, sse_comment
 from router.status.models import ModelStatus, ModelStatusReader
 from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk
@@ -111,19 +111,21 @@ async def _events(
         # One write for the chunks that are here: their events (and, after the last, the stream's
         # end) go out together, each a send through the ASGI layers and a system call less. A
         # chunk that is not here yet is not waited for: what is here goes out first.
+        end = relay.stream_end
         async for chunk in run.chunks(first):
             events = relay.chunk_events(chunk)
-            if chunk.is_last:
-                events.append(SSE_DONE)
-            pending.append(_framed(events, run, form, to_skip))
-            to_skip = max(0, to_skip - sum(event != SSE_DONE for event in events))
+            if chunk.is_last and end:
+                events.append(end)
+            pending.append(_framed(events, run, form, to_skip, end))
+            to_skip = max(0, to_skip - sum(event != end for event in events))
             if chunk.is_last or not run.chunk_waiting:
                 if written := b"".join(pending):
                     yield written
                 pending = []
             if chunk.is_last:
                 return
-        yield _framed([SSE_DONE], run, form, 0)
+        if end:
+            yield _framed([end], run, form, 0, end)
     except OpenAIError as exc:
         # Headers are gone by now: the error travels as an event, as OpenAI's streams do.
         # (After the events taken before it: results found lost were "here" like a chunk.)
@@ -133,11 +135,11 @@ async def _events(
         await run.close()
 
 
-def _framed(events: list[bytes], run: ChunkSource, form: StreamForm, to_skip: int) -> bytes:
+def _framed(events: list[bytes], run: ChunkSource, form: StreamForm, to_skip: int, end: bytes) -> bytes:
     """`events` of the chunk `run` handed out last, as bytes to write: the first `to_skip` left out (the
-    client had them before it resumed: it counted events; the stream's end is never left out), each
+    client had them before it resumed: it counted events; the stream's `end` is never left out), each
     with its `id:` line for a client that asked for them."""
-    kept = [event for index, event in enumerate(events) if index >= to_skip or event == SSE_DONE]
+    kept = [event for index, event in enumerate(events) if index >= to_skip or event == end]
     if form.event_ids:
         prefix = event_id(run)
         return b"".join(prefix + event for event in kept)

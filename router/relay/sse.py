@@ -24,6 +24,12 @@ from router.openai.errors import (
 from switchboard.wire import Chunk, JobError, TokenLogprob, ToolCall
 
 SSE_DONE = b"data: [DONE]\n\n"
+# The events that end a response's stream (`router.relay.responses`), which has no `[DONE]`.
+_RESPONSE_ENDS = (
+    b"event: response.completed\n",
+    b"event: response.incomplete\n",
+    b"event: response.failed\n",
+)
 _json = msgspec.json.Encoder()
 
 
@@ -32,6 +38,8 @@ class Relay(Protocol):
 
     # The model the answer names: the one that writes its chunks.
     model: str
+    # What ends a stream after its last event (`data: [DONE]`; nothing for a response's events).
+    stream_end: bytes
 
     def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         """Server-sent events for a streamed response, ending with ``data: [DONE]``."""
@@ -48,13 +56,19 @@ class Relay(Protocol):
 
 
 async def events_of(relay: Relay, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
-    """`relay`'s events for every chunk, up to a failed job's error event, then ``data: [DONE]``."""
+    """`relay`'s events for every chunk, up to a failed job's error event, then the stream's end."""
     async for chunk in chunks:
         for event in relay.chunk_events(chunk):
             yield event
         if chunk.error is not None:
             break
-    yield SSE_DONE
+    if relay.stream_end:
+        yield relay.stream_end
+
+
+def ends_stream(body: bytes) -> bool:
+    """Whether a write of a streamed answer holds its end: `[DONE]`, or a response's last event."""
+    return body.endswith(SSE_DONE) or (body.endswith(b"}\n\n") and any(end in body for end in _RESPONSE_ENDS))
 
 
 def sse_event(payload: msgspec.Struct) -> bytes:
