@@ -74,6 +74,7 @@ def create_app(settings: Settings) -> Litestar:
             v1.create_chat_completion,
             v1.create_completion,
             v1.create_response,
+            v1.stored_response,
             v1.list_models,
             v1.retrieve_model,
             create_embeddings,

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response, get, post
+from litestar import HttpMethod, Request, Response, get, post, route
 from litestar.response import Stream
 
 from router.admission.auth import Caller, caller_of
 from router.admission.models import ModelTable
 from router.http.responses import json_response
+from router.openai.errors import RouteNotFoundError
 from router.openai.models import ModelCard, ModelList
 from router.pipeline import Pipeline
 from router.routing.pipeline_table import PipelineTable
@@ -43,6 +44,19 @@ async def create_completion(request: Request[Any, Any, Any], pipeline: Pipeline)
 async def create_response(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
     """OpenAI Responses, streamed (typed server-sent events) or not; nothing is stored."""
     return await pipeline.responses(request, await caller_of(request))
+
+
+# Nothing is stored, so there is nothing to read back or delete: a 404 that says so, not a bare one.
+@route("/v1/responses/{response_id:path}", http_method=[HttpMethod.GET, HttpMethod.DELETE], status_code=200)
+async def stored_response(response_id: str) -> None:
+    """`GET` or `DELETE` a stored response (or its input items): none is ever stored here."""
+    raise RouteNotFoundError(
+        f"No response `{response_id.strip('/').split('/')[0]}` is stored: responses are not stored here "
+        "(every response says `store: false`). Keep the answer you got, and send the whole conversation "
+        "in `input`.",
+        param="response_id",
+        code="response_not_found",
+    )
 
 
 @get("/v1/models")

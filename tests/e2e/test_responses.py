@@ -308,3 +308,13 @@ def test_what_cannot_be_served_is_a_400_naming_it(
 def test_an_unknown_model_is_a_404(client: OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="no-such-model", input=PROMPT)
+
+
+def test_a_response_cannot_be_read_back_nothing_is_stored(client: OpenAI) -> None:
+    response = client.responses.create(model=MODEL, input=PROMPT, max_output_tokens=2)
+    for read_back in (client.responses.retrieve, client.responses.delete, client.responses.input_items.list):
+        with pytest.raises(openai.NotFoundError) as caught:
+            read_back(response.id)
+        error: Any = caught.value.body
+        assert error["code"] == "response_not_found" and response.id in error["message"], error
+        assert "not stored" in error["message"]
