@@ -34,7 +34,7 @@ from router.openai.responses import (
     TextOptions,
 )
 from router.relay.chat import chat_logprob
-from router.relay.sse import error_for, gather_choices, usage_of
+from router.relay.sse import error_for, events_of, gather_choices, usage_of
 from switchboard.wire import Chunk, Job, TokenLogprob
 from switchboard.wire import Usage as WireUsage
 
@@ -67,14 +67,7 @@ class ResponsesRelay:
 
     def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         """Every chunk's events, up to the response's end or its failure."""
-        return self._events(chunks)
-
-    async def _events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
-        async for chunk in chunks:
-            for event in self.chunk_events(chunk):
-                yield event
-            if chunk.is_last:
-                return
+        return events_of(self, chunks)
 
     def chunk_events(self, chunk: Chunk) -> list[bytes]:
         """The events of one chunk: the response's beginning before the first, its items' deltas, and
@@ -136,6 +129,8 @@ class ResponsesRelay:
             empty = OutputText(text="")
             events.append(self._item_event("response.content_part.added", self._message, part=empty))
             self._message.content.append(OutputText(text=""))
+        if not text:
+            return events
         part = self._message.content[0]
         part.text += text
         added = self._logprobs(logprobs)
@@ -170,6 +165,10 @@ class ResponsesRelay:
                 events += self._text_delta(text, ())
             else:
                 events += [e for name, arguments in calls for e in self._whole_call(name, arguments, None)]
+        nothing_yet = self._message is None and not self._output and not chunk.tool_calls
+        if self.tools.mode in ("text", "auto") and nothing_yet:
+            # An empty answer is still a message, as a chat completion's is an empty content.
+            events += self._text_delta("", ())
         if self._call is not None:
             events += self._close_call(self._call, status)
             self._call = None

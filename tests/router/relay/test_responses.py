@@ -204,3 +204,12 @@ def test_the_last_write_of_a_response_stream_ends_it() -> None:
     assert ends_stream(b"".join(frames[-3:]))
     assert not any(ends_stream(b"".join(frames[:n])) for n in range(1, len(frames)))
     assert ends_stream(b'data: {"x": 1}\n\ndata: [DONE]\n\n')
+
+
+async def test_an_empty_answer_is_an_empty_message() -> None:
+    whole = await relay().assemble(feed([Chunk(finish_reason="stop", usage=USAGE)]))
+    (message,) = whole.output
+    assert isinstance(message, OutputMessage) and message.content[0].text == ""
+    events = await streamed(relay(), [Chunk(finish_reason="stop", usage=USAGE)])
+    assert "response.output_text.delta" not in [e["type"] for e in events]
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
