@@ -71,6 +71,12 @@ def chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         parallel_tool_calls=request.parallel_tool_calls,
         metadata=request.metadata,
         user=request.user,
+        seed=request.seed,
+        stop=request.stop,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        repetition_penalty=request.repetition_penalty,
+        structured_outputs=request.structured_outputs,
     )
     check_chat(chat)
     return chat

@@ -14,7 +14,16 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from router.openai.chat import FunctionName, Name, ToolCallId
-from router.openai.common import UNSET, Probability, Temperature, TokenCount
+from router.openai.common import (
+    INT32_MAX,
+    UNSET,
+    Probability,
+    Seed,
+    StopSequences,
+    StructuredOutputs,
+    Temperature,
+    TokenCount,
+)
 
 # Items of one request's `input`, and content parts of one item: each becomes part of a chat message.
 MAX_INPUT_ITEMS = 2048
@@ -109,6 +118,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
+    # The chat's sampling extensions (vLLM's server takes them on chat too), sent as `extra_body`.
+    seed: Seed | None = None
+    stop: StopSequences = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | None = None
+    min_p: Probability | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
+    structured_outputs: StructuredOutputs | None = None
     # Defined by OpenAI, not served here: refused when given a value that would change anything.
     previous_response_id: Any = UNSET
     conversation: Any = UNSET

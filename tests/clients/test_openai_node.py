@@ -45,4 +45,4 @@ def test_openai_sdk_for_node(base_url: str, chat_reference: Answer, completion_r
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-6000:]
     passed = re.search(r"^ℹ pass (\d+)$", report, re.MULTILINE)
-    assert passed is not None and int(passed[1]) == 8, report[-3000:]
+    assert passed is not None and int(passed[1]) == 9, report[-3000:]

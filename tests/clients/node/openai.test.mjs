@@ -111,3 +111,20 @@ test("abort: an AbortController ends a stream mid-way; the next request is answe
   const after = await client.chat.completions.create({ model, messages, ...greedy });
   assert.equal(after.choices[0].message.content, testCase.chat.text);
 });
+
+test("responses: the chat's greedy answer and usage, and the stream helper's final response", async () => {
+  const request = { model, input: testCase.chatPrompt, temperature: 0, max_output_tokens: testCase.maxTokens };
+  const response = await client.responses.create(request);
+  const reference = testCase.chat;
+  assert.equal(response.output_text, reference.text);
+  assert.equal(response.usage.output_tokens, reference.completion_tokens);
+  assert.equal(response.usage.input_tokens, reference.prompt_tokens);
+  assert.equal(response.id, `resp_${response._request_id}`);
+  assert.equal(response.status, reference.finish_reason === "length" ? "incomplete" : "completed");
+  const stream = client.responses.stream(request);
+  let text = "";
+  for await (const event of stream) if (event.type === "response.output_text.delta") text += event.delta;
+  const final = await stream.finalResponse();
+  assert.equal(text, reference.text);
+  assert.equal(final.output_text, reference.text);
+});
