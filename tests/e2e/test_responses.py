@@ -15,6 +15,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from tests.e2e.test_openai_surface import OSLO_CALL, TIME_TOOL, WEATHER_TOOL
 from tests.support.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
@@ -22,24 +23,9 @@ pytestmark = pytest.mark.e2e
 PROMPT = "Tell me a story about the sea."
 INSTRUCTIONS = "You answer briefly."
 MAX_TOKENS = 12
-WEATHER_FUNCTION: dict[str, Any] = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
-        "required": ["city", "days"],
-        "additionalProperties": False,
-    },
-}
-TIME_FUNCTION: dict[str, Any] = {
-    "type": "function",
-    "name": "get_time",
-    "parameters": {"type": "object", "properties": {}},
-}
-# The shared stack's model parses tool calls in the "pythonic" syntax (tests/e2e/test_openai_surface.py).
-OSLO_CALL = r"\[get_weather\(city='Oslo',days=2\)\]"
+# The chat surface's tools, in the Responses shape (the function's fields beside its `type`).
+WEATHER_FUNCTION: dict[str, Any] = {"type": "function", **WEATHER_TOOL["function"]}
+TIME_FUNCTION: dict[str, Any] = {"type": "function", **TIME_TOOL["function"]}
 
 
 def chat_answer(client: OpenAI, messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS) -> Any:
@@ -223,7 +209,7 @@ def test_a_function_calls_output_goes_back_as_items(client: OpenAI) -> None:
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."},
         ],
-        tools=[{"type": "function", "function": {k: v for k, v in WEATHER_FUNCTION.items() if k != "type"}}],
+        tools=[WEATHER_TOOL],
         tool_choice="none",
         max_tokens=MAX_TOKENS,
         temperature=0,
