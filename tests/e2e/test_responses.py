@@ -139,6 +139,7 @@ def test_a_named_function_is_a_function_call_item(client: OpenAI) -> None:
         tool_choice={"type": "function", "name": "get_weather"},
         max_output_tokens=60,
         temperature=1.0,
+        extra_body={"seed": 5},
     )
     (call,) = response.output
     assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
@@ -157,6 +158,7 @@ def test_a_streamed_function_call_reassembles(client: OpenAI) -> None:
             max_output_tokens=60,
             temperature=1.0,
             stream=True,
+            extra_body={"seed": 5},
         )
     )
     deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
@@ -240,6 +242,7 @@ def test_a_json_schema_format_answers_json_of_the_schema(client: OpenAI) -> None
         max_output_tokens=60,
         temperature=1.0,
         text={"format": {"type": "json_schema", "name": "person", "schema": schema}},
+        extra_body={"seed": 11},
     )
     assert set(json.loads(response.output_text)) == {"name", "age"}
 
