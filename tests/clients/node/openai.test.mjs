@@ -123,8 +123,15 @@ test("responses: the chat's greedy answer and usage, and the stream helper's fin
   assert.equal(response.status, reference.finish_reason === "length" ? "incomplete" : "completed");
   const stream = client.responses.stream(request);
   let text = "";
-  for await (const event of stream) if (event.type === "response.output_text.delta") text += event.delta;
+  let last;
+  for await (const event of stream) {
+    if (event.type === "response.output_text.delta") text += event.delta;
+    last = event;
+  }
   const final = await stream.finalResponse();
   assert.equal(text, reference.text);
-  assert.equal(final.output_text, reference.text);
+  // The SDK's final response of a stream has its items, not the `output_text` shortcut.
+  assert.equal(final.output[0].content[0].text, reference.text);
+  assert.equal(last.type, `response.${response.status}`);
+  assert.equal(last.response.usage.output_tokens, reference.completion_tokens);
 });

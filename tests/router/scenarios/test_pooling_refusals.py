@@ -99,7 +99,7 @@ REFUSALS: list[tuple[str, str, dict[str, Any], str | None, str]] = [
         embed(model=MODEL),
         "model",
         f"The model `{MODEL}` does not support the embeddings API: it is a text generation model, "
-        "served at /v1/chat/completions and /v1/completions.",
+        "served at /v1/chat/completions, /v1/completions and /v1/responses.",
     ),
     (
         "embeddings of a classifier",
