@@ -56,3 +56,19 @@ def test_structured_output_is_a_valid_pydantic_model(base_url: str) -> None:
     assert isinstance(person, Person)
     assert reply["raw"].response_metadata["finish_reason"] == "stop"
     assert json.loads(str(reply["raw"].content)) == person.model_dump()
+
+
+def test_the_responses_api_gives_the_same_answer_invoked_and_streamed(
+    base_url: str, chat_reference: Answer
+) -> None:
+    model = chat_model(base_url, use_responses_api=True)
+    message = model.invoke(CHAT_PROMPT)
+    assert message.text == chat_reference.text
+    assert message.usage_metadata is not None
+    assert message.usage_metadata["output_tokens"] == chat_reference.completion_tokens
+    assert message.usage_metadata["input_tokens"] == chat_reference.prompt_tokens
+    assert message.response_metadata["id"].startswith("resp_")
+    chunks = list(model.stream(CHAT_PROMPT))
+    assert "".join(chunk.text for chunk in chunks) == chat_reference.text
+    usage = [chunk.usage_metadata for chunk in chunks if chunk.usage_metadata]
+    assert [u["output_tokens"] for u in usage] == [chat_reference.completion_tokens]

@@ -61,3 +61,21 @@ async def test_16_concurrent_async_streams_each_have_the_greedy_answer(
 
     texts = await asyncio.gather(*(one_stream() for _ in range(CONCURRENT_STREAMS)))
     assert texts == [chat_reference.text] * CONCURRENT_STREAMS
+
+
+def test_the_responses_api_is_the_chat_answer_with_usage(base_url: str) -> None:
+    # LiteLLM raises `max_output_tokens` to OpenAI's least, 16: the chat answer to compare asks as many.
+    reference = litellm.completion(**request(base_url, max_tokens=16))
+    response = litellm.responses(
+        model=f"openai/{MODEL}",
+        api_base=base_url,
+        api_key="unused",
+        input=CHAT_PROMPT,
+        max_output_tokens=16,
+        temperature=0,
+        timeout=120,
+    )
+    text = "".join(part.text for item in response.output for part in item.content)
+    assert text == reference.choices[0].message.content
+    assert response.usage.output_tokens == reference.usage.completion_tokens
+    assert response.usage.input_tokens == reference.usage.prompt_tokens
