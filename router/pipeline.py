@@ -22,13 +22,13 @@ from router.http.responses import Answer, json_response
 from router.intake.body import decode_body
 from router.intake.call import Call
 from router.intake.job import addressed, chat_job, completion_job
-from router.intake.responses import chat_request
+from router.intake.responses import chat_request, in_responses_terms
 from router.intake.resume import LAST_EVENT_ID_HEADER, ResumePoint, resume_point, wants_event_ids
 from router.intake.tools import plan_tools
 from router.openai.chat import ChatCompletionRequest
 from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
-from router.openai.errors import OpenAIError
+from router.openai.errors import InvalidRequestError, OpenAIError
 from router.openai.pooling_checks import check_model_kind
 from router.openai.responses import ResponsesRequest
 from router.pipeline_shapes import PipelineShapes
@@ -117,7 +117,13 @@ class Pipeline:
         responses = await decode_body(request, _responses_request)
         chat = chat_request(responses)
         call = Call(request, caller, responses.user, chat=chat, responses=responses)
-        return await self._call(call, chat.model, chat.stream)
+        try:
+            return await self._call(call, chat.model, chat.stream)
+        except InvalidRequestError as error:
+            translated = in_responses_terms(error)
+            if translated is error:
+                raise
+            raise translated from error
 
     async def _call(self, call: Call, name: str, stream: bool) -> Answer:
         """The answer to `call`, naming `name`: its model's, or its route's or pipeline's."""

@@ -50,6 +50,14 @@ NEVER_PRODUCED = frozenset(
     }
 )
 NOT_STORED = "responses are not stored here; send the whole conversation in `input`"
+# The chat request's fields that errors found later (the context's length, the chat template) name,
+# as a Responses request calls them.
+_CHAT_TERMS = (
+    ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),
+    ("messages", "input"),
+    ("response_format", "text.format"),
+)
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -240,3 +248,16 @@ def _response_format(request: ResponsesRequest) -> ResponseFormat | None:
             name=spec.name, schema=spec.schema, description=spec.description, strict=spec.strict
         )
     )
+
+
+def in_responses_terms(error: InvalidRequestError) -> InvalidRequestError:
+    """`error`, found on the chat request that answers a Responses request, in the Responses
+    request's words (`max_tokens` is `max_output_tokens`, `messages` is `input`)."""
+    message, param = error.message, error.param
+    for chat, responses in _CHAT_TERMS:
+        message = message.replace(chat, responses)
+        if param is not None and (param == chat or param.startswith((f"{chat}[", f"{chat}."))):
+            param = responses + param[len(chat) :]
+    if (message, param) == (error.message, error.param):
+        return error
+    return InvalidRequestError(message, param=param, code=error.code, headers=error.headers)

@@ -282,6 +282,8 @@ def test_logprobs_come_with_the_text_when_included(client: OpenAI) -> None:
         ({"include": ["no.such.thing"]}, "include[0]", "Unknown"),
         ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments", "needs"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", "schema"),
+        # Found on the chat request that answers it, said in the Responses request's words.
+        ({"max_output_tokens": 1_000_000}, "max_output_tokens", "max_output_tokens"),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_it(

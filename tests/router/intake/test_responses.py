@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.intake.responses import chat_request
+from router.intake.responses import chat_request, in_responses_terms
 from router.openai.chat import JsonObjectFormat, JsonSchemaFormat, NamedToolChoice
 from router.openai.errors import InvalidRequestError
 from router.openai.responses import ResponsesRequest
@@ -157,3 +157,19 @@ def test_what_cannot_be_served_is_a_400_naming_it(body: dict[str, Any], param: s
     with pytest.raises(InvalidRequestError) as caught:
         converted(**body)
     assert caught.value.param == param, caught.value.message
+
+
+def test_errors_found_on_the_chat_request_speak_of_the_responses_fields() -> None:
+    too_long = InvalidRequestError(
+        "Reduce the length of the messages or of the completion (max_tokens).", param="max_tokens", code="c"
+    )
+    translated = in_responses_terms(too_long)
+    assert translated.message == "Reduce the length of the input or of the completion (max_output_tokens)."
+    assert (translated.param, translated.code) == ("max_output_tokens", "c")
+    assert (
+        in_responses_terms(InvalidRequestError("Bad.", param="messages[2].content")).param
+        == "input[2].content"
+    )
+    assert in_responses_terms(InvalidRequestError("x", param="response_format")).param == "text.format"
+    unchanged = InvalidRequestError("`temperature` is too high.", param="temperature")
+    assert in_responses_terms(unchanged) is unchanged
