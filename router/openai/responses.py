@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai.chat import FunctionName, Name, ToolCallId
+from router.openai.chat import FunctionName, Name, TokenLogprobOut, ToolCallId
 from router.openai.common import (
     INT32_MAX,
     UNSET,
@@ -137,25 +137,11 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
 # --- the response ---------------------------------------------------------------------------------
 
 
-class OutputTopLogprob(msgspec.Struct, kw_only=True):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class OutputLogprob(msgspec.Struct, kw_only=True):
-    """One generated token's log probability and its most likely alternatives."""
-
-    token: str
-    logprob: float
-    bytes: list[int]
-    top_logprobs: list[OutputTopLogprob]
-
-
 class OutputText(msgspec.Struct, kw_only=True, tag="output_text", tag_field="type"):
     text: str
     annotations: list[Any] = msgspec.field(default_factory=list)
-    logprobs: list[OutputLogprob] = msgspec.field(default_factory=list)
+    # Each token's as on chat (`message.output_text.logprobs` in `include`).
+    logprobs: list[TokenLogprobOut] = msgspec.field(default_factory=list)
 
 
 class OutputMessage(msgspec.Struct, kw_only=True, tag="message", tag_field="type"):
@@ -252,4 +238,4 @@ class StreamEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     text: str | None = None
     arguments: str | None = None
     name: str | None = None
-    logprobs: list[OutputLogprob] | None = None
+    logprobs: list[TokenLogprobOut] | None = None

@@ -16,15 +16,14 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from router.intake.tools import TEXT, ToolPlan, parse_required_calls
+from router.openai.chat import TokenLogprobOut
 from router.openai.errors import OpenAIError
 from router.openai.responses import (
     IncompleteDetails,
     OutputFunctionCall,
     OutputItem,
-    OutputLogprob,
     OutputMessage,
     OutputText,
-    OutputTopLogprob,
     ResponseError,
     ResponseObject,
     ResponsesRequest,
@@ -275,23 +274,10 @@ class ResponsesRelay:
             status=status,  # type: ignore[arg-type]
         )
 
-    def _logprobs(self, logprobs: tuple[TokenLogprob, ...]) -> list[OutputLogprob]:
+    def _logprobs(self, logprobs: tuple[TokenLogprob, ...]) -> list[TokenLogprobOut]:
         if not self.logprobs:
             return []
-        return [_output_logprob(entry) for entry in logprobs]
-
-
-def _output_logprob(entry: TokenLogprob) -> OutputLogprob:
-    chat = chat_logprob(entry)
-    return OutputLogprob(
-        token=chat.token,
-        logprob=chat.logprob,
-        bytes=chat.bytes or [],
-        top_logprobs=[
-            OutputTopLogprob(token=top.token, logprob=top.logprob, bytes=top.bytes or [])
-            for top in chat.top_logprobs
-        ],
-    )
+        return [chat_logprob(entry) for entry in logprobs]
 
 
 def responses_relay(
