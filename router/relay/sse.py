@@ -68,7 +68,11 @@ async def events_of(relay: Relay, chunks: AsyncIterator[Chunk]) -> AsyncIterator
 
 def ends_stream(body: bytes) -> bool:
     """Whether a write of a streamed answer holds its end: `[DONE]`, or a response's last event."""
-    return body.endswith(SSE_DONE) or (body.endswith(b"}\n\n") and any(end in body for end in _RESPONSE_ENDS))
+    if body.endswith(SSE_DONE):
+        return True
+    # One scan from the end: a write holding a response's last event ends with it.
+    last_event = body.rfind(b"event: response.")
+    return last_event >= 0 and body.startswith(_RESPONSE_ENDS, last_event)
 
 
 def sse_event(payload: msgspec.Struct) -> bytes:
