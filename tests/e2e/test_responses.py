@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from pydantic import BaseModel, Field
 
 from tests.e2e.test_openai_surface import OSLO_CALL, TIME_TOOL, WEATHER_TOOL
 from tests.support.stack import MODEL, Stack
@@ -245,6 +246,26 @@ def test_a_json_schema_format_answers_json_of_the_schema(client: OpenAI) -> None
         extra_body={"seed": 11},
     )
     assert set(json.loads(response.output_text)) == {"name", "age"}
+
+
+class Person(BaseModel):
+    """The short pattern lets even the demo model's random weights finish it within a few tokens."""
+
+    name: str = Field(pattern="^[a-z]{1,10}$")
+    age: int
+
+
+def test_the_sdks_parse_gives_the_pydantic_model(client: OpenAI) -> None:
+    response = client.responses.parse(
+        model=MODEL,
+        input="Who are you? Answer in JSON.",
+        text_format=Person,
+        max_output_tokens=60,
+        temperature=1.0,
+        extra_body={"seed": 11},
+    )
+    assert isinstance(response.output_parsed, Person)
+    assert response.output_parsed.model_dump() == json.loads(response.output_text)
 
 
 def test_logprobs_come_with_the_text_when_included(client: OpenAI) -> None:
