@@ -181,12 +181,13 @@ class ResponsesRelay:
     def _close_message(self, message: OutputMessage, status: str) -> list[bytes]:
         part = message.content[0]
         message.status = "incomplete" if status == "incomplete" else "completed"
-        self._output.append(message)
-        return [
+        events = [
             self._item_event("response.output_text.done", message, text=part.text, logprobs=part.logprobs),
             self._item_event("response.content_part.done", message, part=part),
-            self._event("response.output_item.done", output_index=len(self._output) - 1, item=message),
+            self._event("response.output_item.done", output_index=len(self._output), item=message),
         ]
+        self._output.append(message)
+        return events
 
     def _whole_call(self, name: str, arguments: str, call_id: str | None) -> list[bytes]:
         call = self._function_call(name, arguments, status="in_progress", call_id=call_id)
@@ -197,11 +198,12 @@ class ResponsesRelay:
 
     def _close_call(self, call: OutputFunctionCall, status: str) -> list[bytes]:
         call.status = "incomplete" if status == "incomplete" else "completed"
-        self._output.append(call)
         done = self._item_event(
             "response.function_call_arguments.done", call, arguments=call.arguments, name=call.name
         )
-        return [done, self._event("response.output_item.done", output_index=len(self._output) - 1, item=call)]
+        events = [done, self._event("response.output_item.done", output_index=len(self._output), item=call)]
+        self._output.append(call)
+        return events
 
     def _end(self, chunk: Chunk) -> bytes:
         response = self._finished(chunk)
@@ -218,9 +220,10 @@ class ResponsesRelay:
         return b"event: " + kind.encode() + b"\ndata: " + _json.encode(event) + b"\n\n"
 
     def _item_event(self, kind: str, item: OutputItem, **fields: object) -> bytes:
-        index = self._output.index(item) if item in self._output else len(self._output)
-        content = {"content_index": 0} if isinstance(item, OutputMessage) else {}
-        return self._event(kind, output_index=index, item_id=item.id, **content, **fields)
+        """An event of `item`, which is open: the next of the output (items are closed in order)."""
+        if isinstance(item, OutputMessage):
+            fields["content_index"] = 0
+        return self._event(kind, output_index=len(self._output), item_id=item.id, **fields)
 
     # --- assembled --------------------------------------------------------------------------------
 
