@@ -17,7 +17,7 @@ from openai import OpenAI
 from pydantic import BaseModel, Field
 
 from tests.e2e.test_openai_surface import OSLO_CALL, TIME_TOOL, WEATHER_TOOL
-from tests.support.stack import MODEL, Stack
+from tests.support.stack import MODEL, PIPELINE, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -331,3 +331,18 @@ def test_a_response_cannot_be_read_back_nothing_is_stored(client: OpenAI) -> Non
         error: Any = caught.value.body
         assert error["code"] == "response_not_found" and response.id in error["message"], error
         assert "not stored" in error["message"]
+
+
+def test_a_pipeline_answers_a_response_with_its_next_step_when_the_first_cannot_load(client: OpenAI) -> None:
+    reply = client.responses.with_raw_response.create(
+        model=PIPELINE, input=PROMPT, max_output_tokens=8, temperature=0
+    )
+    assert reply.headers["x-switchboard-pipeline"] == PIPELINE
+    assert reply.headers["x-switchboard-model"] == MODEL
+    response = reply.parse()
+    assert response.model == MODEL and response.output_text
+    events = list(
+        client.responses.create(model=PIPELINE, input=PROMPT, max_output_tokens=8, temperature=0, stream=True)
+    )
+    final: Any = events[-1]
+    assert final.response.model == MODEL and final.response.output_text == response.output_text
