@@ -214,6 +214,14 @@ def _serve_and_stop_one(compose: dict[str, Any], env: dict[str, str], root: Path
             held = _wait(lambda: watcher.pending_on(stopped.pid), "the worker to hold jobs", stack, 120)
             stack.stop_replica(stopped)
             stopped_at = time.monotonic()
+            # Jobs sent once it has stopped taking them (its next stop step has begun): on a busy
+            # machine the signal may take a while to be handled, and until then it takes jobs as usual.
+            _wait(
+                lambda: "stopping: stop the model controller" in stopped.log(),
+                "the stopped worker to stop taking jobs",
+                stack,
+                STACK_TIMEOUT_S,
+            )
             after: list[Future[ChatCompletion]] = [pool.submit(_ask, openai, n) for n in range(200, 208)]
             jobs_before = [_complete(future.result()) for future in before]
             jobs_after = [_complete(future.result()) for future in after]
