@@ -34,6 +34,9 @@ LogitBias = Annotated[
 LOWEST_LOGPROB = -9999.0
 # Choices per prompt: OpenAI allows up to 128.
 ChoiceCount = Annotated[int, msgspec.Meta(ge=1, le=128)]
+# vLLM's extensions' bounds (-1: no top-k cut).
+TopK = Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=2.0)]
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -71,9 +74,9 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     # An end user's id, for the operator's own records; it changes nothing here.
     user: str | None = None
     # vLLM's extensions.
-    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | None = None
+    top_k: TopK | None = None
     min_p: Probability | None = None
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] | None = None
     structured_outputs: StructuredOutputs | None = None
 

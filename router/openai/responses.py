@@ -15,14 +15,15 @@ import msgspec
 
 from router.openai.chat import FunctionName, Name, TokenLogprobOut, ToolCallId
 from router.openai.common import (
-    INT32_MAX,
     UNSET,
     Probability,
+    RepetitionPenalty,
     Seed,
     StopSequences,
     StructuredOutputs,
     Temperature,
     TokenCount,
+    TopK,
 )
 
 # Items of one request's `input`, and content parts of one item: each becomes part of a chat message.
@@ -121,9 +122,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     # The chat's sampling extensions (vLLM's server takes them on chat too), sent as `extra_body`.
     seed: Seed | None = None
     stop: StopSequences = None
-    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | None = None
+    top_k: TopK | None = None
     min_p: Probability | None = None
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     structured_outputs: StructuredOutputs | None = None
     # Defined by OpenAI, not served here: refused when given a value that would change anything.
     previous_response_id: Any = UNSET
