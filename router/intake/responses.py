@@ -30,6 +30,7 @@ from router.openai.chat import (
     Tool,
     ToolCallIn,
 )
+from router.openai.chat import ToolChoice as ChatToolChoice
 from router.openai.checks import TEXT_ONLY, check_chat, invalid, unsupported
 from router.openai.common import UNSET
 from router.openai.errors import InvalidRequestError
@@ -223,7 +224,7 @@ def _tool(position: int, tool: FunctionTool) -> Tool:
     return Tool(type="function", function=definition)
 
 
-def _tool_choice(choice: ToolChoice | None) -> Any:
+def _tool_choice(choice: ToolChoice | None) -> ChatToolChoice | None:
     if choice is None or isinstance(choice, str):
         return choice
     if choice.type != "function":
