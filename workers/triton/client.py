@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2
 
 from workers.triton.generator_backend import CHUNK_OUTPUT, JOB_INPUT, STREAM_PARAMETER, TAG_PARAMETER
 from workers.triton.grpc_stream import GrpcCallError, GrpcStream, open_stream
-from workers.triton.output_stream import OPEN_OUTPUT, Posted, posted_batch_decoder
+from workers.triton.output_stream import CLOSE_OUTPUT, OPEN_OUTPUT, Posted, posted_batch_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,10 @@ MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 # The end of a job's responses, as the stream's reader hands it to the job.
 _END = None
-# The request id of the output stream's request (jobs' requests are numbered).
+# The request ids of the output stream's request and of the one that ends it (jobs' requests are
+# numbered).
 _OUTPUT_ID = "output"
+_CLOSE_OUTPUT_ID = "close"
 # How long a job whose request has ended may still wait for its last chunk (it is on its way on the
 # output stream, which Triton need not deliver after the request's end).
 LAST_CHUNK_GRACE_S = 5.0
@@ -119,6 +121,12 @@ class TritonJobClient:
             inbox.put_nowait(closed)
         self._inboxes.clear()
         if self._reader is not None:
+            if self._local is None:
+                # The output stream's request would never end by itself: it is ended, answered, and
+                # the stream then ends without a cancel (which Triton may wait on forever).
+                self._outbox.put_nowait(
+                    _infer_request(self.model_name, _CLOSE_OUTPUT_ID, CLOSE_OUTPUT, stream=self._stream)
+                )
             await end_stream(self._reader, self._outbox)
 
     def _open(self) -> None:
@@ -181,6 +189,8 @@ class TritonJobClient:
             )
         result = response.infer_response
         if not result.raw_output_contents:  # its final response: the model is being unbound
+            if self._closed:
+                return  # ended by the client's own close: the stream ends once all is answered
             raise TritonStreamError(f"the output stream of {self.model_name} ended")
         self._hand_over(posted_batch_decoder.decode(_only_element(result.raw_output_contents[0])))
 

@@ -25,6 +25,7 @@ from workers.triton.coalesce import DeltaInbox, coalesce
 from workers.triton.fan_in import fan_in
 from workers.triton.observer import EngineObserver
 from workers.triton.output_stream import (
+    CLOSE_OUTPUT,
     OPEN_OUTPUT,
     OutputStreams,
     Posted,
@@ -158,6 +159,9 @@ class GeneratorModel:
         if payload == OPEN_OUTPUT:
             async for batch in self._outputs.of(stream).listen():
                 yield posted_batch_encoder.encode(batch)
+            return
+        if payload == CLOSE_OUTPUT:
+            self._outputs.end(stream)
             return
         job = engine_job_decoder.decode(payload)
         if tag is None:

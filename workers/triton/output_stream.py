@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 # The job input that opens a model's output stream instead of running a job.
 OPEN_OUTPUT = b""
+# The job input that ends the output stream of the request's gRPC stream (a client elsewhere is
+# closing): its request ends, answered, so that the client's stream can end without a cancel.
+CLOSE_OUTPUT = b"close"
 # Chunks kept while no output stream listens (its client is reopening one); beyond, the oldest go.
 MAX_UNSENT = 100_000
 
@@ -118,6 +121,14 @@ class OutputStreams:
             self._streams.pop(older).close()
         self._streams[stream] = found
         return found
+
+    def end(self, stream: int) -> None:
+        """End the output stream `stream` (its client is closing); one opened for it later is
+        closed at once."""
+        found = self._streams.pop(stream, None)
+        if found is not None:
+            found.close()
+        self._newest = max(self._newest, stream + 1)
 
     def close(self) -> None:
         """End every listener: the model is being unbound."""

@@ -14,6 +14,7 @@ from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
 from workers.triton.model import CoalescingPolicy, GeneratorModel
 from workers.triton.output_stream import (
+    CLOSE_OUTPUT,
     OPEN_OUTPUT,
     OutputStream,
     OutputStreams,
@@ -144,3 +145,21 @@ async def test_an_untagged_request_gets_its_chunks_as_its_own_responses() -> Non
     chunks = [chunk_decoder.decode(r) async for r in callable_.serve(encode(job), stream=0, tag=None)]
     assert "".join(c.text for c in chunks) == "t0\x00 t1\x00 t2\x00 "
     assert chunks[-1].is_last and msgspec.structs.asdict(chunks[-1])["usage"] is not None
+
+
+async def test_a_close_request_ends_its_streams_output_request_and_any_opened_after_it() -> None:
+    """A client elsewhere ends its output stream's request before its stream ends, so that Triton
+    need not cancel a request (it may wait on a cancelled one forever)."""
+    callable_ = GeneratorModel(
+        ScriptedEngine(), CoalescingPolicy(min_window_s=0, max_window_s=0, max_chunks_per_s=1e6)
+    )
+    callable_.attach_loop(asyncio.get_running_loop())
+    listening = asyncio.create_task(anext(callable_.serve(OPEN_OUTPUT, stream=3, tag=None), None))
+    other = asyncio.create_task(anext(callable_.serve(OPEN_OUTPUT, stream=4, tag=None), None))
+    await asyncio.sleep(0.05)
+    assert [r async for r in callable_.serve(CLOSE_OUTPUT, stream=4, tag=None)] == []
+    assert await asyncio.wait_for(other, 1.0) is None, "the closed stream's request ends, answered"
+    assert listening.done(), "an older stream was ended by the newer one already"
+    late = [r async for r in callable_.serve(OPEN_OUTPUT, stream=4, tag=None)]
+    assert late == [], "a request of the closed stream that comes late ends at once"
+    await callable_.stop_engine()
