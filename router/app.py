@@ -19,6 +19,7 @@ from router.endpoints.admin import admin_router
 from router.endpoints.metrics import metrics
 from router.endpoints.pooling import classify, create_embeddings, rerank
 from router.front_door import FrontDoor
+from router.gate import GatedRequest
 from router.http.disconnect import cancel_on_disconnect
 from router.http.local_pages import local_pages_only
 from router.http.responses import json_response
@@ -103,6 +104,8 @@ def create_app(settings: Settings) -> Litestar:
             Exception: _unexpected_error,
         },
         openapi_config=None,
+        # A body is read only through its route's gate (`router.gate`).
+        request_class=GatedRequest,
     )
 
 

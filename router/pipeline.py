@@ -18,19 +18,15 @@ from router.admission.auth import Caller
 from router.admission.fits import ModelLimitsCache, check_job_fits
 from router.admission.limits import Admission
 from router.admission.models import ModelTable, require_live_worker
+from router.gate.asks import ChatAsk, CompletionAsk, GenerationAsk, ResponsesAsk
 from router.http.responses import Answer, json_response
-from router.intake.body import decode_body
 from router.intake.call import Call
 from router.intake.job import addressed, chat_job, completion_job
-from router.intake.responses import chat_request, in_responses_terms
+from router.intake.responses import in_responses_terms
 from router.intake.resume import LAST_EVENT_ID_HEADER, ResumePoint, resume_point, wants_event_ids
 from router.intake.tools import plan_tools
-from router.openai.chat import ChatCompletionRequest
-from router.openai.checks import check_chat, check_completion
-from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError, OpenAIError
 from router.openai.pooling_checks import check_model_kind
-from router.openai.responses import ResponsesRequest
 from router.pipeline_shapes import PipelineShapes
 from router.queue.run import JobRun
 from router.queue.source import ChunkSource
@@ -54,10 +50,6 @@ from router.telemetry.job_observer import JobObserver
 from switchboard.config import ModelConfig, Settings
 from switchboard.model_pipelines import PipelineLookup
 from switchboard.wire import Chunk, Job
-
-_chat_request = msgspec.json.Decoder(ChatCompletionRequest)
-_completion_request = msgspec.json.Decoder(CompletionRequest)
-_responses_request = msgspec.json.Decoder(ResponsesRequest)
 
 AnyAnswer = TypeVar("AnyAnswer", Response[bytes], Stream, Answer)
 
@@ -98,28 +90,15 @@ class Pipeline:
             timeout_s=settings.router.request_timeout_s,
         )
 
-    async def chat(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
-        """`POST /v1/chat/completions`."""
-        chat = await decode_body(request, _chat_request)
-        check_chat(chat)
-        call = Call(request, caller, chat.user, chat=chat)
-        return await self._call(call, chat.model, chat.stream)
-
-    async def completion(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
-        """`POST /v1/completions`."""
-        completion = await decode_body(request, _completion_request)
-        prompts = check_completion(completion)
-        call = Call(request, caller, completion.user, completion=completion, prompts=prompts)
-        return await self._call(call, completion.model, completion.stream)
-
-    async def responses(self, request: Request[Any, Any, Any], caller: Caller) -> Answer:
-        """`POST /v1/responses`: answered as the chat request it amounts to."""
-        responses = await decode_body(request, _responses_request)
-        chat = chat_request(responses)
-        call = Call(request, caller, responses.user, chat=chat, responses=responses)
+    async def answer(self, request: Request[Any, Any, Any], caller: Caller, ask: GenerationAsk) -> Answer:
+        """`POST /v1/chat/completions`, `/v1/completions` or `/v1/responses`, past its gate. A response
+        is answered as the chat request it amounts to; errors found on that name its own fields."""
+        call = Call(request, caller, ask)
         try:
-            return await self._call(call, chat.model, chat.stream)
+            return await self._call(call, ask.model, ask.stream)
         except InvalidRequestError as error:
+            if not isinstance(ask, ResponsesAsk):
+                raise
             translated = in_responses_terms(error)
             if translated is error:
                 raise
@@ -135,23 +114,25 @@ class Pipeline:
         self, resolution: Resolution, call: Call, job_id: str | None, draft: Draft | None
     ) -> Answer:
         """The answer of the resolved model to `call`, as job `job_id` (a cascade's `draft`, judged)."""
-        if call.chat is not None:
-            return await self._chat_on(resolution, call, call.chat, job_id, draft)
-        assert call.completion is not None
-        return await self._completion_on(resolution, call, call.completion, job_id, draft)
+        if isinstance(call.ask, ChatAsk):
+            return await self._chat_on(resolution, call, call.ask, job_id, draft)
+        return await self._completion_on(resolution, call, call.ask, job_id, draft)
 
     async def _chat_on(
         self,
         resolution: Resolution,
         call: Call,
-        chat: ChatCompletionRequest,
+        ask: ChatAsk,
         job_id: str | None,
         draft: Draft | None,
     ) -> Answer:
-        """A chat completion answered by the resolved model, as job `job_id`."""
+        """A chat completion (or a response) answered by the resolved model, as job `job_id`."""
         request, caller, resume = call.http, call.caller, call.resume
-        chat = msgspec.structs.replace(chat, model=resolution.served)
-        model = self._served_model(resolution, caller, "responses" if call.responses else "chat completions")
+        chat = msgspec.structs.replace(ask.chat, model=resolution.served)
+        responses = ask.responses if isinstance(ask, ResponsesAsk) else None
+        model = self._served_model(
+            resolution, caller, "chat completions" if responses is None else "responses"
+        )
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
         job = chat_job(
             chat,
@@ -164,8 +145,8 @@ class Pipeline:
         job = resume.applied_to(job) if resume is not None else job
         form = stream_form(request, resume)
         relay: AnswerRelay = chat_relay(chat, job, tools)
-        if call.responses is not None:
-            relay = responses_relay(call.responses, job, tools, model=chat.model, logprobs=chat.logprobs)
+        if responses is not None:
+            relay = responses_relay(responses, job, tools, model=chat.model, logprobs=chat.logprobs)
         self._health.require_up()
         if resume is not None:
             return await self._resumed(job, caller, resume, relay, form, resolution)
@@ -179,13 +160,13 @@ class Pipeline:
         self,
         resolution: Resolution,
         call: Call,
-        completion: CompletionRequest,
+        ask: CompletionAsk,
         job_id: str | None,
         draft: Draft | None,
     ) -> Answer:
         """A plain completion answered by the resolved model, as job `job_id`."""
-        request, caller, resume, prompts = call.http, call.caller, call.resume, call.prompts
-        completion = msgspec.structs.replace(completion, model=resolution.served)
+        request, caller, resume, prompts = call.http, call.caller, call.resume, ask.prompts
+        completion = msgspec.structs.replace(ask.completion, model=resolution.served)
         self._served_model(resolution, caller, "completions")
         job = completion_job(completion, timeout_s=self._router.request_timeout_s, job_id=job_id)
         job = resolution.applied_to(job)

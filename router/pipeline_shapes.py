@@ -14,6 +14,7 @@ import msgspec
 from redis.exceptions import RedisError
 
 from router.admission.auth import Caller
+from router.gate.asks import CompletionAsk
 from router.http.responses import Answer
 from router.intake.call import Call
 from router.intake.job import step_job
@@ -155,7 +156,7 @@ class PipelineShapes:
     async def cascaded(self, resolution: Resolution, call: Call, config: CascadeConfig) -> Answer:
         """The draft model's answer if it is kept (`router.routing.cascade`), else the strong one's."""
         pipeline = resolution.served
-        if call.completion is not None and call.completion.echo:
+        if isinstance(call.ask, CompletionAsk) and call.ask.completion.echo:
             # The echoed prompt would be judged as the draft's text and log-probabilities.
             raise invalid("echo", f"The cascade {pipeline!r} cannot echo the prompt; send `echo` without it.")
         draft = self._host.step(call, config.draft, resolution.alone())

@@ -1,6 +1,6 @@
 """The steps of one embeddings, classification or rerank request, in order, and nothing else.
 
-decode -> check the inputs -> the model (a configured one, of the endpoint's kind) -> build job ->
+its gate (decode, check and bound the inputs: `router.gate.pooling`) -> the model (a configured one, of the endpoint's kind) -> build job ->
 fits -> admit and queue (`router.pipeline.Pipeline.queued`) -> wait for the one last chunk -> answer.
 Every check runs before anything is queued, so a bad request costs no job. A pooling answer is never
 streamed, so there is nothing to resume; a job whose worker dies is taken over by another worker as
@@ -9,31 +9,19 @@ any job is.
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
-from litestar import Request, Response
+from litestar import Response
 
 from router.admission.auth import Caller
 from router.admission.fits import ModelLimitsCache, check_pooling_fits
 from router.admission.models import ModelTable
+from router.gate.asks import ClassificationAsk, EmbeddingsAsk, RerankAsk
 from router.http.responses import json_response
-from router.intake.body import decode_body
 from router.intake.job import pooling_job
-from router.openai.classify import ClassificationRequest
-from router.openai.embeddings import EmbeddingRequest
 from router.openai.pooling_checks import (
-    check_activation,
     check_dimensions,
-    check_encoding_format,
     check_model_kind,
-    check_query,
-    check_truncation,
     not_a_model,
-    pooling_inputs,
-    rerank_documents,
 )
-from router.openai.rerank import RerankRequest
 from router.pipeline import Pipeline
 from router.relay.pooled import (
     PooledAnswer,
@@ -50,10 +38,6 @@ from switchboard.config import ModelConfig
 from switchboard.model_pipelines import PipelineLookup
 from switchboard.pooling_config import ModelKind
 from switchboard.wire import Job, PoolingTask
-
-_embedding_request = msgspec.json.Decoder(EmbeddingRequest)
-_classification_request = msgspec.json.Decoder(ClassificationRequest)
-_rerank_request = msgspec.json.Decoder(RerankRequest)
 
 
 class PoolingPipeline:
@@ -78,13 +62,10 @@ class PoolingPipeline:
         self._health = health
         self._timeout_s = timeout_s
 
-    async def embeddings(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
-        """`POST /v1/embeddings`."""
+    async def embeddings(self, caller: Caller, ask: EmbeddingsAsk) -> Response[bytes]:
+        """`POST /v1/embeddings`, past its gate."""
         note_operation("embeddings")
-        body = await decode_body(request, _embedding_request)
-        inputs = pooling_inputs(body.input)
-        check_encoding_format(body.encoding_format)
-        check_truncation(body.truncate_prompt_tokens)
+        body, inputs = ask.body, ask.inputs
         model = self._model(body.model, caller, "embed", "embeddings")
         check_dimensions(model, body.dimensions)
         task = PoolingTask(
@@ -97,26 +78,19 @@ class PoolingPipeline:
         _, answer = await self._answered(task, model, caller, param="input")
         return json_response(embedding_list(answer, body), headers=_named(model))
 
-    async def classify(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
-        """`POST /classify`."""
+    async def classify(self, caller: Caller, ask: ClassificationAsk) -> Response[bytes]:
+        """`POST /classify`, past its gate."""
         note_operation("classify")
-        body = await decode_body(request, _classification_request)
-        inputs = pooling_inputs(body.input)
-        check_truncation(body.truncate_prompt_tokens)
-        check_activation(body.use_activation)
+        body, inputs = ask.body, ask.inputs
         model = self._model(body.model, caller, "classify", "classification")
         task = PoolingTask(task="classify", inputs=inputs, truncate_prompt_tokens=body.truncate_prompt_tokens)
         job, answer = await self._answered(task, model, caller, param="input")
         return json_response(classification_list(answer, job, body.model), headers=_named(model))
 
-    async def rerank(self, request: Request[Any, Any, Any], caller: Caller) -> Response[bytes]:
-        """`POST /rerank`."""
+    async def rerank(self, caller: Caller, ask: RerankAsk) -> Response[bytes]:
+        """`POST /rerank`, past its gate."""
         note_operation("rerank")
-        body = await decode_body(request, _rerank_request)
-        check_query(body.query)
-        documents = rerank_documents(body.documents)
-        check_truncation(body.truncate_prompt_tokens)
-        check_activation(body.use_activation)
+        body, documents = ask.body, ask.documents
         model = self._model(body.model, caller, "score", "rerank")
         task = PoolingTask(
             task="score",

@@ -14,7 +14,6 @@ import logging
 import time
 from typing import Any, Literal
 
-import msgspec
 import redis.asyncio as aioredis
 from litestar import Request, Response, Router, delete, get, post, put
 from litestar.types import Guard
@@ -22,16 +21,17 @@ from litestar.types import Guard
 from router.admission.auth import require_admin
 from router.admission.models import ModelTable
 from router.endpoints.admin_pipelines import PIPELINE_HANDLERS
+from router.gate.admin import MODEL_STATE, ROLLOUT_PLAN, ROUTE_WEIGHTS
+from router.gate.gate import GATE_OPT
 from router.http.responses import json_response
-from router.intake.body import decode_body, require_json
 from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
 from router.queue.move import move_waiting_jobs
 from router.routing.table import RouteTable
-from router.routing.views import RouteStatusList, WeightsRequest, route_status
+from router.routing.views import RouteStatusList, route_status
 from router.status import desired
 from router.status.models import ModelStatusList, ModelStatusReader
 from router.telemetry.metrics import ROLLOUT_EVENTS
-from switchboard.rollout import PlanError, RolloutPlan, checked_plan
+from switchboard.rollout import PlanError, checked_plan
 from switchboard.routes import RolloutConflict, Route, WeightsError, abort_rollout, start_rollout
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ async def model_status(name: str, models: ModelTable, status: ModelStatusReader)
     return json_response(await status.read_one(name))
 
 
-@post("/models/{target:path}", status_code=202)
+@post("/models/{target:path}", status_code=202, opt={GATE_OPT: MODEL_STATE})
 async def request_model_state(
     request: Request[Any, Any, Any],
     target: str,
@@ -70,7 +70,7 @@ async def request_model_state(
     Sent as JSON only (415 otherwise, the body itself may be empty): a web page's form cannot send
     that type, and a page's script cannot without the server's leave (a CORS preflight, never granted).
     """
-    require_json(request)
+    await MODEL_STATE.passed(request)
     name, _, action = target.strip("/").rpartition("/")
     if action not in ("load", "unload") or not name:
         raise RouteNotFoundError(f"No endpoint POST /admin/models{target}; use .../{{name}}/load or /unload.")
@@ -83,9 +83,6 @@ async def _request(
 ) -> Response[bytes]:
     await desired.request_model_state(redis, name, action)
     return json_response(await status.read_one(name), status_code=202)
-
-
-_weights_request = msgspec.json.Decoder(WeightsRequest)
 
 
 @get("/routes")
@@ -101,17 +98,17 @@ async def show_route(name: str, routes: RouteTable) -> Response[bytes]:
     return json_response(route_status(_route(routes, name)))
 
 
-@put("/routes/{name:str}/weights")
+@put("/routes/{name:str}/weights", opt={GATE_OPT: ROUTE_WEIGHTS})
 async def set_route_weights(
     request: Request[Any, Any, Any], name: str, routes: RouteTable
 ) -> Response[bytes]:
     """New weights for a route (JSON `{"weights": {"model": percent, ...}}`): every target named once,
     whole percents summing to 100, or a 400; a 409 while a rollout sets them. Every front door
     applies them within a second."""
+    body = await ROUTE_WEIGHTS.passed(request)
     route = _route(routes, name)
     if route.rollout is not None and route.rollout.running:
         raise RolloutConflictError(f"Route {name}: a rollout sets its weights now; abort it first.")
-    body = await decode_body(request, _weights_request)
     try:
         route = await routes.set_weights(name, body.weights)
     except WeightsError as exc:
@@ -127,9 +124,6 @@ class RolloutConflictError(OpenAIError):
     default_code = "rollout_conflict"
 
 
-_rollout_request = msgspec.json.Decoder(RolloutPlan)
-
-
 def _require_models(canary: str, stable: str, models: ModelTable) -> None:
     """PlanError unless both versions are models: a rollout warms its canary and judges each
     version's own answers, which a pipeline's steps share out among other models."""
@@ -141,15 +135,15 @@ def _require_models(canary: str, stable: str, models: ModelTable) -> None:
             )
 
 
-@post("/routes/{name:str}/rollout", status_code=201)
+@post("/routes/{name:str}/rollout", status_code=201, opt={GATE_OPT: ROLLOUT_PLAN})
 async def start_route_rollout(
     request: Request[Any, Any, Any], name: str, routes: RouteTable, models: ModelTable, redis: aioredis.Redis
 ) -> Response[bytes]:
     """Start a progressive rollout of a canary on a route (JSON: `canary` and any of the plan's
     settings, `switchboard.rollout.RolloutPlan`): 201 with the route; 400 for a plan the route
     cannot run; 409 while one runs. The judge warms the canary, then steps its weight."""
+    plan = await ROLLOUT_PLAN.passed(request)
     route = _route(routes, name)
-    plan = await decode_body(request, _rollout_request)
     try:
         checked_plan(plan, route.targets, route.weights)
         _require_models(plan.canary, route.targets[0], models)

@@ -16,16 +16,15 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, delete, get, put
 
+from router.gate.admin import PIPELINE_DEFINITION
+from router.gate.gate import GATE_OPT
 from router.http.responses import json_response
-from router.intake.body import decode_body
 from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
 from router.routing.pipeline_table import PipelineConflict, PipelineEntry, PipelineTable, UnknownPipeline
 from router.routing.pipeline_views import PipelineDeleted, PipelineStatusList, pipeline_status
 from switchboard.config_names import RouteName
-from switchboard.model_pipelines import PipelineConfig, PipelineError
+from switchboard.model_pipelines import PipelineError
 from switchboard.name_graph import LoopError
-
-_definition_request = msgspec.json.Decoder(PipelineConfig)
 
 
 class PipelineConflictError(OpenAIError):
@@ -50,15 +49,15 @@ async def show_pipeline(name: str, pipelines: PipelineTable) -> Response[bytes]:
     return json_response(pipeline_status(_entry(pipelines, name)))
 
 
-@put("/pipelines/{name:str}")
+@put("/pipelines/{name:str}", opt={GATE_OPT: PIPELINE_DEFINITION})
 async def set_pipeline(
     request: Request[Any, Any, Any], name: str, pipelines: PipelineTable
 ) -> Response[bytes]:
     """Set pipeline `name` (JSON: the fields of its TOML table, `fallbacks`, `router` or `cascade`):
     a configured pipeline's new definition, or a new pipeline. 400 for one the config could not
     hold; every front door applies it within about a second."""
+    config = await PIPELINE_DEFINITION.passed(request)
     _check_name(name)
-    config = await decode_body(request, _definition_request)
     try:
         entry = await pipelines.put(name, config)
     except (PipelineError, LoopError) as exc:

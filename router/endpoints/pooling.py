@@ -14,22 +14,24 @@ from typing import Any
 from litestar import Request, Response, post
 
 from router.admission.auth import caller_of
+from router.gate.gate import GATE_OPT
+from router.gate.pooling import CLASSIFY, EMBEDDINGS, RERANK
 from router.pooling_pipeline import PoolingPipeline
 
 
-@post("/v1/embeddings", status_code=200)
+@post("/v1/embeddings", status_code=200, opt={GATE_OPT: EMBEDDINGS})
 async def create_embeddings(request: Request[Any, Any, Any], pooling: PoolingPipeline) -> Response[bytes]:
     """OpenAI Embeddings: a vector per input, as floats or base64."""
-    return await pooling.embeddings(request, await caller_of(request))
+    return await pooling.embeddings(await caller_of(request), await EMBEDDINGS.passed(request))
 
 
-@post(["/classify", "/v1/classify"], status_code=200)
+@post(["/classify", "/v1/classify"], status_code=200, opt={GATE_OPT: CLASSIFY})
 async def classify(request: Request[Any, Any, Any], pooling: PoolingPipeline) -> Response[bytes]:
     """vLLM's classification API: each input's label and every label's probability."""
-    return await pooling.classify(request, await caller_of(request))
+    return await pooling.classify(await caller_of(request), await CLASSIFY.passed(request))
 
 
-@post(["/rerank", "/v1/rerank", "/v2/rerank"], status_code=200)
+@post(["/rerank", "/v1/rerank", "/v2/rerank"], status_code=200, opt={GATE_OPT: RERANK})
 async def rerank(request: Request[Any, Any, Any], pooling: PoolingPipeline) -> Response[bytes]:
     """The rerank API: the documents by relevance to the query, most relevant first."""
-    return await pooling.rerank(request, await caller_of(request))
+    return await pooling.rerank(await caller_of(request), await RERANK.passed(request))

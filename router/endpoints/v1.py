@@ -16,6 +16,8 @@ from litestar.response import Stream
 
 from router.admission.auth import Caller, caller_of
 from router.admission.models import ModelTable
+from router.gate.gate import GATE_OPT
+from router.gate.generation import CHAT, COMPLETIONS, RESPONSES
 from router.http.responses import json_response
 from router.openai.errors import RouteNotFoundError
 from router.openai.models import ModelCard, ModelList
@@ -26,24 +28,24 @@ from router.routing.table import RouteTable
 from router.routing.views import RouteCard
 
 
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, opt={GATE_OPT: CHAT})
 async def create_chat_completion(
     request: Request[Any, Any, Any], pipeline: Pipeline
 ) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
-    return await pipeline.chat(request, await caller_of(request))
+    return await pipeline.answer(request, await caller_of(request), await CHAT.passed(request))
 
 
-@post("/v1/completions", status_code=200)
+@post("/v1/completions", status_code=200, opt={GATE_OPT: COMPLETIONS})
 async def create_completion(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
     """OpenAI (legacy) Completions, streamed (server-sent events) or not."""
-    return await pipeline.completion(request, await caller_of(request))
+    return await pipeline.answer(request, await caller_of(request), await COMPLETIONS.passed(request))
 
 
-@post("/v1/responses", status_code=200)
+@post("/v1/responses", status_code=200, opt={GATE_OPT: RESPONSES})
 async def create_response(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
     """OpenAI Responses, streamed (typed server-sent events) or not; nothing is stored."""
-    return await pipeline.responses(request, await caller_of(request))
+    return await pipeline.answer(request, await caller_of(request), await RESPONSES.passed(request))
 
 
 # Nothing is stored, so there is nothing to read back or delete: a 404 that says so, not a bare one.

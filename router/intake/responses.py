@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.openai.chat import (
+    MAX_TOOL_CALLS_PER_MESSAGE,
     ChatCompletionRequest,
     ChatMessageIn,
     ContentPart,
@@ -54,6 +55,7 @@ NOT_STORED = "responses are not stored here; send the whole conversation in `inp
 # The chat request's fields that errors found later (the context's length, the chat template) name,
 # as a Responses request calls them.
 _CHAT_TERMS = (
+    ("response_format.json_schema.schema", "text.format.schema"),
     ("max_completion_tokens", "max_output_tokens"),
     ("max_tokens", "max_output_tokens"),
     ("messages", "input"),
@@ -158,6 +160,12 @@ def _add_item(messages: list[ChatMessageIn], param: str, item: InputItem) -> Non
         )
         last = messages[-1] if messages else None
         if last is not None and last.role == "assistant" and last.tool_calls is not None:
+            if len(last.tool_calls) == MAX_TOOL_CALLS_PER_MESSAGE:
+                raise invalid(
+                    param,
+                    f"At most {MAX_TOOL_CALLS_PER_MESSAGE} `function_call` items in a row are taken (they "
+                    "are one turn of the model's); this is one more.",
+                )
             last.tool_calls.append(call)
         elif last is not None and last.role == "assistant":  # its text, then its calls
             last.tool_calls = [call]
@@ -259,6 +267,9 @@ def in_responses_terms(error: InvalidRequestError) -> InvalidRequestError:
         message = message.replace(chat, responses)
         if param is not None and (param == chat or param.startswith((f"{chat}[", f"{chat}."))):
             param = responses + param[len(chat) :]
+    # A chat tool is `{"type", "function": {name, parameters}}`; a Responses tool is flat.
+    if param is not None and param.startswith("tools[") and ".function." in param:
+        param = param.replace(".function.", ".", 1)
     if (message, param) == (error.message, error.param):
         return error
     return InvalidRequestError(message, param=param, code=error.code, headers=error.headers)

@@ -16,17 +16,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from router.openai.bounds import MAX_SCHEMA_NESTING, json_nesting, refusal
 from router.openai.chat import ChatCompletionRequest, NamedToolChoice, Tool
 from router.openai.errors import InvalidRequestError
+from router.openai.required_calls import NO_ARGUMENTS, calls_schema
 from switchboard.wire import StructuredOutput
 
 ToolMode = Literal["text", "named", "required", "auto"]
-# A function declared without parameters takes an empty object.
-NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
-# How much deeper a tool's parameters lie in the schema of a `required` answer than on their own:
-# the list, its items, their anyOf, one call, its properties.
-CALLS_NESTING = 5
 
 
 class ToolPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,17 +57,8 @@ def plan_tools(
         tool = _tool(request.tools, choice.function.name)
         schema = tool.function.parameters or NO_ARGUMENTS
         return ToolPlan(mode="named", function=tool.function.name), _schema_output(schema)
-    calls = _calls_schema(request.tools, request.parallel_tool_calls)
-    if json_nesting(calls) > MAX_SCHEMA_NESTING:
-        # Each tool's own schema is within the bound (`router.openai.bounds`); the list of calls
-        # holds it CALLS_NESTING levels deeper.
-        raise refusal(
-            "tools",
-            f'`tool_choice` "required" nests each tool\'s parameters {CALLS_NESTING} levels deep into '
-            f"one schema, which may nest at most {MAX_SCHEMA_NESTING} levels; a tool's parameters then "
-            f"at most {MAX_SCHEMA_NESTING - CALLS_NESTING}. Name the function in `tool_choice`, or "
-            "flatten its parameters.",
-        )
+    # Its size and nesting passed the gate (`router.openai.bounds.check_required_calls`).
+    calls = calls_schema(request.tools, request.parallel_tool_calls)
     return ToolPlan(mode="required"), _schema_output(calls)
 
 
@@ -99,27 +85,6 @@ def parse_required_calls(text: str) -> list[tuple[str, str]] | None:
 
 def _tool(tools: list[Tool], name: str) -> Tool:
     return next(tool for tool in tools if tool.function.name == name)
-
-
-def _calls_schema(tools: list[Tool], parallel: bool | None) -> dict[str, Any]:
-    """A JSON list of one or more calls, each naming a tool and holding arguments for it."""
-    one_call = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "enum": [tool.function.name]},
-                    "parameters": tool.function.parameters or NO_ARGUMENTS,
-                },
-                "required": ["name", "parameters"],
-            }
-            for tool in tools
-        ]
-    }
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": one_call}
-    if parallel is False:
-        schema["maxItems"] = 1
-    return schema
 
 
 def _schema_output(schema: dict[str, Any]) -> StructuredOutput:

@@ -24,6 +24,7 @@ import msgspec
 from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonSchemaFormat
 from router.openai.common import SamplingRequest
 from router.openai.errors import InvalidRequestError
+from router.openai.required_calls import CALLS_NESTING, calls_schema
 from switchboard.router_config import RouterConfig
 
 # vLLM's own limit (`vllm.sampling_params.MAX_STRUCTURED_OUTPUT_JSON_NESTING`): objects and arrays
@@ -193,4 +194,29 @@ def _check_tools(request: ChatCompletionRequest, bounds: RouterConfig) -> int:
             "tools",
             f"The tools are {total:,} bytes as JSON together; at most {bounds.max_tools_bytes:,} are taken.",
         )
+    if request.tools and request.tool_choice == "required":
+        check_required_calls(request, bounds)
     return total
+
+
+def check_required_calls(request: ChatCompletionRequest, bounds: RouterConfig) -> None:
+    """`tool_choice: "required"` joins every tool's schema into one (`router.openai.required_calls`),
+    which the engine compiles as one grammar: that schema, not each tool's, is what must be within
+    the structured-output bounds (eight tools of 32 KB each cost a worker two minutes as one)."""
+    schema = calls_schema(request.tools or [], request.parallel_tool_calls)
+    size = len(_json.encode(schema))
+    limit = bounds.max_structured_output_bytes
+    name_one = "Name one function in `tool_choice`, or send fewer or smaller tools"
+    if size > limit:
+        raise refusal(
+            "tools",
+            f'`tool_choice` "required" joins the tools\' parameters into one schema of {size:,} bytes as '
+            f"JSON; at most {limit:,} are taken. {name_one}.",
+        )
+    if json_nesting(schema) > MAX_SCHEMA_NESTING:
+        raise refusal(
+            "tools",
+            f'`tool_choice` "required" nests each tool\'s parameters {CALLS_NESTING} levels deep into '
+            f"one schema, which may nest at most {MAX_SCHEMA_NESTING} levels; a tool's parameters then "
+            f"at most {MAX_SCHEMA_NESTING - CALLS_NESTING}. {name_one}, or flatten its parameters.",
+        )

@@ -194,6 +194,13 @@ class UnsupportedMediaTypeError(InvalidRequestError):
     default_code = "unsupported_media_type"
 
 
+class PayloadTooLargeError(InvalidRequestError):
+    """The body is larger than its endpoint takes (413)."""
+
+    status_code = 413
+    default_code = "request_too_large"
+
+
 class AuthenticationError(OpenAIError):
     """No API key, or one that is not known here (401)."""
 

@@ -12,8 +12,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.intake.body import check_bounds
-from router.openai.bounds import MAX_SCHEMA_NESTING, check_regex, json_nesting, template_chars
+from router.openai.bounds import (
+    MAX_SCHEMA_NESTING,
+    check_chat_bounds,
+    check_regex,
+    check_sampling_bounds,
+    json_nesting,
+    template_chars,
+)
 from router.openai.chat import ChatCompletionRequest
 from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError
@@ -24,6 +30,13 @@ from switchboard.router_config import RouterConfig
 def chat(**fields: Any) -> ChatCompletionRequest:
     body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], **fields}
     return msgspec.json.decode(msgspec.json.encode(body), type=ChatCompletionRequest)
+
+
+def check_bounds(request: Any, bounds: RouterConfig) -> None:
+    if isinstance(request, ChatCompletionRequest):
+        check_chat_bounds(request, bounds)
+    else:
+        check_sampling_bounds(request, bounds)
 
 
 def refused(request: Any, bounds: RouterConfig | None = None) -> InvalidRequestError:

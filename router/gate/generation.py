@@ -1,0 +1,50 @@
+"""The gates of the generation endpoints: chat completions, completions and responses.
+
+Each applies its type's field checks (`router.openai.checks`) and the bounds on what one request
+may cost a worker (`router.openai.bounds`). A Responses request is bounded as the chat request that
+answers it (`router.intake.responses`), since that is what the engine runs: whatever a response can
+say, its bounds are the chat's, named in the Responses request's own words.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from router.gate.asks import ChatAsk, CompletionAsk, ResponsesAsk
+from router.gate.gate import Gate
+from router.intake.responses import chat_request, in_responses_terms
+from router.openai.bounds import check_chat_bounds, check_sampling_bounds
+from router.openai.chat import ChatCompletionRequest
+from router.openai.checks import check_chat, check_completion
+from router.openai.completions import CompletionRequest
+from router.openai.errors import InvalidRequestError
+from router.openai.responses import ResponsesRequest
+from switchboard.router_config import RouterConfig
+
+
+def checked_chat(chat: ChatCompletionRequest, bounds: RouterConfig) -> ChatAsk:
+    """A chat request within the bounds (what it may cost first: it is the cheaper refusal)."""
+    check_chat_bounds(chat, bounds)
+    check_chat(chat)
+    return ChatAsk(chat)
+
+
+def checked_completion(completion: CompletionRequest, bounds: RouterConfig) -> CompletionAsk:
+    check_sampling_bounds(completion, bounds)
+    prompts = check_completion(completion)
+    return CompletionAsk(completion, prompts)
+
+
+def checked_responses(responses: ResponsesRequest, bounds: RouterConfig) -> ResponsesAsk:
+    """A Responses request whose chat request is within the chat's bounds."""
+    try:
+        chat = chat_request(responses)
+        check_chat_bounds(chat, bounds)
+    except InvalidRequestError as error:
+        raise in_responses_terms(error) from None
+    return ResponsesAsk(chat=chat, responses=responses)
+
+
+CHAT = Gate("chat completions", msgspec.json.Decoder(ChatCompletionRequest), checked_chat)
+COMPLETIONS = Gate("completions", msgspec.json.Decoder(CompletionRequest), checked_completion)
+RESPONSES = Gate("responses", msgspec.json.Decoder(ResponsesRequest), checked_responses)
