@@ -9,10 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from router.openai.checks import invalid, unsupported
+from router.openai.classify import ClassificationRequest
 from router.openai.common import INT32_MAX
+from router.openai.embeddings import EmbeddingRequest
 from router.openai.errors import InvalidRequestError
+from router.openai.rerank import RerankRequest
 from switchboard.config import ModelConfig
 from switchboard.pooling_config import ModelKind
+from switchboard.router_config import RouterConfig
 from switchboard.wire import Prompt
 
 # OpenAI's bound on the inputs of one embeddings request; the same holds for the other endpoints.
@@ -33,6 +37,31 @@ KIND_ENDPOINTS: dict[ModelKind, str] = {
     "classify": "/classify",
     "score": "/rerank",
 }
+
+
+def check_embedding_request(body: EmbeddingRequest, bounds: RouterConfig) -> tuple[Prompt, ...]:
+    """Every check of an embeddings request that needs no model; its inputs, as they will be sent."""
+    inputs = pooling_inputs(body.input)
+    check_encoding_format(body.encoding_format)
+    check_truncation(body.truncate_prompt_tokens)
+    return inputs
+
+
+def check_classification_request(body: ClassificationRequest, bounds: RouterConfig) -> tuple[Prompt, ...]:
+    """Every check of a classification request that needs no model; its inputs, as they will be sent."""
+    inputs = pooling_inputs(body.input)
+    check_truncation(body.truncate_prompt_tokens)
+    check_activation(body.use_activation)
+    return inputs
+
+
+def check_rerank_request(body: RerankRequest, bounds: RouterConfig) -> tuple[str, ...]:
+    """Every check of a rerank request that needs no model; its documents' texts, as they will be sent."""
+    check_query(body.query)
+    documents = rerank_documents(body.documents)
+    check_truncation(body.truncate_prompt_tokens)
+    check_activation(body.use_activation)
+    return documents
 
 
 def check_model_kind(model: ModelConfig, wanted: ModelKind, api: str) -> None:
