@@ -5,15 +5,17 @@ set, and always on a front door that listens beyond loopback, unless `router.all
 removing the last key never opens such a door. With auth off (a loopback-only front door with no
 keys, for local use) every request is the anonymous caller, which may do everything.
 
-A key is found by comparing the SHA-256 of the secret presented with every known one in constant
-time. The table of one front door holds the config's keys and a copy of Redis's, re-read every
-`auth.cache_s`, so that a request costs no Redis round trip for its key.
+A key is found by the SHA-256 of the secret presented, in a table keyed by those digests: one
+hash lookup, whatever the number of keys. Its timing says nothing about a stored key: a caller
+chooses secrets, not digests, so how much of a stored digest its own matches is out of its reach
+(and the table's hashing of the digests is seeded at random per process). The table of one front
+door holds the config's keys and a copy of Redis's, re-read every `auth.cache_s`, so that a request
+costs no Redis round trip for its key.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import dataclass
@@ -158,13 +160,8 @@ class KeyTable:
                 "`Authorization: Bearer YOUR_KEY` (the openai client's api_key).",
                 code="missing_api_key",
             )
-        presented = bytes.fromhex(api_keys.digest(secret))
-        # Every entry is compared, in constant time, with no early exit: how long this takes says
-        # nothing about which key, or how much of one, matched.
-        caller = None
-        for stored, candidate in self._callers.items():
-            if hmac.compare_digest(stored, presented):
-                caller = candidate
+        # One lookup by the digest: no key is compared with the secret, or with its digest, one by one.
+        caller = self._callers.get(bytes.fromhex(api_keys.digest(secret)))
         if caller is None:
             raise AuthenticationError(
                 f"Incorrect API key provided: {api_keys.mask(secret)}. "
