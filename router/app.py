@@ -50,7 +50,7 @@ PARTS = (
     "limits",
     "runs",
     "reader",
-    "pipeline",
+    "flow",
     "pooling",
 )
 

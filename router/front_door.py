@@ -19,14 +19,16 @@ from router.admission.auth import KeyTable, check_exposure
 from router.admission.fits import ModelLimitsCache
 from router.admission.limits import Admission
 from router.admission.models import ModelTable
-from router.pipeline import Pipeline
-from router.pooling_pipeline import PoolingPipeline
+from router.flow import RequestFlow
+from router.pooling_flow import PoolingFlow
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.starts import JobRuns
+from router.relay.answer import Relaying
 from router.routing.judge import RolloutJudge
 from router.routing.pipeline_table import PipelineTable
 from router.routing.shadow import ShadowTraffic
+from router.routing.step_parts import StepParts
 from router.routing.table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
 from router.status.models import ModelStatusReader
@@ -68,7 +70,7 @@ class FrontDoor:
         self.key_table = KeyTable(redis, settings)
         self.admission = Admission(redis, settings.limits)
         queue = JobQueue(redis, self.tasks)
-        self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id)
+        self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id, self.admission)
         self.routes = RouteTable(redis, settings.routes)
         self.judge = RolloutJudge(redis, self.routes, self.status, router_id)
         # Copies of routed requests for their routes' shadow versions, run among the front door's tasks.
@@ -81,20 +83,20 @@ class FrontDoor:
             tasks=self.tasks,
             settings=settings.router,
         )
-        self.pipeline = Pipeline(
-            settings,
-            models=self.models,
-            health=self.health,
-            status=self.status,
-            limits=self.limits,
-            admission=self.admission,
-            runs=self.runs,
+        parts = StepParts(
             routes=self.routes,
             pipelines=self.pipelines,
-            shadow=self.shadow,
+            runs=self.runs,
+            relaying=Relaying(settings.router, self.status),
+            status=self.status,
+            health=self.health,
+            timeout_s=settings.router.request_timeout_s,
         )
-        self.pooling = PoolingPipeline(
-            self.pipeline,
+        self.flow = RequestFlow(
+            settings, models=self.models, limits=self.limits, parts=parts, shadow=self.shadow
+        )
+        self.pooling = PoolingFlow(
+            self.runs,
             models=self.models,
             routes=self.routes,
             pipelines=self.pipelines,

@@ -1,4 +1,4 @@
-"""The OpenAI endpoints: chat and plain completions and responses (through `router.pipeline`), and the
+"""The OpenAI endpoints: chat and plain completions and responses (through `router.flow`), and the
 models.
 
 Handlers ask for the parts they need (`router.app` provides them) and raise errors, never build them.
@@ -16,12 +16,12 @@ from litestar.response import Stream
 
 from router.admission.auth import Caller, caller_of
 from router.admission.models import ModelTable
+from router.flow import RequestFlow
 from router.gate.gate import GATE_OPT
 from router.gate.generation import CHAT, COMPLETIONS, RESPONSES
 from router.http.responses import json_response
 from router.openai.errors import RouteNotFoundError
 from router.openai.models import ModelCard, ModelList
-from router.pipeline import Pipeline
 from router.routing.pipeline_table import PipelineTable
 from router.routing.pipeline_views import pipeline_card
 from router.routing.table import RouteTable
@@ -30,22 +30,22 @@ from router.routing.views import RouteCard
 
 @post("/v1/chat/completions", status_code=200, opt={GATE_OPT: CHAT})
 async def create_chat_completion(
-    request: Request[Any, Any, Any], pipeline: Pipeline
+    request: Request[Any, Any, Any], flow: RequestFlow
 ) -> Response[bytes] | Stream:
     """OpenAI Chat Completions, streamed (server-sent events) or not."""
-    return await pipeline.answer(request, await caller_of(request), await CHAT.passed(request))
+    return await flow.answer(request, await caller_of(request), await CHAT.passed(request))
 
 
 @post("/v1/completions", status_code=200, opt={GATE_OPT: COMPLETIONS})
-async def create_completion(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
+async def create_completion(request: Request[Any, Any, Any], flow: RequestFlow) -> Response[bytes] | Stream:
     """OpenAI (legacy) Completions, streamed (server-sent events) or not."""
-    return await pipeline.answer(request, await caller_of(request), await COMPLETIONS.passed(request))
+    return await flow.answer(request, await caller_of(request), await COMPLETIONS.passed(request))
 
 
 @post("/v1/responses", status_code=200, opt={GATE_OPT: RESPONSES})
-async def create_response(request: Request[Any, Any, Any], pipeline: Pipeline) -> Response[bytes] | Stream:
+async def create_response(request: Request[Any, Any, Any], flow: RequestFlow) -> Response[bytes] | Stream:
     """OpenAI Responses, streamed (typed server-sent events) or not; nothing is stored."""
-    return await pipeline.answer(request, await caller_of(request), await RESPONSES.passed(request))
+    return await flow.answer(request, await caller_of(request), await RESPONSES.passed(request))
 
 
 # Nothing is stored, so there is nothing to read back or delete: a 404 that says so, not a bare one.

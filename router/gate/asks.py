@@ -5,6 +5,7 @@ a pooling request's inputs). The request's steps take an ask and never test for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from router.openai.chat import ChatCompletionRequest
 from router.openai.classify import ClassificationRequest
@@ -20,6 +21,8 @@ from switchboard.wire import ChatMessage, Prompt
 class ChatAsk:
     """A chat completion (and what a Responses request amounts to: `ResponsesAsk`)."""
 
+    # The API, as errors name it ("the chat completions API").
+    api: ClassVar[str] = "chat completions"
     chat: ChatCompletionRequest
 
     @property
@@ -57,6 +60,7 @@ class ChatAsk:
 class ResponsesAsk(ChatAsk):
     """A Responses request: answered by its chat request (`chat`), in the Responses shape."""
 
+    api: ClassVar[str] = "responses"
     responses: ResponsesRequest
 
 
@@ -64,6 +68,7 @@ class ResponsesAsk(ChatAsk):
 class CompletionAsk:
     """A plain completion, and how many prompts it holds."""
 
+    api: ClassVar[str] = "completions"
     completion: CompletionRequest
     prompts: int
 

@@ -2,7 +2,7 @@
 
 Their checks (`router.openai.pooling_checks`) bound the inputs' number and size before anything is
 queued. What needs the model (its kind, its dimensions) is checked once the model is known, still
-before anything is queued (`router.pooling_pipeline`).
+before anything is queued (`router.pooling_flow`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ served here write none).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from router.openai.chat import (
@@ -257,6 +259,19 @@ def _response_format(request: ResponsesRequest) -> ResponseFormat | None:
             name=spec.name, schema=spec.schema, description=spec.description, strict=spec.strict
         )
     )
+
+
+@contextmanager
+def in_responses_words(responses: bool) -> Iterator[None]:
+    """Errors raised within, found on the chat request that answers a Responses request (when
+    `responses`), name the Responses request's fields (`in_responses_terms`)."""
+    try:
+        yield
+    except InvalidRequestError as error:
+        translated = in_responses_terms(error) if responses else error
+        if translated is error:
+            raise
+        raise translated from error
 
 
 def in_responses_terms(error: InvalidRequestError) -> InvalidRequestError:

@@ -1,5 +1,6 @@
 """Where a request's job run begins: queued afresh (admitted and enqueued in one round trip), or picked
-up again by a client that resumes its stream with `Last-Event-ID` (no new job is queued).
+up again by a client that resumes its stream with `Last-Event-ID` (no new job is queued, but the
+reader is admitted against its key's limits all the same).
 
 Whatever stops a start on its way (an error, its client leaving) gives its admission ticket back,
 and a job that may have been queued for nobody is cancelled. The run itself is `router.queue.run`.
@@ -15,8 +16,10 @@ import time
 import msgspec
 from redis.exceptions import RedisError
 
+from router.admission.auth import Caller
 from router.admission.charges import Charge, DeliveredShare
-from router.admission.limits import Admitting, Ticket
+from router.admission.limits import Admission, Admitting, Ticket
+from router.admission.models import require_live_worker
 from router.openai.errors import InvalidRequestError, ModelLoadFailedError, StreamNotFoundError
 from router.queue.enqueue import JobQueue, Resumption, UnknownEntry, admitted
 from router.queue.results import ResultReader
@@ -51,13 +54,36 @@ class JobRuns:
         status: ModelStatusReader,
         settings: RouterConfig,
         router_id: str,
+        admission: Admission,
     ) -> None:
         self._queue = queue
         self._reader = reader
         self._status = status
         self._settings = settings
+        self._admission = admission
         # Every job names the front door waiting for it (`router.status.heartbeat`).
         self.router_id = router_id
+
+    async def queued(self, job: Job, caller: Caller) -> JobRun:
+        """`job` admitted for `caller` and queued: 429 at a limit; 503 with Retry-After for a model no
+        live worker may hold, or whose last load failed. The caller must `close()` the run."""
+        # Sent with the caller's key, and waited for by this front door.
+        job = msgspec.structs.replace(job, tenant=caller.name, router_id=self.router_id)
+        await require_live_worker(self._status, job.model)
+        observer = JobObserver(job)
+        with observer.phase("switchboard.admission"):
+            # Admitted in the enqueue's round trip (`start`): here only what it will send.
+            admitting = self._admission.admitting(job, caller)
+        return await self.start(job, admitting, observer)
+
+    async def resumed(self, job: Job, caller: Caller, after: str) -> tuple[JobRun, list[Chunk]]:
+        """The rest of a stream whose client lost its connection, and what it had (`resume`). A resume
+        is a request: admitted against its key's limits first (429, and nothing of the job read or
+        counted, when refused)."""
+        observer = JobObserver(job, resumed=True)
+        with observer.phase("switchboard.admission"):
+            ticket = await self._admission.admit_resume(job, caller)
+        return await self.resume(job, ticket, after, observer)
 
     async def start(self, job: Job, admitting: Admitting, observer: JobObserver) -> JobRun:
         """Admit `job` and enqueue it in one round trip, and start reading its results; the caller must

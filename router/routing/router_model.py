@@ -34,7 +34,7 @@ from switchboard.wire import ChatMessage, Chunk, SamplingParams, StructuredOutpu
 
 # Runs the router's job and yields its chunks (raises if it cannot run it); closed early, it stops
 # the router's generation: a label is known as soon as its text leaves every other label.
-Ask = Callable[[tuple[ChatMessage, ...], SamplingParams], AsyncGenerator[Chunk, None]]
+AskRouter = Callable[[tuple[ChatMessage, ...], SamplingParams], AsyncGenerator[Chunk, None]]
 ChosenBy = Literal["router", "warm", "default"]
 
 # vLLM refuses more alternatives than its `max_logprobs` (20 by default).
@@ -132,7 +132,7 @@ def default_choice(config: RouterConfig, reason: str) -> RouterChoice:
     return RouterChoice(config.default, config.targets[config.default].model, "default", reason, {})
 
 
-async def choose(config: RouterConfig, text: str, ask: Ask, is_warm: Callable[[str], bool]) -> RouterChoice:
+async def choose(config: RouterConfig, text: str, ask: AskRouter, is_warm: Callable[[str], bool]) -> RouterChoice:
     """Ask the router which target answers `text`, within `config.timeout_s`. A router that fails,
     is too slow or answers no label leaves the choice to the default; this never raises for it.
 

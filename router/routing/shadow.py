@@ -29,7 +29,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -210,6 +210,20 @@ class ShadowTraffic:
         self._drawn: OrderedDict[str, None] = OrderedDict()
         # Per shadow model, this front door's copies queued and not started yet.
         self._unstarted: dict[str, int] = {}
+
+    async def queued(self, job: Job, queue: Callable[[Job], Awaitable[JobRun]]) -> JobRun:
+        """`job` queued by `queue`, and copied for its route's shadow version once it is (drawn before
+        it is queued: `draw`)."""
+        draw = self.draw(job)
+        try:
+            run = await queue(job)
+        except BaseException:
+            if draw is not None:
+                self.drop(draw)
+            raise
+        if draw is not None:
+            self.mirror(run.job, draw)
+        return run
 
     def draw(self, job: Job) -> ShadowDraw | None:
         """Before `job` (a real one) is queued: whether its route's shadow copies it (the draw says so);

@@ -18,10 +18,10 @@ from router.intake.resume import resume_point
 from router.intake.tools import TEXT
 from router.openai.chat import ChatCompletionRequest
 from router.openai.errors import EngineError, InvalidRequestError, OpenAIError
-from router.pipeline import served_chunks
 from router.queue.held import HeldAnswer, collect
 from router.queue.run import JobRun
 from router.queue.source import ChunkSource
+from router.relay.answer import served_chunks
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.first_byte import OPENAI_SHAPE, StreamForm, stream_response
 from router.telemetry.job_observer import JobObserver

@@ -1,7 +1,7 @@
 """The steps of one embeddings, classification or rerank request, in order, and nothing else.
 
 its gate (decode, check and bound the inputs: `router.gate.pooling`) -> the model (a configured one, of the endpoint's kind) -> build job ->
-fits -> admit and queue (`router.pipeline.Pipeline.queued`) -> wait for the one last chunk -> answer.
+fits -> admit and queue (`router.queue.starts.JobRuns.queued`) -> wait for the one last chunk -> answer.
 Every check runs before anything is queued, so a bad request costs no job. A pooling answer is never
 streamed, so there is nothing to resume; a job whose worker dies is taken over by another worker as
 any job is.
@@ -22,7 +22,7 @@ from router.openai.pooling_checks import (
     check_model_kind,
     not_a_model,
 )
-from router.pipeline import Pipeline
+from router.queue.starts import JobRuns
 from router.relay.pooled import (
     PooledAnswer,
     classification_list,
@@ -40,12 +40,12 @@ from switchboard.pooling_config import ModelKind
 from switchboard.wire import Job, PoolingTask
 
 
-class PoolingPipeline:
+class PoolingFlow:
     """The steps of the embeddings, classification and rerank endpoints, over the parts each calls."""
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        runs: JobRuns,
         *,
         models: ModelTable,
         routes: RouteTable,
@@ -54,7 +54,7 @@ class PoolingPipeline:
         health: RedisHealth,
         timeout_s: float,
     ) -> None:
-        self._pipeline = pipeline
+        self._runs = runs
         self._models = models
         self._routes = routes
         self._pipelines = pipelines
@@ -130,7 +130,7 @@ class PoolingPipeline:
         job = pooling_job(model.name, task, timeout_s=self._timeout_s, job_id=arrival_id())
         self._health.require_up()
         await check_pooling_fits(self._limits, task, model.name, param)
-        run = await self._pipeline.queued(job, caller)
+        run = await self._runs.queued(job, caller)
         try:
             return run.job, await pooled_answer(run.chunks(), run.job, model.name)
         finally:
