@@ -1,4 +1,4 @@
-"""The steps of `router.pipeline`, in order, against a real Redis: a chat, a completion and a resumed
+"""The steps of `router.flow`, in order, against a real Redis: a chat, a completion and a resumed
 stream go through, and a refusal at each step reaches the client with its status and code.
 
 The tests play the worker's part by writing into Redis what a worker would (`tests.support`).
