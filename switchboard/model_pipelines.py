@@ -14,7 +14,10 @@ Three shapes, one per pipeline:
 
 A step names a model, a route (whose weights and stickiness place the caller on one of its
 versions) or, where the shape allows, another pipeline; routes may name pipelines too. A name that
-leads back to itself is refused with the path of the loop (`switchboard.name_graph`).
+leads back to itself is refused with the path of the loop (`switchboard.name_graph`), and so is one
+that nests too deep or expands to too many steps (`check_nesting`): a request resolves its name on
+the event loop, and two pipelines per level that each name both of the level below expand as
+2^depth, seconds of a blocked front door for a chain of twenty.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ DEFAULT_ROUTER_PROMPT = (
     "Answer with the label of the assistant that suits the request best."
 )
 ROUTER_PLACEHOLDERS = frozenset({"targets", "request"})
+# How many routes and pipelines a request may pass through on its way to a model, and how many
+# names a route or pipeline may expand to when each of its steps is expanded in turn (a name named
+# twice counts twice): far above any real pipeline (a fallback of three routes of three versions is
+# 13), far below what would hold a front door's event loop for a noticeable time.
+MAX_NESTING = 8
+MAX_EXPANSION = 256
 
 
 class PipelineError(ValueError):
@@ -153,6 +162,45 @@ def leads_to(
         **{name: list(route.targets) for name, route in routes.items()},
         **{name: pipeline.steps() for name, pipeline in pipelines.items()},
     }
+
+
+def check_nesting(leads_to: Mapping[str, Collection[str]]) -> None:
+    """PipelineError naming the first route or pipeline (of `leads_to`, as `leads_to()` makes it,
+    loops already refused) that nests more than MAX_NESTING deep or expands to more than
+    MAX_EXPANSION names. Each name is measured once, so this is linear in the graph's size."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for name in leads_to:
+        depth, expansion = _measure(name, leads_to, sizes)
+        if depth > MAX_NESTING:
+            raise PipelineError(
+                f"{name}: leads through {depth} routes and pipelines in a row to a model; at most "
+                f"{MAX_NESTING} may be nested. Name the models or the inner pipelines' steps directly."
+            )
+        if expansion > MAX_EXPANSION:
+            raise PipelineError(
+                f"{name}: expands to more than {MAX_EXPANSION} steps when each of its steps is "
+                f"expanded in turn; at most {MAX_EXPANSION} may be reached. Name fewer pipelines that "
+                "themselves name the same pipelines."
+            )
+
+
+def _measure(
+    name: str, leads_to: Mapping[str, Collection[str]], sizes: dict[str, tuple[int, int]]
+) -> tuple[int, int]:
+    """How many routes and pipelines `name` leads through in a row at most, and how many names it
+    expands to (itself included), each name measured once into `sizes`."""
+    known = sizes.get(name)
+    if known is not None:
+        return known
+    steps = leads_to.get(name)
+    if not steps:
+        return 0, 1  # a model
+    sizes[name] = (0, 1)  # a loop (refused before) cannot recurse for ever
+    measured = [_measure(step, leads_to, sizes) for step in steps]
+    # Capped: the numbers past the bound only need to say "too many", not grow to 2^depth digits.
+    size = (1 + max(depth for depth, _ in measured), min(1 + sum(n for _, n in measured), MAX_EXPANSION + 1))
+    sizes[name] = size
+    return size
 
 
 def router_models(routes: Mapping[str, RouteConfig], pipelines: Mapping[str, PipelineConfig]) -> set[str]:

@@ -9,7 +9,7 @@ any front door applies on every other within about POLL_S. Until Redis answers, 
 
 Every change is checked as the config is at start, over the whole set it would leave
 (`check_pipelines` with the configured models and routes, then no loop through routes and
-pipelines), inside a transaction on the version: two front doors changing pipelines at once cannot
+pipelines, and no name nested or expanding past the bounds of `check_nesting`), inside a transaction on the version: two front doors changing pipelines at once cannot
 together make what neither would alone (two pipelines naming each other). A stored definition that
 does not fit this front door's config (written by one with other models) is left out, and logged.
 """
@@ -29,7 +29,13 @@ from redis.exceptions import WatchError
 from router.routing.table import poll_version
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard import keys
-from switchboard.model_pipelines import PipelineConfig, PipelineError, check_pipelines, leads_to
+from switchboard.model_pipelines import (
+    PipelineConfig,
+    PipelineError,
+    check_nesting,
+    check_pipelines,
+    leads_to,
+)
 from switchboard.name_graph import LoopError, check_no_loop
 from switchboard.route_config import RouteConfig
 from switchboard.tasks import TaskSet
@@ -193,7 +199,9 @@ class PipelineTable:
 
     def _check(self, pipelines: Mapping[str, PipelineConfig]) -> None:
         check_pipelines(pipelines, self._models, list(self._routes))
-        check_no_loop(leads_to(self._routes, pipelines))
+        graph = leads_to(self._routes, pipelines)
+        check_no_loop(graph)
+        check_nesting(graph)
 
     def _applicable(
         self, stored: Mapping[str, PipelineConfig]

@@ -157,32 +157,59 @@ def _resolved(request: Resolution, chain: list[tuple[str, Route | None]]) -> Res
 
 
 def _placed(
-    routes: RouteTable, pipelines: PipelineLookup, step: str, stickiness_key: str
+    routes: RouteTable,
+    pipelines: PipelineLookup,
+    step: str,
+    stickiness_key: str,
+    placed: dict[str, list[tuple[str, Route | None]]] | None = None,
 ) -> list[tuple[str, Route | None]]:
     """What a step sends a caller to, in order: a model itself; a route's version for this caller,
     then the route's stable version if that is another; a pipeline of fallbacks, its steps placed in
     turn; a router or cascade pipeline itself (it runs as a step of its own). The config refuses
-    loops (`switchboard.name_graph`), so this ends."""
+    loops (`switchboard.name_graph`), so this ends.
+
+    Each name is placed once per request (`placed`, each list without repeats): pipelines that name
+    the same pipelines would otherwise be walked once per path through them, 2^depth times."""
+    placed = {} if placed is None else placed
+    known = placed.get(step)
+    if known is not None:
+        return known
+    chain = _chain(routes, pipelines, step, stickiness_key, placed)
+    placed[step] = chain
+    return chain
+
+
+def _chain(
+    routes: RouteTable,
+    pipelines: PipelineLookup,
+    step: str,
+    stickiness_key: str,
+    placed: dict[str, list[tuple[str, Route | None]]],
+) -> list[tuple[str, Route | None]]:
     pipeline = pipelines.get(step)
     if pipeline is not None:
         if pipeline.shape != "fallbacks":
             return [(step, None)]
-        return [
-            placed
-            for inner in pipeline.steps()
-            for placed in _placed(routes, pipelines, inner, stickiness_key)
-        ]
+        return _deduplicated(
+            [
+                found
+                for inner in pipeline.steps()
+                for found in _placed(routes, pipelines, inner, stickiness_key, placed)
+            ]
+        )
     route = routes.get(step)
     if route is None:
         return [(step, None)]
     target, stable = route.target_for(stickiness_key), route.targets[0]
     chosen = [target] if target == stable else [target, stable]
     # A version that is a pipeline answers through its steps, each counted under the route.
-    return [
-        (placed, inner_route or route)
-        for version in chosen
-        for placed, inner_route in _placed(routes, pipelines, version, stickiness_key)
-    ]
+    return _deduplicated(
+        [
+            (found, inner_route or route)
+            for version in chosen
+            for found, inner_route in _placed(routes, pipelines, version, stickiness_key, placed)
+        ]
+    )
 
 
 def _deduplicated(

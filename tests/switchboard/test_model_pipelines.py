@@ -138,3 +138,25 @@ def test_a_model_a_pipeline_asks_as_its_router_warms_its_structured_output_as_it
     settings = settings_with(tmp_path, ROUTER)
     warmed = {model.name for model in settings.models if model.warm_structured_output}
     assert warmed == {"small"}
+
+
+def chain_of_pairs(levels: int) -> str:
+    """Two pipelines per level, each naming both of the level below: 2^levels paths from the top."""
+    text = '[pipelines.a0]\nfallbacks = ["big", "small"]\n[pipelines.b0]\nfallbacks = ["small", "big"]\n'
+    for level in range(1, levels):
+        below = f'"a{level - 1}", "b{level - 1}"'
+        text += f"[pipelines.a{level}]\nfallbacks = [{below}]\n[pipelines.b{level}]\nfallbacks = [{below}]\n"
+    return text
+
+
+def test_pipelines_nested_too_deep_or_expanding_too_far_are_config_errors(tmp_path: Path) -> None:
+    # Seven levels of pairs expand to 255 names (allowed); eight to 511 (refused, at most 256).
+    assert "a6" in settings_with(tmp_path, chain_of_pairs(7)).pipelines
+    with pytest.raises(ConfigError, match=r"a7: expands to more than 256 steps .* at most 256"):
+        settings_with(tmp_path, chain_of_pairs(8))
+    # A straight chain: the route `chat`, then eight pipelines in a row, each naming the one before.
+    straight = '[pipelines.c0]\nfallbacks = ["chat", "small"]\n'
+    straight += "".join(f'[pipelines.c{n}]\nfallbacks = ["c{n - 1}", "small"]\n' for n in range(1, 8))
+    assert "c7" not in settings_with(tmp_path, straight.rsplit("[pipelines.c7]", 1)[0]).pipelines
+    with pytest.raises(ConfigError, match=r"c7: leads through 9 routes and pipelines .* at most 8"):
+        settings_with(tmp_path, straight)
