@@ -64,3 +64,9 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_structured_output_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024
     # and entries of `structured_outputs.choice` (12,000 once kept an engine busy for 28 s).
     max_structured_output_choices: Annotated[int, msgspec.Meta(ge=1)] = 256
+    # A rerank's `query`, in characters, truncated or not: it is paired with every document (a 64 KB
+    # query with 256 documents once kept a reranker busy for 60 s).
+    max_rerank_query_chars: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+    # Values one pooling answer holds (inputs times an embedding's dimensions): it crosses Redis
+    # twice and is built as JSON. The default admits 2,048 inputs of a 4,096-dimension embedder.
+    max_pooling_output_values: Annotated[int, msgspec.Meta(ge=2048)] = 2048 * 4096

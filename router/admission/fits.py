@@ -109,12 +109,14 @@ async def check_job_fits(cache: ModelLimitsCache, job: Job, *, template_renders_
 async def check_pooling_fits(cache: ModelLimitsCache, task: PoolingTask, model: str, param: str) -> None:
     """Refuse (400) a pooling job's input that cannot fit its model, where the model's limits are
     known: text longer than any text of its context, token ids beyond its context or vocabulary.
-    A job that asks for truncation is let through: its inputs are cut to fit."""
+    A job that asks for truncation is let through, its inputs cut to fit, unless it asks to keep
+    more tokens than the model takes."""
     limits = await cache.get(model)
     if limits is None:
         return
     _check_dimensions(task, limits, model)
     if task.truncate_prompt_tokens is not None:
+        _check_kept_tokens(task.truncate_prompt_tokens, limits)
         return
     query = len(task.query) if task.query is not None else 0
     texts = [len(text) + query for text in task.inputs if isinstance(text, str)]
@@ -131,6 +133,18 @@ async def check_pooling_fits(cache: ModelLimitsCache, task: PoolingTask, model: 
             code=context_length.CONTEXT_LENGTH_EXCEEDED,
         )
     _check_tokens([token for ids in token_inputs for token in ids], limits, param)
+
+
+def _check_kept_tokens(truncate_prompt_tokens: int, limits: ModelLimits) -> None:
+    """Refuse (400) keeping more tokens than the model's context (the worker would, after a hop)."""
+    context = limits.max_model_len
+    if truncate_prompt_tokens > context:
+        raise InvalidRequestError(
+            f"`truncate_prompt_tokens` must be -1 or from 1 to the model's maximum context length "
+            f"({context} tokens); it is {truncate_prompt_tokens}.",
+            param="truncate_prompt_tokens",
+            code="invalid_value",
+        )
 
 
 def _check_dimensions(task: PoolingTask, limits: ModelLimits, model: str) -> None:

@@ -12,6 +12,7 @@ from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonObjectF
 from router.openai.checks import logit_bias_tokens
 from router.openai.common import SamplingRequest, stop_list
 from router.openai.completions import CompletionRequest
+from switchboard.kept_text import front_door_cut
 from switchboard.wire import (
     ChatMessage,
     Job,
@@ -96,8 +97,10 @@ def completion_job(
 
 def pooling_job(model: str, task: PoolingTask, *, timeout_s: float, job_id: str | None = None) -> Job:
     """The job of an embeddings, classification or rerank request (its inputs already checked);
-    `job_id` as for `chat_job`. Nothing is sampled: its sampling parameters are the defaults."""
-    return _job(model, SamplingParams(), timeout_s=timeout_s, job_id=job_id, tenant=None, pooling=task)
+    `job_id` as for `chat_job`. Nothing is sampled: its sampling parameters are the defaults. Texts
+    of a job that keeps only its inputs' last tokens travel cut to what those can span."""
+    pooling = front_door_cut(task)
+    return _job(model, SamplingParams(), timeout_s=timeout_s, job_id=job_id, tenant=None, pooling=pooling)
 
 
 def prompts_of(prompt: str | list[Any]) -> tuple[Prompt, ...]:

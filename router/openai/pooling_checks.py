@@ -1,7 +1,9 @@
 """Checks of the pooling endpoints' requests that no field's type can express: the inputs' shapes,
-the model's kind against the endpoint, and `dimensions` against what the model was trained for.
+the model's kind against the endpoint, `dimensions` against what the model was trained for, and the
+bounds on one request (`router.*` settings): a rerank query's length, and the values an answer holds.
 
-Each failure is a 400 naming the parameter at fault, raised before anything is queued.
+Each failure is a 400 naming the parameter at fault, raised before anything is queued. A text longer
+than its kept tokens can span is cut where its job is built (`switchboard.kept_text`), not refused.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from router.openai.rerank import RerankRequest
 from switchboard.config import ModelConfig
 from switchboard.pooling_config import ModelKind
 from switchboard.router_config import RouterConfig
-from switchboard.wire import Prompt
+from switchboard.wire import ModelLimits, Prompt
 
 # OpenAI's bound on the inputs of one embeddings request; the same holds for the other endpoints.
 MAX_INPUTS = 2048
@@ -44,6 +46,8 @@ def check_embedding_request(body: EmbeddingRequest, bounds: RouterConfig) -> tup
     inputs = pooling_inputs(body.input)
     check_encoding_format(body.encoding_format)
     check_truncation(body.truncate_prompt_tokens)
+    if body.dimensions is not None:
+        _check_output_values(len(inputs), body.dimensions, "dimensions", bounds)
     return inputs
 
 
@@ -58,6 +62,7 @@ def check_classification_request(body: ClassificationRequest, bounds: RouterConf
 def check_rerank_request(body: RerankRequest, bounds: RouterConfig) -> tuple[str, ...]:
     """Every check of a rerank request that needs no model; its documents' texts, as they will be sent."""
     check_query(body.query)
+    check_query_length(body.query, bounds)
     documents = rerank_documents(body.documents)
     check_truncation(body.truncate_prompt_tokens)
     check_activation(body.use_activation)
@@ -135,6 +140,16 @@ def check_query(query: str) -> None:
         raise invalid("query", "`query` is empty; give at least one character.")
 
 
+def check_query_length(query: str, bounds: RouterConfig) -> None:
+    """A 400 for a rerank query longer than `router.max_rerank_query_chars`, truncated or not."""
+    if len(query) > bounds.max_rerank_query_chars:
+        raise invalid(
+            "query",
+            f"`query` is {len(query):,} characters long; at most {bounds.max_rerank_query_chars:,} are "
+            "taken. Shorten it: it is read beside every document.",
+        )
+
+
 def check_encoding_format(encoding_format: str) -> None:
     """A 400 for an `encoding_format` other than OpenAI's two."""
     if encoding_format not in ("float", "base64"):
@@ -182,6 +197,37 @@ def check_dimensions(model: ModelConfig, dimensions: int | None) -> None:
             f"The model `{model.name}` can return vectors of {', '.join(map(str, sorted(sizes)))} "
             f"dimensions; `dimensions` is {dimensions}.",
         )
+
+
+def check_pooling_output(
+    model: ModelConfig,
+    inputs: int,
+    dimensions: int | None,
+    bounds: RouterConfig,
+    limits: ModelLimits | None,
+) -> None:
+    """A 400 for an embeddings answer of more values than `router.max_pooling_output_values`: `inputs`
+    vectors of `dimensions`, or of the model's own size where its workers published it (`limits`;
+    unknown until the model was first loaded). Called once the model is known; a reranker answers
+    one value per input, and a classifier's labels are not known here."""
+    if model.kind != "embed":
+        return
+    if dimensions is not None:
+        _check_output_values(inputs, dimensions, "dimensions", bounds)
+    elif limits is not None and limits.embedding_size is not None:
+        _check_output_values(inputs, limits.embedding_size, "input", bounds)
+
+
+def _check_output_values(inputs: int, dimensions: int, param: str, bounds: RouterConfig) -> None:
+    values = inputs * dimensions
+    if values <= bounds.max_pooling_output_values:
+        return
+    fewer = "fewer dimensions or fewer inputs" if param == "dimensions" else "fewer inputs"
+    raise invalid(
+        param,
+        f"{inputs:,} embeddings of {dimensions:,} dimensions are {values:,} values; one answer holds at "
+        f"most {bounds.max_pooling_output_values:,}. Ask for {fewer}, over several requests.",
+    )
 
 
 def _text(text: str, param: str) -> str:
