@@ -7,7 +7,7 @@ config can list more as `[[auth.keys]]`. Both sides of the product read them thr
 
 A key is known by its SHA-256: what it owns (the jobs it sent) is its own by that. Its name is what
 people read in messages, logs and traces, so one name means one key for good: a new key may not
-take a reserved name (`RESERVED_NAMES`), nor the name of a key that exists or was removed (those
+take a reserved name (`config.RESERVED_KEY_NAMES`), nor the name of a key that exists or was removed (those
 are kept in `keys.retired_key_names()`), compared without regard to case.
 """
 
@@ -24,18 +24,12 @@ import msgspec
 import redis
 
 from switchboard import keys
-from switchboard.config import ApiKey
+from switchboard.config import RESERVED_KEY_NAMES, ApiKey
 
 logger = logging.getLogger(__name__)
 
 # Recognisable in logs and secret scanners, like OpenAI's `sk-`.
 SECRET_PREFIX = "sb-"
-
-# The name of the admin key given outside the config (`auth.admin_key_sha256`); and what a request
-# is called while auth is off (a loopback front door with no key).
-ADMIN_KEY_NAME = "admin"
-OPEN_ACCESS_NAME = "anonymous"
-RESERVED_NAMES = frozenset({ADMIN_KEY_NAME, OPEN_ACCESS_NAME})
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(ApiKey)
@@ -49,7 +43,7 @@ def check_name_free(name: str, *, taken: set[str], retired: set[str]) -> None:
     """KeyExistsError unless a new key may be called `name`: not reserved, not the name of a key in
     `taken` (existing) or `retired` (removed), whatever the case of its letters."""
     folded = name.casefold()
-    if folded in RESERVED_NAMES:
+    if folded in RESERVED_KEY_NAMES:
         raise KeyExistsError(
             f"the name {name!r} is reserved (it names the admin key given as auth.admin_key_sha256, "
             "or requests while auth is off); choose another name"

@@ -131,6 +131,11 @@ class RedisConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+# Key names the product gives itself, which no key may take in any case of its letters: the admin
+# key given as `auth.admin_key_sha256`, and requests while auth is off.
+ADMIN_KEY_NAME = "admin"
+OPEN_ACCESS_NAME = "anonymous"
+RESERVED_KEY_NAMES = frozenset({ADMIN_KEY_NAME, OPEN_ACCESS_NAME})
 KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")]
 PositiveLimit = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -391,6 +396,13 @@ def _check_api_keys(api_keys: list[ApiKey], model_names: list[str]) -> None:
         raise ConfigError(f"auth.keys: key names must be unique; repeated: {', '.join(repeated)}")
     if len({k.sha256 for k in api_keys}) < len(api_keys):
         raise ConfigError("auth.keys: two keys have the same sha256")
+    reserved = [n for n in key_names if n.casefold() in RESERVED_KEY_NAMES]
+    if reserved:
+        raise ConfigError(
+            f"auth.keys: the key name {reserved[0]!r} is reserved (it names the admin key given as "
+            "auth.admin_key_sha256, or requests while auth is off); give the key another name: its "
+            "secret, its limits and its jobs stay its own, they go by its sha256, not by its name"
+        )
     for key in api_keys:
         unknown = sorted(set(key.models) - set(model_names))
         if unknown:

@@ -241,14 +241,16 @@ def retired_key_names() -> str:
     return f"{PREFIX}:api-keys:retired-names"
 
 
-def key_rate(name: str) -> str:
-    """The request and token buckets of the API key `name`; expires once both would be full again."""
-    return f"{PREFIX}:api-key:{name}:rate"
+def key_rate(owner: str) -> str:
+    """The request and token buckets of one API key, by its identity (`Caller.owner`: the SHA-256 of
+    its secret, never its name, which a config may change); expires once both would be full again."""
+    return f"{PREFIX}:api-key:{owner}:rate"
 
 
-def key_in_flight(name: str) -> str:
-    """Sorted set of the requests the API key `name` has in flight, scored by when each slot expires."""
-    return f"{PREFIX}:api-key:{name}:in-flight"
+def key_in_flight(owner: str) -> str:
+    """Sorted set of the requests one API key (by its identity, as `key_rate`) has in flight, scored
+    by when each slot expires."""
+    return f"{PREFIX}:api-key:{owner}:in-flight"
 
 
 def in_flight() -> str:

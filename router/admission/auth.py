@@ -29,14 +29,13 @@ from redis.exceptions import RedisError
 
 from router.openai.errors import AdminKeyRequiredError, AuthenticationError, ModelNotAllowedError
 from switchboard import api_keys, keys, tracing
-from switchboard.config import ApiKey, ConfigError, Settings
+from switchboard.config import ADMIN_KEY_NAME, ApiKey, ConfigError, Settings
 from switchboard.ports import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
 # Open whatever auth says: probes of load balancers and orchestrators carry no key.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-ADMIN_KEY_NAME = api_keys.ADMIN_KEY_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +55,12 @@ class Caller:
     admin: bool = False
     # The SHA-256 of the key's secret, as stored; None while auth is off.
     key_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        # A key's limits and jobs are kept under its identity: a named caller without one would share
+        # them with the keyless caller.
+        if self.name is not None and not self.key_sha256:
+            raise ValueError(f"the caller of key {self.name!r} has no key_sha256")
 
     @property
     def owner(self) -> str:

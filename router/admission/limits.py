@@ -13,6 +13,10 @@ skewed clocks agree:
 - across the front doors, requests in flight (`limits.max_in_flight`), the same way;
 - per model, jobs waiting on its stream that no worker has taken (`limits.max_queue_depth`).
 
+A key's limits are kept under its identity (`Caller.owner`, the SHA-256 of its secret: 64 hex
+digits), never its name: renaming a key in the config keeps its budget, and no key shares another's
+or the keyless caller's (which has no limits, so nothing is kept for it).
+
 A refusal is a 429 with Retry-After (from the bucket for rate limits) and commits nothing.
 `Ticket.release` gives the slots back and settles the tokens; `JobRun.close` calls it on every
 path a job ends by.
@@ -212,10 +216,9 @@ class Admission:
     ) -> tuple[list[str], list[str | int]]:
         """admit.lua's KEYS and ARGV."""
         slot_ttl_ms = math.ceil((job.deadline - time.time() + keys.SLOT_GRACE_S) * 1000)
-        name = caller.name or ""
         script_keys = [
-            keys.key_rate(name),
-            keys.key_in_flight(name),
+            keys.key_rate(caller.owner),
+            keys.key_in_flight(caller.owner),
             keys.in_flight(),
             keys.job_stream(job.model),
         ]
@@ -252,9 +255,9 @@ class Admission:
         await self._releases.drain(timeout_s)
 
     def _release_call(self, ticket: Ticket, refund_tokens: int) -> tuple[list[str], list[str | int]]:
-        name = ticket.caller.name or ""
+        owner = ticket.caller.owner
         return (
-            [keys.key_rate(name), keys.key_in_flight(name), keys.in_flight()],
+            [keys.key_rate(owner), keys.key_in_flight(owner), keys.in_flight()],
             [ticket.slot, refund_tokens, ticket.caller.tpm or 0],
         )
 

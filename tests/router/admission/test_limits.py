@@ -15,6 +15,7 @@ from router.openai.errors import TooManyRequestsError
 from switchboard import keys
 from switchboard.config import LimitsConfig
 from switchboard.wire import ChatMessage, Job, SamplingParams
+from tests.support.callers import key_caller, key_owner
 
 MODEL = "tiny"
 
@@ -59,7 +60,7 @@ def test_estimate_counts_prompt_characters_and_max_tokens() -> None:
 
 async def test_requests_per_minute_refuse_with_retry_after_from_the_bucket(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", rpm=2)
+    caller = key_caller("alice", rpm=2)
     for _ in range(2):
         await (await admission.admit(job(), caller)).release(None)
     error = await refused(admission, job(), caller)
@@ -70,14 +71,14 @@ async def test_requests_per_minute_refuse_with_retry_after_from_the_bucket(redis
     assert 28 <= int(error.headers["Retry-After"]) <= 30
     assert "requests per minute" in error.message
     # Another key's bucket is its own.
-    await admission.admit(job(), Caller(name="bob", rpm=2))
+    await admission.admit(job(), key_caller("bob", rpm=2))
 
 
 async def test_tokens_are_reserved_from_an_estimate_and_settled_with_real_usage(
     redis: aioredis.Redis,
 ) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", tpm=100)
+    caller = key_caller("alice", tpm=100)
     first = await admission.admit(job(max_tokens=60), caller)  # about 61 tokens reserved
     error = await refused(admission, job(max_tokens=60), caller)
     assert error.error_type == "tokens"
@@ -91,7 +92,7 @@ async def test_a_request_larger_than_a_minute_of_tokens_waits_for_a_full_bucket(
     redis: aioredis.Redis,
 ) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", tpm=50)
+    caller = key_caller("alice", tpm=50)
     ticket = await admission.admit(job(max_tokens=500), caller)
     await ticket.release(None)  # the estimate stands: 501 tokens, ten minutes of them
     error = await refused(admission, job(max_tokens=1), caller)
@@ -100,13 +101,13 @@ async def test_a_request_larger_than_a_minute_of_tokens_waits_for_a_full_bucket(
 
 async def test_parallel_requests_are_limited_per_key_until_released(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", max_parallel=2)
+    caller = key_caller("alice", max_parallel=2)
     held = [await admission.admit(job(), caller) for _ in range(2)]
     error = await refused(admission, job(), caller)
     assert error.code == "rate_limit_exceeded"
     assert "2 requests in flight" in error.message
     assert error.headers["Retry-After"] == "1"
-    await admission.admit(job(), Caller(name="bob", max_parallel=2))  # bob is not held up by alice
+    await admission.admit(job(), key_caller("bob", max_parallel=2))  # bob is not held up by alice
     await held[0].release(None)
     await held[0].release(None)  # idempotent: frees one slot, not two
     await admission.admit(job(), caller)
@@ -117,18 +118,18 @@ async def test_a_slot_released_soon_is_free_once_the_releases_are_drained(
     redis: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", max_parallel=1, tpm=1000)
+    caller = key_caller("alice", max_parallel=1, tpm=1000)
     ticket = await admission.admit(job(max_tokens=100), caller)
     assert ticket.answer_waits_for_release, "a key with a parallel limit waits for its release"
-    assert not (await admission.admit(job(), Caller(name="bob"))).answer_waits_for_release
+    assert not (await admission.admit(job(), key_caller("bob"))).answer_waits_for_release
     ticket.release_soon(10)
     ticket.release_soon(10)  # idempotent: one release
     await admission.drain(timeout_s=5)
-    assert await redis.zcard(keys.key_in_flight("alice")) == 0
+    assert await redis.zcard(keys.key_in_flight(key_owner("alice"))) == 0
     assert await admission.admit(job(), caller)
     # A release that fails is logged, not raised: the slot expires past the job's deadline.
-    failing = Ticket(admission, "slot-x", Caller(name="carol", tpm=1000), reserved_tokens=5)
-    await redis.set(keys.key_rate("carol"), "not a hash")
+    failing = Ticket(admission, "slot-x", key_caller("carol", tpm=1000), reserved_tokens=5)
+    await redis.set(keys.key_rate(key_owner("carol")), "not a hash")
     with caplog.at_level("WARNING"):
         failing.release_soon(1)
         await admission.drain(timeout_s=5)
@@ -137,23 +138,23 @@ async def test_a_slot_released_soon_is_free_once_the_releases_are_drained(
 
 async def test_a_slot_never_released_expires_past_the_jobs_deadline(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", max_parallel=1)
+    caller = key_caller("alice", max_parallel=1)
     # A deadline long gone: the slot lives its minimum (1 s), as if its front door had died.
     await admission.admit(job(deadline_s=-keys.SLOT_GRACE_S), caller)
     await refused(admission, job(), caller)
     await asyncio.sleep(1.2)
     await admission.admit(job(), caller)
-    assert 0 < await redis.pttl(keys.key_in_flight("alice")) <= (60 + keys.SLOT_GRACE_S) * 1000
+    assert 0 < await redis.pttl(keys.key_in_flight(key_owner("alice"))) <= (60 + keys.SLOT_GRACE_S) * 1000
 
 
 async def test_in_flight_requests_are_bounded_across_callers(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig(max_in_flight=2))
     first = await admission.admit(job(), Caller(name=None))
-    await admission.admit(job(), Caller(name="alice"))
-    error = await refused(admission, job(), Caller(name="bob"))
+    await admission.admit(job(), key_caller("alice"))
+    error = await refused(admission, job(), key_caller("bob"))
     assert error.code == "server_busy"
     await first.release(None)
-    await admission.admit(job(), Caller(name="bob"))
+    await admission.admit(job(), key_caller("bob"))
     assert await redis.zcard(keys.in_flight()) == 2
 
 
@@ -175,22 +176,24 @@ async def test_queue_depth_counts_jobs_no_worker_has_taken(redis: aioredis.Redis
 async def test_a_refusal_commits_nothing(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig(max_in_flight=1))
     held = await admission.admit(job(), Caller(name=None))
-    caller = Caller(name="alice", rpm=1, tpm=1000, max_parallel=1)
+    caller = key_caller("alice", rpm=1, tpm=1000, max_parallel=1)
     await refused(admission, job(), caller)  # server busy: alice's buckets and slots are untouched
-    assert not await redis.exists(keys.key_rate("alice"), keys.key_in_flight("alice"))
+    assert not await redis.exists(keys.key_rate(key_owner("alice")), keys.key_in_flight(key_owner("alice")))
     await held.release(None)
     ticket: Ticket = await admission.admit(job(), caller)
-    assert await redis.exists(keys.key_rate("alice"), keys.key_in_flight("alice")) == 2
+    assert await redis.exists(keys.key_rate(key_owner("alice")), keys.key_in_flight(key_owner("alice"))) == 2
     await ticket.release(5)
-    assert not await redis.zcard(keys.key_in_flight("alice"))
+    assert not await redis.zcard(keys.key_in_flight(key_owner("alice")))
     assert not await redis.zcard(keys.in_flight())
 
 
 async def test_every_admission_key_has_an_expiry_and_the_prefix(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig())
-    await admission.admit(job(), Caller(name="alice", rpm=5, tpm=500, max_parallel=3))
+    await admission.admit(job(), key_caller("alice", rpm=5, tpm=500, max_parallel=3))
     written = [k.decode() async for k in redis.scan_iter(match="*")]
-    assert sorted(written) == sorted([keys.key_rate("alice"), keys.key_in_flight("alice"), keys.in_flight()])
+    assert sorted(written) == sorted(
+        [keys.key_rate(key_owner("alice")), keys.key_in_flight(key_owner("alice")), keys.in_flight()]
+    )
     for key in written:
         assert key.startswith(f"{keys.PREFIX}:")
         assert await redis.pttl(key) > 0
@@ -198,22 +201,22 @@ async def test_every_admission_key_has_an_expiry_and_the_prefix(redis: aioredis.
 
 async def test_an_admission_retried_after_a_lost_reply_takes_nothing_twice(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", rpm=2, max_parallel=1)
+    caller = key_caller("alice", rpm=2, max_parallel=1)
     one = job()
     await admission.admit(one, caller)
     await admission.admit(one, caller)  # redis-py ran the script again on a fresh connection
     assert await redis.zcard(keys.in_flight()) == 1
-    await admission.admit(job(), Caller(name="alice", rpm=2))  # the bucket still has the second request
+    await admission.admit(job(), key_caller("alice", rpm=2))  # the bucket still has the second request
 
 
 async def test_each_resumed_reader_of_a_job_holds_a_slot_of_its_own(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig(max_queue_depth=1))
-    caller = Caller(name="alice", max_parallel=2)
+    caller = key_caller("alice", max_parallel=2)
     one = job()
     await redis.xadd(keys.job_stream(MODEL), {"job": b"x"})  # the queue is full: a resume queues nothing
     readers = [await admission.admit_resume(one, caller) for _ in range(2)]
     assert len({ticket.slot for ticket in readers}) == 2
-    assert await redis.zcard(keys.key_in_flight("alice")) == 2
+    assert await redis.zcard(keys.key_in_flight(key_owner("alice"))) == 2
     error = await refused_resume(admission, one, caller)
     assert "2 requests in flight" in error.message
     await readers[0].release(None)
@@ -222,7 +225,7 @@ async def test_each_resumed_reader_of_a_job_holds_a_slot_of_its_own(redis: aiore
 
 async def test_a_resume_takes_a_request_and_reserves_only_its_answers_tokens(redis: aioredis.Redis) -> None:
     admission = Admission(redis, LimitsConfig())
-    caller = Caller(name="alice", rpm=2, tpm=100)
+    caller = key_caller("alice", rpm=2, tpm=100)
     one = job(prompt="x" * 400, max_tokens=60)  # 100 prompt tokens: a queued job would take them all
     ticket = await admission.admit_resume(one, caller)
     assert ticket.reserved_tokens == 60

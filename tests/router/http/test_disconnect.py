@@ -28,7 +28,7 @@ async def settled(redis: aioredis.Redis, job_id: str) -> bool:
         if (
             marked
             and not await redis.zcard(keys.in_flight())
-            and not await redis.zcard(keys.key_in_flight("one"))
+            and not await redis.zcard(keys.key_in_flight(api_keys.digest(SECRET)))
         ):
             return True
         await asyncio.sleep(0.05)

@@ -10,7 +10,6 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from router.admission.auth import Caller
 from router.admission.limits import Admission
 from router.openai.errors import TooManyRequestsError
 from router.queue.enqueue import JobQueue
@@ -18,6 +17,7 @@ from switchboard import keys
 from switchboard.config import LimitsConfig
 from switchboard.tasks import TaskSet
 from switchboard.wire import Job, LoadFailure, SamplingParams, encode
+from tests.support.callers import key_caller, key_owner
 
 MODEL = "tiny"
 
@@ -37,11 +37,11 @@ def job() -> Job:
 
 # One limit each, met by the second job of the same caller: (caller, bounds, the 429's code).
 LIMITS = {
-    "rpm": (Caller(name="alice", rpm=1), LimitsConfig(), "rate_limit_exceeded"),
-    "tpm": (Caller(name="alice", tpm=15), LimitsConfig(), "rate_limit_exceeded"),
-    "parallel": (Caller(name="alice", max_parallel=1), LimitsConfig(), "rate_limit_exceeded"),
-    "in_flight": (Caller(name="alice"), LimitsConfig(max_in_flight=1), "server_busy"),
-    "queue": (Caller(name="alice"), LimitsConfig(max_queue_depth=1), "queue_full"),
+    "rpm": (key_caller("alice", rpm=1), LimitsConfig(), "rate_limit_exceeded"),
+    "tpm": (key_caller("alice", tpm=15), LimitsConfig(), "rate_limit_exceeded"),
+    "parallel": (key_caller("alice", max_parallel=1), LimitsConfig(), "rate_limit_exceeded"),
+    "in_flight": (key_caller("alice"), LimitsConfig(max_in_flight=1), "server_busy"),
+    "queue": (key_caller("alice"), LimitsConfig(max_queue_depth=1), "queue_full"),
 }
 
 
@@ -81,20 +81,20 @@ async def test_a_model_whose_load_failed_gets_its_failure_and_its_slots_back(red
     await redis.set(keys.load_failure(MODEL), encode(failure))
     admission, queue = Admission(redis, LimitsConfig()), JobQueue(redis, TaskSet("test"))
     one = job()
-    caller = Caller(name="alice", rpm=10, max_parallel=1)
+    caller = key_caller("alice", rpm=10, max_parallel=1)
     admitting = admission.admitting(one, caller)
     assert await queue.admit_and_submit(one, admitting, owner="") == failure
     assert await queued_jobs(redis) == 0
     assert not await redis.exists(keys.job_record(one.id))
     assert not await redis.zcard(keys.in_flight())
-    assert not await redis.zcard(keys.key_in_flight("alice"))
+    assert not await redis.zcard(keys.key_in_flight(key_owner("alice")))
     # As a ticket released unused: the request counted against the key's rpm.
-    assert float(await redis.hget(keys.key_rate("alice"), "req")) == pytest.approx(9, abs=0.1)
+    assert float(await redis.hget(keys.key_rate(key_owner("alice")), "req")) == pytest.approx(9, abs=0.1)
 
 
 async def test_a_call_sent_again_queues_the_job_once(redis: aioredis.Redis) -> None:
     admission, queue = Admission(redis, LimitsConfig()), JobQueue(redis, TaskSet("test"))
-    one, caller = job(), Caller(name="alice", max_parallel=1)
+    one, caller = job(), key_caller("alice", max_parallel=1)
     for _ in range(2):  # redis-py retrying a call whose reply a broken connection lost
         assert await queue.admit_and_submit(one, admission.admitting(one, caller), owner="") is None
     assert await queued_jobs(redis) == 1

@@ -19,6 +19,7 @@ from router.telemetry.job_observer import JobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage
+from tests.support.callers import key_caller, key_owner
 from tests.support.front_door_harness import BODY, front_door_of, settings_for, write_chunks
 from tests.support.waits import eventually
 
@@ -64,13 +65,13 @@ async def test_a_run_read_whole_closes_at_once_and_its_slot_is_released_soon(
 async def test_a_run_of_a_key_with_a_parallel_limit_waits_for_its_release(
     front_door: FrontDoor, redis: aioredis.Redis
 ) -> None:
-    caller = Caller(name="alice", max_parallel=1)
+    caller = key_caller("alice", max_parallel=1)
     run = await answered_run(front_door, caller)
-    assert await redis.zcard(keys.key_in_flight("alice")) == 1
+    assert await redis.zcard(keys.key_in_flight(key_owner("alice"))) == 1
     # Its next request may come the moment it has this answer: the close waits for Redis.
     assert not completes_without_waiting(run.close())
 
     async def released() -> bool:
-        return await redis.zcard(keys.key_in_flight("alice")) == 0
+        return await redis.zcard(keys.key_in_flight(key_owner("alice"))) == 0
 
     await eventually(released, what="the slot of alice's request given back")

@@ -91,7 +91,7 @@ async def test_a_key_limited_to_one_request_at_a_time_gets_its_answer_once_its_s
         await unpaused(redis)
     assert response.status_code == 200, response.text
     assert seconds >= PAUSE_MS / 1000 * 0.9, "the answer left before its slot was given back"
-    assert await redis.zcard(keys.key_in_flight("limited")) == 0
+    assert await redis.zcard(keys.key_in_flight(digest(LIMITED))) == 0
     # So the key's next request, sent the moment it has the answer, is never refused.
     for _ in range(5):
         await redis.delete(keys.job_stream(MODEL))  # next_job reads the stream from its start
@@ -102,4 +102,4 @@ async def test_a_key_limited_to_one_request_at_a_time_gets_its_answer_once_its_s
         await redis.xadd(keys.result_stream(job.id), {keys.CHUNK_FIELD: encode(ANSWER)})
         response = await request
         assert response.status_code == 200, response.text
-        assert await redis.zcard(keys.key_in_flight("limited")) == 0
+        assert await redis.zcard(keys.key_in_flight(digest(LIMITED))) == 0

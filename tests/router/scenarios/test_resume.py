@@ -343,7 +343,7 @@ async def test_a_resume_is_held_to_its_keys_requests_in_flight(
             rest = first + await events(lines)
         await worker
     assert text_of(seen) + text_of(rest) == "".join(WORDS)
-    assert not await redis.zcard(keys.key_in_flight("alice")), "the resume gave its slot back"
+    assert not await redis.zcard(keys.key_in_flight(api_keys.digest(secret))), "the resume gave its slot back"
 
 
 @pytest.mark.parametrize(
