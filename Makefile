@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings gpu-check clean
 
 VENV := .venv/bin
 
@@ -30,7 +30,13 @@ test: install
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
 	$(VENV)/mypy
+	$(VENV)/mkdocs build --strict --quiet
 	$(VENV)/pytest
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails the build on a broken link or
+# anchor. The configuration reference is written from the settings structs as it builds.
+docs: install
+	$(VENV)/mkdocs build --strict --quiet
 
 unit: install
 	$(VENV)/pytest -m "not e2e"
@@ -79,7 +85,7 @@ bench-embeddings: install-bench
 bench-clients: install-bench
 	$(VENV)/python bench/vllm_bench_serve.py
 
-# The GPU check (tests/gpu; the README's "TensorRT-LLM workers" section). On a machine with an
+# The GPU check (tests/gpu; docs/trtllm.md, "The GPU check"). On a machine with an
 # NVIDIA GPU, Docker and the NVIDIA Container Toolkit: builds the TensorRT-LLM worker image and the
 # check's image on it (deploy/gpu-check/), then runs `pytest -m gpu tests/gpu` inside, on GPU $(GPU)
 # alone, with this tree mounted read-only. Where TensorRT-LLM is importable already (inside that

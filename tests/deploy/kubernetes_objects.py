@@ -18,13 +18,13 @@ from tests.support.deploy.product import cli_command, settings_from
 
 K8S = REPO / "deploy" / "k8s"
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
-# What the Secret `switchboard-secrets` holds, as the README's Deploying section creates it.
+# What the Secret `switchboard-secrets` holds, as docs/operations.md's Kubernetes section creates it.
 EXAMPLE_SECRET = {
     "redis-password": "examplepassword",
     "redis-url": "redis://:examplepassword@switchboard-redis:6379/0",
     "admin-key-sha256": "0" * 64,
 }
-# The namespace the README creates and applies into; KEDA's operator, in a namespace of its own,
+# The namespace docs/operations.md creates and applies into; KEDA's operator, in a namespace of its own,
 # reaches Redis by a name that includes it.
 NAMESPACE = "switchboard"
 # Redis under Sentinel, as kustomization.yaml's comment says to swap it in: these files in place of

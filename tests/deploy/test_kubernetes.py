@@ -214,7 +214,7 @@ def test_keda_scales_workers_from_zero_on_every_models_job_stream(
     assert by_stream == {stream: {"lag", "pending"} for stream in job_streams(settings)}
     redis = address_from_keda(one_object(manifests, "Service", "switchboard-redis"))
     assert {trigger["metadata"]["address"] for trigger in scaled["triggers"]} == {redis}
-    assert f"kubectl create namespace {NAMESPACE}" in (REPO / "README.md").read_text()
+    assert f"kubectl create namespace {NAMESPACE}" in (REPO / "docs" / "operations.md").read_text()
 
 
 def test_keda_reads_the_password_redis_is_started_with(manifests: list[Object]) -> None:

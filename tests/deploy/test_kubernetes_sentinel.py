@@ -64,8 +64,8 @@ def test_the_sentinel_variant_is_what_kustomization_yaml_says_to_swap_in(
     for plain, sentinel in SENTINEL_SWAP.items():
         assert f"{sentinel} in place of {plain}" in comment
     assert SENTINEL_SECRET["redis-url"].replace("examplepassword", "PASSWORD") in comment
-    readme = (REPO / "README.md").read_text()
-    assert SENTINEL_SECRET["redis-url"].replace("examplepassword", "$REDIS_PASSWORD") in readme
+    operations = (REPO / "docs" / "operations.md").read_text()
+    assert SENTINEL_SECRET["redis-url"].replace("examplepassword", "$REDIS_PASSWORD") in operations
     # The same objects but for Redis and the triggers; the ScaledObject differs only in them.
     swapped = {"switchboard-redis", "switchboard-redis-sentinel"}
 
