@@ -2,9 +2,15 @@
 
 A rollout moves weight from a route's stable target (its first) to one canary target in steps
 (10 → 50 → 100 % by default). Each step lasts at least an interval; then, once the canary has served
-enough requests in the step's window, the canary is compared with the stable target over the same
-window (`verdict`): its failure rate against stable's plus an allowance, and its time to first token
-and inter-token latency p95 as ratios to stable's. A passed check moves to the next step; the last
+enough requests from enough distinct callers in the step's window, the canary is compared with the
+stable target over the same window (`verdict`): its failure rate against stable's plus an allowance,
+and its time to first token and inter-token latency p95 as ratios to stable's.
+
+The failure rate is the share of callers that failed, not of requests: each caller (its API key, or
+its stickiness key when keys are off) counts once per target per window, as failing when most of its
+requests there failed. A caller chooses where it lands (a session id picks its bucket), so one caller
+sending many requests, failing or not, could otherwise outweigh everyone else and fail a healthy
+canary or carry a broken one; now it is one caller of at least `min_callers`. A passed check moves to the next step; the last
 step (100 %) held through one more passed check promotes the canary. Failed checks count: enough of
 them, or a canary failing so often that no later window could make up for it, roll it back to 0 %
 at once.
@@ -58,6 +64,10 @@ class RolloutPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     interval_s: float = 60.0
     # The canary's requests a step's window needs before it is judged.
     min_requests: int = 20
+    # ... and the distinct callers they come from. One caller weighs 1 / callers of the failure
+    # rate: at 20, a caller alone never exceeds the default allowance of 5 points. A route whose
+    # traffic comes from a few keys needs a lower one, or its rollout waits.
+    min_callers: int = 20
     # The canary's failure rate may exceed stable's by this much (0.05: 5 percentage points).
     max_failure_excess: float = 0.05
     # The canary's p95 time to first token and inter-token latency, as ratios to stable's.
@@ -65,7 +75,7 @@ class RolloutPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_itl_p95_ratio: float = 1.5
     # Failed checks that roll the canary back.
     failed_checks_to_roll_back: int = 2
-    # A canary failing this share of at least `min_requests` is rolled back at the first check.
+    # A canary failing this share of its callers (at least `min_callers`) is rolled back at the first check.
     fatal_failure_rate: float = 0.5
     # How long the canary may take to be warm before the rollout gives up (rolled back).
     warm_timeout_s: float = 600.0
@@ -89,6 +99,7 @@ def checked_plan(plan: RolloutPlan, targets: Sequence[str], weights: Sequence[in
         raise PlanError(f"the route's other targets must have weight 0 during a rollout: {', '.join(others)}")
     _require(plan.interval_s > 0 and math.isfinite(plan.interval_s), "interval_s must be above 0")
     _require(plan.min_requests >= 1, "min_requests must be at least 1")
+    _require(plan.min_callers >= 1, "min_callers must be at least 1")
     _require(0 <= plan.max_failure_excess <= 1, "max_failure_excess must be from 0 to 1")
     _require(plan.max_ttft_p95_ratio >= 1, "max_ttft_p95_ratio must be at least 1")
     _require(plan.max_itl_p95_ratio >= 1, "max_itl_p95_ratio must be at least 1")
@@ -110,6 +121,10 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     failures: int
     # Requests whose first chunk waited for a model load (left out of time to first token).
     cold: int = 0
+    # The distinct callers of those requests, and those of them most of whose requests failed.
+    callers: int = 0
+    failing_callers: int = 0
+    # failing_callers / callers: each caller counts once.
     failure_rate: float
     ttft_p95_s: float | None = None
     itl_p95_s: float | None = None
@@ -254,17 +269,37 @@ class Window(msgspec.Struct, kw_only=True):
     cold: int = 0
     ttft: dict[int, int] = msgspec.field(default_factory=dict)
     itl: dict[int, int] = msgspec.field(default_factory=dict)
+    # Caller (a digest of who it is) → its requests, and its failed ones.
+    caller_requests: dict[str, int] = msgspec.field(default_factory=dict)
+    caller_failures: dict[str, int] = msgspec.field(default_factory=dict)
 
     def figures(self) -> Figures:
-        rate = self.failures / self.requests if self.requests else 0.0
+        callers = len(self.caller_requests)
+        failing = sum(
+            1
+            for caller, requests in self.caller_requests.items()
+            if failing_caller(requests, self.caller_failures.get(caller, 0))
+        )
         return Figures(
             requests=self.requests,
             failures=self.failures,
             cold=self.cold,
-            failure_rate=rate,
+            callers=callers,
+            failing_callers=failing,
+            failure_rate=failing / callers if callers else 0.0,
             ttft_p95_s=p95(self.ttft),
             itl_p95_s=p95(self.itl),
         )
+
+
+def failing_caller(requests: int, failures: int) -> bool:
+    """Whether a caller counts as failing in a window: most of its requests there failed."""
+    return 2 * failures > requests
+
+
+def enough(plan: RolloutPlan, figures: Figures) -> bool:
+    """Whether a target's window holds enough requests from enough callers to be judged."""
+    return figures.requests >= plan.min_requests and figures.callers >= plan.min_callers
 
 
 Outcome = Literal["wait", "pass", "fail", "fatal"]
@@ -283,25 +318,29 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def verdict(plan: RolloutPlan, canary: Window, stable: Window, baseline: Figures | None = None) -> Verdict:
-    """The canary against stable over one window: "wait" (too few canary requests yet), "pass",
-    "fail" (a failed check), or "fatal" (failing so often that it rolls back at once).
+    """The canary against stable over one window: "wait" (too few canary requests or callers yet),
+    "pass", "fail" (a failed check), or "fatal" (failing so often that it rolls back at once).
 
-    Stable's figures come from `baseline` when stable served fewer than `min_requests` in the window
-    (the canary takes all the traffic); with neither, only the failure rate is judged (against 0).
+    Stable's figures come from `baseline` when stable served too few requests or callers in the
+    window (the canary takes all the traffic); with neither, only the failure rate is judged
+    (against 0). Failure rates are shares of callers (see the module's note).
     """
     mine = canary.figures()
     theirs = stable.figures()
-    if mine.requests < plan.min_requests:
+    if not enough(plan, mine):
         return Verdict(outcome="wait", canary=mine, stable=theirs)
-    reference = theirs if theirs.requests >= plan.min_requests or baseline is None else baseline
+    reference = theirs if enough(plan, theirs) or baseline is None else baseline
     if mine.failure_rate >= plan.fatal_failure_rate:
-        reason = f"failure rate {_percent(mine.failure_rate)} (rolls back at once from {_percent(plan.fatal_failure_rate)})"
+        reason = (
+            f"failure rate {_percent(mine.failure_rate)} {_of_callers(mine)} "
+            f"(rolls back at once from {_percent(plan.fatal_failure_rate)})"
+        )
         return Verdict(outcome="fatal", canary=mine, stable=theirs, reasons=(reason,))
     reasons: list[str] = []
-    stable_rate = reference.failure_rate if reference.requests else 0.0
+    stable_rate = reference.failure_rate if reference.callers else 0.0
     if mine.failure_rate > stable_rate + plan.max_failure_excess + 1e-12:
         reasons.append(
-            f"failure rate {_percent(mine.failure_rate)} vs stable's {_percent(stable_rate)} "
+            f"failure rate {_percent(mine.failure_rate)} {_of_callers(mine)} vs stable's {_percent(stable_rate)} "
             f"(limit +{plan.max_failure_excess * 100:g} points)"
         )
     for signal, ours, reference_s, limit in (
@@ -317,12 +356,16 @@ def _percent(rate: float) -> str:
     return f"{rate * 100:.1f} %"
 
 
+def _of_callers(figures: Figures) -> str:
+    return f"({figures.failing_callers} of {figures.callers} callers)"
+
+
 def after_check(state: RolloutState, judged: Verdict, now: float) -> RolloutState:
     """The state that follows a judged window (not "wait"): a pass moves to the next step, or
     promotes from the hold at 100 %; a failure counts, and enough of them, or a fatal one, roll
     back. Every check but the last starts a new window."""
     plan = state.plan
-    baseline = judged.stable if judged.stable.requests >= plan.min_requests else state.baseline
+    baseline = judged.stable if enough(plan, judged.stable) else state.baseline
     judged_state = msgspec.structs.replace(state, last_check=judged.check(now), baseline=baseline)
     if judged.outcome == "pass":
         if state.phase == "holding":

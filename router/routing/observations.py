@@ -10,6 +10,11 @@ all; its time to first token and inter-token latency as histogram bucket counts
 whose first chunk waited for a model load (`Chunk.cold_start`) counts as cold and its time to first
 token is left out. A client that left before the end is not counted.
 
+Each request is also counted for its caller (`judged_as`: its API key, else its stickiness key;
+stored as a digest), so that the judge counts callers, not requests (`switchboard.rollout`): one
+caller that sends many requests is one vote. A request whose caller was not noted counts for one
+shared caller, never as a caller of its own.
+
 Counts are flushed about every FLUSH_S as HINCRBY into one hash per (route, rollout, window)
 (`keys.rollout_window`) in one pipeline, so that a request costs no round trip and the judge sums
 every front door's counts. One `Observations` serves a process: front doors started side by side
@@ -18,9 +23,12 @@ in one process (tests) share it, and each flushes it (a flush takes what it send
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -36,6 +44,20 @@ logger = logging.getLogger(__name__)
 FLUSH_S = 1.0
 # The jobs' error codes that count against a model (the rest are the client's).
 FAILURE_CODES = frozenset({"engine_error", "load_failed", "timeout"})
+# A caller's counters: `{model}:caller:{digest}` (its requests), `{model}:caller_failed:{digest}`.
+CALLER_DIGEST_CHARS = 16
+_CALLER_FIELD = re.compile(
+    rf"(?P<model>.+):(?P<counter>caller|caller_failed):(?P<caller>[0-9a-f]{{{CALLER_DIGEST_CHARS}}})"
+)
+# Who the request being handled comes from, as a digest (`judged_as`); until noted, one for all.
+UNNOTED_CALLER = "0" * CALLER_DIGEST_CHARS
+_caller: ContextVar[str] = ContextVar("switchboard_rollout_caller", default=UNNOTED_CALLER)
+
+
+def judged_as(identity: str) -> None:
+    """The request being handled comes from the caller `identity` (its key's, or its stickiness key
+    when keys are off): its jobs count once for that caller in a rollout's windows."""
+    _caller.set(hashlib.sha256(identity.encode()).hexdigest()[:CALLER_DIGEST_CHARS])
 
 
 class RouteSource(Protocol):
@@ -75,9 +97,12 @@ class Observations:
         counts = self._counts(route, model)
         if counts is None:
             return
+        caller = _caller.get()
         counts[f"{model}:requests"] += 1
+        counts[f"{model}:caller:{caller}"] += 1
         if failed:
             counts[f"{model}:failures"] += 1
+            counts[f"{model}:caller_failed:{caller}"] += 1
         if cold:
             counts[f"{model}:cold"] += 1
         elif ttft_s is not None:
@@ -144,6 +169,8 @@ def windows_from(
     found = {model: Window() for model in models}
     for raw_field, raw_count in fields:
         text = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
+        if _counted_for_caller(found, text, int(raw_count)):
+            continue
         model, _, counter = text.rpartition(":")
         index: int | None = None
         if counter.isdigit():
@@ -163,6 +190,18 @@ def windows_from(
             histogram = window.ttft if counter == "ttft" else window.itl
             histogram[index] = histogram.get(index, 0) + count
     return found
+
+
+def _counted_for_caller(found: dict[str, Window], field: str, count: int) -> bool:
+    """Add `count` to a window's caller's counter if `field` is one; whether it was."""
+    matched = _CALLER_FIELD.fullmatch(field)
+    if matched is None:
+        return False
+    window = found.get(matched["model"])
+    if window is not None:
+        counts = window.caller_requests if matched["counter"] == "caller" else window.caller_failures
+        counts[matched["caller"]] = counts.get(matched["caller"], 0) + count
+    return True
 
 
 # The process's observations (see the module's note).

@@ -5,7 +5,10 @@ A request naming a route is resolved here, before anything is queued, to one of 
 the caller's key must be allowed the route (it then may use its targets through it), and the caller
 is placed by a stickiness key, so that the same caller stays on the same target while weights stay.
 The stickiness key is, first found: the `x-session-id` header, the request's `user`, the API key,
-the client's address (with no keys). Everything after (admission, limits, context checks, the job,
+the client's address (with no keys); with keys, a session or user is scoped by the key, so that a
+key choosing session ids chooses among its own buckets only, never another key's. A running
+rollout judges the versions by caller (`router.routing.observations.judged_as`): the key, else the
+stickiness key. Everything after (admission, limits, context checks, the job,
 the answer's `model`) uses the target, the model that serves. A pipeline of fallbacks
 (`switchboard.model_pipelines`) serves with its first step and keeps the others, in order, for a
 failure before the first byte; a route keeps its stable version for a canary's.
@@ -23,6 +26,7 @@ from litestar import Request, Response
 
 from router.admission.auth import Caller
 from router.openai.errors import ModelNotFoundError, OpenAIError
+from router.routing.observations import judged_as
 from router.routing.table import RouteTable
 from router.telemetry.requests import current_request
 from switchboard.model_pipelines import PipelineLookup
@@ -127,6 +131,8 @@ def resolve(
     """What serves a request naming `name`, and its fallbacks: `name` itself unless it is a route or
     a pipeline (a 403 for one the caller's key may not use; its key then may use what the route or
     pipeline leads to)."""
+    # Its jobs count for this caller in a rollout's judgement, however many it sends.
+    judged_as(caller.owner or stickiness_key)
     if pipelines.get(name) is not None:
         caller.require_model(name)
         _note_on_span(PIPELINE_ATTRIBUTE, name)
@@ -240,16 +246,17 @@ def answering_model(served: str, pipelines: PipelineLookup) -> str:
 
 
 def stickiness_key(request: Request[Any, Any, Any], user: str | None, caller: Caller) -> str:
-    """Who the caller is, for sticky placement: session header, else `user`, else key, else address.
+    """Who the caller is, for sticky placement: session header, else `user`, else key, else address;
+    a session or user within its key when keys are on.
 
     Each kind is tagged, so that a session id never meets a user name of the same text."""
     session = request.headers.get(SESSION_HEADER)
-    if session:
-        return f"session:{session}"
-    if user:
-        return f"user:{user}"
+    own = f"session:{session}" if session else f"user:{user}" if user else None
     if caller.key_sha256:
-        return f"key:{caller.key_sha256}"
+        key = f"key:{caller.key_sha256}"
+        return key if own is None else f"{key}/{own}"
+    if own is not None:
+        return own
     client = request.client
     return f"address:{client.host if client else ''}"
 

@@ -67,6 +67,12 @@ def _add_rollout_parser(actions: Any, after: argparse.ArgumentParser) -> None:
         "--min-requests", type=int, dest="min_requests", help="canary requests a check needs (default 20)"
     )
     rollout.add_argument(
+        "--min-callers",
+        type=int,
+        dest="min_callers",
+        help="distinct callers (keys; sessions with keys off) those requests come from (default 20)",
+    )
+    rollout.add_argument(
         "--max-failure-excess",
         type=_points,
         dest="max_failure_excess",
@@ -98,6 +104,7 @@ PLAN_OPTIONS = (
     "steps",
     "interval_s",
     "min_requests",
+    "min_callers",
     "max_failure_excess",
     "max_ttft_p95_ratio",
     "max_itl_p95_ratio",

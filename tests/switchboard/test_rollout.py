@@ -3,9 +3,11 @@ from histogram counts, and the counts of a window hash read back."""
 
 from __future__ import annotations
 
+import contextvars
+
 import pytest
 
-from router.routing.observations import Observations, windows_from
+from router.routing.observations import Observations, judged_as, windows_from
 from switchboard.rollout import (
     BUCKET_COUNT,
     PlanError,
@@ -24,7 +26,7 @@ from switchboard.rollout import (
 from switchboard.routes import Route
 
 TARGETS = ("chat-v1", "chat-v2")
-PLAN = RolloutPlan(canary="chat-v2", min_requests=10)
+PLAN = RolloutPlan(canary="chat-v2", min_requests=10, min_callers=10)
 
 
 def histogram(*seconds: float) -> dict[int, int]:
@@ -37,6 +39,7 @@ def histogram(*seconds: float) -> dict[int, int]:
 def window(
     requests: int, failures: int = 0, ttft_s: float = 0.1, itl_s: float = 0.02, cold: int = 0
 ) -> Window:
+    """A window of `requests`, each from a caller of its own, the first `failures` of them failed."""
     warm = requests - cold
     return Window(
         requests=requests,
@@ -44,6 +47,20 @@ def window(
         cold=cold,
         ttft=histogram(*[ttft_s] * warm),
         itl=histogram(*[itl_s] * requests),
+        caller_requests={f"{n:016x}": 1 for n in range(requests)},
+        caller_failures={f"{n:016x}": 1 for n in range(failures)},
+    )
+
+
+def with_caller(base: Window, caller: str, requests: int, failures: int) -> Window:
+    """`base` with one more caller, who sent `requests` of which `failures` failed."""
+    return Window(
+        requests=base.requests + requests,
+        failures=base.failures + failures,
+        ttft=base.ttft,
+        itl=base.itl,
+        caller_requests={**base.caller_requests, caller: requests},
+        caller_failures={**base.caller_failures, caller: failures},
     )
 
 
@@ -107,8 +124,29 @@ def test_failure_rates_compare_with_stable_plus_the_allowance_and_a_hopeless_can
     assert verdict(PLAN, window(20, failures=1), window(50, failures=0)).outcome == "pass"  # 5 %
     failing = verdict(PLAN, window(20, failures=4), window(50, failures=1))  # 20 % vs 2 %
     assert failing.outcome == "fail"
-    assert failing.reasons == ("failure rate 20.0 % vs stable's 2.0 % (limit +5 points)",)
+    assert failing.reasons == ("failure rate 20.0 % (4 of 20 callers) vs stable's 2.0 % (limit +5 points)",)
     assert verdict(PLAN, window(20, failures=10), window(50)).outcome == "fatal"
+
+
+def test_each_caller_counts_once_so_one_caller_can_neither_fail_nor_carry_a_canary() -> None:
+    # Nineteen healthy callers and one that sends 100 failing requests: one failing caller in 20
+    # (5 %, within the allowance), not 100 failures in 119 requests (84 %, fatal).
+    flooded = with_caller(window(19), "f" * 16, requests=100, failures=100)
+    judged = verdict(PLAN, flooded, window(50))
+    assert judged.outcome == "pass", judged.reasons
+    assert (judged.canary.requests, judged.canary.failures) == (119, 100)
+    assert (judged.canary.callers, judged.canary.failing_callers) == (20, 1)
+    # Ten callers whose requests failed, and one that sends 1,000 that succeed: 10 of 11 callers
+    # failing is fatal, where 10 failures in 1,010 requests (1 %) would have passed.
+    carried = with_caller(window(10, failures=10), "f" * 16, requests=1000, failures=0)
+    assert verdict(PLAN, carried, window(50)).outcome == "fatal"
+    # A caller counts as failing when most of its requests failed.
+    assert verdict(PLAN, with_caller(window(9), "f" * 16, 3, 2), window(50)).canary.failing_callers == 1
+    assert verdict(PLAN, with_caller(window(9), "f" * 16, 4, 2), window(50)).canary.failing_callers == 0
+    # However many requests one caller sends, the window waits for `min_callers` of them.
+    alone = with_caller(Window(), "f" * 16, requests=500, failures=500)
+    assert verdict(PLAN, alone, window(50)).outcome == "wait"
+    assert verdict(PLAN, with_caller(window(8), "f" * 16, 50, 0), window(50)).outcome == "wait"  # 9 callers
 
 
 def test_at_100_percent_the_canary_is_compared_with_stables_last_figures() -> None:
@@ -163,18 +201,32 @@ def test_observations_count_only_a_running_rollouts_targets_and_read_back_summed
     state = new_rollout(PLAN, stable="chat-v1").moved("stepping", "step", step=0, window=3)
     observations = Observations()
     observations.watch(_Routes(Route(name="chat", targets=TARGETS, weights=(90, 10), rollout=state)))
-    observations.record("chat", "chat-v2", failed=False, ttft_s=0.1, itl_s=0.02)
-    observations.record("chat", "chat-v2", failed=False, cold=True, ttft_s=30.0)
-    observations.record("chat", "chat-v1", failed=True)
-    observations.record("chat", "other", failed=True)  # not a target of the rollout
-    observations.record("nope", "chat-v2", failed=True)  # no such route
+
+    def handled() -> None:  # as one request's context: its caller noted for it alone
+        observations.record("chat", "chat-v2", failed=False, ttft_s=0.1, itl_s=0.02)
+        judged_as("key:one")  # the requests handled from here on come from this caller
+        observations.record("chat", "chat-v2", failed=False, cold=True, ttft_s=30.0)
+        observations.record("chat", "chat-v1", failed=True)
+        observations.record("chat", "chat-v1", failed=True)
+        observations.record("chat", "other", failed=True)  # not a target of the rollout
+        observations.record("nope", "chat-v2", failed=True)  # no such route
+
+    contextvars.Context().run(handled)
     [(slot, counts)] = observations._pending.items()
     assert slot == ("chat", state.id, 3)
     fields = [(name.encode(), str(count).encode()) for name, count in counts.items()]
     found = windows_from(fields + fields, ["chat-v1", "chat-v2"])  # two front doors' counts
     assert found["chat-v2"].requests == 4 and found["chat-v2"].cold == 2
     assert found["chat-v2"].ttft == {bucket_index(0.1): 2}  # the cold one's 30 s left out
-    assert found["chat-v1"].requests == 2 and found["chat-v1"].failures == 2
+    assert found["chat-v1"].requests == 4 and found["chat-v1"].failures == 4
+    # Per caller: the one not noted, and `key:one`, each summed over both front doors.
+    assert sorted(found["chat-v2"].caller_requests.values()) == [2, 2]
+    assert (
+        list(found["chat-v1"].caller_requests.values())
+        == list(found["chat-v1"].caller_failures.values())
+        == [4]
+    )
+    assert (found["chat-v1"].figures().callers, found["chat-v1"].figures().failure_rate) == (1, 1.0)
 
 
 def test_checks_step_the_canary_up_promote_it_from_the_hold_and_roll_it_back_after_enough_failures() -> None:

@@ -44,7 +44,14 @@ FAILING_CANARY: Behaviour = lambda model, n: (0.02, model == CANARY and n % 10 i
 
 # Short steps; a healthy canary's latency is stable's, so its ratios are held only to what a loaded
 # machine's noise could never reach.
-QUICK_PLAN = {"interval_s": 0.5, "min_requests": 5, "max_ttft_p95_ratio": 5.0, "max_itl_p95_ratio": 5.0}
+# Each request comes from a session of its own (`traffic`): with keys off, a caller of its own.
+QUICK_PLAN = {
+    "interval_s": 0.5,
+    "min_requests": 5,
+    "min_callers": 5,
+    "max_ttft_p95_ratio": 5.0,
+    "max_itl_p95_ratio": 5.0,
+}
 # For a canary as fast as stable (the same scripted engine) whose every check must pass: a p95 of
 # five requests is one request, which a loaded machine has made ten times stable's.
 HEALTHY_PLAN = {**QUICK_PLAN, "max_ttft_p95_ratio": 50.0, "max_itl_p95_ratio": 50.0}
