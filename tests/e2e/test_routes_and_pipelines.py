@@ -112,6 +112,7 @@ def test_a_healthy_second_version_is_rolled_out_step_by_step_and_promoted(stack:
                 "steps": [50, 100],
                 "interval_s": 2,
                 "min_requests": 4,
+                "min_callers": 4,  # each request from a session of its own: a caller of its own
                 # Two engines share two cores here: latency ratios mean little, failures do.
                 "max_ttft_p95_ratio": 50,
                 "max_itl_p95_ratio": 50,
