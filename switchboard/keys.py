@@ -109,6 +109,8 @@ DONE_FIELD = "done"
 # last one passes with no reader back (`lua/give_up.lua`). Its `tenant` is the identity of the key
 # (the SHA-256 of its secret), never its name, which another key could take.
 LEAVES_FIELD = "leaves"
+# ... the tokens its answer was estimated at when it was admitted: what a resume reserves.
+ANSWER_TOKENS_FIELD = "answer_tokens"
 # A demand poke: the model it is about ("" for any).
 MODEL_FIELD = "m"
 # A wake poke in a front door's inbox carries nothing; a copy of a result chunk carries the result
@@ -262,7 +264,8 @@ def job_record(job_id: str) -> str:
     """Hash of what the front doors share about one job: `tenant` (the key that sent it, "" without
     keys), `readers` (clients reading its results right now) and `resumes` (times a client resumed
     its stream with `Last-Event-ID`); `leaves` (times a streamed client left it mid-stream) and
-    `done` once its last chunk was written.
+    `done` once its last chunk was written; `answer_tokens`, the estimate of its answer that a
+    client resuming its stream reserves.
 
     Written when the job is queued, in the same script, which it also makes idempotent: a queueing
     retried after a lost reply finds the record and queues nothing twice. It lives until the job's

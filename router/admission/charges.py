@@ -7,8 +7,9 @@ was queued. It is charged for what it delivers (`DeliveredShare`), so that resum
 and over costs what asking for it again would, and one honest reconnection costs only the part it
 receives:
 
-- at admission it reserves the answer's estimate (`limits.estimate_completion_tokens`; its prompt is
-  not processed again), and is refused like any request while the bucket lacks it;
+- at admission it reserves the answer's estimate (`limits.estimate_completion_tokens` of the job as
+  it was queued, kept in its record: the request re-sent cannot lower it; its prompt is not
+  processed again), and is refused like any request while the bucket lacks it;
 - read to the job's end, it is settled with its share of the job's completion tokens, in proportion
   to the characters it relayed (chunks carry text, not token counts; the job's last chunk tells how
   many tokens the whole answer held);

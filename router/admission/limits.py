@@ -23,8 +23,9 @@ path a job ends by.
 
 A client resuming a stream (`Last-Event-ID`) is admitted the same way (`admit_resume`): it takes a
 request, an in-flight slot of its own (each reader of one job holds one) and tokens, or is refused
-before anything of the job is read. Only the queue bound does not apply: nothing is queued. What it
-is charged is `router.admission.charges`' rule.
+before anything of the job is read. Only the queue bound does not apply: nothing is queued. It
+reserves what the job's answer was estimated at when it was queued (kept in the job's record), not
+what the request it re-sends asks for. What it is charged is `router.admission.charges`' rule.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -128,8 +131,9 @@ class Ticket:
 
 
 class Admitting:
-    """A job on its way through admission and into its queue in one call: admit.lua's KEYS and ARGV,
-    and the ticket the job holds once admitted."""
+    """A job on its way through admission and into its queue in one call: admit_enqueue.lua's KEYS
+    and ARGV of its admission (admit.lua's, and the answer's estimate for the job's record), and the
+    ticket the job holds once admitted."""
 
     def __init__(
         self,
@@ -159,56 +163,56 @@ class Admission:
         self._limits = limits
         # Registered once: later calls send only the scripts' hashes (EVALSHA).
         self._admit_script = lua.register(redis, "admit")
+        self._admit_resume_script = lua.register(redis, "admit_resume")
         self._release_script = lua.register(redis, "release")
         # Every request that ends releases its slots: the calls of requests ending together go to
         # Redis together (a batch of pooled answers ends at once).
         self._releases = ScriptBatch(redis)
 
     async def admit(self, job: Job, caller: Caller) -> Ticket:
-        """A ticket for queueing `job`, or a 429 saying which limit it met and when to retry.
-
-        A caller cancelled meanwhile (its client left) holds nothing: what the script took is given back.
-        """
+        """A ticket for queueing `job`, or a 429 saying which limit it met and when to retry."""
         tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
-        return await self._admitted(job, caller, slot=job.id, tokens=tokens, max_queue_depth=None)
+        return await _given_back_if_cancelled(self._admit(job, caller, tokens))
 
     async def admit_resume(self, job: Job, caller: Caller) -> Ticket:
         """A ticket for one more reader of `job`'s stream (resumed with `Last-Event-ID`), or a 429.
 
-        It reserves the tokens of the job's answer (`charges.DeliveredShare` settles them with what
-        it delivers), and holds a slot of its own, so that each reader counts in flight.
+        It reserves the tokens of the job's answer as estimated when the job was queued, which its
+        record keeps (`admit_resume.lua`), whatever the request the client re-sent asks for: a resume
+        costs the same with `max_tokens` lowered or raised (`charges.DeliveredShare` settles it with
+        what it delivers). It holds a slot of its own, so that each reader counts in flight.
         """
-        tokens = (
-            estimate_completion_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
-        )
-        slot = f"{job.id}:resume:{uuid.uuid4().hex[:12]}"
-        return await self._admitted(job, caller, slot=slot, tokens=tokens, max_queue_depth=-1)
+        return await _given_back_if_cancelled(self._admit_resume(job, caller))
 
-    async def _admitted(
-        self, job: Job, caller: Caller, *, slot: str, tokens: int, max_queue_depth: int | None
-    ) -> Ticket:
-        admitting = asyncio.ensure_future(self._admit(job, caller, slot, tokens, max_queue_depth))
-        try:
-            return await asyncio.shield(admitting)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await (await admitting).release(0)
-            raise
-
-    async def _admit(
-        self, job: Job, caller: Caller, slot: str, tokens: int, max_queue_depth: int | None
-    ) -> Ticket:
-        script_keys, args = self._script_call(job, caller, slot, tokens, max_queue_depth)
+    async def _admit(self, job: Job, caller: Caller, tokens: int) -> Ticket:
+        script_keys, args = self._script_call(job, caller, job.id, tokens, None)
         refusal = await self._admit_script(keys=script_keys, args=args)
         if refusal is not None:
             raise self.refusal(refusal, job, caller, tokens)
-        return Ticket(self, slot, caller, tokens)
+        return Ticket(self, job.id, caller, tokens)
+
+    async def _admit_resume(self, job: Job, caller: Caller) -> Ticket:
+        # Reserved only where the record keeps no estimate of this key's job: an unknown job or
+        # another key's (refused next, and all of it given back), or one queued before records kept it.
+        without_record = (
+            estimate_completion_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
+        )
+        slot = f"{job.id}:resume:{uuid.uuid4().hex[:12]}"
+        script_keys, args = self._script_call(job, caller, slot, without_record, -1)
+        reply = await self._admit_resume_script(
+            keys=[*script_keys, keys.job_record(job.id)], args=[*args, caller.owner]
+        )
+        if reply[0] == b"refused":
+            raise self.refusal(reply[1:4], job, caller, int(reply[4]))
+        return Ticket(self, slot, caller, int(reply[1]))
 
     def admitting(self, job: Job, caller: Caller) -> Admitting:
         """What admitting `job` sends, for a script that admits and queues it in one round trip
-        (`JobQueue.admit_and_submit`, `switchboard/lua/admit_enqueue.lua`); nothing is sent here."""
+        (`JobQueue.admit_and_submit`, `switchboard/lua/admit_enqueue.lua`); nothing is sent here.
+        Its answer's estimate goes with it, for its record: what a resume of its stream reserves."""
         tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
         script_keys, args = self._script_call(job, caller, job.id, tokens, None)
+        args.append(estimate_completion_tokens(job, self._limits.estimated_completion_tokens))
         return Admitting(self, job, caller, tokens, script_keys, args)
 
     def _script_call(
@@ -287,6 +291,18 @@ class Admission:
             return TooManyRequestsError(message, retry_after_s=BUSY_RETRY_S, code="server_busy")
         message = f"The queue of model `{job.model}` is full: {detail} jobs wait (limits.max_queue_depth)."
         return TooManyRequestsError(message, retry_after_s=BUSY_RETRY_S, code="queue_full")
+
+
+async def _given_back_if_cancelled(admitting: Coroutine[Any, Any, Ticket]) -> Ticket:
+    """The ticket `admitting` gets; a caller cancelled meanwhile (its client left) holds nothing:
+    what the script took is given back."""
+    admitted = asyncio.ensure_future(admitting)
+    try:
+        return await asyncio.shield(admitted)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await (await admitted).release(0)
+        raise
 
 
 def _log_failed_release(reply: asyncio.Future[object]) -> None:

@@ -9,9 +9,11 @@
 --
 -- KEYS[1..4]   admit.lua's KEYS: the key's token buckets, its in-flight set, everyone's in-flight
 --              set, the model's job stream
--- KEYS[5..9]   enqueue.lua's KEYS
+-- KEYS[5..9]   enqueue.lua's KEYS (KEYS[7]: the job record)
 -- ARGV[1..9]   admit.lua's ARGV (ARGV[1], the slot, is the job's id)
--- ARGV[10..]   enqueue.lua's ARGV (never "moved": a moved job was admitted long ago)
+-- ARGV[10]     the tokens the job's answer is estimated at, kept in its record ('answer_tokens',
+--              keys.ANSWER_TOKENS_FIELD): what a client resuming its stream reserves (admit_resume.lua)
+-- ARGV[11..]   enqueue.lua's ARGV (never "moved": a moved job was admitted long ago)
 --
 -- Returns nil once the job is admitted and queued; {'refused', what, retry after (s), detail} when
 -- admission refuses it (nothing committed, as admit.lua); {'load_failed', encoded LoadFailure} when
@@ -32,10 +34,11 @@ local refusal = admit(slice(KEYS, 1, 4), slice(ARGV, 1, 9))
 if refusal then
     return {'refused', refusal[1], refusal[2], refusal[3]}
 end
-local failure = enqueue(slice(KEYS, 5), slice(ARGV, 10))
+local failure = enqueue(slice(KEYS, 5), slice(ARGV, 11))
 if failure then
     redis.call('ZREM', KEYS[2], ARGV[1])
     redis.call('ZREM', KEYS[3], ARGV[1])
     return {'load_failed', failure}
 end
+redis.call('HSET', KEYS[7], 'answer_tokens', ARGV[10])
 return false

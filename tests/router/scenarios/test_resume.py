@@ -381,6 +381,40 @@ async def test_a_key_past_its_rate_limit_cannot_resume_and_its_refusal_touches_n
     assert not ran & {"xrange", "hincrby", "expire"}, ran
 
 
+@pytest.mark.parametrize(
+    ("queued_max_tokens", "resent_max_tokens", "status"),
+    [(500, 1, 429), (100, 2048, 200)],
+    ids=["not-cheaper", "not-dearer"],
+)
+async def test_a_resume_reserves_the_answer_of_its_job_as_queued_whatever_body_it_resends(
+    redis: aioredis.Redis,
+    redis_server: PrivateRedis,
+    queued_max_tokens: int,
+    resent_max_tokens: int,
+    status: int,
+) -> None:
+    """A resume reserved its re-sent body's max_tokens: lowered to 1, it was let in by a bucket that
+    lacked its job's answer (and, leaving early, kept only that 1); raised, it was refused by one
+    that held the answer."""
+    settings = settings_for(redis_server.url, 5.0, first_byte_budget_s=0.1, resume_grace_s=5.0)
+    secret = with_key(settings, "alice", tpm=600)
+    async with serving(settings) as client, asyncio.timeout(30):
+        queued = {**STREAM, "max_tokens": queued_max_tokens}
+        job, seen, worker = await abandoned(client, redis, secret, body=queued)
+        resent = {**STREAM, "max_tokens": resent_max_tokens}
+        resumed = await client.post("/v1/chat/completions", json=resent, headers=bearer(secret, seen[-1][0]))
+        assert resumed.status_code == status, resumed.text
+        if status == 429:
+            message = resumed.json()["error"]["message"]
+            assert f"this request counts about {queued_max_tokens})" in message
+        else:
+            assert text_of(seen) + text_of(await events(aiter_lines(resumed.text))) == "".join(WORDS)
+        await worker
+    assert (
+        await redis.hget(keys.job_record(job.id), keys.ANSWER_TOKENS_FIELD) == str(queued_max_tokens).encode()
+    )
+
+
 async def test_several_readers_of_one_job_on_one_front_door_each_get_the_whole_rest(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
