@@ -8,7 +8,8 @@ from redis.exceptions import RedisError
 
 from router.admission.auth import check_exposure
 from router.app import create_app
-from router.http.connections import ConnectionLimits, guarded_protocol
+from router.http.connection_limits import ConnectionLimits
+from router.http.connections import guarded_protocol
 from switchboard import gc_heap, keys
 from switchboard.config import Settings
 from switchboard.redis_conn import sync_client

@@ -36,9 +36,29 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Slow clients. A request's headers must arrive within this many seconds of its first byte (a
     # new connection's first request: of the connection's opening), or it gets a 408 and is closed.
     header_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
-    # An upload that sends nothing for this long is closed (a 499: the client's doing). Responses
-    # are never timed: a long stream is not cut.
+    # An upload that sends nothing for this long is closed (a 499: the client's doing).
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # An upload slower than this on average, once its grace has passed, is closed (a 499): each byte
+    # buys the client 1/rate s more, so a body trickled a byte at a time holds nothing for long
+    # (0: no minimum rate). At the defaults a 10 MiB body may take 2.8 hours to arrive; the deadline
+    # below comes first.
+    body_min_rate_bytes_s: Annotated[float, msgspec.Meta(ge=0)] = 1024.0
+    body_rate_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    # A body not whole this long after its headers is closed (a 499), whatever its rate: a 10 MiB
+    # body needs 35 KiB/s.
+    body_deadline_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    # Bodies being read at once hold their bytes (Content-Length, else as they come) in two budgets:
+    # one per API key (all keyless callers share one), past which a body is a 429, and one for the
+    # front door, past which it is a 503; both with Retry-After. Unset: 2 and 32 times max_body_bytes
+    # (20 and 320 MiB; a front door is given 1 GiB, and each body read is then decoded).
+    max_body_bytes_in_flight_per_key: Annotated[int, msgspec.Meta(ge=1024)] | None = None
+    max_body_bytes_in_flight: Annotated[int, msgspec.Meta(ge=1024)] | None = None
+    # A client that takes no byte of its answer for this long (the front door's writing paused) is
+    # cut off (a 499: a stream's job is cancelled). A long stream to a client that reads is never cut.
+    send_stall_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Once an answer is whole in the front door's hands (a stream at its end), what is left of it
+    # must be taken within this long: a client reading a byte now and then is cut off too.
+    send_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 120.0
     # A kept-alive connection with no request for this long is closed.
     keep_alive_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     # Connections open at once. Past it an idle kept-alive one is closed to make room, or else the
@@ -70,3 +90,18 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Values one pooling answer holds (inputs times an embedding's dimensions): it crosses Redis
     # twice and is built as JSON. The default admits 2,048 inputs of a 4,096-dimension embedder.
     max_pooling_output_values: Annotated[int, msgspec.Meta(ge=2048)] = 2048 * 4096
+
+    def __post_init__(self) -> None:
+        # The largest body taken must always fit its key's budget, and that budget the front door's.
+        per_key = self.max_body_bytes_in_flight_per_key
+        if per_key is not None and per_key < self.max_body_bytes:
+            raise ValueError(
+                f"router.max_body_bytes_in_flight_per_key ({per_key}) must be at least "
+                f"router.max_body_bytes ({self.max_body_bytes})"
+            )
+        total = self.max_body_bytes_in_flight
+        if total is not None and total < (per_key or self.max_body_bytes):
+            raise ValueError(
+                f"router.max_body_bytes_in_flight ({total}) must be at least "
+                f"router.max_body_bytes_in_flight_per_key and router.max_body_bytes"
+            )

@@ -88,8 +88,10 @@ CONNECTIONS_OPEN = Gauge(
 CONNECTIONS_CLOSED = Counter(
     "switchboard:connections_closed",
     "Connections the front door closed on its own, by reason: header_timeout, header_too_large, "
-    "body_timeout, over_capacity (refused with a 503), idle_evicted (an idle keep-alive connection "
-    "closed to make room).",
+    "body_timeout (a pause), body_too_slow (under the minimum rate), body_deadline, "
+    "answered_before_body (closed after an early answer, the rest of the body dropped), send_stall "
+    "(the client took nothing of its answer), send_timeout (nor all of it in time), over_capacity "
+    "(refused with a 503), idle_evicted (an idle keep-alive connection closed to make room).",
     ["reason"],
     registry=REGISTRY,
 )
