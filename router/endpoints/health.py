@@ -3,7 +3,8 @@
 Both are open to anyone (probes carry no key), so neither says more than a probe needs nor costs
 Redis anything per call: `/readyz` shares one read of the worker records a second with every other
 caller, names models only to a caller whose key may use them (every model while auth is off), and
-never repeats Redis's own words or address.
+never repeats Redis's own words or address. Its `?model=NAME` asks about one model, so it needs
+such a key too: without one, every name, known or not, gets the same 401.
 """
 
 from __future__ import annotations
@@ -48,7 +49,17 @@ async def readyz(
     """Ready when Redis answers and at least one worker is alive with its engines prepared (or
     without any, with `router.ready_without_workers`); with `?model=NAME`, when some live worker
     may hold that model.
-    The body tells, per model the caller's key may use, whether a live worker may hold it."""
+    The body tells, per model the caller's key may use, whether a live worker may hold it.
+
+    A plain `/readyz` is open: what Kubernetes' and load balancers' probes call, with no key. While
+    auth is on, `?model=NAME` answers only a key that may use the model, as a request to it would
+    (401 without a known key, whatever the name; then 404 for an unknown model, 403 for one the key
+    may not use): an answer that differed for a known and an unknown name would tell anyone which
+    models exist. A per-model probe sends a key (`httpHeaders` of a Kubernetes probe), or checks
+    the plain `/readyz` body's `models`, which a key's request lists.
+    """
+    if model is not None:
+        models.resolve(model, await caller_of(request))
     if not health.up:
         raise _redis_unreachable()
     try:
@@ -69,12 +80,10 @@ async def readyz(
             "The workers are still preparing their engines; a first request would wait for that.",
             code=ENGINES_PREPARING,
         )
-    if model is not None:
-        models.require(model)
-        if not may_serve(records, model):
-            raise ServiceUnavailableError(
-                f"No live worker may hold the model `{model}`.", code=NO_WORKER_FOR_MODEL
-            )
+    if model is not None and not may_serve(records, model):
+        raise ServiceUnavailableError(
+            f"No live worker may hold the model `{model}`.", code=NO_WORKER_FOR_MODEL
+        )
     shown = await _models_shown(request, models)
     served = {name: may_serve(records, name) for name in shown} if shown else None
     prepared = sum(record.engines_ready for record in records)

@@ -20,6 +20,10 @@ MODELS = [ModelConfig(name=MODEL, path="/nonexistent"), ModelConfig(name=OTHER, 
 USER_SECRET = api_keys.new_secret()
 
 
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
 async def test_readyz_names_models_only_to_a_key_that_may_use_them(
     redis: aioredis.Redis, redis_server: PrivateRedis
 ) -> None:
@@ -36,11 +40,36 @@ async def test_readyz_names_models_only_to_a_key_that_may_use_them(
         assert wrong_key.status_code == 200 and wrong_key.json()["models"] is None
         user = await client.get("/readyz", headers={"Authorization": f"Bearer {USER_SECRET}"})
         assert user.json()["models"] == {MODEL: True}
-        # A probe for one model still works without a key, and a missing one lists nothing.
-        assert (await client.get("/readyz", params={"model": OTHER})).status_code == 200
-        unknown = await client.get("/readyz", params={"model": "nope"})
+        # A missing model, asked for with a key, lists only the models the key may use.
+        unknown = await client.get("/readyz", params={"model": "nope"}, headers=bearer(USER_SECRET))
         assert unknown.status_code == 404
-        assert OTHER not in unknown.text and MODEL not in unknown.text
+        assert OTHER not in unknown.text
+
+
+async def test_readyz_for_one_model_tells_nobody_without_a_key_whether_it_exists(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """Without a key, `?model=` answered 200 (or 503) for a configured model and 404 for any other
+    name: anyone could list the models by trying names."""
+    settings = settings_for(redis_server.url, models=MODELS)
+    settings.auth.keys = [ApiKey(name="user", sha256=api_keys.digest(USER_SECRET), models=[MODEL])]
+    await advertise(redis, worker_record("w1"))
+    async with serving(settings) as client:
+        for headers in ({}, bearer(api_keys.new_secret())):
+            answers = [
+                await client.get("/readyz", params={"model": name}, headers=headers)
+                for name in (MODEL, OTHER, "nope")
+            ]
+            assert [answer.status_code for answer in answers] == [401, 401, 401]
+            assert answers[0].json() == answers[1].json() == answers[2].json()
+        # The plain probe stays open; a key that may use the model gets its answer, and one that may
+        # not is told so, as a request to it would be.
+        assert (await client.get("/readyz")).status_code == 200
+        assert (
+            await client.get("/readyz", params={"model": MODEL}, headers=bearer(USER_SECRET))
+        ).status_code == 200
+        forbidden = await client.get("/readyz", params={"model": OTHER}, headers=bearer(USER_SECRET))
+        assert forbidden.status_code == 403
 
 
 async def test_a_flood_of_probes_shares_one_read_a_second(
