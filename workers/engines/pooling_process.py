@@ -36,7 +36,7 @@ from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.process_env import stop_process
 from workers.engines.torch_pooling_runner import LoadedModel, PoolingRunner
 from workers.triton.pooling_backend import FAILED, OK, frame, unframe
-from workers.triton.pooling_model import answer_of, row_decoder, row_encoder
+from workers.triton.pooling_model import answer_of, decoded_rows, row_encoder
 
 Answers = list[PooledRow | InvalidEngineRequest]
 
@@ -228,7 +228,7 @@ def _serve_stub(stub: Connection, runner: PoolingRunner, computing: threading.Lo
 def _answered(message: bytes, runner: PoolingRunner, computing: threading.Lock) -> bytes:
     """A batch's reply: every row's encoded answer (or refusal), or why the batch failed."""
     try:
-        rows = [row_decoder.decode(item) for item in unframe(message)]
+        rows = decoded_rows(unframe(message))
         with computing:
             answers = runner.pool_now(rows)
     except Exception as exc:

@@ -4,7 +4,9 @@ Text goes through the model's tokenizer with its special tokens (a pair for a re
 then the document, through the tokenizer's pair template); token ids given by the client are used as
 given, once checked against the vocabulary. An input longer than the model's context is the client's
 error unless the row asks for truncation, which keeps its last tokens as vLLM's
-`truncate_prompt_tokens` does (-1: as many as the model takes).
+`truncate_prompt_tokens` does (-1: as many as the model takes); a text is first cut to what those
+tokens can span (`switchboard.kept_text`), so that the tokenizer never reads what it would drop.
+A reranker's query is tokenized once for all its documents (`torch_pooling_pairs`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchboard import context_length
+from switchboard.kept_text import kept_tail
 from switchboard.wire import ModelLimits
 from workers.engines.base import InvalidEngineRequest, PoolingRow
+from workers.engines.torch_pooling_pairs import PairTemplate, QueryTokens
 
 PARAM = "input"
 
@@ -38,6 +42,8 @@ class RowEncoder:
         # Only when a row asks for truncation, and then it keeps the end of the text.
         tokenizer.truncation_side = "left"
         self._types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+        self._pairs = PairTemplate.of(tokenizer)
+        self._queries = QueryTokens(tokenizer)
 
     def encode_all(self, rows: Sequence[PoolingRow]) -> list[EncodedRow | InvalidEngineRequest]:
         """Each row's token ids, or its refusal, in order. Single texts that keep every token (the
@@ -45,14 +51,20 @@ class RowEncoder:
         side loops over them rather than Python (one call per row took a sixth of a batch's time)."""
         encoded: list[EncodedRow | InvalidEngineRequest] = []
         plain: list[tuple[int, str]] = []
+        pairs: list[int] = []
         for row in rows:
             refusal = _plain_text_refusal(self.limits, row)
             if isinstance(row.input, str) and row.task != "score" and row.truncate_prompt_tokens is None:
                 if refusal is None:
                     plain.append((len(encoded), row.input))
                 encoded.append(refusal or EncodedRow(ids=[], types=None))  # filled in below
+            elif isinstance(row.input, str) and row.task == "score" and self._pairs is not None:
+                pairs.append(len(encoded))
+                encoded.append(EncodedRow(ids=[], types=None))  # filled in below
             else:
                 encoded.append(self._encoded_or_refusal(row))
+        if pairs:
+            self._encode_pairs(self._pairs, rows, pairs, encoded)
         if plain:
             batch = self._tokenizer([text for _, text in plain])
             types = batch["token_type_ids"] if self._types and "token_type_ids" in batch else None
@@ -64,13 +76,52 @@ class RowEncoder:
                 encoded[index] = self._encoded_or_refusal_of(EncodedRow(ids=ids, types=row_types))
         return encoded
 
+    def _encode_pairs(
+        self,
+        template: PairTemplate,
+        rows: Sequence[PoolingRow],
+        indices: list[int],
+        encoded: list[EncodedRow | InvalidEngineRequest],
+    ) -> None:
+        """The reranker's rows at `indices`: each query tokenized once, the documents in one call."""
+        texts: list[tuple[int, int | None, str, str, bool | None]] = []
+        for index in indices:
+            row = rows[index]
+            assert isinstance(row.input, str)
+            try:
+                keep = self._kept_tokens(row.truncate_prompt_tokens)
+                query, document = self._cut(row.query or "", keep), self._cut(row.input, keep)
+                if keep is None:
+                    _refuse(context_length.text_refusal(self.limits, len(document) + len(query), PARAM))
+            except InvalidEngineRequest as refusal:
+                encoded[index] = refusal
+                continue
+            texts.append((index, keep, query, document, _query_longer(row, query, document)))
+        if not texts:
+            return
+        documents = self._tokenizer([document for _, _, _, document, _ in texts], add_special_tokens=False)
+        for (index, keep, query, _, longer), document_ids in zip(texts, documents["input_ids"], strict=True):
+            ids, types = template.kept_pair(self._queries.ids(query), list(document_ids), keep, longer)
+            encoded[index] = self._encoded_or_refusal_of(
+                EncodedRow(ids=ids, types=types if self._types else None), keep
+            )
+
+    def _cut(self, text: str, keep: int | None) -> str:
+        """`text` cut to what its last `keep` tokens can span (None: whole)."""
+        return text if keep is None else kept_tail(text, keep, self.limits.max_token_chars)
+
     def _encoded_or_refusal(self, row: PoolingRow) -> EncodedRow | InvalidEngineRequest:
         try:
             return self.encode(row)
         except InvalidEngineRequest as refusal:
             return refusal
 
-    def _encoded_or_refusal_of(self, encoded: EncodedRow) -> EncodedRow | InvalidEngineRequest:
+    def _encoded_or_refusal_of(
+        self, encoded: EncodedRow, keep: int | None = None
+    ) -> EncodedRow | InvalidEngineRequest:
+        """`encoded`, or its refusal where it keeps every token (`keep` None) and they are too many."""
+        if keep is not None:
+            return encoded
         try:
             self._refuse_too_long(len(encoded.ids))
         except InvalidEngineRequest as refusal:
@@ -132,7 +183,8 @@ class RowEncoder:
 
     def _tokenize(self, row: PoolingRow, keep: int | None) -> EncodedRow:
         assert isinstance(row.input, str)
-        texts = (row.query or "", row.input) if row.task == "score" else (row.input,)
+        document = self._cut(row.input, keep)
+        texts = (self._cut(row.query or "", keep), document) if row.task == "score" else (document,)
         specials = self._tokenizer.num_special_tokens_to_add(pair=len(texts) == 2)
         cut = keep is not None and keep > specials
         encoding = self._tokenizer(*texts, truncation=cut, max_length=keep if cut else None)
@@ -154,6 +206,19 @@ class RowEncoder:
                 param=PARAM,
                 code=context_length.CONTEXT_LENGTH_EXCEEDED,
             )
+
+
+def _query_longer(row: PoolingRow, query: str, document: str) -> bool | None:
+    """Which of a pair's texts is the longer, where one was cut before tokenizing (then its tokens no
+    longer say): the cut one, or of two cut, the longer in characters; None where neither was."""
+    whole_query, whole_document = row.query or "", row.input
+    assert isinstance(whole_document, str)
+    query_cut, document_cut = len(query) < len(whole_query), len(document) < len(whole_document)
+    if query_cut and document_cut:
+        return len(whole_query) > len(whole_document)
+    if query_cut or document_cut:
+        return query_cut
+    return None
 
 
 def _plain_text_refusal(limits: ModelLimits, row: PoolingRow) -> InvalidEngineRequest | None:

@@ -45,7 +45,7 @@ from workers.triton.pooling_backend import (
     frame,
     unframe,
 )
-from workers.triton.pooling_model import RowAnswer, answer_decoder, row_encoder
+from workers.triton.pooling_model import RowAnswer, answer_decoder, encoded_rows
 
 
 def rows_of(task: PoolingTask) -> list[PoolingRow]:
@@ -294,6 +294,5 @@ def _infer_request(model_name: str, rows: Sequence[PoolingRow]) -> service_pb2.M
     rows_input.shape.extend([len(rows), 1])
     request.outputs.add().name = ANSWERS_OUTPUT
     request.outputs.add().name = BATCH_OUTPUT
-    encoded = (row_encoder.encode(row) for row in rows)
-    request.raw_input_contents.append(frame(encoded))  # a BYTES tensor's layout
+    request.raw_input_contents.append(frame(encoded_rows(rows)))  # a BYTES tensor's layout
     return request

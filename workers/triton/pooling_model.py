@@ -6,11 +6,15 @@ arrive within its window; its stub hands the batch to the model's process
 (`workers.triton.pooling_backend`), which answers every row (a `RowAnswer` each: the row's values
 and tokens, or why the model refused it). A refusal answers its row only; the engine failing fails
 the batch's requests.
+
+A rerank's query crosses once per request, not once per row: a row whose query is the row before's
+carries none, and takes the row before's when decoded (Triton and the stub keep a request's rows
+together and in order). A 9.5 MB query with 2,048 documents was once 19 GB of rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,6 +42,31 @@ class RowAnswer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 row_encoder = msgspec.msgpack.Encoder()
 row_decoder = msgspec.msgpack.Decoder(PoolingRow)
 answer_decoder = msgspec.msgpack.Decoder(RowAnswer)
+
+
+def encoded_rows(rows: Iterable[PoolingRow]) -> Iterator[bytes]:
+    """Rows as they cross Triton, in order: a query only where it is not the row before's."""
+    previous: str | None = None
+    for row in rows:
+        query = row.query
+        if query is not None and (query is previous or query == previous):
+            row = msgspec.structs.replace(row, query=None)
+        previous = query
+        yield row_encoder.encode(row)
+
+
+def decoded_rows(items: Iterable[bytes]) -> list[PoolingRow]:
+    """Rows as `encoded_rows` sent them, each score row with its query again (one string, shared)."""
+    rows: list[PoolingRow] = []
+    query: str | None = None
+    for item in items:
+        row = row_decoder.decode(item)
+        if row.query is not None:
+            query = row.query
+        elif row.task == "score":
+            row = msgspec.structs.replace(row, query=query)
+        rows.append(row)
+    return rows
 
 
 def answer_of(result: PooledRow | InvalidEngineRequest) -> RowAnswer:
