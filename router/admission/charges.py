@@ -2,6 +2,15 @@
 
 A queued job is charged the tokens its engine reports (`UsedTokens`): prompt and completion.
 
+A pooling job (embeddings, classify, rerank) is charged its input tokens alone, reserved from an
+estimate (`limits.pooling_input_tokens`: a reranker's query once beside each document) and settled
+with what the engine read. That is OpenAI's rule, not a gap: an embedding is billed and rate-limited
+on its input, and its usage says so (`prompt_tokens` = `total_tokens`, no completion tokens), as do
+vLLM's classify and score answers and Cohere's and Jina's rerank. The key is charged exactly the
+`total_tokens` its answer reports. An answer's size (its vectors' bytes, through Redis and to the
+client) costs the deployment too, but it is no token count, and OpenAI does not count it: the
+request's number of inputs and the model's dimensions bound it, not tpm.
+
 A resumed stream (`Last-Event-ID`) delivers again part of an answer whose job was charged when it
 was queued. It is charged for what it delivers (`DeliveredShare`), so that resuming one answer over
 and over costs what asking for it again would, and one honest reconnection costs only the part it
