@@ -20,6 +20,7 @@ from router.admission.fits import ModelLimitsCache
 from router.admission.limits import Admission
 from router.admission.models import ModelTable
 from router.flow import RequestFlow
+from router.http.body_budget import BodyBudget
 from router.pooling_flow import PoolingFlow
 from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
@@ -69,6 +70,8 @@ class FrontDoor:
         self.limits = ModelLimitsCache(redis)
         self.key_table = KeyTable(redis, settings)
         self.admission = Admission(redis, settings.limits)
+        # Bytes of the request bodies being read, per key and in all (`read_body`).
+        self.body_budget = BodyBudget.of(settings.router)
         queue = JobQueue(redis, self.tasks)
         self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id, self.admission)
         self.routes = RouteTable(redis, settings.routes)

@@ -370,3 +370,20 @@ class OriginNotAllowedError(OpenAIError):
     status_code = 403
     error_type = "invalid_request_error"
     default_code = "origin_not_allowed"
+
+
+class KeyBodyBytesError(TooManyRequestsError):
+    """The bodies a key is sending at once would hold more bytes than a key may (429 with
+    Retry-After); the body is not read and its connection is closed."""
+
+    default_code = "too_many_body_bytes"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, code=self.default_code)
+
+
+class ServerBodyBytesError(RetryLaterError):
+    """The bodies being sent to the front door at once would hold more bytes than it takes (503 with
+    Retry-After); the body is not read and its connection is closed."""
+
+    default_code = "too_many_body_bytes"
