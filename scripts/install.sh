@@ -44,9 +44,14 @@ if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
 fi
 
 # --- uv ---------------------------------------------------------------------------------------
+# Pinned by version and by its files' hashes (scripts/uv-requirements.txt): the installer of every
+# other package is itself checked, as uv.lock's packages are. For the user where pip may (--user),
+# else into $PYTHON's environment (a virtualenv refuses --user).
 if ! command -v uv >/dev/null; then
-  say "Installing uv"
-  "$PYTHON" -m pip install --quiet --user uv==0.13.9 2>/dev/null || "$PYTHON" -m pip install --quiet uv==0.13.9
+  say "Installing uv (scripts/uv-requirements.txt, checked against its hashes)"
+  uv_requirements=(--quiet --require-hashes --requirement scripts/uv-requirements.txt)
+  "$PYTHON" -m pip install --user "${uv_requirements[@]}" 2>/dev/null \
+    || "$PYTHON" -m pip install "${uv_requirements[@]}"
   export PATH="$HOME/.local/bin:$PATH"
 fi
 

@@ -107,10 +107,32 @@ def test_install_sh_installs_the_lock_and_nothing_else() -> None:
     assert "--require-hashes" in pip_sync.split()
     (project,) = [command for command in commands if command.startswith("uv pip install")]
     assert "--no-deps" in project.split() and project.endswith("-e .")
-    uv_pin = re.search(r"uv==(\S+)", script)
-    assert uv_pin is not None
     dev = _pyproject()["project"]["optional-dependencies"]["dev"]
-    assert f"uv=={uv_pin[1]}" in dev
+    assert f"uv=={_uv_pin()[0]}" in dev
+
+
+def test_install_sh_installs_uv_only_with_the_hashes_the_lock_records() -> None:
+    """uv, which installs the rest, was installed by version alone: any file served under its name."""
+    script = INSTALL_SH.read_text()
+    installs = [
+        line for line in script.splitlines() if "uv-requirements.txt" in line and "--require-hashes" in line
+    ]
+    assert installs, "install.sh installs uv from scripts/uv-requirements.txt with --require-hashes"
+    assert not re.search(r"pip install[^\n]*uv==", script), "uv installed by version alone"
+    version, hashes = _uv_pin()
+    (locked,) = [package for package in _lock()["package"] if package["name"] == "uv"]
+    assert locked["version"] == version
+    # The Linux x86-64 wheel (and every other file the lock knows) is accepted by its hash alone.
+    locked_files = [locked["sdist"], *locked["wheels"]]
+    assert {entry["hash"].removeprefix("sha256:") for entry in locked_files} <= hashes
+
+
+def _uv_pin() -> tuple[str, set[str]]:
+    """The version of uv scripts/uv-requirements.txt pins, and the sha256 hashes it accepts."""
+    text = (REPO / "scripts" / "uv-requirements.txt").read_text()
+    pin = re.search(r"^uv==(\S+)", text, re.MULTILINE)
+    assert pin is not None
+    return pin[1], set(re.findall(r"--hash=sha256:([0-9a-f]{64})", text))
 
 
 def test_the_exported_lock_pins_every_package_with_the_locked_hashes() -> None:
