@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from switchboard.local.private_files import append_private, private_dir, write_private
 from switchboard.local.processes import spawn_group, stop_groups
 from switchboard.logs import LOG_LABEL_ENV
 from switchboard.pooling_config import ModelKind
@@ -162,7 +163,8 @@ class Launcher:
         """Start the workers, then the front door; returns at once (see `wait_ready`)."""
         if self.workers < 1:
             raise ValueError("a stack needs at least one worker")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Workers' logs quote requests: the folder is this user's alone from its creation on.
+        private_dir(self.log_dir)
         try:
             for _ in range(self.workers):
                 self.spawn_worker()
@@ -191,7 +193,7 @@ class Launcher:
         log_path = None
         if not self.verbose:
             log_path = self.log_dir / f"{name}.log"
-            log_path.write_bytes(b"")  # one run per file: the component appends to it
+            write_private(log_path, "")  # one run per file (0600 from the start): the component appends to it
             argv += ["--log-file", str(log_path)]
         env = {**(os.environ if self.env is None else self.env), **extra_env}
         env["SWITCHBOARD_ROUTER__PORT"] = str(self.port)
@@ -204,7 +206,7 @@ class Launcher:
             env.pop("REDIS_URL", None)  # it would win over the file
             env["REDIS_URL_FILE"] = str(self.redis_url_file)
         with contextlib.ExitStack() as stack:
-            console = stack.enter_context(self.console.open("ab")) if self.console else None
+            console = stack.enter_context(append_private(self.console)) if self.console else None
             process = spawn_group(argv, env, stdout=console, cwd=self.cwd)
         return Component(name=name, role=role, process=process, log_path=log_path)
 

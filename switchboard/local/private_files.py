@@ -13,6 +13,7 @@ import re
 import shutil
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -53,6 +54,19 @@ def write_private(path: Path, text: str) -> Path:
     with os.fdopen(fd, "w") as file:
         file.write(text)
     return path
+
+
+def append_private(path: Path) -> BinaryIO:
+    """Open `path` for appending, made 0600 if it is new; a file an earlier run left readable by
+    others is closed before anything is written to it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & ~PRIVATE_FILE_MODE:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
 
 
 def _chmod(path: Path, mode: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,39 @@ def test_components_get_the_switchboard_command_line_log_files_and_environment(t
     console = (tmp_path / "console.log").read_text()
     assert "worker says hello on its terminal" in console
     assert "router says hello on its terminal" in console
+
+
+def test_logs_are_this_users_alone_from_their_creation_even_where_a_run_before_left_them_open(
+    tmp_path: Path,
+) -> None:
+    """Workers' logs quote requests: the folder is 0700 and every file 0600 as it is made, whatever
+    the umask; files an earlier, less careful run left readable are made anew or closed."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir(mode=0o755)
+    (earlier / "worker.log").write_text("an earlier run's prompt")
+    (tmp_path / "console.log").write_text("an earlier run's line")
+    for path in (earlier / "worker.log", tmp_path / "console.log"):
+        path.chmod(0o644)
+    previous_umask = os.umask(0o022)
+    try:
+        fresh = _launcher(tmp_path)
+        fresh.log_dir = tmp_path / "new" / "logs"
+        again = _launcher(tmp_path)
+        again.log_dir = earlier
+        for launcher in (fresh, again):
+            with launcher:
+                launcher.wait_ready(60)
+                files = [c.log_path for c in launcher.components]
+            assert _mode(launcher.log_dir) == 0o700
+            assert files and all(path is not None and _mode(path) == 0o600 for path in files), files
+    finally:
+        os.umask(previous_umask)
+    assert _mode(tmp_path / "console.log") == 0o600
+    assert "an earlier run's prompt" not in (earlier / "worker.log").read_text()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
 
 def test_verbose_components_write_no_log_file(tmp_path: Path) -> None:
