@@ -16,7 +16,7 @@ Hash tags (the part of a key inside `{}`, which alone decides a Redis Cluster's 
   model's touch the job's own keys or these deployment-wide ones (`enqueue.lua`: the job's record,
   the demand index and stream; `admit.lua`: the API key's limits and the in-flight set;
   `append_chunk.lua`: the job's keys, its model's job stream and its front door's inbox). In a
-  Redis Cluster those writes would leave the scripts for commands pipelined beside them (`lua.run_pipeline`); today they stay inside,
+  Redis Cluster those writes would leave the scripts for commands pipelined beside them (`lua.ScriptRunner`); today they stay inside,
   where they are atomic with the job's append and cost no reply of their own.
 """
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
-from redis.commands.core import AsyncScript
 
 from switchboard import keys, lua
 
@@ -45,16 +44,11 @@ class JobsWaiting:
         """Queue the read on `pipe`; `decode_depths` turns its reply into the models' depths."""
         await self._script(keys=_streams(models), args=[keys.JOB_GROUP], client=pipe)
 
-    def add_each_to(self, pipe: Pipeline, models: Sequence[str]) -> None:
-        """Queue one call per model on `pipe`, by SHA (run it with `lua.run_pipeline`); `decode_each`
-        turns their replies into the models' depths."""
+    def add_each_to(self, calls: lua.Calls, models: Sequence[str]) -> None:
+        """Queue one call per model (run them with a `lua.ScriptRunner`); `decode_each` turns their
+        replies into the models' depths."""
         for stream in _streams(models):
-            lua.add_script(pipe, self._script, [stream], [keys.JOB_GROUP])
-
-    @property
-    def script(self) -> AsyncScript:
-        """The script, for `lua.run_pipeline` to load when Redis lost it."""
-        return self._script
+            calls.add(self._script, [stream], [keys.JOB_GROUP])
 
     async def read(self, models: Sequence[str]) -> dict[str, QueueDepth]:
         """Each model's queue depth, in one round trip."""

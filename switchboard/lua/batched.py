@@ -13,8 +13,9 @@ the first enqueue of a batch and found that job alone, then read again for the r
 transaction the clients blocked on its keys wake once it has run whole, and read all of it at once.
 Nothing is rolled back: a call that fails inside it fails alone, as before.
 
-A call that Redis answers NOSCRIPT (it restarted, and lost its scripts) did not run: its script is
-loaded and that call alone is sent again. A call is never sent twice otherwise.
+A call that Redis answers NOSCRIPT (it restarted, and lost its scripts) did not run: the batch's
+`lua.ScriptRunner` loads its script and sends that call alone again. A call is never sent twice
+otherwise.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+
+from switchboard.lua import Calls, ScriptRunner
 
 T = TypeVar("T")
 
@@ -57,11 +59,9 @@ class ScriptBatch:
     """Runs registered scripts (`switchboard.lua.register`) for many callers, batched per round trip."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
-        self._redis = redis
+        self._scripts = ScriptRunner(redis)
         self._waiting: list[_Call] = []
         self._sender: asyncio.Task[None] | None = None
-        # The scripts Redis is known to hold, so that a batch runs them by their SHA alone.
-        self._loaded: set[str] = set()
 
     async def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """`script`'s reply for these KEYS and ARGV; its error raised. A caller cancelled meanwhile
@@ -94,31 +94,16 @@ class ScriptBatch:
                     raise
 
     async def _send(self, batch: list[_Call]) -> None:
-        for attempt in range(2):
-            await self._load([call.script for call in batch])
-            pipe = self._redis.pipeline(transaction=True)  # see the module's description
+        def fill(calls: Calls) -> None:
             for call in batch:
-                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-            replies = await pipe.execute(raise_on_error=False)
-            lost = [
-                call for call, reply in zip(batch, replies, strict=True) if isinstance(reply, NoScriptError)
-            ]
-            for call, reply in zip(batch, replies, strict=True):
-                if isinstance(reply, NoScriptError) and attempt == 0:
-                    continue
-                if call.reply.done():  # its caller was cancelled twice, and stopped waiting
-                    continue
-                if isinstance(reply, Exception):
-                    call.reply.set_exception(reply)
-                else:
-                    call.reply.set_result(reply)
-            if not lost or attempt == 1:
-                return
-            self._loaded.difference_update(call.script.sha for call in lost)
-            batch = lost
+                calls.add(call.script, call.keys, call.args)
 
-    async def _load(self, scripts: list[AsyncScript]) -> None:
-        for script in {script.sha: script for script in scripts}.values():
-            if script.sha not in self._loaded:
-                await self._redis.script_load(script.script)
-                self._loaded.add(script.sha)
+        # A transaction: see the module's description.
+        replies = await self._scripts.run(fill, transaction=True, raise_on_error=False)
+        for call, reply in zip(batch, replies, strict=True):
+            if call.reply.done():  # its caller was cancelled twice, and stopped waiting
+                continue
+            if isinstance(reply, Exception):
+                call.reply.set_exception(reply)
+            else:
+                call.reply.set_result(reply)

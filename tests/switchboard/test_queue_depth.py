@@ -60,6 +60,7 @@ async def test_one_call_per_model_runs_by_its_sha_and_is_loaded_again_when_redis
 ) -> None:
     ids = await _enqueue(redis, "tiny", 2)
     jobs_waiting = JobsWaiting(redis)
+    scripts = lua.ScriptRunner(redis)
     models = ["tiny", "absent"]
     expected = {
         "tiny": QueueDepth(waiting=2, oldest_id=ids[0], length=2),
@@ -67,9 +68,7 @@ async def test_one_call_per_model_runs_by_its_sha_and_is_loaded_again_when_redis
     }
     for _ in range(2):
         await redis.script_flush()  # as after a Redis restart: the next run loads the script
-        replies = await lua.run_pipeline(
-            redis, lambda pipe: jobs_waiting.add_each_to(pipe, models), [jobs_waiting.script]
-        )
+        replies = await scripts.run(lambda calls: jobs_waiting.add_each_to(calls, models))
         assert decode_each(models, replies) == expected
 
 

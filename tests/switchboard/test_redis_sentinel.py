@@ -93,22 +93,23 @@ async def test_a_pipeline_of_scripts_runs_on_a_primary_promoted_after_a_kill(
     pooled = pooled_client(topology.url, max_connections=4)
     stream = keys.job_stream("m")
     script = lua.register(pooled, "jobs_waiting")
+    scripts = lua.ScriptRunner(pooled)
     try:
         await pooled.xadd(stream, {"job": "1"})
         await replicated(pooled)
 
-        def fill(pipe: aioredis.client.Pipeline) -> None:
-            lua.add_script(pipe, script, [stream], [keys.JOB_GROUP])
+        def fill(calls: lua.Calls) -> None:
+            calls.add(script, [stream], [keys.JOB_GROUP])
 
         # Four commands at once: the pool holds four connections to the primary, idle after them.
-        before = await asyncio.gather(*(lua.run_pipeline(pooled, fill, [script]) for _ in range(4)))
+        before = await asyncio.gather(*(scripts.run(fill) for _ in range(4)))
         old = topology.kill_primary()
         topology.wait_promoted(old.port)
 
         # Every one of those connections is broken: each command reconnects, to the new primary (not
-        # to the old address, retried in vain), which never saw the script: run_pipeline loads it on
-        # NOSCRIPT and runs again. Nothing fails once the sentinels name the new primary.
-        after = await asyncio.gather(*(lua.run_pipeline(pooled, fill, [script]) for _ in range(4)))
+        # to the old address, retried in vain), which never saw the script: the runner loads it on
+        # NOSCRIPT and runs that call again. Nothing fails once the sentinels name the new primary.
+        after = await asyncio.gather(*(scripts.run(fill) for _ in range(4)))
         assert after == before
     finally:
         await pooled.aclose()

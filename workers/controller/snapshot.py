@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
 
 from switchboard import keys, lua
 from switchboard.config import ModelConfig
@@ -87,6 +86,7 @@ class SnapshotReader:
         self._memory_budget_bytes = memory_budget_bytes
         self._expected_footprint = expected_footprint
         self._jobs_waiting = JobsWaiting(redis)
+        self._scripts = lua.ScriptRunner(redis)
         self._demand = DemandIndex(redis)
         self._catalogue = Catalogue(kind)
 
@@ -138,13 +138,13 @@ class SnapshotReader:
         names = [model.name for model in models]
         unknown = self._catalogue.missing(names)
 
-        def fill(pipe: Pipeline) -> None:
-            self._jobs_waiting.add_each_to(pipe, names)
+        def fill(calls: lua.Calls) -> None:
+            self._jobs_waiting.add_each_to(calls, names)
             for model in models:
-                pipe.mget([keys.replica_lease(model.name, n) for n in range(_replicas_tracked(model))])
-            self._catalogue.add_reads_to(pipe, unknown)
+                calls.pipe.mget([keys.replica_lease(model.name, n) for n in range(_replicas_tracked(model))])
+            self._catalogue.add_reads_to(calls.pipe, unknown)
 
-        replies = await lua.run_pipeline(self._redis, fill, [self._jobs_waiting.script])
+        replies = await self._scripts.run(fill)
         count = len(names)
         queues = decode_each(names, replies[:count])
         leases = replies[count : 2 * count]

@@ -69,7 +69,6 @@ class ResultWriter:
     """Batches chunk appends of all jobs of one worker into pipelines."""
 
     def __init__(self, redis: aioredis.Redis, writer_id: str = "") -> None:
-        self._redis = redis
         # Marks every chunk written, so that a retried flush recognises its own chunks.
         self._writer_id = writer_id
         self._pending: list[_Write] = []
@@ -77,9 +76,9 @@ class ResultWriter:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._append = lua.register(redis, "append_chunk")
-        # Loaded once, then run by its SHA; a pipeline that runs a registered script would ask
-        # Redis whether it has it on every flush, a round trip more per chunk.
-        self._append_loaded = False
+        # Runs it by its SHA alone: a pipeline that ran the registered script would ask Redis
+        # whether it has it on every flush, a round trip more per chunk.
+        self._scripts = lua.ScriptRunner(redis)
 
     def start(self) -> None:
         """Start the flush loop."""
@@ -143,7 +142,6 @@ class ResultWriter:
             except Exception as exc:
                 if delay_s is not None:
                     logger.warning("writing result chunks failed; retrying", extra={"chunks": len(batch)})
-                    self._append_loaded = False  # Redis may have restarted without the script
                     await asyncio.sleep(delay_s)
                     continue
                 logger.exception("writing result chunks failed", extra={"chunks": len(batch)})
@@ -162,30 +160,32 @@ class ResultWriter:
                 write.done.set_result(status == GONE)
 
     async def _flush(self, batch: list[_Write]) -> list[int]:
-        if not self._append_loaded:
-            await self._redis.script_load(self._append.script)
-            self._append_loaded = True
-        pipe = self._redis.pipeline(transaction=True)  # see the module's description
-        for write in batch:
-            stream = keys.result_stream(write.job_id)
-            job_stream, entry_id = write.ack if write.ack is not None else (stream, b"")
-            pipe.evalsha(
-                self._append.sha,
-                5,
-                stream,
-                keys.cancel_mark(write.job_id),
-                job_stream,
-                keys.job_record(write.job_id),
-                write.inbox or stream,
-                write.payload,
-                keys.RESULT_TTL_S,
-                int(write.create),
-                entry_id,
-                keys.JOB_GROUP,
-                -1 if write.seq is None else write.seq,
-                self._writer_id,
-                int(write.first),
-                "" if write.inbox is None else keys.INBOX_MAX_ENTRIES,
-                keys.INBOX_TTL_S,
-            )
-        return [int(status) for status in await pipe.execute()]
+        def fill(calls: lua.Calls) -> None:
+            for write in batch:
+                stream = keys.result_stream(write.job_id)
+                job_stream, entry_id = write.ack if write.ack is not None else (stream, b"")
+                calls.add(
+                    self._append,
+                    [
+                        stream,
+                        keys.cancel_mark(write.job_id),
+                        job_stream,
+                        keys.job_record(write.job_id),
+                        write.inbox or stream,
+                    ],
+                    [
+                        write.payload,
+                        keys.RESULT_TTL_S,
+                        int(write.create),
+                        entry_id,
+                        keys.JOB_GROUP,
+                        -1 if write.seq is None else write.seq,
+                        self._writer_id,
+                        int(write.first),
+                        "" if write.inbox is None else keys.INBOX_MAX_ENTRIES,
+                        keys.INBOX_TTL_S,
+                    ],
+                )
+
+        # A transaction: see the module's description.
+        return [int(status) for status in await self._scripts.run(fill, transaction=True)]

@@ -181,3 +181,17 @@ async def test_a_worker_whose_job_was_taken_over_is_fenced_off_its_results(redis
     await successor.stop()
     entries = await redis.xrange(keys.result_stream("j"))
     assert [chunk_decoder.decode(fields[b"c"]).text for _, fields in entries] == ["s0", "s1", "n2", "n3"]
+
+
+async def test_chunks_written_after_redis_lost_the_script_land_once_without_a_retry(
+    redis: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = ResultWriter(redis, "w1")
+    writer.start()
+    await writer.append("a", encode(Chunk(text="a0")), seq=0, first=True)
+    await redis.script_flush()  # as after a restart without persistence
+    await asyncio.gather(*(writer.append("a", encode(Chunk(text=f"a{i}")), seq=i) for i in range(1, 4)))
+    await writer.stop()
+    entries = await redis.xrange(keys.result_stream("a"))
+    assert [chunk_decoder.decode(fields[b"c"]).text for _, fields in entries] == ["a0", "a1", "a2", "a3"]
+    assert "retrying" not in caplog.text, "the lost script was loaded again, not the flush failed"
