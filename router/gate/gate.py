@@ -17,7 +17,9 @@ import msgspec
 from litestar import Request
 from litestar.handlers import BaseRouteHandler
 
+from router.admission.auth import caller_of
 from router.gate.body import decoded, require_json
+from router.http.body_budget import read_body
 from router.openai.errors import PayloadTooLargeError
 from switchboard.router_config import RouterConfig
 
@@ -62,9 +64,12 @@ class Gate(Generic[Body, Passed]):
 
     async def _read(self, request: Request[Any, Any, Any]) -> bytes:
         self._check_size(request.content_length)
+        caller = await caller_of(request)
         request.state[_GATE_OPEN] = True
         try:
-            body = await request.body()
+            # Counted against the key's and the front door's budgets of bodies in flight, by the key's
+            # identity (its name may change; anonymous callers share one budget).
+            body = await read_body(request, caller.owner or "anonymous")
         finally:
             request.state[_GATE_OPEN] = False
         self._check_size(len(body))

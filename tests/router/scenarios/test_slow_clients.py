@@ -194,7 +194,8 @@ async def test_a_body_not_whole_by_its_deadline_is_closed_whatever_its_rate(
         finally:
             sending.cancel()
             writer.close()
-        assert BODY_DEADLINE_S - 0.1 < waited < BODY_DEADLINE_S + 1.0
+        # Within 2 s of the deadline (a busy machine is late), and well before the body (4 s) is whole.
+        assert BODY_DEADLINE_S - 0.1 < waited < BODY_DEADLINE_S + 2.0
         assert counter("switchboard:connections_closed", reason="body_deadline") == before + 1
 
 
