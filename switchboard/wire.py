@@ -145,6 +145,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # A copy of a routed request sent to the route's shadow version (`router.routing.shadow`):
     # nobody waits for it, so a worker runs it only with slots to spare (`workers.jobs.consume`).
     shadow: bool = False
+    # Mixed into the engine's prefix-cache block hashes: one per API key (and the client's own
+    # suffix, if it gave one), so that one key can never time another's prompts through the cache
+    # (`router.intake.job.cache_salt`); None, one shared cache (keys off).
+    cache_salt: str | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

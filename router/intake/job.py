@@ -1,7 +1,14 @@
-"""Validated OpenAI requests into Jobs: the product's own schema, which is all a worker sees."""
+"""Validated OpenAI requests into Jobs: the product's own schema, which is all a worker sees.
+
+Every generation job carries its key's prefix-cache salt (`cache_salt`): an engine's prefix cache
+reuses the blocks of any earlier prompt with the same beginning, so without it one key could time
+its own requests to learn what another key's prompts begin with. Requests of one key still share
+their prefixes; with keys off there is one shared cache.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from typing import Any
@@ -31,6 +38,23 @@ _json = msgspec.json.Encoder()
 JOB_ID_PATTERN = r"[0-9a-f]{32}"
 
 
+# What a key's salt is derived from besides the key's identity, so that it is no other digest of it.
+_SALT_DOMAIN = b"switchboard prefix-cache salt\0"
+# 128 bits of the digest: no two keys meet by chance.
+KEY_SALT_CHARS = 32
+
+
+def cache_salt(owner: str, client_salt: str | None = None) -> str | None:
+    """The prefix-cache salt of a job sent by the key whose identity is `owner` (`Caller.owner`, its
+    SHA-256; "" with keys off): a digest of it, then the client's own salt, if it gave one, as a
+    suffix. The key's part comes first at a fixed length, so no suffix makes another key's salt.
+    With keys off, the client's salt alone (vLLM's own behaviour)."""
+    if not owner:
+        return client_salt
+    key_salt = hashlib.sha256(_SALT_DOMAIN + owner.encode()).hexdigest()[:KEY_SALT_CHARS]
+    return key_salt if client_salt is None else f"{key_salt}:{client_salt}"
+
+
 def new_job_id(created: float) -> str:
     """A unique id made at `created` (unix seconds), also used as the OpenAI response id's suffix."""
     return f"{int(created * 1000) & 0xFFFFFFFFFFFF:012x}{uuid.uuid4().hex[:20]}"
@@ -49,10 +73,12 @@ def chat_job(
     structured: StructuredOutput | None = None,
     parse_tool_calls: bool = False,
     tenant: str | None = None,
+    owner: str = "",
 ) -> Job:
     """The job for a chat completion; `structured` is what its tool choice needs, if anything, and
     `parse_tool_calls` whether the model's own tool calls are to be parsed from its text; `job_id`,
-    the request's own id (`router.telemetry.requests`), made at its arrival."""
+    the request's own id (`router.telemetry.requests`), made at its arrival; `owner`, the identity
+    of the caller's key (`Caller.owner`), whose prefix-cache salt it takes (`cache_salt`)."""
     top_logprobs = request.top_logprobs or 0
     sampling = sampling_params(
         request,
@@ -70,14 +96,20 @@ def chat_job(
         messages=tuple(_message(m) for m in request.messages),
         tools=tools,
         parse_tool_calls=parse_tool_calls,
+        cache_salt=cache_salt(owner, request.cache_salt),
     )
 
 
 def completion_job(
-    request: CompletionRequest, *, timeout_s: float, job_id: str | None = None, tenant: str | None = None
+    request: CompletionRequest,
+    *,
+    timeout_s: float,
+    job_id: str | None = None,
+    tenant: str | None = None,
+    owner: str = "",
 ) -> Job:
-    """The job for a plain completion (its prompt already checked by `check_completion`); `job_id` as
-    for `chat_job`."""
+    """The job for a plain completion (its prompt already checked by `check_completion`); `job_id` and
+    `owner` as for `chat_job`."""
     sampling = sampling_params(
         request,
         max_tokens=request.max_tokens,
@@ -92,6 +124,7 @@ def completion_job(
         job_id=job_id,
         tenant=tenant,
         prompts=prompts_of(request.prompt),
+        cache_salt=cache_salt(owner, request.cache_salt),
     )
 
 
@@ -213,8 +246,21 @@ def addressed(job: Job, tenant: str | None, router_id: str) -> Job:
 
 
 def step_job(
-    model: str, messages: tuple[ChatMessage, ...], sampling: SamplingParams, *, timeout_s: float
+    model: str,
+    messages: tuple[ChatMessage, ...],
+    sampling: SamplingParams,
+    *,
+    timeout_s: float,
+    owner: str = "",
 ) -> Job:
     """A job a pipeline's step asks of a model on the request's behalf (a router's choice), with an
-    id of its own."""
-    return _job(model, sampling, timeout_s=timeout_s, job_id=None, tenant=None, messages=messages)
+    id of its own; `owner` as for `chat_job` (the router reads the request's text)."""
+    return _job(
+        model,
+        sampling,
+        timeout_s=timeout_s,
+        job_id=None,
+        tenant=None,
+        messages=messages,
+        cache_salt=cache_salt(owner),
+    )

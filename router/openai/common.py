@@ -56,6 +56,11 @@ class StructuredOutputs(msgspec.Struct, kw_only=True):
     grammar: str | None = None
 
 
+# vLLM's rules for a salt (non-empty, no '@', '/', backslash or NUL), at most 95 characters so
+# that with the key's salt before it the whole stays within vLLM's 128.
+ClientCacheSalt = Annotated[str, msgspec.Meta(min_length=1, max_length=95, pattern=r"^[^@/\\\x00]+$")]
+
+
 class SamplingRequest(msgspec.Struct, kw_only=True):
     """What every generation request has: the model, how to sample, and how to answer."""
 
@@ -79,6 +84,9 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: RepetitionPenalty | None = None
     min_tokens: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] | None = None
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's prefix-cache salt: with keys on, only a suffix to the key's own salt, never in its
+    # place (`router.intake.job.cache_salt`).
+    cache_salt: ClientCacheSalt | None = None
 
 
 class Usage(msgspec.Struct, kw_only=True):

@@ -50,6 +50,9 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     # and the last never wait): a consumer that coalesces them anyway is woken less often. An
     # engine without such a setting hands every token over.
     output_every: int = 1
+    # Mixed into the prefix cache's block hashes (the job's, one per API key): only requests with
+    # the same salt share cached prefixes. None: the shared cache.
+    cache_salt: str | None = None
 
 
 class Delta(msgspec.Struct, kw_only=True):

@@ -26,7 +26,7 @@ from workers.engines.model_files import weights_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import engine_process_environment, process_tree, reap, resident_bytes
 from workers.engines.prompts import PromptBuilder, builds_quickly
-from workers.engines.vllm_io import OutputReader, refusal_of, vllm_sampling_params
+from workers.engines.vllm_io import OutputReader, engine_prompt, refusal_of, vllm_sampling_params
 from workers.engines.vllm_runtime import import_runtime as import_runtime  # also imported from here
 from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
 from workers.runtime.cpu_placement import omp_environment
@@ -279,8 +279,6 @@ class VllmEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         """Stream deltas; a long prompt is built (template, tokenizer) off the event loop."""
-        from vllm.inputs import TokensPrompt
-
         builder = self._prompts
         if builder is None:
             raise RuntimeError(f"the engine of {self.model.name} is not started")
@@ -302,9 +300,7 @@ class VllmEngine(Engine):
         )
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
-        stream = self._llm.generate(
-            TokensPrompt(prompt_token_ids=prompt.token_ids), params, request.request_id
-        )
+        stream = self._llm.generate(engine_prompt(prompt, request.cache_salt), params, request.request_id)
         before_output = True
         try:
             async for output in stream:

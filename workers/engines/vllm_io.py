@@ -25,11 +25,22 @@ from workers.engines.sampling import (
 __all__ = [
     "LOWEST_LOGPROB",
     "OutputReader",
+    "engine_prompt",
     "finish_reason",
     "greedy_copies",
     "refusal_of",
     "vllm_sampling_params",
 ]
+
+
+def engine_prompt(prompt: BuiltPrompt, cache_salt: str | None) -> Any:
+    """vLLM's prompt for one request: its tokens, and its prefix-cache salt if it has one (vLLM mixes
+    it into the first block's hash, so only requests with the same salt share cached prefixes)."""
+    from vllm.inputs import TokensPrompt
+
+    if cache_salt is None:
+        return TokensPrompt(prompt_token_ids=prompt.token_ids)
+    return TokensPrompt(prompt_token_ids=prompt.token_ids, cache_salt=cache_salt)
 
 
 def vllm_sampling_params(

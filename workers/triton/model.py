@@ -81,6 +81,7 @@ def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequ
             parse_tool_calls=job.parse_tool_calls,
             continuation=job.continuation,
             output_every=output_every,
+            cache_salt=job.cache_salt,
         )
         return [chat]
     if len(job.prompts) == 1:
@@ -90,11 +91,16 @@ def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequ
             prompt=job.prompts[0],
             continuation=job.continuation,
             output_every=output_every,
+            cache_salt=job.cache_salt,
         )
         return [only]
     return [
         EngineRequest(
-            request_id=f"{job.id}/{i}", sampling=job.sampling, prompt=prompt, output_every=output_every
+            request_id=f"{job.id}/{i}",
+            sampling=job.sampling,
+            prompt=prompt,
+            output_every=output_every,
+            cache_salt=job.cache_salt,
         )
         for i, prompt in enumerate(job.prompts)
     ]

@@ -252,3 +252,32 @@ def test_prompts_of(prompt: Any, prompts: tuple[Any, ...]) -> None:
     assert job.prompts == prompts
     assert job.messages is None
     assert job_decoder.decode(encode(job)).prompts == prompts
+
+
+def test_each_key_salts_its_jobs_prefix_cache_and_a_clients_salt_only_follows_the_keys() -> None:
+    alice, bob = "a" * 64, "b" * 64  # keys' identities (their secrets' SHA-256)
+    salted = chat_job(chat(), timeout_s=30.0, owner=alice)
+    assert salted.cache_salt is not None and len(salted.cache_salt) == 32
+    # One key's requests share a salt (and so their prefixes); another key's never meets it.
+    assert chat_job(chat(), timeout_s=30.0, owner=alice).cache_salt == salted.cache_salt
+    assert completion_job(completion(), timeout_s=30.0, owner=alice).cache_salt == salted.cache_salt
+    assert chat_job(chat(), timeout_s=30.0, owner=bob).cache_salt != salted.cache_salt
+    assert alice not in salted.cache_salt  # a digest of the identity, not the identity itself
+    # A client's own salt (vLLM's extension) follows its key's, never replaces it: bob naming
+    # alice's salt as his own still has his key's before it.
+    assert (
+        chat_job(chat(cache_salt="s1"), timeout_s=30.0, owner=alice).cache_salt == f"{salted.cache_salt}:s1"
+    )
+    forged = chat_job(chat(cache_salt=salted.cache_salt), timeout_s=30.0, owner=bob).cache_salt
+    assert forged is not None and not forged.startswith(salted.cache_salt)
+    # With keys off there is one shared cache, the client's salt as vLLM takes it.
+    assert chat_job(chat(), timeout_s=30.0).cache_salt is None
+    assert completion_job(completion(cache_salt="s1"), timeout_s=30.0).cache_salt == "s1"
+    # Carried through Redis as it is.
+    assert job_decoder.decode(encode(salted)).cache_salt == salted.cache_salt
+
+
+@pytest.mark.parametrize("salt", ["", "a/b", "a@b", "a\\b", "x" * 96])
+def test_a_client_salt_vllm_would_refuse_is_refused_at_its_field(salt: str) -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.cache_salt"):
+        chat(cache_salt=salt)

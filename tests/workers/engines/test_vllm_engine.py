@@ -14,6 +14,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -231,3 +232,45 @@ def test_an_engine_process_dies_with_a_killed_worker(model_dir: Path, engine_pro
             time.sleep(0.2)
     finally:
         worker.kill()
+
+
+async def test_a_prompt_meets_its_cached_prefix_only_under_the_same_cache_salt(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests of one key (one salt) reuse each other's prefix blocks; another key's never do."""
+    engine = VllmEngine(
+        demo(model_dir), cpu_threads=engine_core_cores(), cpu_kvcache_gib=1, engine_process="spawn"
+    )
+    await engine.start()
+    cached: dict[str, int] = {}
+    generate = engine._llm.generate
+
+    def counted(prompt: Any, params: Any, request_id: str, **kwargs: Any) -> Any:
+        async def outputs() -> Any:
+            async for output in generate(prompt, params, request_id, **kwargs):
+                cached[request_id] = output.num_cached_tokens or 0
+                yield output
+
+        return outputs()
+
+    # What vLLM reports of the request that reaches it: how many prompt tokens came from its cache.
+    monkeypatch.setattr(engine._llm, "generate", counted)
+    # About 200 tokens: a full block at least (vLLM caches whole blocks; 128 tokens on a CPU).
+    prompt = "The sea was calm and the sky was grey over the harbour that morning. " * 7
+    sampling = SamplingParams(max_tokens=1, temperature=0.0)
+    try:
+        for request_id, salt in (
+            ("a1", "key-a"),
+            ("a2", "key-a"),
+            ("b1", "key-b"),
+            ("open1", None),
+            ("open2", None),
+        ):
+            request = EngineRequest(request_id=request_id, sampling=sampling, prompt=prompt, cache_salt=salt)
+            async for _ in engine.generate(request):
+                pass
+    finally:
+        await engine.stop()
+    assert cached["a1"] == 0 and cached["a2"] > 0, cached  # the same key's second request hits
+    assert cached["b1"] == 0, cached  # another key's salt: no block of key-a's prompt is reused
+    assert cached["open1"] == 0 and cached["open2"] > 0, cached  # unsalted: one shared cache

@@ -19,6 +19,7 @@ from workers.engines.refusals import MAX_REASON_CHARS
 from workers.engines.vllm_io import (
     LOWEST_LOGPROB,
     OutputReader,
+    engine_prompt,
     finish_reason,
     greedy_copies,
     refusal_of,
@@ -414,3 +415,13 @@ def test_the_engines_own_failures_stay_its_own(vllm: Any) -> None:
     assert refusal_of(generate_error(RuntimeError("CUDA error")), before_output=True) is None
     assert refusal_of(EngineDeadError(), before_output=True) is None
     assert refusal_of(RuntimeError("boom"), before_output=True) is None
+
+
+def test_the_engine_prompt_carries_the_jobs_cache_salt() -> None:
+    pytest.importorskip("vllm")
+    prompt = BuiltPrompt([5, 6, 7], "abc")
+    assert engine_prompt(prompt, "0123abcd:s1") == {
+        "prompt_token_ids": [5, 6, 7],
+        "cache_salt": "0123abcd:s1",
+    }
+    assert engine_prompt(prompt, None) == {"prompt_token_ids": [5, 6, 7]}  # the shared cache

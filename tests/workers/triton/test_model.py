@@ -7,10 +7,16 @@ import asyncio
 
 import msgspec
 
-from switchboard.wire import Chunk, chunk_decoder, encode
+from switchboard.wire import ChatMessage, Chunk, chunk_decoder, encode
 from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
-from workers.triton.model import EARLY_ABORTS_KEPT, CoalescingPolicy, GeneratorModel
+from workers.triton.model import (
+    EARLY_ABORTS_KEPT,
+    CoalescingPolicy,
+    GeneratorModel,
+    engine_job_decoder,
+    engine_requests,
+)
 
 NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6)
 
@@ -85,3 +91,14 @@ async def test_without_a_window_every_token_is_handed_over() -> None:
     for _ in range(3):
         await run(callable_, "slow 4 0.005")
     assert engine.output_every == [1, 1, 1]
+
+
+def test_every_engine_request_of_a_job_carries_its_cache_salt() -> None:
+    """A job's prefix-cache salt reaches the engine with each of its requests (one per prompt)."""
+    one = msgspec.structs.replace(make_job("m", "Hi"), cache_salt="k1:s")
+    several = msgspec.structs.replace(one, prompts=("a", "b"))
+    chat = msgspec.structs.replace(one, prompts=None, messages=(ChatMessage(role="user", content="Hi"),))
+    for job in (one, several, chat):
+        requests = engine_requests(engine_job_decoder.decode(encode(job)))
+        assert [request.cache_salt for request in requests] == ["k1:s"] * len(requests)
+    assert engine_requests(engine_job_decoder.decode(encode(make_job("m", "Hi"))))[0].cache_salt is None
