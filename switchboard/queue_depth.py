@@ -1,8 +1,8 @@
 """Jobs waiting on each model's stream (taken by no worker yet), and how long the oldest has waited.
 
 One script (`lua/jobs_waiting.lua`) answers for every reader: the worker's controller, the status
-page and the front door's metrics. The admission check counts the same way inside its own script,
-which must stay atomic. The controller runs it once per model (`add_each_to`), so that no call
+page and the front door's metrics. The admission check, which must stay atomic, runs the same count
+(`queue_of`) inside its own script. The controller runs it once per model (`add_each_to`), so that no call
 touches two models' keys.
 """
 

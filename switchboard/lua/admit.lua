@@ -19,7 +19,9 @@
 -- Returns nil when admitted, or {what, retry after (s), detail} when refused (what: rpm, tpm,
 -- parallel, in_flight or queue). A job admitted already (redis-py retried the script after a broken
 -- connection lost its reply) is admitted again at no cost.
--- The body is a function, so that admit_enqueue.lua can run it too (`--#include admit`).
+-- The body is a function, so that admit_enqueue.lua can run it too (`--#include admit`). Jobs
+-- waiting are counted by jobs_waiting.lua's `queue_of`, as every reader of a queue counts them.
+--#include jobs_waiting
 local function admit(KEYS, ARGV)
     if redis.call('ZSCORE', KEYS[3], ARGV[1]) then
         return nil
@@ -60,13 +62,7 @@ local function admit(KEYS, ARGV)
     end
     local max_queue_depth = tonumber(ARGV[8])
     if max_queue_depth >= 0 then
-        local waiting = redis.call('XLEN', KEYS[4])
-        if waiting > 0 then
-            local ok, pending = pcall(redis.call, 'XPENDING', KEYS[4], ARGV[9])
-            if ok then
-                waiting = waiting - pending[1]
-            end
-        end
+        local waiting = queue_of(KEYS[4], ARGV[9])
         if waiting >= max_queue_depth then
             return {'queue', '0', tostring(waiting)}
         end

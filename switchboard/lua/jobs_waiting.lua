@@ -5,32 +5,42 @@
 -- ARGV[1]  the workers' consumer group (keys.JOB_GROUP)
 --
 -- Returns one {waiting, oldest entry id, length} per stream, in the order of KEYS; the id is '' when
--- no job waits. A taken job is pending in the group until it ends, then acknowledged and deleted, so
--- waiting = length - pending (never below 0); a stream no worker has joined yet has no group, and
--- every entry in it waits. The admission script (admit.lua) counts a stream's waiting jobs the same
--- way inside its own atomic check.
-local out = {}
-for i, key in ipairs(KEYS) do
-  local waiting, oldest = 0, ''
+-- no job waits. The count is `queue_of`, the one definition of a job waiting: the admission script
+-- (admit.lua) includes it (`--#include jobs_waiting`) for its queue bound.
+
+-- The stream `key`'s jobs that no worker of `group` has taken, the id of the last entry the group
+-- was handed ('0-0' if none), and the stream's length. A taken job is pending in the group until it
+-- ends, then acknowledged and deleted, so waiting = length - pending (never below 0); a stream no
+-- worker has joined yet has no group, and every entry in it waits.
+local function queue_of(key, group)
   local length = redis.call('XLEN', key)
+  local last, pending = '0-0', 0
   if length > 0 then
-    local last, pending = '0-0', 0
     local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', key)
     if ok then
-      for _, group in ipairs(groups) do
+      for _, found in ipairs(groups) do
         local fields = {}
-        for j = 1, #group, 2 do fields[group[j]] = group[j + 1] end
-        if fields['name'] == ARGV[1] then
+        for j = 1, #found, 2 do fields[found[j]] = found[j + 1] end
+        if fields['name'] == group then
           last, pending = fields['last-delivered-id'], fields['pending']
         end
       end
     end
-    waiting = math.max(0, length - pending)
+  end
+  return math.max(0, length - pending), last, length
+end
+
+local function jobs_waiting(KEYS, ARGV)
+  local out = {}
+  for i, key in ipairs(KEYS) do
+    local waiting, last, length = queue_of(key, ARGV[1])
+    local oldest = ''
     if waiting > 0 then
       local first = redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1)
       if #first > 0 then oldest = first[1][1] end
     end
+    out[i] = {waiting, oldest, length}
   end
-  out[i] = {waiting, oldest, length}
+  return out
 end
-return out
+return jobs_waiting(KEYS, ARGV)
