@@ -118,6 +118,7 @@ class RequestFlow:
             model,
             timeout_s=self._timeout_s,
             job_id=call.ids.next(),
+            owner=call.caller.owner,
             as_queued=lambda job: (
                 resume.applied_to(resolution.applied_to(job)) if resume else resolution.applied_to(job)
             ),

@@ -34,10 +34,12 @@ def prepared(
     *,
     timeout_s: float,
     job_id: str | None,
+    owner: str,
     as_queued: Callable[[Job], Job] = lambda job: job,
 ) -> Prepared:
     """The job `model` runs for `ask` (as job `job_id`, then `as_queued`: the route it came through,
-    a resumed job's id), and the relay of its answer, which names that job."""
+    a resumed job's id) for the key whose identity is `owner` (its prefix-cache salt), and the relay
+    of its answer, which names that job."""
     if isinstance(ask, ChatAsk):
         chat = msgspec.structs.replace(ask.chat, model=model.name)
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
@@ -47,6 +49,7 @@ def prepared(
             structured=structured,
             parse_tool_calls=tools.mode == "auto",
             job_id=job_id,
+            owner=owner,
         )
         job = as_queued(made)
         if isinstance(ask, ResponsesAsk):
@@ -57,5 +60,5 @@ def prepared(
             relay = chat_relay(chat, job, tools)
         return Prepared(job, relay, template_renders_tools=model.tool_call_parser is not None)
     completion = msgspec.structs.replace(ask.completion, model=model.name)
-    job = as_queued(completion_job(completion, timeout_s=timeout_s, job_id=job_id))
+    job = as_queued(completion_job(completion, timeout_s=timeout_s, job_id=job_id, owner=owner))
     return Prepared(job, completion_relay(completion, job, ask.prompts))

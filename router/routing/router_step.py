@@ -96,7 +96,7 @@ async def _router_run(
     attempt: Resolution | None = router
     while True:
         assert attempt is not None
-        job = step_job(attempt.served, messages, sampling, timeout_s=parts.timeout_s)
+        job = step_job(attempt.served, messages, sampling, timeout_s=parts.timeout_s, owner=call.caller.owner)
         parts.health.require_up()
         try:
             return await parts.runs.queued(job, call.caller)
