@@ -24,6 +24,7 @@ from switchboard.config_names import ModelName, RouteName
 from switchboard.model_pipelines import (
     PipelineConfig,
     PipelineError,
+    check_nesting,
     check_pipelines,
     leads_to,
     router_models,
@@ -384,6 +385,7 @@ def _check_consistency(settings: Settings) -> None:
     try:
         check_pipelines(settings.pipelines, names, list(settings.routes))
         check_no_loop(leads_to(settings.routes, settings.pipelines))
+        check_nesting(leads_to(settings.routes, settings.pipelines))
     except (PipelineError, LoopError) as exc:
         raise ConfigError(str(exc)) from None
     _check_api_keys(settings.auth.keys, [*names, *settings.routes, *settings.pipelines])
