@@ -14,37 +14,24 @@ from router.gate.gate import Gate
 from router.openai.classify import ClassificationRequest
 from router.openai.embeddings import EmbeddingRequest
 from router.openai.pooling_checks import (
-    check_activation,
-    check_encoding_format,
-    check_query,
-    check_truncation,
-    pooling_inputs,
-    rerank_documents,
+    check_classification_request,
+    check_embedding_request,
+    check_rerank_request,
 )
 from router.openai.rerank import RerankRequest
 from switchboard.router_config import RouterConfig
 
 
 def checked_embeddings(body: EmbeddingRequest, bounds: RouterConfig) -> EmbeddingsAsk:
-    inputs = pooling_inputs(body.input)
-    check_encoding_format(body.encoding_format)
-    check_truncation(body.truncate_prompt_tokens)
-    return EmbeddingsAsk(body, inputs)
+    return EmbeddingsAsk(body, check_embedding_request(body, bounds))
 
 
 def checked_classification(body: ClassificationRequest, bounds: RouterConfig) -> ClassificationAsk:
-    inputs = pooling_inputs(body.input)
-    check_truncation(body.truncate_prompt_tokens)
-    check_activation(body.use_activation)
-    return ClassificationAsk(body, inputs)
+    return ClassificationAsk(body, check_classification_request(body, bounds))
 
 
 def checked_rerank(body: RerankRequest, bounds: RouterConfig) -> RerankAsk:
-    check_query(body.query)
-    documents = rerank_documents(body.documents)
-    check_truncation(body.truncate_prompt_tokens)
-    check_activation(body.use_activation)
-    return RerankAsk(body, documents)
+    return RerankAsk(body, check_rerank_request(body, bounds))
 
 
 EMBEDDINGS = Gate("embeddings", msgspec.json.Decoder(EmbeddingRequest), checked_embeddings)

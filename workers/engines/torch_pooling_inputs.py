@@ -63,7 +63,7 @@ class RowEncoder:
                 encoded.append(EncodedRow(ids=[], types=None))  # filled in below
             else:
                 encoded.append(self._encoded_or_refusal(row))
-        if pairs:
+        if pairs and self._pairs is not None:
             self._encode_pairs(self._pairs, rows, pairs, encoded)
         if plain:
             batch = self._tokenizer([text for _, text in plain])

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from switchboard import keys
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
+from switchboard.kept_text import CUT_SLACK_CHARS, FRONT_DOOR_CHARS_PER_TOKEN
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.model_pipelines import PipelineConfig
 from switchboard.route_config import RouteConfig
@@ -257,3 +258,107 @@ async def test_an_input_past_the_context_is_queued_when_truncation_is_asked_for(
         response = await front_door.post("/v1/embeddings", json=body)
     assert response.status_code == 200, response.text
     assert jobs[0].pooling is not None and jobs[0].pooling.truncate_prompt_tokens == -1
+
+
+# Bounds of one pooling request (router settings), at their defaults.
+QUERY_CHARS = 256 * 1024
+OUTPUT_VALUES = 2048 * 4096
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "words"),
+    [
+        ("/rerank", rerank(query="q" * (QUERY_CHARS + 1)), "query", "at most 262,144"),
+        (
+            "/v1/rerank",
+            rerank(query="q " * (QUERY_CHARS // 2 + 1), truncate_prompt_tokens=8),
+            "query",
+            "Shorten it",
+        ),
+        (
+            "/v1/embeddings",
+            embed(model=ANY_SIZE_EMBEDDER, input=["a"] * 2048, dimensions=OUTPUT_VALUES // 2048 + 1),
+            "dimensions",
+            "one answer holds at most 8,388,608",
+        ),
+    ],
+    ids=["rerank query", "rerank query with truncation", "embeddings values"],
+)
+async def test_a_pooling_request_past_a_bound_is_a_400_and_queues_nothing(
+    front_door: httpx.AsyncClient,
+    redis: aioredis.Redis,
+    path: str,
+    body: dict[str, Any],
+    param: str,
+    words: str,
+) -> None:
+    response = await front_door.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, "invalid_value")
+    assert words in error["message"]
+    assert await queued_jobs(redis) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/embeddings", embed(truncate_prompt_tokens=17), "truncate_prompt_tokens"),
+        (
+            "/classify",
+            {"model": CLASSIFIER, "input": "a", "truncate_prompt_tokens": 17},
+            "truncate_prompt_tokens",
+        ),
+        ("/rerank", rerank(truncate_prompt_tokens=17), "truncate_prompt_tokens"),
+    ],
+    ids=["embeddings", "classify", "rerank"],
+)
+async def test_keeping_more_tokens_than_the_models_context_is_a_400(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis, path: str, body: dict[str, Any], param: str
+) -> None:
+    for name in (EMBEDDER, CLASSIFIER, RERANKER):
+        await redis.set(keys.model_limits(name), encode(LIMITS))
+    response = await front_door.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert "maximum context length (16 tokens); it is 17" in error["message"]
+    assert await queued_jobs(redis) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "model", "body"),
+    [
+        ("/v1/embeddings", EMBEDDER, embed(input=["head " * 20_000 + "tail"], truncate_prompt_tokens=8)),
+        (
+            "/classify",
+            CLASSIFIER,
+            {"model": CLASSIFIER, "input": "head " * 20_000 + "tail", "truncate_prompt_tokens": 8},
+        ),
+        (
+            "/rerank",
+            RERANKER,
+            rerank(
+                query="head " * 20_000 + "tail",
+                documents=["head " * 20_000 + "tail"],
+                truncate_prompt_tokens=8,
+            ),
+        ),
+    ],
+    ids=["embeddings", "classify", "rerank"],
+)
+async def test_a_text_that_keeps_its_last_tokens_is_queued_cut_to_what_they_can_span(
+    front_door: httpx.AsyncClient, redis: aioredis.Redis, path: str, model: str, body: dict[str, Any]
+) -> None:
+    """100 KB texts keeping 8 tokens travel as at most 8 tokens' worth of characters (64 each, and
+    a little before them, to cut where a word begins); a rerank still answers its documents whole."""
+    async with pooling_worker(redis, model, answer_rows([0.5], labels=("a",))) as jobs:
+        response = await front_door.post(path, json=body)
+    assert response.status_code == 200, response.text
+    task = jobs[0].pooling
+    assert task is not None
+    texts = [*task.inputs, *([task.query] if task.query is not None else [])]
+    assert all(isinstance(text, str) and text.endswith("head tail") for text in texts)
+    assert all(len(text) <= 8 * FRONT_DOOR_CHARS_PER_TOKEN + CUT_SLACK_CHARS for text in texts)
+    if path == "/rerank":
+        assert response.json()["results"][0]["document"]["text"] == body["documents"][0]
