@@ -13,12 +13,11 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
-from typing import cast
 
 import msgspec
 import redis.asyncio as aioredis
 
-from switchboard import keep_alive, keys
+from switchboard import keep_alive, keys, live_workers
 from switchboard.config import ModelConfig
 from switchboard.demand import DemandIndex
 from switchboard.queue_depth import JobsWaiting, decode_depths
@@ -28,7 +27,6 @@ from switchboard.wire import (
     SlotStatus,
     WorkerRecord,
     load_failure_decoder,
-    worker_decoder,
 )
 
 logger = logging.getLogger(__name__)
@@ -142,14 +140,14 @@ class ModelStatusReader:
         """The status of each of `names` (configured models), in that order."""
         now = time.time()
         pipe = self._redis.pipeline(transaction=False)
-        pipe.zrangebyscore(keys.workers_index(), now - keys.WORKER_TTL_S, "+inf")
+        live_workers.add_ids_read_to(pipe, now)
         await self._jobs_waiting.add_to(pipe, names)
         for name in names:
             pipe.get(keys.load_failure(name))
         replies = await pipe.execute()
         worker_ids: list[bytes] = replies[0]
         depths = decode_depths(names, replies[1])
-        records = await self._records(worker_ids)
+        records = await live_workers.read_records(self._redis, worker_ids)
         costs = await self._load_costs(names, records) if with_costs else {}
         statuses = []
         for name, failure in zip(names, replies[2:], strict=True):
@@ -184,7 +182,7 @@ class ModelStatusReader:
         """The live workers' records, read at most once per `max_age_s` for every caller."""
         loop = asyncio.get_running_loop()
         if self._workers is None or loop.time() - self._workers[0] > max_age_s:
-            self._workers = (loop.time(), loop.create_task(self._read_live_workers()))
+            self._workers = (loop.time(), loop.create_task(live_workers.read_live(self._redis)))
         # Shielded: a caller that goes away must not cancel the read the others wait on.
         return await asyncio.shield(self._workers[1])
 
@@ -196,25 +194,6 @@ class ModelStatusReader:
             self._depths = (loop.time(), loop.create_task(queue_depths(self._redis, list(self._models))))
         # Shielded: a caller that goes away must not cancel the read the others wait on.
         return await asyncio.shield(self._depths[1])
-
-    async def _read_live_workers(self) -> list[WorkerRecord]:
-        since = time.time() - keys.WORKER_TTL_S
-        worker_ids = await self._redis.zrangebyscore(keys.workers_index(), since, "+inf")
-        return await self._records(cast(list[bytes], worker_ids))
-
-    async def _records(self, worker_ids: list[bytes]) -> list[WorkerRecord]:
-        if not worker_ids:
-            return []
-        raw = await self._redis.mget([keys.worker_record(w.decode()) for w in worker_ids])
-        records = []
-        for payload in raw:
-            if not isinstance(payload, bytes):  # expired since the index was read: not alive
-                continue
-            try:
-                records.append(worker_decoder.decode(payload))
-            except msgspec.DecodeError:
-                logger.warning("unreadable worker record", extra={"payload_bytes": len(payload)})
-        return records
 
     async def _load_costs(
         self, names: Sequence[str], records: list[WorkerRecord]

@@ -25,11 +25,11 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from switchboard import keys, lua
+from switchboard import keys, live_workers, lua
 from switchboard.config import ModelConfig
 from switchboard.demand import DemandIndex
 from switchboard.queue_depth import JobsWaiting, QueueDepth, decode_each
-from switchboard.wire import DesiredState, SlotStatus, WorkerRecord, worker_decoder
+from switchboard.wire import DesiredState, SlotStatus, WorkerRecord
 from workers.controller.catalogue import Catalogue, ModelFacts
 from workers.controller.coordination import typical
 from workers.controller.view import ModelView, View, WorkerLimits
@@ -115,7 +115,7 @@ class SnapshotReader:
         reads = await self._read_models(weighed)
         records: list[WorkerRecord] = []
         if any(self._cold_with_demand(model, reads[model.name], local, now) for model in weighed):
-            records = await self._live_records(local.worker_id)
+            records = await live_workers.read_live(self._redis, besides=local.worker_id)
         views = tuple(self._model_view(model, reads[model.name], records, local, now) for model in weighed)
         await self._forget_idle(noted, reads, now)
         return View(now=now, limits=local.limits, models=views)
@@ -173,18 +173,8 @@ class SnapshotReader:
 
     async def holders_elsewhere(self, model: str, own_id: str) -> list[SlotStatus]:
         """The slots other live workers advertise for `model`."""
-        records = await self._live_records(own_id)
+        records = await live_workers.read_live(self._redis, besides=own_id)
         return [s for record in records for s in record.slots if s.model == model]
-
-    async def _live_records(self, own_id: str) -> list[WorkerRecord]:
-        """The records of the other live workers."""
-        since = time.time() - keys.WORKER_TTL_S
-        worker_ids = cast(list[bytes], await self._redis.zrangebyscore(keys.workers_index(), since, "+inf"))
-        others = [w for w in worker_ids if w.decode() != own_id]
-        if not others:
-            return []
-        payloads = await self._redis.mget([keys.worker_record(w.decode()) for w in others])
-        return [worker_decoder.decode(cast(bytes, p)) for p in payloads if p is not None]
 
     def _model_view(
         self,
