@@ -2,8 +2,9 @@
 
 A worker's heartbeat (workers/runtime/heartbeat.py) scores its id in the workers index and writes its
 record with a lifetime; it is live while its score is newer than `keys.WORKER_TTL_S` and its record
-has not expired. The front door's status, readiness and admission and the controllers' view of the
-other workers all read them here, so they agree on who is alive.
+has not expired. The front door's status, readiness and admission, the controllers' view of the
+other workers and the takeover of dead workers' jobs all read them here, so they agree on who is
+alive.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ async def read_live(redis: aioredis.Redis, *, besides: str = "") -> list[WorkerR
     since = time.time() - keys.WORKER_TTL_S
     worker_ids = cast(list[bytes], await redis.zrangebyscore(keys.workers_index(), since, "+inf"))
     return await read_records(redis, [w for w in worker_ids if w.decode() != besides])
+
+
+async def alive_among(redis: aioredis.Redis, worker_ids: Sequence[str]) -> set[str]:
+    """Those of `worker_ids` alive, in one round trip: their record has not expired (it outlives
+    their last beat by `keys.WORKER_TTL_S`, as their index score counts)."""
+    pipe = redis.pipeline(transaction=False)
+    for worker_id in worker_ids:
+        pipe.exists(keys.worker_record(worker_id))
+    return {worker_id for worker_id, exists in zip(worker_ids, await pipe.execute(), strict=True) if exists}
 
 
 async def read_records(redis: aioredis.Redis, worker_ids: Sequence[bytes]) -> list[WorkerRecord]:

@@ -59,3 +59,10 @@ async def test_an_unreadable_record_is_logged_and_left_out(
     (worker_ids,) = await pipe.execute()
     assert [r.id for r in await live_workers.read_records(redis, worker_ids)] == ["good"]
     assert "unreadable worker record" in caplog.text
+
+
+async def test_a_worker_is_alive_while_its_record_has_not_expired(redis: aioredis.Redis) -> None:
+    await beat(redis, "beating", time.time())
+    await beat(redis, "gone", time.time())
+    await redis.delete(keys.worker_record("gone"))
+    assert await live_workers.alive_among(redis, ["beating", "gone", "never"]) == {"beating"}

@@ -23,7 +23,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from switchboard import keys, lua
+from switchboard import keys, live_workers, lua
 from switchboard.wire import Chunk, Job, JobError, encode, job_decoder
 from workers.jobs.writer import ResultWriter, inbox_of
 
@@ -154,10 +154,7 @@ class Takeover:
         if not pending:
             return 0
         consumers = sorted({_name(entry["consumer"]) for entry in pending} - {self._worker_id})
-        pipe = self._redis.pipeline(transaction=False)
-        for consumer in consumers:
-            pipe.exists(keys.worker_record(consumer))
-        alive = {consumer for consumer, exists in zip(consumers, await pipe.execute(), strict=True) if exists}
+        alive = await live_workers.alive_among(self._redis, consumers)
         alive.add(self._worker_id)
         orphans = {
             entry["message_id"]: entry
