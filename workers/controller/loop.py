@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from switchboard.config import ModelConfig
-from switchboard.tasks import TaskSet
+from switchboard.tasks import TaskSet, poll
 from switchboard.wire import JobError
 from workers.controller.actions import Action, Load, Sleep, Unload, Wake
 from workers.controller.effects import ControllerEffects
@@ -326,11 +326,12 @@ class ModelController:
 
 
 async def _report_progress(model: str, expected_s: float | None, started: float) -> None:
-    while True:
-        await asyncio.sleep(PROGRESS_EVERY_S)
+    async def report() -> None:
         elapsed = time.monotonic() - started
         about = f" of about {expected_s:.0f} s" if expected_s else ""
         logger.info(f"still loading {model}: {elapsed:.0f} s{about}", extra={"model": model})
+
+    await poll(report, PROGRESS_EVERY_S, f"report the progress of loading {model}", log=logger)
 
 
 def _expected(load_s: float | None) -> str:

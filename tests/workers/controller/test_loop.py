@@ -30,6 +30,7 @@ from switchboard.wire import DesiredState, JobError, encode, load_failure_decode
 from tests.support.jobs import make_job, result, submit
 from tests.support.one_worker import KIND, running, settings, until
 from tests.support.scripted_engine import Engines
+from workers.controller import loop as loop_module
 from workers.controller.loop import (
     LOAD_FAILED_REASON,
     MIN_PASS_INTERVAL_S,
@@ -198,6 +199,32 @@ async def test_a_cold_model_with_waiting_jobs_takes_its_lease_then_loads(
         ("publish_limits", "tiny"),
     ]
     assert logged_whys(caplog) == [("load", "tiny", "3 jobs waiting, oldest 4.0 s; nobody holds it")]
+
+
+class SlowLoads(RecordingEffects):
+    """Effects whose loads take `load_s` seconds."""
+
+    def __init__(self, view: View, load_s: float) -> None:
+        super().__init__(view)
+        self.load_s = load_s
+
+    async def load(self, model: str, expected_s: float | None) -> None:
+        await super().load(model, expected_s)
+        await asyncio.sleep(self.load_s)
+
+
+async def test_a_long_load_reports_its_progress_until_it_ends(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    monkeypatch.setattr(loop_module, "PROGRESS_EVERY_S", 0.05)
+    effects = SlowLoads(View(now=NOW, limits=LIMITS, models=(cold("tiny", waiting=1),)), load_s=0.18)
+    await one_pass(effects)
+    reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still loading tiny")]
+    assert len(reports) >= 2 and reports[0].endswith("of about 7 s")
+    await asyncio.sleep(0.15)
+    after = [r for r in caplog.records if r.getMessage().startswith("still loading")]
+    assert len(after) == len(reports), "none once the load has ended"
 
 
 async def test_a_load_that_fails_releases_the_lease_and_records_the_failure(
