@@ -189,7 +189,7 @@ async def through_triton(
     side = "Triton" if chunks_in_process else "Triton, chunks as responses"
     if not native:
         side += ", Python stub"
-    host = TritonHost(coalescing=policy, native_generators=native)
+    host = TritonHost(coalescing=policy, native=native)
     print(f"starting Triton ({side}) ...", file=sys.stderr, flush=True)
     await asyncio.to_thread(host.start)
     try:

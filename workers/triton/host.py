@@ -2,14 +2,15 @@
 loaded and unloaded while the server runs as the worker's models are.
 
 Each model is Switchboard's own, written into Triton's model repository at load (`model_folders`): a
-generator's (decoupled) hands its requests to the engine's loop over a Unix socket, from inside
+generator's (decoupled) hands its requests to the engine's loop over a Unix socket; a pooling model's
+(batched by Triton's dynamic batcher) hands its batches to the model's process. Both do so from inside
 tritonserver on the worker's own backend (`native_backend`) or, where that is not built, from a
-Python-backend stub (`generator_backend`); a pooling model's (`pooling_backend`, batched by Triton's
-dynamic batcher) hands its batches to the model's process.
+Python-backend stub (`generator_backend`, `pooling_backend`).
 
 Only the worker's user reaches this Triton: it serves gRPC on a Unix socket in a private folder
-(see `unix_socket`) and no HTTP, with no access token on its command line, and the shared memory
-that carries jobs to the models is closed to other users (see `shm_regions`).
+(see `unix_socket`) and no HTTP, with no access token on its command line. On the worker's own
+backend no job crosses shared memory; a Python-backend stub's region, which Triton makes readable by
+every local user, is closed as it appears (see `shm_regions`).
 """
 
 from __future__ import annotations
@@ -34,18 +35,12 @@ from switchboard.config import triton_model_name
 from switchboard.ports import free_port
 from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
-from workers.triton import (
-    model_configs,
-    model_folders,
-    native_backend,
-    pooling_backend,
-    unix_socket,
-)
+from workers.triton import model_folders, native_backend, unix_socket
 from workers.triton.job_socket import JobSocket
 from workers.triton.model import CoalescingPolicy, GeneratorModel
 from workers.triton.pooling_model import PoolingModel
 from workers.triton.shm_regions import ShmRegions, remove_stale_regions
-from workers.triton.workspace import make_private, new_workspace_path, remove_stale_workspaces
+from workers.triton.workspace import new_workspace_path, remove_stale_workspaces, remove_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +80,16 @@ def _still_loaded(index: list[dict[str, str]], name: str) -> bool:
 class TritonHost:
     """Starts Triton on free ports and binds engines to it as streaming models."""
 
-    def __init__(self, *, coalescing: CoalescingPolicy, native_generators: bool | None = None) -> None:
-        """`native_generators`: serve generators on the worker's own Triton backend (True; it must be
-        built), on Triton's Python backend (False), or on the former where it is built (None)."""
+    def __init__(self, *, coalescing: CoalescingPolicy, native: bool | None = None) -> None:
+        """`native`: serve models on the worker's own Triton backend (True; it must be built), on
+        Triton's Python backend (False), or on the former where it is built (None)."""
         # No TCP port but the metrics one: Triton serves no HTTP, and gRPC on a Unix socket.
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = free_port()
         self._coalescing = coalescing
-        self._native_library = None if native_generators is False else native_backend.built_library()
-        if native_generators and self._native_library is None:
+        self._native_library = None if native is False else native_backend.built_library()
+        if native and self._native_library is None:
             raise RuntimeError(
                 "the worker's Triton backend is not built: run `make install` "
                 "(or `python -m workers.triton.native_backend`)"
@@ -118,8 +113,8 @@ class TritonHost:
         self._closed = False
 
     @property
-    def native_generators(self) -> bool:
-        """Whether generators are served on the worker's own Triton backend (`native_backend`)."""
+    def native(self) -> bool:
+        """Whether models are served on the worker's own Triton backend (`native_backend`)."""
         return self._native_library is not None
 
     @property
@@ -156,8 +151,9 @@ class TritonHost:
         logger.info("triton started", extra={"grpc": self.grpc_address, "metrics_port": self.metrics_port})
         if self._native_library is None:
             logger.warning(
-                "generators go through Triton's Python backend (a stub process per model, and a slower "
-                "path for every job): the worker's own backend is not built; `make install` builds it "
+                "models go through Triton's Python backend (a stub process per model, a slower path "
+                "for every job, and shared memory that Triton opens to every local user until the "
+                "worker closes it): the worker's own backend is not built; `make install` builds it "
                 "(or `python -m workers.triton.native_backend`, with a C compiler)"
             )
 
@@ -181,18 +177,21 @@ class TritonHost:
 
     def bind(self, model: str, engine: Engine) -> GeneratorModel | PoolingModel:
         """Serve `engine` as the Triton model `triton_model_name(model)`: decoupled for a generator,
-        its requests handed to the engine's own loop (`model_folders.write_generator`: milliseconds on
-        the worker's own backend, about 1.4 s with a Python stub); batched by Triton's dynamic batcher
-        for a pooling engine (`pooling_backend`, about 1.4 s).
+        its requests handed to the engine's own loop (`model_folders.write_generator`); batched by
+        Triton's dynamic batcher for a pooling engine, its batches handed to the model's process
+        (`model_folders.write_pooling`). Milliseconds on the worker's own backend, about 1.4 s with a
+        Python stub.
 
         The engine need not be started yet: Triton sends it nothing until the consumer does.
         """
         name = triton_model_name(model)
         self._wait_until_unloaded(name)
+        library = self._native_library
         if isinstance(engine, PoolingEngine):
-            config = model_configs.pooling_config(name, engine.model.batching, engine.batch_socket)
+            batching, batch_socket = engine.model.batching, engine.batch_socket
             self._load_own_model(
-                name, lambda folder: model_folders.write_python(folder, config, pooling_backend)
+                name,
+                lambda folder: model_folders.write_pooling(folder, name, batching, batch_socket, library),
             )
             pooling = PoolingModel(engine)
             self._bound[name] = pooling
@@ -201,7 +200,6 @@ class TritonHost:
         path = self._socket_folder() / f"jobs-{next(self._socket_numbers)}"
         job_socket = JobSocket.open(path, generator, name, on_stub_lost=lambda: self._load_again(name))
         try:
-            library = self._native_library
             self._load_own_model(
                 name, lambda folder: model_folders.write_generator(folder, name, path, library)
             )
@@ -347,8 +345,10 @@ class TritonHost:
             with contextlib.suppress(Exception):
                 self._unload_own_model(name, self._job_sockets.pop(name, None))
         if self._triton is not None:
+            workspace = self._triton._workspace.path
             self._triton.stop()
             self._triton = None
+            remove_workspace(workspace)
         for job_socket in self._job_sockets.values():
             job_socket.close()
         self._job_sockets.clear()
@@ -376,16 +376,21 @@ def _run_triton(config: TritonConfig) -> Triton:
     """
     for attempt in range(1, TRITON_START_ATTEMPTS + 1):
         workspace = new_workspace_path()
-        triton = Triton(config=config, workspace=workspace, security_config=NO_RESTRICTED_ENDPOINTS)
-        make_private(workspace)
+        triton: Triton | None = None
         try:
+            triton = Triton(config=config, workspace=workspace, security_config=NO_RESTRICTED_ENDPOINTS)
             triton.run()
             return triton
-        except OSError as exc:
-            if exc.errno != errno.ETXTBSY or attempt == TRITON_START_ATTEMPTS:
+        except BaseException as exc:
+            if triton is not None:
+                with contextlib.suppress(Exception):
+                    triton.stop()  # cleans the failed try's workspace
+            remove_workspace(workspace)
+            if (
+                not (isinstance(exc, OSError) and exc.errno == errno.ETXTBSY)
+                or attempt == TRITON_START_ATTEMPTS
+            ):
                 raise
             logger.warning("triton's binary was busy (another process forked meanwhile); starting again")
-            with contextlib.suppress(Exception):
-                triton.stop()  # cleans the failed try's workspace
             time.sleep(0.2 * attempt)
     raise AssertionError("unreachable")

@@ -1,7 +1,7 @@
 """What each of the worker's Triton models says of itself: its `config.pbtxt`, as `workers.triton.host`
-writes it into Triton's model repository (`model_folders`) beside what runs the model: for a generator
-the worker's own backend (`native_backend`) or Triton's Python backend with `generator_backend` as its
-`model.py`, for a pooling model the latter with `pooling_backend`.
+writes it into Triton's model repository (`model_folders`) beside what runs the model: the worker's own
+backend (`native_backend`), or Triton's Python backend with `generator_backend` (a generator) or
+`pooling_backend` (a pooling model) as its `model.py`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,19 @@ def _generator_config(name: str, backend: str, more: list[str]) -> str:
 
 
 def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> str:
+    """A pooling model's Triton config on Triton's Python backend (`pooling_backend` as its stub; the
+    socket's path a parameter of the model)."""
+    socket = f'parameters {{ key: "{pooling_backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(batch_socket))} }} }}'
+    return _pooling_config(name, batching, "python", [socket])
+
+
+def native_pooling_config(name: str, batching: BatchingConfig) -> str:
+    """A pooling model's Triton config on the worker's own backend (`native_backend`; the socket's path
+    is in a file of the model's folder, `model_folders.write_native`)."""
+    return _pooling_config(name, batching, native_backend.BACKEND_NAME, [])
+
+
+def _pooling_config(name: str, batching: BatchingConfig, backend_name: str, more: list[str]) -> str:
     """A pooling model's Triton config: rows along the batch dimension, up to `max_batch_size` per
     engine call; with batching enabled, Triton's dynamic batcher groups requests that arrive within
     `queue_delay_ms` (a batch of a preferred size leaves at once); without, each request runs alone.
@@ -52,7 +65,7 @@ def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> s
     backend = pooling_backend
     lines = [
         f"name: {json.dumps(name)}",
-        'backend: "python"',
+        f"backend: {json.dumps(backend_name)}",
         f"max_batch_size: {batching.max_batch_size}",
         f"instance_group [ {{ kind: KIND_CPU count: {batching.instances} }} ]",
         f'input [ {{ name: "{backend.ROWS_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]',
@@ -60,7 +73,7 @@ def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> s
         f'  {{ name: "{backend.ANSWERS_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},',
         f'  {{ name: "{backend.BATCH_OUTPUT}" data_type: TYPE_INT64 dims: [ {backend.BATCH_COLUMNS} ] }}',
         "]",
-        f'parameters {{ key: "{backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(batch_socket))} }} }}',
+        *more,
     ]
     if batching.enabled:
         preferred = ", ".join(str(size) for size in batching.preferred_batch_sizes)

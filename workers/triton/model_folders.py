@@ -1,8 +1,9 @@
 """A model's folder in Triton's model repository, as the worker writes it before asking Triton to load
 the model: `config.pbtxt` and what runs the model.
 
-- A generator on the worker's own backend (`native_backend`): a link to the built library, where
-  Triton looks for a model's backend, and the file naming the engine loop's socket.
+- A generator or a pooling model on the worker's own backend (`native_backend`): a link to the built
+  library, where Triton looks for a model's backend, and the file naming the socket its requests go
+  to (the engine loop's, or the model process's).
 - A generator or a pooling model on Triton's Python backend: the model's `model.py` (its module
   here: `generator_backend`, `pooling_backend`), in the folder of its version 1.
 """
@@ -13,15 +14,17 @@ import shutil
 from pathlib import Path
 from types import ModuleType
 
-from workers.triton import generator_backend, model_configs, native_backend
+from switchboard.pooling_config import BatchingConfig
+from workers.triton import generator_backend, model_configs, native_backend, pooling_backend
 
 
-def write_native(folder: Path, config: str, library: Path, job_socket: Path) -> None:
-    """A generator served by the worker's own backend: a link to `library` (not a copy: a file that a
-    running Triton has loaded is never written over), and the socket's path for the backend to read."""
+def write_native(folder: Path, config: str, library: Path, socket_file: str, socket: Path) -> None:
+    """A model served by the worker's own backend: a link to `library` (not a copy: a file that a
+    running Triton has loaded is never written over), and the socket's path for the backend to read
+    (in `socket_file`, whose name tells the backend the model's kind)."""
     (folder / "1").mkdir(parents=True)
     (folder / native_backend.LIBRARY_NAME).symlink_to(library)
-    (folder / native_backend.SOCKET_FILE).write_text(str(job_socket))
+    (folder / socket_file).write_text(str(socket))
     (folder / "config.pbtxt").write_text(config)
 
 
@@ -39,4 +42,17 @@ def write_generator(folder: Path, name: str, job_socket: Path, library: Path | N
     if library is None:
         write_python(folder, model_configs.generator_config(name, job_socket), generator_backend)
     else:
-        write_native(folder, model_configs.native_generator_config(name), library, job_socket)
+        config = model_configs.native_generator_config(name)
+        write_native(folder, config, library, native_backend.SOCKET_FILE, job_socket)
+
+
+def write_pooling(
+    folder: Path, name: str, batching: BatchingConfig, batch_socket: Path, library: Path | None
+) -> None:
+    """A pooling model's model: on the worker's own backend when its `library` is built, else on
+    Triton's Python backend (`pooling_backend` as its stub)."""
+    if library is None:
+        write_python(folder, model_configs.pooling_config(name, batching, batch_socket), pooling_backend)
+    else:
+        config = model_configs.native_pooling_config(name, batching)
+        write_native(folder, config, library, native_backend.POOLING_SOCKET_FILE, batch_socket)

@@ -1,5 +1,5 @@
-"""The worker's own Triton backend for generators: `native/switchboard_backend.c`, built into a shared
-library that Triton loads in its own process.
+"""The worker's own Triton backend, for generators and pooling models: `native/switchboard_backend.c`
+and `native/pooling.c`, built into a shared library that Triton loads in its own process.
 
 A generator's Triton model hands each request to the worker's engine loop over a Unix socket. Through
 Triton's Python backend that takes a stub process per model: Triton passes each request to the stub
@@ -9,9 +9,16 @@ straight onto the socket, and the answers from the socket straight to Triton's r
 socket, same framing (`generator_backend`), same engine loop (`job_socket`); one process and two
 hand-overs fewer per job, and a model loads in milliseconds instead of the stub's start.
 
+A pooling model's batches go the same way to the model's process (`pooling.c`, the exchange of
+`pooling_backend`). No stub means no shared memory either: Triton's Python backend hands every batch
+to its stub through a region in /dev/shm that it makes readable by every local user (mode 0644, set
+explicitly) until the worker closes it, and a process that opened it in that moment kept reading
+every later batch of the model. With this backend built, no region of the worker's exists at all.
+
 `make install` builds it (`python -m workers.triton.native_backend`); the images build it into the
-package. Without a build (no C compiler where the worker was installed) generators go through the
-Python backend as before, and the worker says so at its start.
+package. Without a build (no C compiler where the worker was installed) both kinds go through the
+Python backend as before (its regions closed by `shm_regions` as they appear), and the worker says so
+at its start.
 """
 
 from __future__ import annotations
@@ -24,13 +31,16 @@ import tempfile
 from pathlib import Path
 
 BACKEND_NAME = "switchboard"
-# The backend's source; `triton_api.h` beside it declares what it calls of Triton's API.
+# The backend's entry points; every C file beside it is part of the backend, and `triton_api.h`
+# declares what it calls of Triton's API.
 SOURCE = Path(__file__).parent / "native" / "switchboard_backend.c"
 # Where Triton looks for a model's backend: `libtriton_<backend>.so` in the model's folder.
 LIBRARY_NAME = f"libtriton_{BACKEND_NAME}.so"
 LIBRARY = SOURCE.with_name(LIBRARY_NAME)
-# The file in the model's folder that names the engine loop's socket (the backend reads it at load).
+# The file in a generator's folder that names the engine loop's socket (the backend reads it at load).
 SOCKET_FILE = "job_socket"
+# The file in a pooling model's folder that names its model process's socket (`backend.h`).
+POOLING_SOCKET_FILE = "batch_socket"
 
 COMPILE_FLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread"]
 
@@ -50,8 +60,13 @@ def built_library() -> Path | None:
 
 
 def _sources() -> list[Path]:
-    """The backend's source and the header beside it (Triton's API as far as it uses it)."""
+    """The backend's sources and the headers beside them (Triton's API as far as it uses it)."""
     return sorted(SOURCE.parent.glob("*.[ch]"))
+
+
+def _c_files() -> list[Path]:
+    """What the compiler is given: every C file of the backend, its entry points first."""
+    return [SOURCE, *(path for path in sorted(SOURCE.parent.glob("*.c")) if path != SOURCE)]
 
 
 def build(output: Path = LIBRARY) -> Path:
@@ -68,7 +83,9 @@ def build(output: Path = LIBRARY) -> Path:
         built = Path(scratch) / output.name
         try:
             result = subprocess.run(
-                [compiler, *COMPILE_FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True
+                [compiler, *COMPILE_FLAGS, "-o", str(built), *map(str, _c_files())],
+                capture_output=True,
+                text=True,
             )
         except OSError as exc:
             raise BuildError(

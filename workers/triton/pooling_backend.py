@@ -1,5 +1,7 @@
-"""The Triton model of a pooling model: a Python-backend model that hands each batch to the model's
-process over a Unix socket.
+"""The Triton model of a pooling model on Triton's Python backend, where the worker's own backend
+(`workers.triton.native_backend`, the same model in C inside tritonserver, with no stub and no shared
+memory) is not built: a Python-backend model that hands each batch to the model's process over a
+Unix socket. The framing below is the native backend's too (`native/pooling.c`).
 
 Triton runs this file as the model's `model.py` in its Python backend stub (`workers.triton.host`
 writes it into Triton's model repository with the model's `config.pbtxt`). Triton's dynamic batcher

@@ -1,10 +1,16 @@
 """The shared memory through which Triton hands each job (the prompt) to a model's Python stub.
 
-Triton's Python backend makes one region per model in /dev/shm, named after PyTriton's prefix for
-this Triton (`pytrtion<pid>-<hex>`), and makes it readable by every local user (mode 0644, set
-explicitly, so the umask does not help). This host closes each region to other users as soon as
-it appears, removes this Triton's regions when it stops, and at start removes those left by this
-user's processes that are gone (a worker killed outright leaves its regions behind).
+Where the worker's own backend is built (`native_backend`), no model has a Python stub and no region
+exists. Where it is not, Triton's Python backend makes one region per stub in /dev/shm, named after
+PyTriton's prefix for this Triton (`pytrtion<pid>-<hex>`), and makes it readable by every local user
+(mode 0644, set explicitly, so the umask does not help; and a POSIX shared memory name has no folder
+that the worker could close). A process that opens a region in the milliseconds before this host
+closes it keeps reading every later batch of the model: that path is the fallback, and the worker
+warns at its start when it takes it.
+
+This host closes each region to other users as soon as it appears, removes this Triton's regions
+when it stops, and at start removes those left by this user's processes that are gone (a worker
+killed outright leaves its regions behind).
 """
 
 from __future__ import annotations

@@ -4,8 +4,11 @@ store, and each model stub's sockets.
 PyTriton makes one with a random name and removes it when Triton stops; a worker killed outright
 leaves it behind, and they piled up. Named after the worker's process instead, and as short as
 PyTriton's own names (the stubs' socket paths, which hold the model's name, must fit Linux's
-limit), the workspaces of workers that are gone are removed at the next start. Only this user may
-open one, as PyTriton's own are.
+limit), the workspaces of workers that are gone are removed at the next start.
+
+Only this user may open one, from its first moment: PyTriton makes the workspace folder itself, with
+the default mode, so it goes inside a folder of the worker's that is made 0700 before anything is in
+it (closing PyTriton's folder once made would leave a moment in which it is open).
 """
 
 from __future__ import annotations
@@ -13,24 +16,41 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 from pathlib import Path
 
 from pytriton.constants import PYTRITON_HOME
 
 from switchboard.local.private_files import PRIVATE_DIR_MODE, remove_dirs_of_gone_processes
 
-# sb<pid>-<4 hex>: no longer than PyTriton's workspace_<8 random>.
+# sb<pid>-<4 hex>/w: no longer than PyTriton's workspace_<8 random>.
 _NAME = re.compile(r"^sb(\d+)-[0-9a-f]{4}$")
+# PyTriton's folder inside the private one.
+WORKSPACE_NAME = "w"
+# Tries at a private folder's name not taken yet (65,536 names per process).
+_NAME_ATTEMPTS = 8
 
 
 def new_workspace_path() -> Path:
-    """Where the next Triton's workspace goes (PyTriton makes the folder; see `make_private`)."""
-    return Path(PYTRITON_HOME) / f"sb{os.getpid()}-{secrets.token_hex(2)}"
+    """Where the next Triton's workspace goes (PyTriton makes that folder), inside a new folder of
+    this user's alone; `remove_workspace` removes both."""
+    home = Path(PYTRITON_HOME)
+    home.mkdir(parents=True, exist_ok=True)
+    for attempt in range(_NAME_ATTEMPTS):
+        private = home / f"sb{os.getpid()}-{secrets.token_hex(2)}"
+        try:
+            private.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            if attempt == _NAME_ATTEMPTS - 1:
+                raise
+            continue
+        return private / WORKSPACE_NAME
+    raise AssertionError("unreachable")
 
 
-def make_private(path: Path) -> None:
-    """Close the workspace to other users, before anything but an empty model store is in it."""
-    path.chmod(PRIVATE_DIR_MODE)
+def remove_workspace(workspace: Path) -> None:
+    """Remove a workspace from `new_workspace_path` and its private folder; quiet if they are gone."""
+    shutil.rmtree(workspace.parent, ignore_errors=True)
 
 
 def remove_stale_workspaces() -> list[Path]:

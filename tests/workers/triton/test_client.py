@@ -39,7 +39,7 @@ BACKENDS = {"own backend": True, "Python stub": False}
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module", params=list(BACKENDS))
 async def host(request: pytest.FixtureRequest) -> AsyncIterator[TritonHost]:
-    triton = TritonHost(coalescing=NO_WAIT, native_generators=BACKENDS[request.param])
+    triton = TritonHost(coalescing=NO_WAIT, native=BACKENDS[request.param])
     await asyncio.to_thread(triton.start)
     try:
         yield triton
@@ -196,7 +196,7 @@ async def test_a_stub_that_dies_fails_its_jobs_and_stops_their_work_in_the_engin
     """The model's Triton stub hands each request to the engine's loop; killed while a job runs (out
     of memory, say), the job fails rather than hang, its work in the engine stops, and the model
     serves the next job through the stub Triton starts in its place."""
-    if host.native_generators:
+    if host.native:
         pytest.skip("the worker's own backend runs inside tritonserver: there is no stub to die")
     lease = slot.lease()
     job = make_job("m", "slow 1000000 0.01")
@@ -240,7 +240,7 @@ async def test_the_own_backend_serves_inside_tritonserver_and_triton_counts_its_
 ) -> None:
     """On the worker's own backend no stub process runs for the model, and Triton's metrics count its
     requests as they count a Python model's."""
-    if not host.native_generators:
+    if not host.native:
         pytest.skip("the Python backend's model runs in a stub")
     lease = slot.lease()
     try:

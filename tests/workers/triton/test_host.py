@@ -77,13 +77,15 @@ def test_shared_memory_and_the_socket_are_this_users_alone_and_go_with_the_host(
     # A Python-backend stub's shared memory (the worker's own backend has none; pooling models have).
     host = TritonHost(
         coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100),
-        native_generators=False,
+        native=False,
     )
     try:
         host.start()
         assert not stale_region.exists() and not stale_folder.exists() and not stale_workspace.exists()
         workspace = host._running()._workspace.path
-        assert stat.S_IMODE(workspace.stat().st_mode) == 0o700
+        # PyTriton makes its workspace with the default mode: inside a folder that was 0700 first.
+        assert stat.S_IMODE(workspace.parent.stat().st_mode) == 0o700
+        assert workspace.parent.parent == Path(PYTRITON_HOME)
         assert live_region.exists(), "a running process's region is left alone"
         host.bind("m", ScriptedEngine())
         assert host._shm is not None
@@ -99,7 +101,7 @@ def test_shared_memory_and_the_socket_are_this_users_alone_and_go_with_the_host(
         live_region.unlink()
     assert not any(region.exists() for region in regions)
     assert not socket_path.parent.exists()
-    assert not workspace.exists()
+    assert not workspace.parent.exists()
 
 
 def test_a_stop_while_triton_starts_leaves_no_triton_running() -> None:
@@ -225,6 +227,7 @@ class _BusyOnce:
     def stop(self) -> None:
         self.stopped = True
         self.workspace.rmdir()
+        assert self.workspace.parent.exists(), "the private folder goes after the workspace"
 
 
 def test_a_busy_triton_binary_is_started_again_and_the_failed_try_cleaned(
@@ -235,8 +238,10 @@ def test_a_busy_triton_binary_is_started_again_and_the_failed_try_cleaned(
     started = host._run_triton(TritonConfig())
     assert started is _BusyOnce.made[1]
     assert _BusyOnce.made[0].stopped and not _BusyOnce.made[1].stopped
-    assert not _BusyOnce.made[0].workspace.exists()
+    assert not _BusyOnce.made[0].workspace.parent.exists()
+    assert stat.S_IMODE(started.workspace.parent.stat().st_mode) == 0o700
     started.stop()
+    started.workspace.parent.rmdir()
 
 
 def test_other_errors_starting_triton_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,4 +254,4 @@ def test_other_errors_starting_triton_are_not_retried(monkeypatch: pytest.Monkey
     with pytest.raises(OSError, match="Permission denied"):
         host._run_triton(TritonConfig())
     assert len(_BusyOnce.made) == 1
-    _BusyOnce.made[0].stop()
+    assert _BusyOnce.made[0].stopped and not _BusyOnce.made[0].workspace.parent.exists()

@@ -6,7 +6,9 @@ alone; a job larger than a batch goes in parts and comes back whole, in order; a
 fails its own job only; a job whose deadline passes is answered with a timeout, and the model's
 stream goes on; the requests that arrive while a batch computes run together as the next batch; a
 model process that dies fails its batch's requests (the consumer answers their jobs with an engine
-error) and its replacement answers the next ones.
+error) and its replacement answers the next ones. Served on the worker's own backend, a pooling
+model has no shared memory region that another local user could open, not even while it loads; on
+Triton's Python backend (where that backend is not built), stubs that die are started again.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import functools
 import os
 import random
 import signal
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -95,6 +99,31 @@ async def models(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mode
         for name, client in clients.items():
             await client.close()
             await engines[name].stop()
+        await asyncio.to_thread(host.stop)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def python_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Models]:
+    """One pooling model on Triton's Python backend, as where the worker's own is not built."""
+    folder = str(build_demo_embedder(tmp_path_factory.mktemp("embedder") / "model"))
+    host = TritonHost(
+        coalescing=CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6), native=False
+    )
+    await asyncio.to_thread(host.start)
+    engine = TorchPoolingEngine(ModelConfig(name=MORTAL, path=folder, kind="embed"))
+    await asyncio.gather(engine.start(), asyncio.to_thread(host.bind, MORTAL, engine))
+    client = PoolingJobClient(
+        host.grpc_address,
+        triton_model_name(MORTAL),
+        max_batch_size=engine.model.batching.max_batch_size,
+        model=f"{MORTAL}-python",
+        on_stub_lost=functools.partial(host.load_again_after_stub_loss, MORTAL),
+    )
+    try:
+        yield Models(host, {MORTAL: engine}, {MORTAL: client})
+    finally:
+        await client.close()
+        await engine.stop()
         await asyncio.to_thread(host.stop)
 
 
@@ -240,11 +269,62 @@ async def test_a_model_process_that_dies_fails_its_batch_and_its_replacement_ans
     assert engine.pid not in (None, killed)
 
 
-async def test_stubs_that_die_fail_their_batch_and_triton_starts_them_again(models: Models) -> None:
+async def test_no_region_of_the_worker_is_ever_readable_by_others_while_a_model_loads_and_serves(
+    models: Models, tmp_path: Path
+) -> None:
+    """Another local user that opens a region while it is readable keeps reading every later batch of
+    the model through it: a process looking at /dev/shm as fast as it can never sees a region of this
+    worker's, open or not, while a pooling model is loaded, serves concurrent jobs and is unloaded.
+    (Through Triton's Python backend each stub made one, open to others for 2 to 10 ms before the
+    worker closed it.)"""
+    assert models.host.native, "the worker's own backend is built for the tests (`make install`)"
+    assert models.host._shm is not None
+    prefix = models.host._shm.prefix
+    looker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).with_name("open_regions.py")),
+        prefix,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert looker.stdout is not None
+    try:
+        assert await looker.stdout.readline() == b"polling\n"
+        # It does see an open region of this Triton's: this one, made open on purpose.
+        control = Path("/dev/shm") / f"{prefix}-control"
+        control.write_bytes(b"")
+        control.chmod(0o644)
+        assert await looker.stdout.readline() == f"new {control.name} 644\n".encode()
+        assert await looker.stdout.readline() == f"open {control.name} 644\n".encode()
+        control.unlink()
+        await _load_and_serve(models.host, models.engines[BATCHED].model.path, "watched")
+    finally:
+        seen, _ = await looker.communicate(b"")
+    lines = seen.decode().splitlines()
+    assert lines[-1].startswith("polls ") and int(lines[-1].split()[1]) > 100, lines[-1]
+    assert lines[:-1] == [], f"regions of the worker's (readable by others when made): {lines[:-1]}"
+
+
+async def _load_and_serve(host: TritonHost, model_path: str, name: str) -> None:
+    """Load a pooling model, answer concurrent jobs with it, unload it."""
+    engine = TorchPoolingEngine(ModelConfig(name=name, path=model_path, kind="embed"))
+    await asyncio.gather(engine.start(), asyncio.to_thread(host.bind, name, engine))
+    client = PoolingJobClient(host.grpc_address, triton_model_name(name), max_batch_size=64, model=name)
+    try:
+        answers = await asyncio.gather(*(answer(client, embed_job(name, f"query {n}")) for n in range(16)))
+        assert all(chunk.error is None and len(chunk.pooled) == 1 for chunk in answers)
+    finally:
+        await client.close()
+        host.unbind(name)
+        await engine.stop()
+
+
+async def test_stubs_that_die_fail_their_batch_and_triton_starts_them_again(python_backend: Models) -> None:
     """Triton's Python stubs of a pooling model killed (out of memory, say) while a batch computes:
     the batch fails with an error, never hangs. Triton does not start them again by itself (it calls
     them unhealthy); the client's first such answer loads the model into Triton again, and the new
     stubs connect to the model's process anew and answer the next jobs."""
+    models = python_backend
     client = models.clients[MORTAL]
     long = asyncio.ensure_future(answer(client, embed_job(MORTAL, *LONG_BATCH)))
     await asyncio.sleep(0.1)
@@ -260,7 +340,7 @@ async def test_stubs_that_die_fail_their_batch_and_triton_starts_them_again(mode
             chunk = await asyncio.wait_for(answer(client, embed_job(MORTAL, WORDS[3])), 10)
         except (TritonStreamError, TimeoutError):
             return False
-        return cosine(rows(chunk)[0], await alone(models.engines[BATCHED], WORDS[3])) >= 0.999
+        return cosine(rows(chunk)[0], await alone(models.engines[MORTAL], WORDS[3])) >= 0.999
 
     await eventually(answers_again, timeout_s=60, what="an answer through the stubs started again")
     assert not {stub.pid for stub in stubs} & {stub.pid for stub in _stubs_of(triton_model_name(MORTAL))}

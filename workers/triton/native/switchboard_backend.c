@@ -1,6 +1,7 @@
 /*
  * Triton backend "switchboard": a generator model whose requests go straight from Triton to the
- * worker's engine loop over a Unix socket, with no Python backend stub between them.
+ * worker's engine loop over a Unix socket, with no Python backend stub between them; and, in
+ * `pooling.c`, a pooling model whose batches go the same way to the model's process.
  *
  * Each request of the model (decoupled: it lasts as long as its job) is sent to the engine loop as
  * one message, in the framing of `workers/triton/generator_backend.py` (the engine loop's side,
@@ -10,9 +11,10 @@
  * its end with an error. When the loop's socket closes, every request still open ends with an error.
  *
  * Triton loads this library from the model's folder (`libtriton_switchboard.so` beside
- * `config.pbtxt`); the model's folder holds a file `job_socket` with the socket's path.
+ * `config.pbtxt`); a generator's folder holds a file `job_socket` with the socket's path, a pooling
+ * model's a file `batch_socket`.
  *
- * Triton's API as far as used here: `triton_api.h`.
+ * Triton's API as far as used here: `triton_api.h`; what both kinds share: `backend.h`.
  */
 
 #include <errno.h>
@@ -28,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "triton_api.h"
+#include "backend.h"
 
 /* ---- The engine loop's framing (workers/triton/generator_backend.py) ---- */
 
@@ -57,6 +59,7 @@ typedef struct Open {
 enum { OPEN_BUCKETS = 1024 };
 
 typedef struct Model {
+  int kind; /* KIND_GENERATOR */
   char name[256];
   int connection;
   pthread_t reader;
@@ -67,7 +70,7 @@ typedef struct Model {
   uint64_t next_key;
 } Model;
 
-static uint64_t
+uint64_t
 now_ns(void)
 {
   struct timespec ts;
@@ -75,7 +78,16 @@ now_ns(void)
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void
+/* The time of day, as Python's time.time_ns() (what the worker's client stamps its requests with). */
+uint64_t
+wall_clock_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void
 forget(TRITONSERVER_Error* error)
 {
   if (error != NULL) {
@@ -84,7 +96,7 @@ forget(TRITONSERVER_Error* error)
   }
 }
 
-static void
+void
 put_le(uint8_t* at, uint64_t value, int size)
 {
   for (int i = 0; i < size; i++) {
@@ -92,7 +104,7 @@ put_le(uint8_t* at, uint64_t value, int size)
   }
 }
 
-static uint64_t
+uint64_t
 get_le(const uint8_t* at, int size)
 {
   uint64_t value = 0;
@@ -142,8 +154,10 @@ end_request(TRITONBACKEND_ResponseFactory* factory, const char* error_message)
     TRITONBACKEND_Response* response;
     TRITONSERVER_Error* error = TRITONBACKEND_ResponseNewFromFactory(&response, factory);
     if (error == NULL) {
-      forget(TRITONBACKEND_ResponseSend(
-          response, RESPONSE_COMPLETE_FINAL, TRITONSERVER_ErrorNew(ERROR_INTERNAL, error_message)));
+      /* Triton reads the error as it sends; it stays the sender's to delete. */
+      TRITONSERVER_Error* failed = TRITONSERVER_ErrorNew(ERROR_INTERNAL, error_message);
+      forget(TRITONBACKEND_ResponseSend(response, RESPONSE_COMPLETE_FINAL, failed));
+      TRITONSERVER_ErrorDelete(failed);
     } else {
       forget(error);
       forget(TRITONBACKEND_ResponseFactorySendFlags(factory, RESPONSE_COMPLETE_FINAL));
@@ -203,7 +217,7 @@ send_response(Model* model, uint64_t key, const uint8_t* payload, uint32_t lengt
 
 /* ---- The engine loop's answers ---- */
 
-static bool
+bool
 read_exactly(int connection, uint8_t* into, size_t size)
 {
   size_t done = 0;
@@ -276,8 +290,8 @@ read_answers(void* arg)
 
 /* ---- The model's connection ---- */
 
-static TRITONSERVER_Error*
-socket_path(TRITONBACKEND_Model* triton_model, char* path, size_t size)
+TRITONSERVER_Error*
+socket_path(TRITONBACKEND_Model* triton_model, const char* file, char* path, size_t size)
 {
   int artifact_type;
   const char* location;
@@ -286,13 +300,15 @@ socket_path(TRITONBACKEND_Model* triton_model, char* path, size_t size)
     return error;
   }
   char file_path[4096];
-  snprintf(file_path, sizeof file_path, "%s/%s", location, SOCKET_FILE);
-  FILE* file = fopen(file_path, "r");
-  if (file == NULL) {
-    return TRITONSERVER_ErrorNew(ERROR_INVALID_ARG, "the model's folder has no job_socket file");
+  snprintf(file_path, sizeof file_path, "%s/%s", location, file);
+  FILE* opened = fopen(file_path, "r");
+  if (opened == NULL) {
+    char message[256];
+    snprintf(message, sizeof message, "the model's folder has no %s file", file);
+    return TRITONSERVER_ErrorNew(ERROR_INVALID_ARG, message);
   }
-  size_t got = fread(path, 1, size - 1, file);
-  fclose(file);
+  size_t got = fread(path, 1, size - 1, opened);
+  fclose(opened);
   path[got] = 0;
   while (got > 0 && (path[got - 1] == '\n' || path[got - 1] == ' ')) {
     path[--got] = 0;
@@ -300,8 +316,8 @@ socket_path(TRITONBACKEND_Model* triton_model, char* path, size_t size)
   return NULL;
 }
 
-static TRITONSERVER_Error*
-connect_to(const char* path, int* connection)
+TRITONSERVER_Error*
+connect_to(const char* path, double wait_s, int* connection)
 {
   struct sockaddr_un address = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof address.sun_path) {
@@ -319,7 +335,7 @@ connect_to(const char* path, int* connection)
       return NULL;
     }
     close(fd);
-    if (waited > CONNECT_WAIT_S) {
+    if (waited > wait_s) {
       char message[4200];
       snprintf(message, sizeof message, "the worker's engine loop does not listen at %s", path);
       return TRITONSERVER_ErrorNew(ERROR_UNAVAILABLE, message);
@@ -329,7 +345,7 @@ connect_to(const char* path, int* connection)
   }
 }
 
-static bool
+bool
 send_all(int connection, struct iovec* parts, int count)
 {
   while (count > 0) {
@@ -371,19 +387,41 @@ TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend)
   return NULL;
 }
 
+/* Whether the model's folder is a pooling model's (it names its model process's socket). */
+static bool
+is_pooling(TRITONBACKEND_Model* triton_model)
+{
+  int artifact_type;
+  const char* location;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelRepository(triton_model, &artifact_type, &location);
+  if (error != NULL) {
+    forget(error);
+    return false;
+  }
+  char file_path[4096];
+  snprintf(file_path, sizeof file_path, "%s/%s", location, POOLING_SOCKET_FILE);
+  return access(file_path, F_OK) == 0;
+}
+
 TRITONSERVER_Error*
 TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* triton_model)
 {
+  if (is_pooling(triton_model)) {
+    void* state;
+    TRITONSERVER_Error* error = pooling_model_new(triton_model, &state);
+    return error != NULL ? error : TRITONBACKEND_ModelSetState(triton_model, state);
+  }
   Model* model = calloc(1, sizeof(Model));
+  model->kind = KIND_GENERATOR;
   const char* name = "the model";
   forget(TRITONBACKEND_ModelName(triton_model, &name));
   snprintf(model->name, sizeof model->name, "%s", name);
   pthread_mutex_init(&model->lock, NULL);
   pthread_mutex_init(&model->write_lock, NULL);
   char path[4096];
-  TRITONSERVER_Error* error = socket_path(triton_model, path, sizeof path);
+  TRITONSERVER_Error* error = socket_path(triton_model, SOCKET_FILE, path, sizeof path);
   if (error == NULL) {
-    error = connect_to(path, &model->connection);
+    error = connect_to(path, CONNECT_WAIT_S, &model->connection);
   }
   if (error == NULL && pthread_create(&model->reader, NULL, read_answers, model) != 0) {
     close(model->connection);
@@ -407,6 +445,10 @@ TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* triton_model)
   if (error != NULL || state == NULL) {
     return error;
   }
+  if (*(int*)state == KIND_POOLING) {
+    pooling_model_delete(state);
+    return NULL;
+  }
   Model* model = state;
   /* The reader ends at the connection's end and ends whatever is still open. */
   shutdown(model->connection, SHUT_RDWR);
@@ -418,6 +460,35 @@ TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* triton_model)
   pthread_mutex_destroy(&model->write_lock);
   free(model);
   return NULL;
+}
+
+/* A pooling model's instance has its own connection to the model's process; a generator's none. */
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance)
+{
+  TRITONBACKEND_Model* triton_model;
+  void* state;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &triton_model);
+  if (error == NULL) {
+    error = TRITONBACKEND_ModelState(triton_model, &state);
+  }
+  if (error != NULL || *(int*)state != KIND_POOLING) {
+    return error;
+  }
+  void* instance_state;
+  error = pooling_instance_new(&instance_state);
+  return error != NULL ? error : TRITONBACKEND_ModelInstanceSetState(instance, instance_state);
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance)
+{
+  void* state = NULL;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
+  if (error == NULL && state != NULL) {
+    pooling_instance_delete(state);
+  }
+  return error;
 }
 
 /* The job's bytes: the one element of the BYTES input, without its 4-byte length. */
@@ -559,6 +630,15 @@ TRITONBACKEND_ModelInstanceExecute(
   }
   if (error != NULL) {
     return error; /* Triton then fails the requests itself */
+  }
+  if (*(int*)state == KIND_POOLING) {
+    void* instance_state;
+    error = TRITONBACKEND_ModelInstanceState(instance, &instance_state);
+    if (error != NULL) {
+      return error;
+    }
+    pooling_execute(state, instance_state, instance, requests, request_count);
+    return NULL;
   }
   Model* model = state;
   for (uint32_t index = 0; index < request_count; index++) {

@@ -1,7 +1,7 @@
 /*
  * The parts of Triton's backend API (`tritonbackend.h`, API 1.x) and server API (`tritonserver.h`)
- * that the worker's own backend (`switchboard_backend.c`) calls, stated here so that it builds with a
- * C compiler alone. The enumerations' values are the API's; an enumeration passed by value or by
+ * that the worker's own backend (`switchboard_backend.c`, `pooling.c`) calls, stated here so that it
+ * builds with a C compiler alone. The enumerations' values are the API's; an enumeration passed by value or by
  * pointer is an int in the API's C ABI.
  */
 
@@ -22,7 +22,7 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
 typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
 
 enum { ERROR_INTERNAL = 1, ERROR_INVALID_ARG = 3, ERROR_UNAVAILABLE = 4 };
-enum { TYPE_BYTES = 13 };
+enum { TYPE_INT64 = 9, TYPE_BYTES = 13 };
 enum { MEMORY_CPU = 0, MEMORY_GPU = 2 };
 enum { PARAMETER_INT = 1 };
 enum { ARTIFACT_FILESYSTEM = 0 };
@@ -42,6 +42,13 @@ extern TRITONSERVER_Error* TRITONBACKEND_ModelState(TRITONBACKEND_Model* model, 
 extern TRITONSERVER_Error* TRITONBACKEND_ModelSetState(TRITONBACKEND_Model* model, void* state);
 extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(
     TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Model** model);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(
+    TRITONBACKEND_ModelInstance* instance, void** state);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(
+    TRITONBACKEND_ModelInstance* instance, void* state);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
+    TRITONBACKEND_ModelInstance* instance, uint64_t batch_size, uint64_t exec_start_ns,
+    uint64_t compute_start_ns, uint64_t compute_end_ns, uint64_t exec_end_ns);
 extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(
     TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request, bool success,
     uint64_t exec_start_ns, uint64_t compute_start_ns, uint64_t compute_end_ns, uint64_t exec_end_ns);
@@ -64,6 +71,8 @@ extern TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryNew(
 extern TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory* factory);
 extern TRITONSERVER_Error* TRITONBACKEND_ResponseFactorySendFlags(
     TRITONBACKEND_ResponseFactory* factory, uint32_t send_flags);
+extern TRITONSERVER_Error* TRITONBACKEND_ResponseNew(
+    TRITONBACKEND_Response** response, TRITONBACKEND_Request* request);
 extern TRITONSERVER_Error* TRITONBACKEND_ResponseNewFromFactory(
     TRITONBACKEND_Response** response, TRITONBACKEND_ResponseFactory* factory);
 extern TRITONSERVER_Error* TRITONBACKEND_ResponseDelete(TRITONBACKEND_Response* response);
