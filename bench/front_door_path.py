@@ -3,15 +3,16 @@
 Starts a private redis-server, the real front door (`switchboard router`, a process of its own, so
 that its CPU time is its own), and a scripted worker in another process that takes jobs from the
 model's stream with XREADGROUP, as a worker's consumer does, and answers each at once with
-`--chunks` chunks through the worker's own append script (`switchboard/lua/append_chunk.lua`), the
-last one acknowledging the job. What is left is the front door's part: request in → job on the
-stream, and chunk on the result stream → SSE bytes out.
+`--chunks` chunks through the worker's own result writer (`switchboard/lua/append_chunk.lua`, one
+transaction per flush), the last one acknowledging the job. What is left is the front door's part:
+request in → job on the stream, and chunk on the result stream → SSE bytes out.
 
 The load is streamed chat completions through httpx at each concurrency level (closed loop). Per
 level it reports the time to the response's first body byte (p50 and p99), the front door's CPU
 per request (every thread's on-CPU time from /proc/<pid>/task/*/schedstat over the level, less
 what it spends idle over as long), and the Redis commands per request (INFO commandstats; the
-scripted worker's commands count too: XREADGROUP, its heartbeat and one EVALSHA per chunk).
+scripted worker's commands count too: XREADGROUP, its heartbeat, MULTI/EXEC per flush and one EVALSHA
+per chunk).
 
 `--tree DIR` (repeatable) runs the front door from other checkouts of the repository too; each
 round measures every tree in turn at every level, so that machine load drifting over the run hits
