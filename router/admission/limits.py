@@ -208,7 +208,7 @@ class Admission:
 
     def admitting(self, job: Job, caller: Caller) -> Admitting:
         """What admitting `job` sends, for a script that admits and queues it in one round trip
-        (`JobQueue.admit_and_submit`, `switchboard/lua/admit_enqueue.lua`); nothing is sent here.
+        (`JobQueue.send_admitted`, `switchboard/lua/admit_enqueue.lua`); nothing is sent here.
         Its answer's estimate goes with it, for its record: what a resume of its stream reserves."""
         tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
         script_keys, args = self._script_call(job, caller, job.id, tokens, None)

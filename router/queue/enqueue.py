@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from router.admission.limits import Admitting
 from switchboard import keys, lua
 from switchboard.cancel_marks import CancelMarks
-from switchboard.lua.batched import ScriptBatch, answer
+from switchboard.lua.batched import ScriptBatch
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job, LoadFailure, chunk_decoder, encode, load_failure_decoder
 
@@ -85,16 +85,11 @@ class JobQueue:
         failure = await self._enqueue(keys=script_keys, args=args)
         return None if failure is None else load_failure_decoder.decode(failure)
 
-    async def admit_and_submit(self, job: Job, admitting: Admitting, *, owner: str) -> LoadFailure | None:
-        """`submit`, admitting the job first in the same round trip (`admit_enqueue.lua`): a 429 when
-        admission refuses it (nothing taken, nothing queued); the model's failure, its slots given
-        back, when the model's last load failed. A caller cancelled meanwhile waits for the call."""
-        reply = self.send_admitted(job, admitting, owner=owner)
-        return admitted(await answer(reply), admitting)
-
     def send_admitted(self, job: Job, admitting: Admitting, *, owner: str) -> asyncio.Future[Any]:
-        """`admit_and_submit`'s call, sent with the next batch of admissions: its reply, to come, for
-        `admitted`. Awaited in the caller's own task, the reply wakes it in one turn of the loop."""
+        """`submit`, admitting the job first in the same round trip (`admit_enqueue.lua`), sent with
+        the next batch of admissions: its reply, to come, for `admitted` (awaited with
+        `switchboard.lua.batched.answer`). Awaited in the caller's own task, the reply wakes it in one
+        turn of the loop."""
         script_keys, args = _submit_call(job, owner, moved=False)
         return self._admissions.submit(
             self._admit_enqueue, [*admitting.keys, *script_keys], [*admitting.args, *args]

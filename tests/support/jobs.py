@@ -8,10 +8,12 @@ import uuid
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
-from router.queue.enqueue import record_ttl_s
+from router.admission.limits import Admitting
+from router.queue.enqueue import JobQueue, admitted, record_ttl_s
 from switchboard import keys
 from switchboard.demand import note_demand
-from switchboard.wire import Chunk, Job, SamplingParams, chunk_decoder, encode
+from switchboard.lua.batched import answer
+from switchboard.wire import Chunk, Job, LoadFailure, SamplingParams, chunk_decoder, encode
 
 
 def make_job(model: str, prompt: str, deadline_s: float = 60.0) -> Job:
@@ -60,3 +62,11 @@ async def result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) ->
         if chunks and chunks[-1].is_last:
             return chunks
     raise AssertionError(f"job {job_id} did not finish; got {chunks}")
+
+
+async def admit_and_submit(
+    queue: JobQueue, job: Job, admitting: Admitting, *, owner: str
+) -> LoadFailure | None:
+    """Admit and queue `job` in one round trip, as the front door's request starts do: a 429 raised
+    when admission refuses it; the model's failure, its slots given back, when its last load failed."""
+    return admitted(await answer(queue.send_admitted(job, admitting, owner=owner)), admitting)

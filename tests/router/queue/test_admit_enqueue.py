@@ -18,6 +18,7 @@ from switchboard.config import LimitsConfig
 from switchboard.tasks import TaskSet
 from switchboard.wire import Job, LoadFailure, SamplingParams, encode
 from tests.support.callers import key_caller, key_owner
+from tests.support.jobs import admit_and_submit
 
 MODEL = "tiny"
 
@@ -56,12 +57,12 @@ async def test_each_limit_refuses_the_job_and_leaves_nothing_behind(
     caller, bounds, code = LIMITS[limit]
     admission, queue = Admission(redis, bounds), JobQueue(redis, TaskSet("test"))
     first = job()
-    assert await queue.admit_and_submit(first, admission.admitting(first, caller), owner="") is None
+    assert await admit_and_submit(queue, first, admission.admitting(first, caller), owner="") is None
     before = {key async for key in redis.scan_iter()}
     second = job()
     admitting = admission.admitting(second, caller)
     with pytest.raises(TooManyRequestsError) as refused:
-        await queue.admit_and_submit(second, admitting, owner="")
+        await admit_and_submit(queue, second, admitting, owner="")
     assert refused.value.code == code, refused.value.body()
     assert "Retry-After" in refused.value.headers
     assert await queued_jobs(redis) == 1
@@ -83,7 +84,7 @@ async def test_a_model_whose_load_failed_gets_its_failure_and_its_slots_back(red
     one = job()
     caller = key_caller("alice", rpm=10, max_parallel=1)
     admitting = admission.admitting(one, caller)
-    assert await queue.admit_and_submit(one, admitting, owner="") == failure
+    assert await admit_and_submit(queue, one, admitting, owner="") == failure
     assert await queued_jobs(redis) == 0
     assert not await redis.exists(keys.job_record(one.id))
     assert not await redis.zcard(keys.in_flight())
@@ -96,6 +97,6 @@ async def test_a_call_sent_again_queues_the_job_once(redis: aioredis.Redis) -> N
     admission, queue = Admission(redis, LimitsConfig()), JobQueue(redis, TaskSet("test"))
     one, caller = job(), key_caller("alice", max_parallel=1)
     for _ in range(2):  # redis-py retrying a call whose reply a broken connection lost
-        assert await queue.admit_and_submit(one, admission.admitting(one, caller), owner="") is None
+        assert await admit_and_submit(queue, one, admission.admitting(one, caller), owner="") is None
     assert await queued_jobs(redis) == 1
     assert await redis.zcard(keys.in_flight()) == 1
