@@ -108,11 +108,6 @@ def set_process_nice(pid: int, nice: int) -> None:
             continue  # the thread ended meanwhile
 
 
-def process_nice(pid: int) -> list[int]:
-    """The nice value of every thread of process `pid` (for tests and diagnostics)."""
-    return [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
-
-
 class EnginePriorities:
     """Keeps each held model's engine processes at the normal or the background priority.
 
@@ -199,15 +194,6 @@ class EnginePriorities:
             if name not in wanted:
                 self._calm_since.setdefault(name, now)
         self._schedule_restore()
-
-    def restore_all(self) -> None:
-        """Every engine back at the normal priority (the worker stopping)."""
-        if self._restore_check is not None:
-            self._restore_check.cancel()
-            self._restore_check = None
-        for name in list(self._niced):
-            self._give_back(name)
-        self._calm_since.clear()
 
     def _schedule_restore(self) -> None:
         if self._restore_check is not None or not self._calm_since:

@@ -26,13 +26,14 @@ from switchboard.local.redis_server import PrivateRedis
 from switchboard.metrics import REGISTRY
 from switchboard.wire import Job
 from tests.support.jobs import make_job, result, submit
+from tests.support.nice_values import process_nice
 from tests.support.one_worker import until
 from tests.support.scripted_engine import ScriptedEngine
 from workers.jobs import consume
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slots import Slots
-from workers.runtime.cpu_priority import EnginePriorities, may_restore_priority, process_nice
+from workers.runtime.cpu_priority import EnginePriorities, may_restore_priority
 from workers.runtime.metrics import SLOTS as SLOT_METRICS
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
@@ -270,4 +271,3 @@ async def test_the_floods_engine_yields_the_cores_while_the_quiet_model_runs_and
         assert all(chunks[-1].finish_reason == "length" for chunks in answers)
     finally:
         stop_listening()
-        priorities.restore_all()

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import pytest
 
 from switchboard.metrics import REGISTRY
+from tests.support.nice_values import process_nice
 from workers.runtime.cpu_priority import (
     EnginePriorities,
     ModelLoad,
     background_models,
     may_restore_priority,
-    process_nice,
     set_process_nice,
 )
 
@@ -156,11 +156,9 @@ async def test_a_new_engine_of_a_model_in_the_background_is_put_there_too(engine
     loads.running["flood"] = 8
     priorities.update()
     assert process_nice(engines["spare"]) == [BACKGROUND] * 4
-    priorities.restore_all()
-    assert process_nice(engines["spare"]) == [0] * 4
 
 
-async def test_an_unloaded_model_is_forgotten_and_stopping_gives_every_engine_its_priority_back(
+async def test_an_unloaded_model_is_forgotten_and_its_next_engine_is_judged_anew(
     engines: dict[str, int],
 ) -> None:
     loads, calls = Loads(), []
@@ -171,11 +169,11 @@ async def test_an_unloaded_model_is_forgotten_and_stopping_gives_every_engine_it
     del loads.running["flood"]  # unloaded: its processes end with it
     priorities.update()
     assert priorities.background() == set()
-    loads.running["flood"] = 7
+    assert background_gauge("flood") == 0
+    loads.running["flood"] = 7  # loaded again: a new engine, which starts at the normal priority
     priorities.update()
-    priorities.restore_all()
-    assert process_nice(engines["flood"]) == [0] * 4
-    assert priorities.background() == set()
+    assert priorities.background() == {"flood"}
+    assert calls == [(engines["flood"], BACKGROUND)] * 2, "reniced again, not taken for still niced"
 
 
 async def test_switched_off_nothing_is_reniced(engines: dict[str, int]) -> None:
