@@ -85,18 +85,3 @@ def _counting(connection_class: type[Any], counter: Any) -> type[Any]:
             {"send_packed_command": send_packed_command},
         )
     return _counting_classes[key]
-
-
-def metric_names(registry: CollectorRegistry = REGISTRY) -> set[str]:
-    """Every sample name `registry` can export (counters with `_total`, histograms with their series)."""
-    names: set[str] = set()
-    for family in registry.collect():
-        names.add(family.name)
-        if family.type == "counter":
-            names |= {family.name + "_total", family.name + "_created"}
-        elif family.type == "histogram":
-            names |= {family.name + suffix for suffix in ("_bucket", "_count", "_sum", "_created")}
-        elif family.type == "summary":
-            names |= {family.name + suffix for suffix in ("_count", "_sum", "_created")}
-        names |= {sample.name for sample in family.samples}
-    return names

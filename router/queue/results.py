@@ -96,11 +96,6 @@ class ResultReader:
         # True while an XREAD is in flight: only then must a new subscription wake the reader.
         self.blocked = False
 
-    @property
-    def inbox_key(self) -> str:
-        """This front door's inbox: its jobs' writers copy their chunks there (`keys.inbox`)."""
-        return self._inbox_key.decode()
-
     def subscribe(
         self,
         job_id: str,

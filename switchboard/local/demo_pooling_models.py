@@ -69,13 +69,6 @@ def build_demo_reranker(target_dir: Path, *, progress: Callable[[str], None] | N
     return _build(target_dir, "score", progress)
 
 
-BUILDERS: dict[PoolingKind, Callable[..., Path]] = {
-    "embed": build_demo_embedder,
-    "classify": build_demo_classifier,
-    "score": build_demo_reranker,
-}
-
-
 def pooling_config_entry(
     path: Path, kind: PoolingKind, *, name: str | None = None, **fields: Any
 ) -> dict[str, Any]:

@@ -11,7 +11,8 @@ import router.routing.fallback  # registers the fallbacks' counter
 import router.telemetry.metrics  # noqa: F401  (registers the front door's metrics)
 import switchboard.gc_heap  # noqa: F401  (registers the garbage collector's metrics, both sides)
 import workers.runtime.metrics  # noqa: F401  (registers the worker's metrics)
-from switchboard.metrics import REGISTRY, metric_names
+from switchboard.metrics import REGISTRY
+from tests.support.metric_samples import metric_names
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards" / "switchboard.json"
 

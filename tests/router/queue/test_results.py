@@ -239,7 +239,7 @@ async def test_the_jobs_a_front_door_queued_are_read_from_its_inbox_alone(redis:
         for seq, chunk in enumerate((Chunk(text="a"), Chunk(text="b"), LAST)):
             await asyncio.gather(
                 *(
-                    writer.append(job_id, encode(chunk), seq=seq, first=seq == 0, inbox=reader.inbox_key)
+                    writer.append(job_id, encode(chunk), seq=seq, first=seq == 0, inbox=keys.inbox("door"))
                     for job_id in jobs
                 )
             )
@@ -249,7 +249,7 @@ async def test_the_jobs_a_front_door_queued_are_read_from_its_inbox_alone(redis:
         # Every chunk came before any subscription could have been read directly.
         assert asyncio.get_running_loop().time() - started < QUIET_S
         assert counted.xread_keys, "the reader read alone at least once"
-        assert all(read == [reader.inbox_key] for read in counted.xread_keys), counted.xread_keys
+        assert all(read == [keys.inbox("door")] for read in counted.xread_keys), counted.xread_keys
     finally:
         await writer.stop()
         await tasks.stop()
@@ -293,8 +293,8 @@ async def test_a_copy_that_leaves_out_chunks_has_them_read_from_the_stream_at_on
         started = asyncio.get_running_loop().time()
         # The first chunk's copy is missing (trimmed before it was read, say); the next ones are there.
         await writer.append(job_id, encode(Chunk(text="a")), seq=0, first=True)
-        await writer.append(job_id, encode(Chunk(text="b")), seq=1, inbox=reader.inbox_key)
-        await writer.append(job_id, encode(LAST), seq=2, inbox=reader.inbox_key)
+        await writer.append(job_id, encode(Chunk(text="b")), seq=1, inbox=keys.inbox("door"))
+        await writer.append(job_id, encode(LAST), seq=2, inbox=keys.inbox("door"))
         assert await texts_until_last(subscription) == ["a", "b", ""]
         assert asyncio.get_running_loop().time() - started < QUIET_S
     finally:
@@ -313,13 +313,13 @@ async def test_what_the_reader_took_from_its_inbox_is_trimmed(redis: aioredis.Re
             job_id = f"t{n:031d}"
             await redis.hset(keys.job_record(job_id), keys.READERS_FIELD, 1)
             subscription = reader.subscribe(job_id, MODEL, from_inbox=True)
-            await writer.append(job_id, encode(Chunk(text="a")), seq=0, first=True, inbox=reader.inbox_key)
-            await writer.append(job_id, encode(LAST), seq=1, inbox=reader.inbox_key)
+            await writer.append(job_id, encode(Chunk(text="a")), seq=0, first=True, inbox=keys.inbox("door"))
+            await writer.append(job_id, encode(LAST), seq=1, inbox=keys.inbox("door"))
             assert await texts_until_last(subscription) == ["a", ""]
             reader.unsubscribe(subscription)
 
         async def trimmed() -> bool:
-            return await redis.xlen(reader.inbox_key) <= 1  # the last entry read marks the point
+            return await redis.xlen(keys.inbox("door")) <= 1  # the last entry read marks the point
 
         await eventually(trimmed)
     finally:
@@ -339,7 +339,7 @@ async def test_after_a_redis_restart_the_inbox_is_read_from_its_start(tmp_path: 
     try:
         subscription = reader.subscribe(job_id, MODEL, from_inbox=True)  # its enqueue not returned yet
         # The old server's inbox had reached an id beyond anything the new one's clock will give.
-        await redis.xadd(reader.inbox_key, {keys.WAKE_FIELD: ""}, id="9999999999999-0")
+        await redis.xadd(keys.inbox("door"), {keys.WAKE_FIELD: ""}, id="9999999999999-0")
         await asyncio.sleep(0.3)  # read
         node.kill()
         node.start()  # empty
@@ -347,7 +347,7 @@ async def test_after_a_redis_restart_the_inbox_is_read_from_its_start(tmp_path: 
         subscription.queued = True
         # Only the copy is written: the job's result stream, read directly, would bring nothing.
         copy = {"r": keys.result_stream(job_id), "e": "0-1", "c": encode(Chunk(text="a"))}
-        await redis.xadd(reader.inbox_key, copy)  # type: ignore[arg-type]
+        await redis.xadd(keys.inbox("door"), copy)  # type: ignore[arg-type]
         _, chunk = await subscription.get(asyncio.get_running_loop().time() + 5)
         assert chunk.text == "a"
     finally:
