@@ -29,14 +29,14 @@ from router.openai.errors import OpenAIError
 from router.openai.pooling_checks import check_model_kind
 from router.relay.first_byte import StreamForm, stream_response
 from router.relay.kinds import AnswerRelay
-from router.routing.cascade_step import draft_step, drafted, escalated, judged
 from router.routing.fallback import failed_on_the_model, note_failure, note_fallback
+from router.routing.pipelines.cascade_step import draft_step, drafted, escalated, judged
+from router.routing.pipelines.router_step import routed
+from router.routing.pipelines.spent_tokens import SpentBefore
+from router.routing.pipelines.step_parts import StepParts
+from router.routing.pipelines.steps import Draft
 from router.routing.resolve import Resolution, answering_model, resolve
-from router.routing.router_step import routed
-from router.routing.shadow import ShadowTraffic
-from router.routing.spent import SpentBefore
-from router.routing.step_parts import StepParts
-from router.routing.steps import Draft
+from router.routing.rollouts.shadow import ShadowTraffic
 from switchboard.config import ModelConfig, Settings
 from switchboard.model_pipelines import CascadeConfig
 from switchboard.wire import Job
@@ -103,7 +103,7 @@ class RequestFlow:
         return await self._served(resolution, call, draft)
 
     async def _cascaded(self, resolution: Resolution, call: Call, config: CascadeConfig) -> Answer:
-        """The draft's answer if it is kept, else the strong model's (`router.routing.cascade_step`)."""
+        """The draft's answer if it is kept, else the strong model's (`router.routing.pipelines.cascade_step`)."""
         draft, plan = draft_step(resolution, call, config, self._parts)
         with judged(draft, plan):
             return await self.first_answer(draft, call, plan)

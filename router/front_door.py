@@ -26,11 +26,11 @@ from router.queue.enqueue import JobQueue
 from router.queue.results import BLOCK_MS, ResultReader
 from router.queue.starts import JobRuns
 from router.relay.answer import Relaying
-from router.routing.judge import RolloutJudge
-from router.routing.pipeline_table import PipelineTable
-from router.routing.shadow import ShadowTraffic
-from router.routing.step_parts import StepParts
-from router.routing.table import RouteTable
+from router.routing.pipelines.pipeline_table import PipelineTable
+from router.routing.pipelines.step_parts import StepParts
+from router.routing.rollouts.judge import RolloutJudge
+from router.routing.rollouts.shadow import ShadowTraffic
+from router.routing.routes.route_table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
@@ -105,7 +105,7 @@ class FrontDoor:
             pipelines=self.pipelines,
             limits=self.limits,
             health=self.health,
-            timeout_s=settings.router.request_timeout_s,
+            settings=settings.router,
         )
 
     @classmethod

@@ -20,6 +20,7 @@ from router.intake.job import pooling_job
 from router.openai.pooling_checks import (
     check_dimensions,
     check_model_kind,
+    check_pooling_output,
     not_a_model,
 )
 from router.queue.starts import JobRuns
@@ -31,12 +32,13 @@ from router.relay.pooled import (
     rerank_response,
 )
 from router.routing.resolve import MODEL_HEADER
-from router.routing.table import RouteTable
+from router.routing.routes.route_table import RouteTable
 from router.status.redis_health import RedisHealth
 from router.telemetry.requests import arrival_id, note_operation
 from switchboard.config import ModelConfig
 from switchboard.model_pipelines import PipelineLookup
 from switchboard.pooling_config import ModelKind
+from switchboard.router_config import RouterConfig
 from switchboard.wire import Job, PoolingTask
 
 
@@ -52,7 +54,7 @@ class PoolingFlow:
         pipelines: PipelineLookup,
         limits: ModelLimitsCache,
         health: RedisHealth,
-        timeout_s: float,
+        settings: RouterConfig,
     ) -> None:
         self._runs = runs
         self._models = models
@@ -60,7 +62,7 @@ class PoolingFlow:
         self._pipelines = pipelines
         self._limits = limits
         self._health = health
-        self._timeout_s = timeout_s
+        self._settings = settings
 
     async def embeddings(self, caller: Caller, ask: EmbeddingsAsk) -> Response[bytes]:
         """`POST /v1/embeddings`, past its gate."""
@@ -68,6 +70,9 @@ class PoolingFlow:
         body, inputs = ask.body, ask.inputs
         model = self._model(body.model, caller, "embed", "embeddings")
         check_dimensions(model, body.dimensions)
+        # The answer's size, where the model's own vector size is known (the gate checked `dimensions`).
+        limits = await self._limits.get(model.name)
+        check_pooling_output(model, len(inputs), body.dimensions, self._settings, limits)
         task = PoolingTask(
             task="embed",
             inputs=inputs,
@@ -127,7 +132,7 @@ class PoolingFlow:
     ) -> tuple[Job, PooledAnswer]:
         """`task` queued as a job of `model` and its answer, once its last chunk came; `param` names
         the inputs in a refusal for their length."""
-        job = pooling_job(model.name, task, timeout_s=self._timeout_s, job_id=arrival_id())
+        job = pooling_job(model.name, task, timeout_s=self._settings.request_timeout_s, job_id=arrival_id())
         self._health.require_up()
         await check_pooling_fits(self._limits, task, model.name, param)
         run = await self._runs.queued(job, caller)

@@ -306,7 +306,7 @@ def routes_version() -> str:
 
 
 def pipelines() -> str:
-    """Hash of the pipelines set through the admin API (`router.routing.pipeline_table`): name →
+    """Hash of the pipelines set through the admin API (`router.routing.pipelines.pipeline_table`): name →
     the pipeline's definition (`switchboard.model_pipelines.PipelineConfig`) as msgspec JSON. A
     name the config also has is that pipeline's new definition; the others are pipelines the admin
     API created.
@@ -329,14 +329,14 @@ ROLLOUT_WINDOW_TTL_S = 24 * 3600
 
 
 def rollout_lease(route_name: str) -> str:
-    """The front door judging route `route_name`'s rollout (`router.routing.judge`): its id, with
+    """The front door judging route `route_name`'s rollout (`router.routing.rollouts.judge`): its id, with
     an expiry a few seconds ahead that the holder renews. Tagged by the route's name."""
     return f"{PREFIX}:route:{{{route_name}}}:judge"
 
 
 def rollout_window(route_name: str, rollout_id: str, window: int) -> str:
     """Hash of what every front door counted for a rollout's targets in one window
-    (`router.routing.observations`): `<model>:<counter>` → count. Expires ROLLOUT_WINDOW_TTL_S
+    (`router.routing.rollouts.observations`): `<model>:<counter>` → count. Expires ROLLOUT_WINDOW_TTL_S
     after its last write. Tagged by the route's name."""
     return f"{PREFIX}:route:{{{route_name}}}:rollout:{rollout_id}:{window}"
 
@@ -349,7 +349,7 @@ SHADOW_ANSWERS_TTL_S = 7 * 24 * 3600
 
 def shadow_answers(route: str) -> str:
     """Stream of a route's compared pairs, the served answer beside its shadow copy's
-    (`router.routing.shadow`, with `keep_answers`); capped at about SHADOW_ANSWERS_MAXLEN entries."""
+    (`router.routing.rollouts.shadow`, with `keep_answers`); capped at about SHADOW_ANSWERS_MAXLEN entries."""
     return f"{PREFIX}:shadow:{{{route}}}:answers"
 
 

@@ -7,10 +7,10 @@ Three shapes, one per pipeline:
 - **router** — `[pipelines.NAME.router]`: a small model chooses, per request, one of described
   targets (a constrained `choice` among their labels); a warm target close to the best wins over a
   cold one; a router that fails or is too slow leaves the choice to `default`
-  (`router.routing.router_model`).
+  (`router.routing.pipelines.router_model`).
 - **cascade** — `[pipelines.NAME.cascade]`: a cheap draft model answers first; its answer is kept
   when it finished normally, fits the requested structure and is confident enough (mean token
-  log-probability), else the strong model answers afresh (`router.routing.cascade`).
+  log-probability), else the strong model answers afresh (`router.routing.pipelines.cascade`).
 
 A step names a model, a route (whose weights and stickiness place the caller on one of its
 versions) or, where the shape allows, another pipeline; routes may name pipelines too. A name that
@@ -64,7 +64,7 @@ class RouterTarget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A router model's choice between targets (`router.routing.router_model`)."""
+    """A router model's choice between targets (`router.routing.pipelines.router_model`)."""
 
     # The router: a model or a route (its answer's log-probabilities weigh the targets).
     model: ModelName
@@ -87,7 +87,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class CascadeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A draft model answering first, and a strong model answering when the draft is not kept
-    (`router.routing.cascade`)."""
+    (`router.routing.pipelines.cascade`)."""
 
     # The cheap model: a model or a route.
     draft: ModelName
@@ -127,7 +127,7 @@ class PipelineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class PipelineLookup(Protocol):
     """Where a front door finds a pipeline by name: the config's, or the live table that admin
-    changes reach (`router.routing.pipeline_table`)."""
+    changes reach (`router.routing.pipelines.pipeline_table`)."""
 
     def get(self, name: str, /) -> PipelineConfig | None: ...
 

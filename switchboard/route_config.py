@@ -17,7 +17,7 @@ class RouteConfigError(ValueError):
 
 class ShadowConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A route's shadow version: a share of its requests is copied to it, at the lowest priority, and
-    nobody sees its answers (`router.routing.shadow`). `[routes.chat.shadow] model = "chat-v3"`."""
+    nobody sees its answers (`router.routing.rollouts.shadow`). `[routes.chat.shadow] model = "chat-v3"`."""
 
     # A configured model that is not a target of the route.
     model: ModelName

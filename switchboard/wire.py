@@ -142,7 +142,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     router_id: str | None = None
     # The route the request named, when `model` is one of its targets (`switchboard.routes`).
     route: str | None = None
-    # A copy of a routed request sent to the route's shadow version (`router.routing.shadow`):
+    # A copy of a routed request sent to the route's shadow version (`router.routing.rollouts.shadow`):
     # nobody waits for it, so a worker runs it only with slots to spare (`workers.jobs.consume`).
     shadow: bool = False
     # Mixed into the engine's prefix-cache block hashes: one per API key (and the client's own
@@ -189,7 +189,7 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     usage: Usage | None = None
     error: JobError | None = None
     # On a job's first chunk: the job waited for its model to load (or wake), so its time to first
-    # token holds a cold start (`router.routing.observations` counts it apart).
+    # token holds a cold start (`router.routing.rollouts.observations` counts it apart).
     cold_start: bool = False
     # A pooling job's answer, in one last chunk with its usage: a row per input, in input order,
     # each little-endian float32 values (an embedding; a classifier's probability per label; a

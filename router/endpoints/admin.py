@@ -26,8 +26,8 @@ from router.gate.gate import GATE_OPT
 from router.http.responses import json_response
 from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
 from router.queue.move import move_waiting_jobs
-from router.routing.table import RouteTable
-from router.routing.views import RouteStatusList, route_status
+from router.routing.routes.route_table import RouteTable
+from router.routing.routes.route_views import RouteStatusList, route_status
 from router.status import desired
 from router.status.models import ModelStatusList, ModelStatusReader
 from router.telemetry.metrics import ROLLOUT_EVENTS

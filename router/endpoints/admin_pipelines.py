@@ -1,6 +1,6 @@
 """Operator endpoints for model pipelines (`switchboard.model_pipelines`): list, show, set and delete
 them at run time, every front door applying a change within about a second
-(`router.routing.pipeline_table`).
+(`router.routing.pipelines.pipeline_table`).
 
 A definition set here is checked exactly as the config's is at start, over the whole set it would
 leave with the configured models and routes: a 400 that says what is wrong (a loop with the path
@@ -20,8 +20,13 @@ from router.gate.admin import PIPELINE_DEFINITION
 from router.gate.gate import GATE_OPT
 from router.http.responses import json_response
 from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
-from router.routing.pipeline_table import PipelineConflict, PipelineEntry, PipelineTable, UnknownPipeline
-from router.routing.pipeline_views import PipelineDeleted, PipelineStatusList, pipeline_status
+from router.routing.pipelines.pipeline_table import (
+    PipelineConflict,
+    PipelineEntry,
+    PipelineTable,
+    UnknownPipeline,
+)
+from router.routing.pipelines.pipeline_views import PipelineDeleted, PipelineStatusList, pipeline_status
 from switchboard.config_names import RouteName
 from switchboard.model_pipelines import PipelineError
 from switchboard.name_graph import LoopError

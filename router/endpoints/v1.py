@@ -22,10 +22,10 @@ from router.gate.generation import CHAT, COMPLETIONS, RESPONSES
 from router.http.responses import json_response
 from router.openai.errors import RouteNotFoundError
 from router.openai.models import ModelCard, ModelList
-from router.routing.pipeline_table import PipelineTable
-from router.routing.pipeline_views import pipeline_card
-from router.routing.table import RouteTable
-from router.routing.views import RouteCard
+from router.routing.pipelines.pipeline_table import PipelineTable
+from router.routing.pipelines.pipeline_views import pipeline_card
+from router.routing.routes.route_table import RouteTable
+from router.routing.routes.route_views import RouteCard
 
 
 @post("/v1/chat/completions", status_code=200, opt={GATE_OPT: CHAT})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from router.gate.gate import Gate, unchecked
-from router.routing.views import WeightsRequest
+from router.routing.routes.route_views import WeightsRequest
 from switchboard.model_pipelines import PipelineConfig
 from switchboard.rollout import RolloutPlan
 

@@ -13,7 +13,7 @@ from router.openai.completions import CompletionRequest
 from router.openai.embeddings import EmbeddingRequest
 from router.openai.rerank import RerankRequest
 from router.openai.responses import ResponsesRequest
-from router.routing.router_model import request_text
+from router.routing.pipelines.router_model import request_text
 from switchboard.wire import ChatMessage, Prompt
 
 
@@ -48,7 +48,7 @@ class ChatAsk:
         return (self.chat.max_completion_tokens or self.chat.max_tokens) is not None
 
     def text(self, limit: int) -> str:
-        """What a router model reads of the request (`router.routing.router_model.request_text`)."""
+        """What a router model reads of the request (`router.routing.pipelines.router_model.request_text`)."""
         messages = [
             ChatMessage(role=m.role, content=None if m.content is None else m.text())
             for m in self.chat.messages

@@ -11,9 +11,9 @@ from litestar import Request
 from router.admission.auth import Caller
 from router.gate.asks import GenerationAsk
 from router.intake.resume import ResumePoint
+from router.routing.pipelines.spent_tokens import Spent
+from router.routing.pipelines.steps import JobIds
 from router.routing.resolve import stickiness_key
-from router.routing.spent import Spent
-from router.routing.steps import JobIds
 
 
 class Call:
@@ -43,5 +43,5 @@ class Call:
         return self.ask.max_tokens_set
 
     def text(self, limit: int) -> str:
-        """What a router model reads of the request (`router.routing.router_model.request_text`)."""
+        """What a router model reads of the request (`router.routing.pipelines.router_model.request_text`)."""
         return self.ask.text(limit)

@@ -1,7 +1,7 @@
 """An answer held in memory: a finished job's chunks, relayed as a live run's would be.
 
 A cascade reads its draft whole before it decides whether the client gets it
-(`router.routing.cascade`), so a draft it keeps is no longer a job being read: it is a list of
+(`router.routing.pipelines.cascade`), so a draft it keeps is no longer a job being read: it is a list of
 chunks. `HeldAnswer` hands them to the stream and whole-answer relays through the same surface as
 `router.queue.run.JobRun` (`router.queue.source.ChunkSource`), so that the client gets the same
 events as from the live job.

@@ -28,7 +28,7 @@ from router.openai.errors import (
     OpenAIError,
     TooManyRequestsError,
 )
-from router.routing.observations import record_refused
+from router.routing.rollouts.observations import record_refused
 from router.telemetry.requests import current_request
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.metrics import REGISTRY

@@ -4,7 +4,7 @@ The front door never calls a worker. A request is a desired state that the contr
 bumps the catalogue version (controllers read desired states again when it moved) and pokes them,
 so that they act at once rather than on their next tick; a load request also notes the model in the
 demand index, so that workers that do not hold it look at it. `POST /admin/models/{name}/load` and a
-rollout warming its canary (`router.routing.judge`) ask this way.
+rollout warming its canary (`router.routing.rollouts.judge`) ask this way.
 """
 
 from __future__ import annotations

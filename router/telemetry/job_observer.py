@@ -6,7 +6,7 @@ job a W3C carrier (`Job.trace`) naming that span, so the worker's spans join the
 chunk the request takes passes `chunk()`: the first ends the wait (`switchboard.await_first_chunk`)
 and starts the relay (`switchboard.relay`), which lasts until the job is closed. Metrics (time to
 first token, per output token, tokens, finish reasons) are recorded whether tracing is on or not,
-and so is what a running rollout of the job's route judges (`router.routing.observations`).
+and so is what a running rollout of the job's route judges (`router.routing.rollouts.observations`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from router.openai.errors import OpenAIError
-from router.routing.observations import FAILURE_CODES, OBSERVATIONS
+from router.routing.rollouts.observations import FAILURE_CODES, OBSERVATIONS
 from router.telemetry.metrics import (
     GENERATION_TOKENS,
     PROMPT_TOKENS,

@@ -1,5 +1,5 @@
 """`switchboard shadow-answers ROUTE [--count N]`: the compared pairs a route with a shadow version and
-`keep_answers` kept (`router.routing.shadow`), read from Redis, oldest first, one JSON object a line.
+`keep_answers` kept (`router.routing.rollouts.shadow`), read from Redis, oldest first, one JSON object a line.
 
 Each pair names the request (`request_id`), the version that served it and its answer
 (`served_model`, `served_text`, `served_ttft_s`, `served_finish_reason`), and the shadow's

@@ -23,7 +23,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from router.routing.table import POLL_S
+from router.routing.routes.route_table import POLL_S
 from switchboard import keys
 from switchboard.api_keys import KeyStore
 from switchboard.cli import pipelines as pipeline_commands

@@ -362,3 +362,22 @@ async def test_a_text_that_keeps_its_last_tokens_is_queued_cut_to_what_they_can_
     assert all(len(text) <= 8 * FRONT_DOOR_CHARS_PER_TOKEN + CUT_SLACK_CHARS for text in texts)
     if path == "/rerank":
         assert response.json()["results"][0]["document"]["text"] == body["documents"][0]
+
+
+async def test_an_answer_past_the_output_bound_at_the_models_own_size_is_refused(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    """Without `dimensions`, the answer's size is the inputs times the vector size the model's
+    workers published (8 here): past `max_pooling_output_values` it is a 400 naming `input`."""
+    settings = pooling_settings(redis_server.url, timeout_s=2.0)
+    settings.router.max_pooling_output_values = 8 * 100
+    await redis.set(keys.model_limits(EMBEDDER), encode(LIMITS))
+    async with serving(settings) as client:
+        response = await client.post("/v1/embeddings", json=embed(input=["x"] * 101))
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "input" and "808 values" in error["message"], error
+        assert await queued_jobs(redis) == 0
+        async with pooling_worker(redis, EMBEDDER, answer_rows(*[[1.0] * 8] * 100)):
+            within = await client.post("/v1/embeddings", json=embed(input=["x"] * 100))
+        assert within.status_code == 200, within.text

@@ -22,7 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.queue.move import move_waiting_jobs
-from router.routing.table import POLL_S
+from router.routing.routes.route_table import POLL_S
 from switchboard import keys
 from switchboard.api_keys import digest
 from switchboard.cli import routes as route_commands

@@ -1,4 +1,4 @@
-"""Shadow traffic at the front door (`router.routing.shadow`), against a real Redis and real front
+"""Shadow traffic at the front door (`router.routing.rollouts.shadow`), against a real Redis and real front
 doors: copies reach the shadow model's queue at about the route's percent, carry no tenant, cost the
 caller's key nothing, are dropped while the shadow model's queue is long, while no worker holds it
 warm (unless it may load) and when the worker has no slot to spare, never delay or change the real

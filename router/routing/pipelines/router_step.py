@@ -1,5 +1,5 @@
 """A router pipeline's step: its router model reads the request and chooses the target that answers
-(`router.routing.router_model`); the default target stays the fallback of any other choice.
+(`router.routing.pipelines.router_model`); the default target stays the fallback of any other choice.
 
 The router's job is queued under the caller's key (its tokens are the request's; should its model
 refuse it, the router route's stable version is asked), and its chunks are read as they come:
@@ -19,10 +19,9 @@ from router.intake.job import step_job
 from router.openai.errors import OpenAIError
 from router.queue.run import JobRun
 from router.routing.fallback import failed_on_the_model
-from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
-from router.routing.router_model import AskRouter, choose
-from router.routing.step_parts import StepParts
-from router.routing.steps import (
+from router.routing.pipelines.router_model import AskRouter, choose
+from router.routing.pipelines.step_parts import StepParts
+from router.routing.pipelines.steps import (
     CHOICE_HEADER,
     ROUTER_HEADER,
     STEP_SECONDS,
@@ -31,7 +30,8 @@ from router.routing.steps import (
     set_attributes,
     step_span,
 )
-from router.routing.warm_targets import WarmTargets
+from router.routing.pipelines.warm_targets import WarmTargets
+from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
 from switchboard.model_pipelines import RouterConfig
 from switchboard.wire import ChatMessage, Chunk, SamplingParams, Usage
 

@@ -1,5 +1,5 @@
 """A cascade pipeline's steps: the draft model answers first, its whole answer held until judged
-(`router.routing.cascade`); kept, it is the answer, else the strong model answers and its usage
+(`router.routing.pipelines.cascade`); kept, it is the answer, else the strong model answers and its usage
 counts what the draft spent. The request's flow (`router.flow`) runs the two in order:
 `draft_step`, its answer `judged`, then, only when the draft is not kept, `escalated`.
 """
@@ -20,7 +20,8 @@ from router.openai.errors import OpenAIError
 from router.queue.held import HeldAnswer, collect
 from router.relay.first_byte import StreamForm
 from router.relay.kinds import AnswerRelay
-from router.routing.cascade import (
+from router.routing.fallback import failed_on_the_model
+from router.routing.pipelines.cascade import (
     DraftVerdict,
     client_chunks,
     draft_failed,
@@ -28,11 +29,9 @@ from router.routing.cascade import (
     draft_too_slow,
     judge_draft,
 )
-from router.routing.fallback import failed_on_the_model
-from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
-from router.routing.spent import usage_of
-from router.routing.step_parts import StepParts
-from router.routing.steps import (
+from router.routing.pipelines.spent_tokens import usage_of
+from router.routing.pipelines.step_parts import StepParts
+from router.routing.pipelines.steps import (
     CASCADE_HEADER,
     DRAFT_HEADER,
     STEP_SECONDS,
@@ -42,6 +41,7 @@ from router.routing.steps import (
     set_attributes,
     step_span,
 )
+from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
 from switchboard.model_pipelines import CascadeConfig
 from switchboard.wire import Job
 

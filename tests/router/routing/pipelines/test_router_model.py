@@ -1,4 +1,4 @@
-"""The router model's choice (`router.routing.router_model`): what it reads, how it is asked, how its
+"""The router model's choice (`router.routing.pipelines.router_model`): what it reads, how it is asked, how its
 answer's log-probabilities weigh the labels, the warm target that wins over a cold best, and the
 default taken when the router fails, is too slow or answers no label."""
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, Callable
 import pytest
 
 from router.openai.errors import ModelLoadFailedError
-from router.routing.router_model import (
+from router.routing.pipelines.router_model import (
     choose,
     decided,
     label_scores,

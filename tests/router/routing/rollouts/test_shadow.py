@@ -1,4 +1,4 @@
-"""Shadow traffic's pieces (`router.routing.shadow`): the config's checks, the draw, the rules that
+"""Shadow traffic's pieces (`router.routing.rollouts.shadow`): the config's checks, the draw, the rules that
 drop a copy before it is queued, the copy itself, and how an answer's chunks make its outcome."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from router.routing.shadow import Answer, ShadowTraffic, drawn, dropped_before_queueing, shadow_copy
+from router.routing.rollouts.shadow import Answer, ShadowTraffic, drawn, dropped_before_queueing, shadow_copy
 from router.status.models import ModelStatus
 from switchboard.cli.main import parse_args
 from switchboard.cli.shadow import pair_of

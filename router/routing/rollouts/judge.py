@@ -29,8 +29,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
 from router.queue.move import move_waiting_jobs
-from router.routing.observations import OBSERVATIONS, read_window
-from router.routing.table import RouteTable
+from router.routing.rollouts.observations import OBSERVATIONS, read_window
+from router.routing.routes.route_table import RouteTable
 from router.status.desired import request_model_state
 from router.status.models import ModelStatusReader
 from router.telemetry.metrics import ROLLOUT_EVENTS, ROUTE_WEIGHT

@@ -1,6 +1,6 @@
 """What the steps of a model pipeline use of the front door, and nothing more: where a step's name
 resolves, how its job is queued and its answer relayed, which targets are warm, and the deadline.
-Steps are functions of these parts (`router.routing.router_step`, `router.routing.cascade_step`);
+Steps are functions of these parts (`router.routing.pipelines.router_step`, `router.routing.pipelines.cascade_step`);
 none of them holds the request's flow (`router.flow`), which alone runs steps in order."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from router.intake.call import Call
 from router.queue.starts import JobRuns
 from router.relay.answer import Relaying
 from router.routing.resolve import Resolution, resolve_step
-from router.routing.table import RouteTable
+from router.routing.routes.route_table import RouteTable
 from router.status.models import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from switchboard.model_pipelines import PipelineLookup

@@ -15,8 +15,8 @@ from switchboard.metrics import REGISTRY
 from switchboard.model_pipelines import CascadeConfig
 
 if TYPE_CHECKING:
-    from router.routing.cascade import DraftVerdict
-    from router.routing.router_model import RouterChoice
+    from router.routing.pipelines.cascade import DraftVerdict
+    from router.routing.pipelines.router_model import RouterChoice
 
 # Headers of a pipeline's answer (beside x-switchboard-model, -route and -pipeline).
 ROUTER_HEADER = "x-switchboard-router"  # the router model that chose
@@ -72,7 +72,7 @@ def set_attributes(span: Any, attributes: dict[str, Any]) -> None:
 
 
 class Draft:
-    """What a cascade asks of its draft's job (`router.routing.cascade`): to be held and judged."""
+    """What a cascade asks of its draft's job (`router.routing.pipelines.cascade`): to be held and judged."""
 
     def __init__(self, pipeline: str, config: CascadeConfig) -> None:
         self.pipeline = pipeline

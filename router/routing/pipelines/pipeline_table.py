@@ -26,7 +26,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from router.routing.table import poll_version
+from router.routing.routes.route_table import poll_version
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard import keys
 from switchboard.model_pipelines import (

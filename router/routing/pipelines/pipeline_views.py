@@ -7,7 +7,7 @@ from typing import Any, Literal
 import msgspec
 
 from router.openai.models import ModelCard
-from router.routing.pipeline_table import PipelineEntry
+from router.routing.pipelines.pipeline_table import PipelineEntry
 from switchboard.model_pipelines import PipelineConfig, Shape
 
 

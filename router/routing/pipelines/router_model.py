@@ -132,7 +132,9 @@ def default_choice(config: RouterConfig, reason: str) -> RouterChoice:
     return RouterChoice(config.default, config.targets[config.default].model, "default", reason, {})
 
 
-async def choose(config: RouterConfig, text: str, ask: AskRouter, is_warm: Callable[[str], bool]) -> RouterChoice:
+async def choose(
+    config: RouterConfig, text: str, ask: AskRouter, is_warm: Callable[[str], bool]
+) -> RouterChoice:
     """Ask the router which target answers `text`, within `config.timeout_s`. A router that fails,
     is too slow or answers no label leaves the choice to the default; this never raises for it.
 

@@ -29,7 +29,7 @@ from jsonschema.exceptions import SchemaError, best_match
 from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
 
-from router.routing.spent import usage_added
+from router.routing.pipelines.spent_tokens import usage_added
 from switchboard.wire import Chunk, SamplingParams, StructuredOutput, Usage
 
 # What a draft's text must be: the job's own constraint (only its JSON kinds are checked here).

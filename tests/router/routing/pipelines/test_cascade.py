@@ -17,7 +17,7 @@ from router.intake.job import chat_job
 from router.intake.tools import plan_tools
 from router.openai.chat import ChatCompletionRequest
 from router.relay.chat import ChatRelay
-from router.routing.cascade import (
+from router.routing.pipelines.cascade import (
     ACCEPTED,
     DraftVerdict,
     client_chunks,
@@ -26,7 +26,7 @@ from router.routing.cascade import (
     draft_too_slow,
     judge_draft,
 )
-from router.routing.spent import with_usage_added
+from router.routing.pipelines.spent_tokens import with_usage_added
 from switchboard.wire import (
     Chunk,
     JobError,

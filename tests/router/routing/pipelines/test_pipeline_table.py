@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from router.routing.pipeline_table import PipelineConflict, PipelineTable, UnknownPipeline
+from router.routing.pipelines.pipeline_table import PipelineConflict, PipelineTable, UnknownPipeline
 from switchboard import keys
 from switchboard.model_pipelines import (
     CascadeConfig,

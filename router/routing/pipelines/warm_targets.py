@@ -1,5 +1,5 @@
 """Which of a router model's targets would answer warm for a caller, read while the router decides
-(`router.routing.router_model` prefers a warm target close to the best one)."""
+(`router.routing.pipelines.router_model` prefers a warm target close to the best one)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Routes: the table of routes and their live weights, and how they are shown."""
