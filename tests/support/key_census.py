@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from router.routing.judge import LEASE_MS
+from router.routing.rollouts.judge import LEASE_MS
 from switchboard import keys
 
 # (family, glob); the first match names a key.

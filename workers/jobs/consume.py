@@ -12,7 +12,7 @@ pending, and another worker's sweep puts it back in line (`workers.jobs.takeover
 takes it goes on where the client's stream stopped (`workers.jobs.continuation`). An entry that
 cannot be decoded goes to the dead-letter stream; nothing that goes wrong in one pass stops the loop.
 
-Shadow copies of routed requests (`Job.shadow`, `router.routing.shadow`) come last: nobody waits for
+Shadow copies of routed requests (`Job.shadow`, `router.routing.rollouts.shadow`) come last: nobody waits for
 them, so one runs only while the worker has slots to spare — fewer than `max_shadow_jobs` of them
 running, a slot free once the real jobs of the same read have theirs, and no real job left waiting
 (no model's read came back full, and none was held back). Otherwise it is acknowledged at once
