@@ -79,7 +79,7 @@ class RequestFlow:
                 with resolution.naming_errors():
                     return await self._answer_of(resolution, call, draft)
             except OpenAIError as error:
-                note_failure(resolution, error)
+                note_failure(resolution, error, self._parts.runs.observations)
                 fallback = resolution.fallback()
                 if fallback is None or not failed_on_the_model(error):
                     raise

@@ -29,6 +29,7 @@ from router.relay.answer import Relaying
 from router.routing.pipelines.pipeline_table import PipelineTable
 from router.routing.pipelines.step_parts import StepParts
 from router.routing.rollouts.judge import RolloutJudge
+from router.routing.rollouts.observations import Observations
 from router.routing.rollouts.shadow import ShadowTraffic
 from router.routing.routes.route_table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
@@ -73,9 +74,13 @@ class FrontDoor:
         # Bytes of the request bodies being read, per key and in all (`read_body`).
         self.body_budget = BodyBudget.of(settings.router)
         queue = JobQueue(redis, self.tasks)
-        self.runs = JobRuns(queue, self.reader, self.status, settings.router, router_id, self.admission)
+        # What this front door saw of running rollouts, counted in memory and flushed by the judge.
+        observations = Observations()
+        self.runs = JobRuns(
+            queue, self.reader, self.status, settings.router, router_id, self.admission, observations
+        )
         self.routes = RouteTable(redis, settings.routes)
-        self.judge = RolloutJudge(redis, self.routes, self.status, router_id)
+        self.judge = RolloutJudge(redis, self.routes, self.status, router_id, observations)
         # Copies of routed requests for their routes' shadow versions, run among the front door's tasks.
         self.shadow = ShadowTraffic(
             settings.routes,

@@ -240,11 +240,6 @@ def _structured_outputs(request: SamplingRequest) -> StructuredOutput | None:
     )
 
 
-def addressed(job: Job, tenant: str | None, router_id: str) -> Job:
-    """`job` as it is queued: sent with `tenant`'s key, and waited for by front door `router_id`."""
-    return msgspec.structs.replace(job, tenant=tenant, router_id=router_id)
-
-
 def step_job(
     model: str,
     messages: tuple[ChatMessage, ...],

@@ -25,6 +25,7 @@ from router.queue.enqueue import JobQueue, Resumption, UnknownEntry, admitted
 from router.queue.results import ResultReader
 from router.queue.run import JobRun
 from router.queue.subscription import Subscription
+from router.routing.rollouts.observations import Observations
 from router.status.models import ModelStatusReader
 from router.telemetry.job_observer import JobObserver
 from switchboard import keys
@@ -55,12 +56,15 @@ class JobRuns:
         settings: RouterConfig,
         router_id: str,
         admission: Admission,
+        observations: Observations,
     ) -> None:
         self._queue = queue
         self._reader = reader
         self._status = status
         self._settings = settings
         self._admission = admission
+        # What a running rollout is judged on: every job observed here counts (`JobObserver`).
+        self.observations = observations
         # Every job names the front door waiting for it (`router.status.heartbeat`).
         self.router_id = router_id
 
@@ -70,7 +74,7 @@ class JobRuns:
         # Sent with the caller's key, and waited for by this front door.
         job = msgspec.structs.replace(job, tenant=caller.name, router_id=self.router_id)
         await require_live_worker(self._status, job.model)
-        observer = JobObserver(job)
+        observer = JobObserver(job, self.observations)
         with observer.phase("switchboard.admission"):
             # Admitted in the enqueue's round trip (`start`): here only what it will send.
             admitting = self._admission.admitting(job, caller)
@@ -80,7 +84,7 @@ class JobRuns:
         """The rest of a stream whose client lost its connection, and what it had (`resume`). A resume
         is a request: admitted against its key's limits first (429, and nothing of the job read or
         counted, when refused)."""
-        observer = JobObserver(job, resumed=True)
+        observer = JobObserver(job, self.observations, resumed=True)
         with observer.phase("switchboard.admission"):
             ticket = await self._admission.admit_resume(job, caller)
         return await self.resume(job, ticket, after, observer)

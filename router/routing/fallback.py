@@ -28,7 +28,7 @@ from router.openai.errors import (
     OpenAIError,
     TooManyRequestsError,
 )
-from router.routing.rollouts.observations import record_refused
+from router.routing.rollouts.observations import Observations
 from router.telemetry.requests import current_request
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.metrics import REGISTRY
@@ -60,7 +60,7 @@ def failed_on_the_model(error: OpenAIError) -> bool:
     return isinstance(error, EngineError | ModelLoadFailedError | NoWorkerForModelError)
 
 
-def note_failure(failed: Resolution, error: OpenAIError) -> None:
+def note_failure(failed: Resolution, error: OpenAIError, observations: Observations) -> None:
     """A routed request refused before its job existed (no worker may hold its version, or its
     queue is full), counted as its version's failure while a rollout judges it: the job's own
     observer never saw it. Failures of a job that ran are counted by its observer."""
@@ -68,7 +68,7 @@ def note_failure(failed: Resolution, error: OpenAIError) -> None:
         isinstance(error, TooManyRequestsError) and error.code == "queue_full"
     )
     if refused and failed.route is not None:
-        record_refused(failed.route.name, failed.served)
+        observations.record_refused(failed.route.name, failed.served)
 
 
 def note_fallback(failed: Resolution, fallback: str, error: OpenAIError) -> None:

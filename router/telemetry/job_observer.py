@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from router.openai.errors import OpenAIError
-from router.routing.rollouts.observations import FAILURE_CODES, OBSERVATIONS
+from router.routing.rollouts.observations import FAILURE_CODES, Observations
 from router.telemetry.metrics import (
     GENERATION_TOKENS,
     PROMPT_TOKENS,
@@ -37,7 +37,8 @@ _NO_SPAN: AbstractContextManager[None] = nullcontext()
 class JobObserver:
     """The spans and timings of one job of a request (or of a resumed stream, `resumed`)."""
 
-    def __init__(self, job: Job, *, resumed: bool = False) -> None:
+    def __init__(self, job: Job, observations: Observations, *, resumed: bool = False) -> None:
+        self._observations = observations
         self.model = job.model
         self.route = job.route
         self._route_label = job.route or ""  # its metrics' `route` label (empty: not routed)
@@ -166,7 +167,7 @@ class JobObserver:
             tokens = self._usage.completion_tokens if self._usage is not None else 0
             if tokens > 1 and self._last is not None:
                 itl_s = (self._last - self._first) / (tokens - 1)
-        OBSERVATIONS.record(
+        self._observations.record(
             self.route, self.model, failed=failed, cold=self._cold, ttft_s=ttft_s, itl_s=itl_s
         )
 

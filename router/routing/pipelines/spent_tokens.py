@@ -100,12 +100,6 @@ class SpentBefore:
         await self._run.close()
 
 
-async def with_usage_added(chunks: AsyncIterator[Chunk], extra: Usage | None) -> AsyncIterator[Chunk]:
-    """A live run's chunks, its last one's usage counting `extra` too (a rejected draft's tokens)."""
-    async for chunk in chunks:
-        yield usage_added(chunk, extra)
-
-
 def usage_added(chunk: Chunk, extra: Usage | None) -> Chunk:
     """`chunk`, its usage (if it carries one: the job's last chunk) counting `extra` too."""
     if chunk.usage is None or extra is None:

@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
 from router.queue.move import move_waiting_jobs
-from router.routing.rollouts.observations import OBSERVATIONS, read_window
+from router.routing.rollouts.observations import Observations, read_window
 from router.routing.routes.route_table import RouteTable
 from router.status.desired import request_model_state
 from router.status.models import ModelStatusReader
@@ -54,9 +54,15 @@ class RolloutJudge:
     """Judges the rollouts of one front door's routes whose lease it holds."""
 
     def __init__(
-        self, redis: aioredis.Redis, routes: RouteTable, status: ModelStatusReader, router_id: str
+        self,
+        redis: aioredis.Redis,
+        routes: RouteTable,
+        status: ModelStatusReader,
+        router_id: str,
+        observations: Observations,
     ) -> None:
         self._redis = redis
+        self._observations = observations
         self._routes = routes
         self._status = status
         self._router_id = router_id
@@ -65,16 +71,16 @@ class RolloutJudge:
 
     def start(self, tasks: TaskSet) -> None:
         """Judge every TICK_S, and count and flush the rollouts' observations, while `tasks` runs."""
-        OBSERVATIONS.watch(self._routes)
-        OBSERVATIONS.start(self._redis, tasks)
+        self._observations.watch(self._routes)
+        self._observations.start(self._redis, tasks)
         if self._routes.names():
             tasks.start(poll(self.tick, TICK_S, "judge the rollouts", log=logger), "rollout judge")
 
     async def stop(self) -> None:
         """Stop reading this front door's routes; send what it counted (Redis still open)."""
-        OBSERVATIONS.unwatch(self._routes)
+        self._observations.unwatch(self._routes)
         try:
-            await OBSERVATIONS.flush(self._redis)
+            await self._observations.flush(self._redis)
         except RedisError as exc:
             logger.warning("could not flush the rollouts' observations", extra={"error": str(exc)})
 

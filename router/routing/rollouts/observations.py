@@ -17,8 +17,8 @@ shared caller, never as a caller of its own.
 
 Counts are flushed about every FLUSH_S as HINCRBY into one hash per (route, rollout, window)
 (`keys.rollout_window`) in one pipeline, so that a request costs no round trip and the judge sums
-every front door's counts. One `Observations` serves a process: front doors started side by side
-in one process (tests) share it, and each flushes it (a flush takes what it sends).
+every front door's counts. Each front door owns its `Observations` (`router.front_door`): its
+job observers count into it, and its rollout judge flushes it.
 """
 
 from __future__ import annotations
@@ -203,12 +203,3 @@ def _counted_for_caller(found: dict[str, Window], field: str, count: int) -> boo
         counts[matched["caller"]] = counts.get(matched["caller"], 0) + count
     return True
 
-
-# The process's observations (see the module's note).
-OBSERVATIONS = Observations()
-
-
-def record_refused(route: str, model: str) -> None:
-    """A request of `route` for `model` was refused with a 5xx before its job existed (the pipeline
-    retries a canary's refusal on stable): counted as the canary's failure while a rollout runs."""
-    OBSERVATIONS.record_refused(route, model)

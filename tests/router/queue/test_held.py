@@ -55,7 +55,7 @@ async def live_run(
 ) -> JobRun:
     """A queued job's run, whose worker wrote `chunks` (as a worker's result writer would)."""
     job = chat_job(REQUEST, timeout_s=timeout_s)
-    run = await front_door.runs.start(job, front_door.admission.admitting(job, ANONYMOUS), JobObserver(job))
+    run = await front_door.runs.start(job, front_door.admission.admitting(job, ANONYMOUS), JobObserver(job, front_door.runs.observations))
     if streamed:
         # Before the chunks are written: the reader may read them to the end at once.
         run.mark_resumable()
@@ -127,7 +127,7 @@ async def test_a_held_answers_event_ids_name_no_entry_and_a_resume_from_one_is_r
     assert point is not None and not point.counted
     ticket = await front_door.admission.admit(held.job, ANONYMOUS)
     with pytest.raises(InvalidRequestError) as refused:
-        await front_door.runs.resume(held.job, ticket, point.entry_id, JobObserver(held.job))
+        await front_door.runs.resume(held.job, ticket, point.entry_id, JobObserver(held.job, front_door.runs.observations))
     assert refused.value.code == "invalid_last_event_id"
 
 

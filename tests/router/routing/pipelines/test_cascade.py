@@ -26,7 +26,7 @@ from router.routing.pipelines.cascade import (
     draft_too_slow,
     judge_draft,
 )
-from router.routing.pipelines.spent_tokens import with_usage_added
+from router.routing.pipelines.spent_tokens import usage_added
 from switchboard.wire import (
     Chunk,
     JobError,
@@ -363,6 +363,12 @@ def test_a_kept_drafts_usage_counts_what_earlier_steps_spent() -> None:
     assert kept[0] == draft[0]
     assert kept[-1].usage == Usage(prompt_tokens=129, completion_tokens=6)
     assert kept[-1].text == draft[-1].text and kept[-1].finish_reason == "stop"
+
+
+async def with_usage_added(chunks: AsyncIterator[Chunk], extra: Usage | None) -> AsyncIterator[Chunk]:
+    """A live run's chunks as `SpentBefore` hands them on: the last one's usage counting `extra` too."""
+    async for chunk in chunks:
+        yield usage_added(chunk, extra)
 
 
 async def test_the_strong_answers_usage_counts_the_rejected_drafts_tokens() -> None:
