@@ -8,7 +8,9 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-RUN python -m pip install --no-cache-dir uv==0.13.9
+# uv with the hashes scripts/install.sh checks (scripts/uv-requirements.txt).
+COPY scripts/uv-requirements.txt /tmp/uv-requirements.txt
+RUN python -m pip install --no-cache-dir --require-hashes -r /tmp/uv-requirements.txt
 WORKDIR /src
 COPY pyproject.toml uv.lock README.md ./
 COPY switchboard switchboard

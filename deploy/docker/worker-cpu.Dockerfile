@@ -10,10 +10,12 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 # gcc: the worker's own Triton backend (workers/triton/native_backend.py) is built here, into the package.
+# uv with the hashes scripts/install.sh checks (scripts/uv-requirements.txt).
+COPY scripts/uv-requirements.txt /tmp/uv-requirements.txt
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* \
-    && python -m pip install --no-cache-dir uv==0.13.9
+    && python -m pip install --no-cache-dir --require-hashes -r /tmp/uv-requirements.txt
 WORKDIR /src
 COPY pyproject.toml uv.lock README.md ./
 COPY switchboard switchboard

@@ -25,8 +25,10 @@ ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:1.2.1
 
 FROM ${TRTLLM_IMAGE} AS build
 # The container's packages as they are, before anything is added: the versions to hold.
+# uv with the hashes scripts/install.sh checks (scripts/uv-requirements.txt).
+COPY scripts/uv-requirements.txt /tmp/uv-requirements.txt
 RUN python3 -m pip list --format=freeze --disable-pip-version-check > /tmp/trtllm-environment.txt \
-    && python3 -m pip install --no-cache-dir --target /opt/uv uv==0.13.9
+    && python3 -m pip install --no-cache-dir --target /opt/uv --require-hashes -r /tmp/uv-requirements.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY switchboard switchboard

@@ -22,6 +22,8 @@ DOCKER = REPO / "deploy" / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 # What an image needs of the repository; everything else stays out of the build context.
 SOURCES = {"pyproject.toml", "uv.lock", "README.md", "switchboard", "router", "workers"}
+# uv's version and its files' hashes, which install.sh checks too.
+UV_REQUIREMENTS = "scripts/uv-requirements.txt"
 # The images that install from uv.lock; the TensorRT-LLM one holds NVIDIA's container's packages.
 LOCKED = ("router", "worker-cpu", "worker-gpu")
 WORKERS = ("worker-cpu", "worker-gpu", "worker-trtllm")
@@ -58,10 +60,11 @@ def test_images_install_the_way_install_sh_does(dockerfile: Path) -> None:
     _, stages = dockerfile_stages(dockerfile)
     build = stages[0]
     copied = {part for argument in build.all("COPY") for part in argument.split()[:-1]}
-    assert copied <= SOURCES
-    pin = re.search(r"uv==(\S+)", " ".join(build.all("RUN")))
-    assert pin, "pin uv's version"
-    assert f"uv=={pin[1]}" in _install_sh(), "the uv that install.sh installs"
+    assert copied <= SOURCES | {UV_REQUIREMENTS}
+    # uv as install.sh installs it: by the version and hashes of one requirements file.
+    assert UV_REQUIREMENTS in copied
+    assert "--require-hashes -r /tmp/uv-requirements.txt" in " ".join(build.all("RUN"))
+    assert f"--require-hashes --requirement {UV_REQUIREMENTS}" in _install_sh()
     if dockerfile.stem not in LOCKED:
         return
     # Exactly what uv.lock records (hashes checked, one index per package), as install.sh does.
