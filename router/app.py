@@ -20,9 +20,9 @@ from router.endpoints.metrics import metrics
 from router.endpoints.pooling import classify, create_embeddings, rerank
 from router.front_door import FrontDoor
 from router.gate import GatedRequest
+from router.http.answers import json_response
 from router.http.disconnect import cancel_on_disconnect
 from router.http.local_pages import local_pages_only
-from router.http.responses import json_response
 from router.openai.errors import (
     ClientClosedRequestError,
     InvalidRequestError,

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from router.admission.auth import KeyTable, check_exposure
 from router.admission.fits import ModelLimitsCache
 from router.admission.limits import Admission
-from router.admission.models import ModelTable
+from router.admission.model_table import ModelTable
 from router.flow import RequestFlow
 from router.http.body_budget import BodyBudget
 from router.pooling_flow import PoolingFlow
@@ -33,7 +33,7 @@ from router.routing.rollouts.observations import Observations
 from router.routing.rollouts.shadow import ShadowTraffic
 from router.routing.routes.route_table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
-from router.status.models import ModelStatusReader
+from router.status.model_status import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from switchboard.config import Settings
 from switchboard.redis_conn import blocking_client, pooled_client

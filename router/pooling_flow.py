@@ -13,9 +13,9 @@ from litestar import Response
 
 from router.admission.auth import Caller
 from router.admission.fits import ModelLimitsCache, check_pooling_fits
-from router.admission.models import ModelTable
+from router.admission.model_table import ModelTable
 from router.gate.asks import ClassificationAsk, EmbeddingsAsk, RerankAsk
-from router.http.responses import json_response
+from router.http.answers import json_response
 from router.intake.job import pooling_job
 from router.openai.pooling_checks import (
     check_dimensions,

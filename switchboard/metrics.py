@@ -3,7 +3,7 @@
 Every process (each front door, each worker) exports its own metrics; names follow vLLM's style
 (`switchboard:time_to_first_token_seconds` beside `vllm:time_to_first_token_seconds`), so that
 dashboards written for one translate to the other. The front door's metrics are in
-`router.telemetry.metrics`, the worker's in `workers.runtime.metrics`; both register in `REGISTRY`.
+`router.telemetry.front_door_metrics`, the worker's in `workers.runtime.worker_metrics`; both register in `REGISTRY`.
 """
 
 from __future__ import annotations

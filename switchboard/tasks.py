@@ -57,9 +57,11 @@ async def poll(
     first_wait: bool = True,
     errors: tuple[type[BaseException], ...] = (Exception,),
     log: logging.Logger = logger,
+    on_error: Callable[[BaseException], None] | None = None,
 ) -> None:
     """Run `step` every `every_s` seconds until cancelled; a step that raises one of `errors` is
-    logged (as "could not <what>") and tried again at the next tick.
+    logged (as "could not <what>"), or handed to `on_error` (a summarized log, for an outage that
+    fails every step), and tried again at the next tick.
 
     `every_s` may be a function, read before each wait (a loop whose pace depends on its state).
     With `first_wait=False` the first step runs at once.
@@ -72,7 +74,10 @@ async def poll(
         try:
             await step()
         except errors as exc:
-            log.warning(f"could not {what}", extra={"error": str(exc) or type(exc).__name__})
+            if on_error is not None:
+                on_error(exc)
+            else:
+                log.warning(f"could not {what}", extra={"error": str(exc) or type(exc).__name__})
 
 
 class TaskSet:

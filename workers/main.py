@@ -49,10 +49,10 @@ from workers.runtime.cpu_priority import EnginePriorities
 from workers.runtime.heap_upkeep import HeapUpkeep
 from workers.runtime.heartbeat import Heartbeat
 from workers.runtime.machine import machine_kind, memory_budget_bytes
-from workers.runtime.metrics import SLOTS
 from workers.runtime.metrics_server import MetricsServer
 from workers.runtime.placement import Placement
 from workers.runtime.private_runtime import private_process_files
+from workers.runtime.worker_metrics import SLOTS
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 

@@ -1,7 +1,7 @@
 """Operator endpoints: where every model stands, requests to load or unload one, the routes'
 weights (`router.routing`), and the pipelines (`router.endpoints.admin_pipelines`).
 
-The front door never calls a worker: status is read from Redis (`router.status.models`), and a load
+The front door never calls a worker: status is read from Redis (`router.status.model_status`), and a load
 or unload request is a desired state that the workers' model controllers read: it bumps the
 catalogue version (controllers read desired states again when it moved) and pokes them, so that
 they act at once rather than on their next tick; a load request also notes the model in the demand
@@ -19,18 +19,18 @@ from litestar import Request, Response, Router, delete, get, post, put
 from litestar.types import Guard
 
 from router.admission.auth import require_admin
-from router.admission.models import ModelTable
+from router.admission.model_table import ModelTable
 from router.endpoints.admin_pipelines import PIPELINE_HANDLERS
 from router.gate.admin import MODEL_STATE, ROLLOUT_PLAN, ROUTE_WEIGHTS
 from router.gate.gate import GATE_OPT
-from router.http.responses import json_response
+from router.http.answers import json_response
 from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
-from router.queue.move import move_waiting_jobs
+from router.queue.move_waiting import move_waiting_jobs
 from router.routing.routes.route_table import RouteTable
 from router.routing.routes.route_views import RouteStatusList, route_status
 from router.status import desired
-from router.status.models import ModelStatusList, ModelStatusReader
-from router.telemetry.metrics import ROLLOUT_EVENTS
+from router.status.model_status import ModelStatusList, ModelStatusReader
+from router.telemetry.front_door_metrics import ROLLOUT_EVENTS
 from switchboard.rollout import PlanError, checked_plan
 from switchboard.routes import RolloutConflict, Route, WeightsError, abort_rollout, start_rollout
 

@@ -18,7 +18,7 @@ from litestar import Request, Response, delete, get, put
 
 from router.gate.admin import PIPELINE_DEFINITION
 from router.gate.gate import GATE_OPT
-from router.http.responses import json_response
+from router.http.answers import json_response
 from router.openai.errors import InvalidRequestError, OpenAIError, RouteNotFoundError
 from router.routing.pipelines.pipeline_table import (
     PipelineConflict,

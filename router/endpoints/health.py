@@ -16,10 +16,10 @@ from litestar import Request, Response, get
 from redis.exceptions import RedisError
 
 from router.admission.auth import caller_of
-from router.admission.models import ModelTable
-from router.http.responses import Health, json_response
+from router.admission.model_table import ModelTable
+from router.http.answers import Health, json_response
 from router.openai.errors import OpenAIError, ServiceUnavailableError
-from router.status.models import ModelStatusReader, may_serve
+from router.status.model_status import ModelStatusReader, may_serve
 from router.status.redis_health import RedisHealth
 from switchboard.config import Settings
 from switchboard.readiness import ENGINES_PREPARING, NO_LIVE_WORKER, NO_WORKER_FOR_MODEL, REDIS_UNREACHABLE

@@ -8,9 +8,9 @@ from litestar import Response, get
 from redis.exceptions import RedisError
 
 from router.queue.results import ResultReader
-from router.status.models import ModelStatusReader, QueueDepths
+from router.status.model_status import ModelStatusReader, QueueDepths
 from router.status.redis_health import RedisHealth
-from router.telemetry.metrics import OLDEST_WAITING, QUEUE_DEPTH, REQUESTS_IN_FLIGHT
+from router.telemetry.front_door_metrics import OLDEST_WAITING, QUEUE_DEPTH, REQUESTS_IN_FLIGHT
 from switchboard.metrics import CONTENT_TYPE, exposition
 
 # Scrapes share one read of the queues this recent: open to anyone, a flood of them costs Redis

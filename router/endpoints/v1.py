@@ -15,11 +15,11 @@ from litestar import HttpMethod, Request, Response, get, post, route
 from litestar.response import Stream
 
 from router.admission.auth import Caller, caller_of
-from router.admission.models import ModelTable
+from router.admission.model_table import ModelTable
 from router.flow import RequestFlow
 from router.gate.gate import GATE_OPT
 from router.gate.generation import CHAT, COMPLETIONS, RESPONSES
-from router.http.responses import json_response
+from router.http.answers import json_response
 from router.openai.errors import RouteNotFoundError
 from router.openai.models import ModelCard, ModelList
 from router.routing.pipelines.pipeline_table import PipelineTable

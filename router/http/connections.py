@@ -48,7 +48,7 @@ from router.openai.errors import (
     RequestTimeoutError,
     TooManyConnectionsError,
 )
-from router.telemetry.metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
+from router.telemetry.front_door_metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
 from router.telemetry.requests import REQUEST_ID_HEADER, new_request_id
 from router.telemetry.summarized_log import SummarizedLog
 

@@ -12,9 +12,9 @@ import msgspec
 from router.gate.asks import ChatAsk, GenerationAsk, ResponsesAsk
 from router.intake.job import chat_job, completion_job
 from router.intake.tools import plan_tools
+from router.relay.answer_relays import AnswerRelay
 from router.relay.chat import chat_relay
 from router.relay.completions import completion_relay
-from router.relay.kinds import AnswerRelay
 from router.relay.responses import responses_relay
 from switchboard.config import ModelConfig
 from switchboard.wire import Job

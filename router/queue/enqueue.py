@@ -78,7 +78,7 @@ class JobQueue:
         Its record (`keys.job_record`) is written, naming `owner` (the identity of the key that sent
         it, `Caller.owner`), its model noted in the demand index, and the
         demand stream poked, in the same round trip. Submitting a job
-        again queues nothing. A `moved` job (`router.queue.move`) keeps its record, now naming its
+        again queues nothing. A `moved` job (`router.queue.move_waiting`) keeps its record, now naming its
         new model.
         """
         script_keys, args = _submit_call(job, owner, moved=moved)

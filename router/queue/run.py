@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from router.admission.charges import Charge, UsedTokens
 from router.admission.limits import Ticket
-from router.admission.models import NO_WORKER_RETRY_S, WORKERS_MAX_AGE_S
+from router.admission.model_table import NO_WORKER_RETRY_S, WORKERS_MAX_AGE_S
 from router.openai.errors import (
     JobTimeoutError,
     ModelLoadingError,
@@ -30,8 +30,8 @@ from router.openai.errors import (
 from router.queue.enqueue import JobQueue
 from router.queue.results import ResultReader
 from router.queue.subscription import START, ResultsLost, Subscription
-from router.status.models import ModelStatusReader, may_serve
-from router.telemetry.job_observer import JobObserver
+from router.status.model_status import ModelStatusReader, may_serve
+from router.telemetry.job_observer import FrontDoorJobObserver
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class JobRun:
         timeout_s: float,
         ticket: Ticket | None,
         resume_grace_s: float = 0.0,
-        observer: JobObserver | None = None,
+        observer: FrontDoorJobObserver | None = None,
         charge: Charge | None = None,
     ) -> None:
         self.job = job
@@ -100,7 +100,7 @@ class JobRun:
     @property
     def served_model(self) -> str:
         """The model that writes the job's results, as far as its chunks told: the job's own, unless
-        it was moved to another while it waited (`router.queue.move`)."""
+        it was moved to another while it waited (`router.queue.move_waiting`)."""
         return self._subscription.served_by or self.job.model
 
     @property

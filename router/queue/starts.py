@@ -19,15 +19,15 @@ from redis.exceptions import RedisError
 from router.admission.auth import Caller
 from router.admission.charges import Charge, DeliveredShare
 from router.admission.limits import Admission, Admitting, Ticket
-from router.admission.models import require_live_worker
+from router.admission.model_table import require_live_worker
 from router.openai.errors import InvalidRequestError, ModelLoadFailedError, StreamNotFoundError
 from router.queue.enqueue import JobQueue, Resumption, UnknownEntry, admitted
 from router.queue.results import ResultReader
 from router.queue.run import JobRun
 from router.queue.subscription import Subscription
 from router.routing.rollouts.observations import Observations
-from router.status.models import ModelStatusReader
-from router.telemetry.job_observer import JobObserver
+from router.status.model_status import ModelStatusReader
+from router.telemetry.job_observer import FrontDoorJobObserver
 from switchboard import keys
 from switchboard.lua.batched import answer
 from switchboard.router_config import RouterConfig
@@ -63,7 +63,7 @@ class JobRuns:
         self._status = status
         self._settings = settings
         self._admission = admission
-        # What a running rollout is judged on: every job observed here counts (`JobObserver`).
+        # What a running rollout is judged on: every job observed here counts (`FrontDoorJobObserver`).
         self.observations = observations
         # Every job names the front door waiting for it (`router.status.heartbeat`).
         self.router_id = router_id
@@ -74,7 +74,7 @@ class JobRuns:
         # Sent with the caller's key, and waited for by this front door.
         job = msgspec.structs.replace(job, tenant=caller.name, router_id=self.router_id)
         await require_live_worker(self._status, job.model)
-        observer = JobObserver(job, self.observations)
+        observer = FrontDoorJobObserver(job, self.observations)
         with observer.phase("switchboard.admission"):
             # Admitted in the enqueue's round trip (`start`): here only what it will send.
             admitting = self._admission.admitting(job, caller)
@@ -84,12 +84,12 @@ class JobRuns:
         """The rest of a stream whose client lost its connection, and what it had (`resume`). A resume
         is a request: admitted against its key's limits first (429, and nothing of the job read or
         counted, when refused)."""
-        observer = JobObserver(job, self.observations, resumed=True)
+        observer = FrontDoorJobObserver(job, self.observations, resumed=True)
         with observer.phase("switchboard.admission"):
             ticket = await self._admission.admit_resume(job, caller)
         return await self.resume(job, ticket, after, observer)
 
-    async def start(self, job: Job, admitting: Admitting, observer: JobObserver) -> JobRun:
+    async def start(self, job: Job, admitting: Admitting, observer: FrontDoorJobObserver) -> JobRun:
         """Admit `job` and enqueue it in one round trip, and start reading its results; the caller must
         `close()` what it gets. A 429 when admission refuses it; a model whose last load failed takes
         no job: a 503 with Retry-After at once.
@@ -118,7 +118,7 @@ class JobRuns:
         return self._run(job, subscription, ticket, observer)
 
     async def resume(
-        self, job: Job, ticket: Ticket, after: str, observer: JobObserver
+        self, job: Job, ticket: Ticket, after: str, observer: FrontDoorJobObserver
     ) -> tuple[JobRun, list[Chunk]]:
         """The rest of `job`'s results, from after entry `after` (a stream resumed with
         `Last-Event-ID`), for the admitted reader holding `ticket`, and the chunks up to it, which the
@@ -175,7 +175,7 @@ class JobRuns:
         job: Job,
         subscription: Subscription,
         ticket: Ticket,
-        observer: JobObserver,
+        observer: FrontDoorJobObserver,
         charge: Charge | None = None,
     ) -> JobRun:
         return JobRun(

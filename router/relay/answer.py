@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from router.http.responses import Answer, json_response
-from router.queue.source import ChunkSource
+from router.http.answers import Answer, json_response
+from router.queue.chunk_source import ChunkSource
+from router.relay.answer_relays import AnswerRelay
 from router.relay.first_byte import StreamForm, stream_response
-from router.relay.kinds import AnswerRelay
-from router.status.models import ModelStatusReader
+from router.status.model_status import ModelStatusReader
 from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk
 

@@ -35,9 +35,9 @@ from router.relay.sse import (
     error_for,
     events_of,
     gather_choices,
+    openai_usage,
     sse_error,
     sse_event,
-    usage_of,
 )
 from switchboard.wire import Chunk, Job, TokenLogprob, ToolCall
 
@@ -170,7 +170,7 @@ class ChatRelay:
             id=self.completion_id, created=self.created, model=self.model, choices=choices
         )
         if self.include_usage:
-            event.usage = usage_of(last) if usage and last is not None else None
+            event.usage = openai_usage(last) if usage and last is not None else None
         return event
 
     # --- assembled --------------------------------------------------------------------------------

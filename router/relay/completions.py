@@ -11,7 +11,15 @@ from collections.abc import AsyncIterator, Sequence
 
 from router.openai.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from router.openai.errors import OpenAIError
-from router.relay.sse import SSE_DONE, error_for, events_of, gather_choices, sse_error, sse_event, usage_of
+from router.relay.sse import (
+    SSE_DONE,
+    error_for,
+    events_of,
+    gather_choices,
+    openai_usage,
+    sse_error,
+    sse_event,
+)
 from switchboard.wire import Chunk, Job, TokenLogprob
 
 
@@ -53,7 +61,7 @@ class CompletionRelay:
             events.append(sse_event(self._event([choice])))
         if chunk.is_last and self.include_usage:
             usage = self._event([])
-            usage.usage = usage_of(chunk)
+            usage.usage = openai_usage(chunk)
             events.append(sse_event(usage))
         return events
 

@@ -32,9 +32,9 @@ from litestar.response import Stream
 from redis.exceptions import RedisError
 
 from router.openai.errors import OpenAIError
-from router.queue.source import ChunkSource
+from router.queue.chunk_source import ChunkSource
 from router.relay.sse import Relay, error_for, sse_comment
-from router.status.models import ModelStatus, ModelStatusReader
+from router.status.model_status import ModelStatus, ModelStatusReader
 from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk
 

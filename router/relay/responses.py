@@ -33,7 +33,7 @@ from router.openai.responses import (
     TextOptions,
 )
 from router.relay.chat import chat_logprob
-from router.relay.sse import error_for, events_of, gather_choices, usage_of
+from router.relay.sse import error_for, events_of, gather_choices, openai_usage
 from switchboard.wire import Chunk, Job, TokenLogprob
 from switchboard.wire import Usage as WireUsage
 
@@ -245,7 +245,7 @@ class ResponsesRelay:
     # --- shared -----------------------------------------------------------------------------------
 
     def _finished(self, last: Chunk) -> ResponseObject:
-        usage = usage_of(last)
+        usage = openai_usage(last)
         response = self._snapshot("incomplete" if self._finish_reason == "length" else "completed")
         response.usage = ResponseUsage(
             input_tokens=usage.prompt_tokens,

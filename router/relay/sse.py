@@ -105,7 +105,7 @@ def error_for(job_error: JobError, model: str) -> OpenAIError:
     return EngineError(job_error.message)
 
 
-def usage_of(chunk: Chunk) -> Usage:
+def openai_usage(chunk: Chunk) -> Usage:
     """OpenAI's usage object for the job's last chunk (zeros if it carried none)."""
     if chunk.usage is None:
         return Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
@@ -143,5 +143,5 @@ async def gather_choices(chunks: AsyncIterator[Chunk], model: str, n: int) -> tu
         if chunk.finish_reason is not None:
             choice.finish_reason = chunk.finish_reason
         if chunk.is_last:
-            usage = usage_of(chunk)
+            usage = openai_usage(chunk)
     return choices, usage

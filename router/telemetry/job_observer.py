@@ -20,7 +20,7 @@ import msgspec
 
 from router.openai.errors import OpenAIError
 from router.routing.rollouts.observations import FAILURE_CODES, Observations
-from router.telemetry.metrics import (
+from router.telemetry.front_door_metrics import (
     GENERATION_TOKENS,
     PROMPT_TOKENS,
     REQUEST_SUCCESS,
@@ -34,7 +34,7 @@ from switchboard.wire import Chunk, Job, Usage
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
 
 
-class JobObserver:
+class FrontDoorJobObserver:
     """The spans and timings of one job of a request (or of a resumed stream, `resumed`)."""
 
     def __init__(self, job: Job, observations: Observations, *, resumed: bool = False) -> None:

@@ -24,7 +24,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.intake.job import new_job_id
-from router.telemetry.metrics import E2E_LATENCY, OPERATION_REQUESTS, REQUESTS
+from router.telemetry.front_door_metrics import E2E_LATENCY, OPERATION_REQUESTS, REQUESTS
 from switchboard import tracing
 
 # Requests under these paths are observed; /metrics and the health checks are not. vLLM serves

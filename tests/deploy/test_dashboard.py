@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import router.routing.fallback  # registers the fallbacks' counter
-import router.telemetry.metrics  # noqa: F401  (registers the front door's metrics)
+import router.telemetry.front_door_metrics  # noqa: F401  (registers the front door's metrics)
 import switchboard.gc_heap  # noqa: F401  (registers the garbage collector's metrics, both sides)
-import workers.runtime.metrics  # noqa: F401  (registers the worker's metrics)
+import workers.runtime.worker_metrics  # noqa: F401  (registers the worker's metrics)
 from switchboard.metrics import REGISTRY
 from tests.support.metric_samples import metric_names
 

@@ -26,7 +26,7 @@ from workers.controller.policy import decide
 from workers.controller.snapshot import LocalFacts
 from workers.controller.view import View, WorkerLimits
 from workers.models.slot import LoadFailed
-from workers.runtime import metrics
+from workers.runtime import worker_metrics as metrics
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from workers.jobs.wakeable_read import WakeableRead
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import ModelSlot, SlotNotServing
 from workers.models.slots import Slots
-from workers.runtime.metrics import SLOT_WAIT
+from workers.runtime.worker_metrics import SLOT_WAIT
 
 logger = logging.getLogger(__name__)
 

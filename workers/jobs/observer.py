@@ -1,6 +1,6 @@
 """One job on a worker, observed: its spans under the front door's, and its metrics.
 
-The consumer makes one per job it takes (`JobObserver.taken`), and it stays current for that job's
+The consumer makes one per job it takes (`WorkerJobObserver.taken`), and it stays current for that job's
 task (`current_job()`), so the consumer's steps report to it without passing it around. Tracing on,
 the job's trace context (`Job.trace`, from the front door) is the parent of:
 
@@ -23,20 +23,20 @@ import msgspec
 from switchboard import gen_ai, tracing
 from switchboard.wire import Chunk, Usage, encode
 from workers.jobs.takeover import Entry
-from workers.runtime.metrics import COLD_START_WAIT, FIRST_CHUNK, JOBS, QUEUE_TIME, RESULT_CHUNKS
+from workers.runtime.worker_metrics import COLD_START_WAIT, FIRST_CHUNK, JOBS, QUEUE_TIME, RESULT_CHUNKS
 from workers.triton.model import engine_job_decoder
 
-_current: contextvars.ContextVar[JobObserver | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[WorkerJobObserver | None] = contextvars.ContextVar(
     "switchboard_worker_job", default=None
 )
 
 
-def current_job() -> JobObserver | None:
+def current_job() -> WorkerJobObserver | None:
     """The observer of the job this task runs, if any."""
     return _current.get()
 
 
-class JobObserver:
+class WorkerJobObserver:
     """The spans and metrics of one job taken by this worker."""
 
     def __init__(self, entry: Entry, worker_id: str, slot: Any) -> None:
@@ -84,7 +84,7 @@ class JobObserver:
         )
 
     @classmethod
-    def taken(cls, entry: Entry, worker_id: str, slot: Any) -> JobObserver:
+    def taken(cls, entry: Entry, worker_id: str, slot: Any) -> WorkerJobObserver:
         """Observe a job just taken, as the current job of this task."""
         observer = cls(entry, worker_id, slot)
         _current.set(observer)

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, Usage, chunk_decoder, encode
 from workers.jobs.continuation import LeftChecks, Plan, plan
-from workers.jobs.observer import JobObserver, current_job, note_outcome
+from workers.jobs.observer import WorkerJobObserver, current_job, note_outcome
 from workers.jobs.orphans import OrphanWatch
 from workers.jobs.takeover import Entry, acknowledge
 from workers.jobs.writer import ResultWriter, Superseded, inbox_of
@@ -48,7 +48,7 @@ class JobRunner:
 
     async def run(self, entry: Entry, slot: ModelSlot, lease: Lease) -> None:
         """Run one job on `slot`, which `lease` holds for it; the lease is released at its end."""
-        observer = JobObserver.taken(entry, self._worker_id, slot)
+        observer = WorkerJobObserver.taken(entry, self._worker_id, slot)
         try:
             await self._run_leased_job(entry, slot, lease)
         except Exception:

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from workers.runtime.metrics import ENGINE_BACKGROUND
+from workers.runtime.worker_metrics import ENGINE_BACKGROUND
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 from switchboard import gen_ai, tracing
 from switchboard.wire import Job
 from workers.engines.base import Delta
-from workers.runtime.metrics import ENGINE_FIRST_TOKEN
+from workers.runtime.worker_metrics import ENGINE_FIRST_TOKEN
 
 
 class EngineObserver:

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 import msgspec
 
 from router.gate.asks import CompletionAsk
-from router.http.responses import Answer
+from router.http.answers import Answer
 from router.intake.call import Call
 from router.openai.checks import invalid
 from router.openai.errors import OpenAIError
-from router.queue.held import HeldAnswer, collect
+from router.queue.held_answer import HeldAnswer, collect
+from router.relay.answer_relays import AnswerRelay
 from router.relay.first_byte import StreamForm
-from router.relay.kinds import AnswerRelay
 from router.routing.fallback import failed_on_the_model
 from router.routing.pipelines.cascade import (
     DraftVerdict,
@@ -29,7 +29,7 @@ from router.routing.pipelines.cascade import (
     draft_too_slow,
     judge_draft,
 )
-from router.routing.pipelines.spent_tokens import usage_of
+from router.routing.pipelines.spent_tokens import usage_told
 from router.routing.pipelines.step_parts import StepParts
 from router.routing.pipelines.steps import (
     CASCADE_HEADER,
@@ -124,7 +124,7 @@ async def drafted(
         length_is_normal=call.max_tokens_set,
     )
     if not verdict.accepted:
-        call.spent.add(usage_of(chunks))  # the strong model's answer counts it
+        call.spent.add(usage_told(chunks))  # the strong model's answer counts it
         raise DraftRejected(verdict, "rejected")
     STEPS.labels(plan.pipeline, "draft", job.model, "accepted").inc()
     earlier = await call.spent.settled()

@@ -56,7 +56,7 @@ class Spent:
         return self.usage
 
 
-def usage_of(chunks: list[Chunk]) -> Usage | None:
+def usage_told(chunks: list[Chunk]) -> Usage | None:
     """The usage a finished job's chunks report (on its last chunk)."""
     return next((chunk.usage for chunk in reversed(chunks) if chunk.usage is not None), None)
 

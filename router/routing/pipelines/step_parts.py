@@ -12,7 +12,7 @@ from router.queue.starts import JobRuns
 from router.relay.answer import Relaying
 from router.routing.resolve import Resolution, resolve_step
 from router.routing.routes.route_table import RouteTable
-from router.status.models import ModelStatusReader
+from router.status.model_status import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from switchboard.model_pipelines import PipelineLookup
 

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Mapping
 
 from router.routing.resolve import Resolution, answering_model
-from router.status.models import ModelStatus, ModelStatusReader
+from router.status.model_status import ModelStatus, ModelStatusReader
 from switchboard.model_pipelines import PipelineLookup
 
 

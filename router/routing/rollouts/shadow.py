@@ -43,7 +43,7 @@ from router.queue.enqueue import JobQueue
 from router.queue.results import ResultReader
 from router.queue.run import JobRun
 from router.queue.subscription import Subscription
-from router.status.models import ModelStatus, ModelStatusReader
+from router.status.model_status import ModelStatus, ModelStatusReader
 from router.telemetry.requests import arrival_id
 from switchboard import keys
 from switchboard.metrics import REGISTRY, TPOT_BUCKETS, TTFT_BUCKETS
@@ -116,7 +116,7 @@ def dropped_before_queueing(config: ShadowConfig, status: ModelStatus, unstarted
 
 
 @dataclass
-class Answer:
+class ComparedAnswer:
     """One answer as read from its result chunks: its first choice's text, and how it ended."""
 
     started: float  # loop time the job was queued
@@ -345,10 +345,10 @@ class ShadowTraffic:
             ticket=None,
         )
 
-    async def _read(self, run: JobRun, unstarted: Unstarted, started: float) -> Answer:
+    async def _read(self, run: JobRun, unstarted: Unstarted, started: float) -> ComparedAnswer:
         """The copy's answer, read to its end (or its deadline); its results are deleted after."""
         loop = asyncio.get_running_loop()
-        answer = Answer(started=started)
+        answer = ComparedAnswer(started=started)
         try:
             async for chunk in run.chunks():
                 unstarted.started()
@@ -358,10 +358,10 @@ class ShadowTraffic:
             await run.close()
         return answer
 
-    async def _read_served(self, job: Job, served: Subscription, queued_at: float) -> Answer:
+    async def _read_served(self, job: Job, served: Subscription, queued_at: float) -> ComparedAnswer:
         """The real answer, read beside the request that relays it, until its end or its deadline."""
         loop = asyncio.get_running_loop()
-        answer = Answer(started=queued_at)
+        answer = ComparedAnswer(started=queued_at)
         deadline = loop.time() + (job.deadline - time.time())
         try:
             while True:
@@ -373,7 +373,7 @@ class ShadowTraffic:
             answer.error_code = "timeout"
             return answer
 
-    def _observe(self, route: str, model: str, answer: Answer) -> None:
+    def _observe(self, route: str, model: str, answer: ComparedAnswer) -> None:
         if answer.outcome != "answered":
             return
         if answer.ttft_s is not None:
@@ -381,7 +381,7 @@ class ShadowTraffic:
         if answer.inter_token_s is not None:
             SHADOW_INTER_TOKEN_LATENCY.labels(route, model).observe(answer.inter_token_s)
 
-    async def _keep(self, job: Job, copy: Job, real: Answer, shadow: Answer) -> None:
+    async def _keep(self, job: Job, copy: Job, real: ComparedAnswer, shadow: ComparedAnswer) -> None:
         """Add the compared pair to its route's capped stream of answers."""
         pair = {
             "request_id": job.id,

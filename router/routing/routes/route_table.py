@@ -8,7 +8,6 @@ answers, the configured weights apply; a route Redis holds nothing for is seeded
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -19,7 +18,7 @@ from router.telemetry.summarized_log import SummarizedLog
 from switchboard import keys
 from switchboard.route_config import RouteConfig
 from switchboard.routes import Route, checked_weights, route_from_fields, seed_route, write_weights
-from switchboard.tasks import TaskSet
+from switchboard.tasks import TaskSet, poll
 
 logger = logging.getLogger(__name__)
 # A Redis outage fails every poll: a line now and then, not two a second.
@@ -96,11 +95,11 @@ def _configured(name: str, config: RouteConfig) -> Route:
 async def poll_version(
     refresh: Callable[[], Awaitable[None]], failures: SummarizedLog, event: str, message: str
 ) -> None:
-    """Call `refresh` every POLL_S until cancelled; a Redis outage fails every poll, so it is told
-    now and then (`failures`), not twice a second, while the last state read still applies."""
-    while True:
-        try:
-            await refresh()
-        except RedisError as exc:
-            failures.event(event, message, error=str(exc) or type(exc).__name__)
-        await asyncio.sleep(POLL_S)
+    """Call `refresh` every POLL_S until cancelled (`switchboard.tasks.poll`); a Redis outage fails
+    every poll, so it is told now and then (`failures`), not twice a second, while the last state
+    read still applies."""
+
+    def told(exc: BaseException) -> None:
+        failures.event(event, message, error=str(exc) or type(exc).__name__)
+
+    await poll(refresh, POLL_S, message, first_wait=False, errors=(RedisError,), on_error=told)

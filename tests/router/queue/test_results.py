@@ -18,7 +18,7 @@ from router.openai.chat import ChatCompletionRequest
 from router.queue.results import BLOCK_MS, QUIET_S, ResultReader
 from router.queue.subscription import ResultsLost, Subscription
 from router.status.redis_health import RedisHealth
-from router.telemetry.job_observer import JobObserver
+from router.telemetry.job_observer import FrontDoorJobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.lua.batched import ScriptBatch
@@ -50,7 +50,9 @@ async def test_a_request_cancelled_during_its_enqueue_leaves_no_subscription(
         request = msgspec.convert({**BODY, "stream": True}, ChatCompletionRequest)
         job = chat_job(request, timeout_s=30)
         admitting = front_door.admission.admitting(job, ANONYMOUS)
-        starting = asyncio.create_task(front_door.runs.start(job, admitting, JobObserver(job)))
+        starting = asyncio.create_task(
+            front_door.runs.start(job, admitting, FrontDoorJobObserver(job, front_door.runs.observations))
+        )
         async with asyncio.timeout(10):
             while not enqueuing.is_set():
                 if starting.done():

@@ -13,9 +13,9 @@ from router.admission.auth import ANONYMOUS, Caller
 from router.front_door import FrontDoor
 from router.intake.job import chat_job
 from router.openai.chat import ChatCompletionRequest
-from router.queue.held import collect
+from router.queue.held_answer import collect
 from router.queue.run import JobRun
-from router.telemetry.job_observer import JobObserver
+from router.telemetry.job_observer import FrontDoorJobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage
@@ -36,7 +36,11 @@ async def front_door(redis: aioredis.Redis, redis_server: PrivateRedis) -> Async
 async def answered_run(front_door: FrontDoor, caller: Caller) -> JobRun:
     """A run of `caller`'s whose one chunk was written and read."""
     job = chat_job(REQUEST, timeout_s=30)
-    run = await front_door.runs.start(job, front_door.admission.admitting(job, caller), JobObserver(job))
+    run = await front_door.runs.start(
+        job,
+        front_door.admission.admitting(job, caller),
+        FrontDoorJobObserver(job, front_door.runs.observations),
+    )
     await write_chunks(front_door.redis, job.id, ANSWER)
     assert await collect(run, within_s=10) == [ANSWER]
     return run

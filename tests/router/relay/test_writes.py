@@ -20,7 +20,7 @@ from router.openai.chat import ChatCompletionRequest
 from router.queue.run import JobRun
 from router.relay.chat import chat_relay
 from router.relay.first_byte import StreamForm, stream_response
-from router.telemetry.job_observer import JobObserver
+from router.telemetry.job_observer import FrontDoorJobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Usage, encode
@@ -45,7 +45,11 @@ async def front_door(redis: aioredis.Redis, redis_server: PrivateRedis) -> Async
 
 async def started_run(front_door: FrontDoor) -> JobRun:
     job = chat_job(REQUEST, timeout_s=30)
-    return await front_door.runs.start(job, front_door.admission.admitting(job, ANONYMOUS), JobObserver(job))
+    return await front_door.runs.start(
+        job,
+        front_door.admission.admitting(job, ANONYMOUS),
+        FrontDoorJobObserver(job, front_door.runs.observations),
+    )
 
 
 async def write_at_once(redis: aioredis.Redis, job_id: str, *chunks: Chunk, first_position: int = 0) -> None:

@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from openai import AsyncOpenAI, InternalServerError
 
-from router.admission.models import WORKERS_MAX_AGE_S
+from router.admission.model_table import WORKERS_MAX_AGE_S
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, JobError, LoadFailure, SlotStatus, Usage, encode, job_decoder

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from router.queue.move import move_waiting_jobs
+from router.queue.move_waiting import move_waiting_jobs
 from router.routing.routes.route_table import POLL_S
 from switchboard import keys
 from switchboard.api_keys import digest

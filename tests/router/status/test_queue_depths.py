@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from router.status.models import ModelStatusReader, queue_depths
+from router.status.model_status import ModelStatusReader, queue_depths
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.demand import note_demand

@@ -34,7 +34,7 @@ from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slots import Slots
 from workers.runtime.cpu_priority import EnginePriorities, may_restore_priority
-from workers.runtime.metrics import SLOTS as SLOT_METRICS
+from workers.runtime.worker_metrics import SLOTS as SLOT_METRICS
 from workers.triton.host import TritonHost
 from workers.triton.model import CoalescingPolicy
 

@@ -29,8 +29,8 @@ from tests.support.one_worker import running_worker
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.waits import eventually
 from workers.models.slot import ModelSlot
-from workers.runtime.metrics import SLOTS
 from workers.runtime.metrics_server import MetricsServer
+from workers.runtime.worker_metrics import SLOTS
 
 MODEL = "observed"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

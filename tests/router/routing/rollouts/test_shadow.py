@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
-from router.routing.rollouts.shadow import Answer, ShadowTraffic, drawn, dropped_before_queueing, shadow_copy
-from router.status.models import ModelStatus
+from router.routing.rollouts.shadow import (
+    ComparedAnswer,
+    ShadowTraffic,
+    drawn,
+    dropped_before_queueing,
+    shadow_copy,
+)
+from router.status.model_status import ModelStatus
 from switchboard.cli.main import parse_args
 from switchboard.cli.shadow import pair_of
 from switchboard.config import ConfigError, Settings, load_settings
@@ -139,17 +145,17 @@ def test_a_copy_is_a_new_job_for_the_shadow_model_with_no_tenant_and_the_same_re
 
 
 def test_an_answers_outcome_and_times_come_from_its_chunks() -> None:
-    answer = Answer(started=10.0)
+    answer = ComparedAnswer(started=10.0)
     answer.add(Chunk(text="Hel"), 10.5)
     answer.add(
         Chunk(text="lo", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=3)), 11.5
     )
     assert (answer.outcome, "".join(answer.text), answer.finish_reason) == ("answered", "Hello", "stop")
     assert answer.ttft_s == 0.5 and answer.inter_token_s == 0.5
-    dropped = Answer(started=0.0)
+    dropped = ComparedAnswer(started=0.0)
     dropped.add(Chunk(error=JobError(code="shadow_dropped", message="busy")), 0.1)
     assert dropped.outcome == "dropped_busy"
-    failed = Answer(started=0.0)
+    failed = ComparedAnswer(started=0.0)
     failed.add(Chunk(error=JobError(code="engine_error", message="died")), 0.1)
     assert failed.outcome == "failed"
 

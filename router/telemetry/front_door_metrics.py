@@ -4,7 +4,7 @@ Requests are counted by model (the one that served), the route the request named
 and HTTP status, and timed from the moment the request arrived: to
 the first result chunk (time to first token), to the last byte (end to end), and per output token
 between the two. The queue's depth and the age of its oldest job are read from Redis when scraped
-(`router.status.models.queue_depths`), so every front door reports the same queues.
+(`router.status.model_status.queue_depths`), so every front door reports the same queues.
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ from router.intake.resume import resume_point
 from router.intake.tools import TEXT
 from router.openai.chat import ChatCompletionRequest
 from router.openai.errors import EngineError, InvalidRequestError, OpenAIError
-from router.queue.held import HeldAnswer, collect
+from router.queue.chunk_source import ChunkSource
+from router.queue.held_answer import HeldAnswer, collect
 from router.queue.run import JobRun
-from router.queue.source import ChunkSource
 from router.relay.answer import served_chunks
 from router.relay.chat import ChatRelay, chat_relay
 from router.relay.first_byte import OPENAI_SHAPE, StreamForm, stream_response
-from router.telemetry.job_observer import JobObserver
+from router.telemetry.job_observer import FrontDoorJobObserver
 from switchboard import keys
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Chunk, Job, JobError, Usage
@@ -55,7 +55,11 @@ async def live_run(
 ) -> JobRun:
     """A queued job's run, whose worker wrote `chunks` (as a worker's result writer would)."""
     job = chat_job(REQUEST, timeout_s=timeout_s)
-    run = await front_door.runs.start(job, front_door.admission.admitting(job, ANONYMOUS), JobObserver(job, front_door.runs.observations))
+    run = await front_door.runs.start(
+        job,
+        front_door.admission.admitting(job, ANONYMOUS),
+        FrontDoorJobObserver(job, front_door.runs.observations),
+    )
     if streamed:
         # Before the chunks are written: the reader may read them to the end at once.
         run.mark_resumable()
@@ -127,7 +131,9 @@ async def test_a_held_answers_event_ids_name_no_entry_and_a_resume_from_one_is_r
     assert point is not None and not point.counted
     ticket = await front_door.admission.admit(held.job, ANONYMOUS)
     with pytest.raises(InvalidRequestError) as refused:
-        await front_door.runs.resume(held.job, ticket, point.entry_id, JobObserver(held.job, front_door.runs.observations))
+        await front_door.runs.resume(
+            held.job, ticket, point.entry_id, FrontDoorJobObserver(held.job, front_door.runs.observations)
+        )
     assert refused.value.code == "invalid_last_event_id"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.relay.first_byte import describe_wait
-from router.status.models import ModelStatus, summarize
+from router.status.model_status import ModelStatus, summarize
 from switchboard.config import ModelConfig
 from switchboard.wire import LoadFailure, SlotState, SlotStatus, WorkerRecord
 

@@ -1,5 +1,5 @@
 """What a streamed or whole answer is relayed from: a job's chunks, live (`router.queue.run.JobRun`)
-or held in memory once finished (`router.queue.held.HeldAnswer`)."""
+or held in memory once finished (`router.queue.held_answer.HeldAnswer`)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A cascade reads its draft whole before it decides whether the client gets it
 (`router.routing.pipelines.cascade`), so a draft it keeps is no longer a job being read: it is a list of
 chunks. `HeldAnswer` hands them to the stream and whole-answer relays through the same surface as
-`router.queue.run.JobRun` (`router.queue.source.ChunkSource`), so that the client gets the same
+`router.queue.run.JobRun` (`router.queue.chunk_source.ChunkSource`), so that the client gets the same
 events as from the live job.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from router.queue.source import ChunkSource
+from router.queue.chunk_source import ChunkSource
 from switchboard.wire import Chunk, Job
 
 

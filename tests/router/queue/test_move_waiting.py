@@ -7,7 +7,7 @@ import time
 import redis.asyncio as aioredis
 
 from router.queue.enqueue import JobQueue
-from router.queue.move import move_waiting_jobs
+from router.queue.move_waiting import move_waiting_jobs
 from switchboard import keys
 from switchboard.tasks import TaskSet
 from switchboard.wire import Job, LoadFailure, SamplingParams, encode, job_decoder

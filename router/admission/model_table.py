@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from router.admission.auth import Caller
 from router.openai.errors import ModelNotFoundError, NoWorkerForModelError
-from router.status.models import ModelStatusReader, may_serve
+from router.status.model_status import ModelStatusReader, may_serve
 from router.telemetry.requests import note_model
 from switchboard.config import ModelConfig
 from switchboard.pooling_config import ModelKind
