@@ -20,15 +20,15 @@ from router.admission.auth import Caller
 from router.admission.fits import ModelLimitsCache, check_job_fits
 from router.admission.model_table import ModelTable
 from router.gate.asks import GenerationAsk, ResponsesAsk
+from router.gate.responses_as_chat import in_responses_words
 from router.http.answers import Answer
-from router.intake.call import Call
 from router.intake.prepare import Prepared, prepared
-from router.intake.responses_as_chat import in_responses_words
 from router.intake.resume import LAST_EVENT_ID_HEADER, ResumePoint, resume_point, wants_event_ids
 from router.openai.errors import OpenAIError
 from router.openai.pooling_checks import check_model_kind
 from router.relay.answer_relays import AnswerRelay
 from router.relay.first_byte import StreamForm, stream_response
+from router.routing.call import Call
 from router.routing.fallback import failed_on_the_model, note_failure, note_fallback
 from router.routing.pipelines.cascade_step import draft_step, drafted, escalated, judged
 from router.routing.pipelines.router_step import routed

@@ -29,12 +29,12 @@ from router.relay.answer import Relaying
 from router.routing.pipelines.pipeline_table import PipelineTable
 from router.routing.pipelines.step_parts import StepParts
 from router.routing.rollouts.judge import RolloutJudge
-from router.routing.rollouts.observations import Observations
 from router.routing.rollouts.shadow import ShadowTraffic
 from router.routing.routes.route_table import RouteTable
 from router.status.heartbeat import RouterHeartbeat
 from router.status.model_status import ModelStatusReader
 from router.status.redis_health import RedisHealth
+from router.telemetry.rollout_observations import Observations
 from switchboard.config import Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet

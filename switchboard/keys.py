@@ -336,7 +336,7 @@ def rollout_lease(route_name: str) -> str:
 
 def rollout_window(route_name: str, rollout_id: str, window: int) -> str:
     """Hash of what every front door counted for a rollout's targets in one window
-    (`router.routing.rollouts.observations`): `<model>:<counter>` → count. Expires ROLLOUT_WINDOW_TTL_S
+    (`router.telemetry.rollout_observations`): `<model>:<counter>` → count. Expires ROLLOUT_WINDOW_TTL_S
     after its last write. Tagged by the route's name."""
     return f"{PREFIX}:route:{{{route_name}}}:rollout:{rollout_id}:{window}"
 

@@ -189,7 +189,7 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     usage: Usage | None = None
     error: JobError | None = None
     # On a job's first chunk: the job waited for its model to load (or wake), so its time to first
-    # token holds a cold start (`router.routing.rollouts.observations` counts it apart).
+    # token holds a cold start (`router.telemetry.rollout_observations` counts it apart).
     cold_start: bool = False
     # A pooling job's answer, in one last chunk with its usage: a row per input, in input order,
     # each little-endian float32 values (an embedding; a classifier's probability per label; a

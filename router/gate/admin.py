@@ -9,15 +9,23 @@ far below the generation endpoints' `max_body_bytes`; what they hold is checked 
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from router.gate.gate import Gate, unchecked
-from router.routing.routes.route_views import WeightsRequest
 from switchboard.model_pipelines import PipelineConfig
 from switchboard.rollout import RolloutPlan
 
 # The largest admin body taken: a pipeline of hundreds of steps is a few kilobytes.
 ADMIN_MAX_BODY_BYTES = 256 * 1024
+
+
+class WeightsRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `PUT /admin/routes/{name}/weights`: every target → a whole percent, summing to 100
+    (checked against the route by `switchboard.routes.checked_weights`)."""
+
+    weights: dict[str, Any]
 
 
 class ModelStateRequest(msgspec.Struct, kw_only=True):

@@ -13,8 +13,7 @@ from router.openai.completions import CompletionRequest
 from router.openai.embeddings import EmbeddingRequest
 from router.openai.rerank import RerankRequest
 from router.openai.responses import ResponsesRequest
-from router.routing.pipelines.router_model import request_text
-from switchboard.wire import ChatMessage, Prompt
+from switchboard.wire import Prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +45,6 @@ class ChatAsk:
     def max_tokens_set(self) -> bool:
         """Whether the client bounded the answer's length itself (an answer ending there is whole)."""
         return (self.chat.max_completion_tokens or self.chat.max_tokens) is not None
-
-    def text(self, limit: int) -> str:
-        """What a router model reads of the request (`router.routing.pipelines.router_model.request_text`)."""
-        messages = [
-            ChatMessage(role=m.role, content=None if m.content is None else m.text())
-            for m in self.chat.messages
-        ]
-        return request_text(messages, None, limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +83,6 @@ class CompletionAsk:
     def max_tokens_set(self) -> bool:
         # A completion's max_tokens defaults to 16, as OpenAI's: an answer cut there is whole too.
         return self.completion.max_tokens is not None
-
-    def text(self, limit: int) -> str:
-        prompt = self.completion.prompt
-        return request_text(None, prompt if isinstance(prompt, str) else str(prompt), limit)
 
 
 GenerationAsk = ChatAsk | CompletionAsk

@@ -2,7 +2,7 @@
 
 Each applies its type's field checks (`router.openai.checks`) and the bounds on what one request
 may cost a worker (`router.openai.bounds`). A Responses request is bounded as the chat request that
-answers it (`router.intake.responses_as_chat`), since that is what the engine runs: whatever a response can
+answers it (`router.gate.responses_as_chat`), since that is what the engine runs: whatever a response can
 say, its bounds are the chat's, named in the Responses request's own words.
 """
 
@@ -12,7 +12,7 @@ import msgspec
 
 from router.gate.asks import ChatAsk, CompletionAsk, ResponsesAsk
 from router.gate.gate import Gate
-from router.intake.responses_as_chat import chat_request, in_responses_terms
+from router.gate.responses_as_chat import chat_request, in_responses_terms
 from router.openai.bounds import check_chat_bounds, check_sampling_bounds
 from router.openai.chat import ChatCompletionRequest
 from router.openai.checks import check_chat, check_completion

@@ -1,6 +1,6 @@
 """OpenAI Responses (`POST /v1/responses`): the request, the response object and its stream events.
 
-A response is answered by the same chat job as a chat completion (`router.intake.responses_as_chat` turns
+A response is answered by the same chat job as a chat completion (`router.gate.responses_as_chat` turns
 one into the other); only the shapes differ. Nothing is stored: a request carries its whole
 conversation in `input`, as it does with `store: false` at OpenAI. Items and content parts are
 decoded loosely (a `type` and the fields any type may have) so that an item or part of a type not

@@ -25,9 +25,9 @@ from router.queue.enqueue import JobQueue, Resumption, UnknownEntry, admitted
 from router.queue.results import ResultReader
 from router.queue.run import JobRun
 from router.queue.subscription import Subscription
-from router.routing.rollouts.observations import Observations
 from router.status.model_status import ModelStatusReader
 from router.telemetry.job_observer import FrontDoorJobObserver
+from router.telemetry.rollout_observations import Observations
 from switchboard import keys
 from switchboard.lua.batched import answer
 from switchboard.router_config import RouterConfig

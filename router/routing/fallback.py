@@ -28,8 +28,8 @@ from router.openai.errors import (
     OpenAIError,
     TooManyRequestsError,
 )
-from router.routing.rollouts.observations import Observations
 from router.telemetry.requests import current_request
+from router.telemetry.rollout_observations import Observations
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.metrics import REGISTRY
 

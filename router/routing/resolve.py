@@ -7,7 +7,7 @@ is placed by a stickiness key, so that the same caller stays on the same target 
 The stickiness key is, first found: the `x-session-id` header, the request's `user`, the API key,
 the client's address (with no keys); with keys, a session or user is scoped by the key, so that a
 key choosing session ids chooses among its own buckets only, never another key's. A running
-rollout judges the versions by caller (`router.routing.rollouts.observations.judged_as`): the key, else the
+rollout judges the versions by caller (`router.telemetry.rollout_observations.judged_as`): the key, else the
 stickiness key. Everything after (admission, limits, context checks, the job,
 the answer's `model`) uses the target, the model that serves. A pipeline of fallbacks
 (`switchboard.model_pipelines`) serves with its first step and keeps the others, in order, for a
@@ -26,9 +26,9 @@ from litestar import Request, Response
 
 from router.admission.auth import Caller
 from router.openai.errors import ModelNotFoundError, OpenAIError
-from router.routing.rollouts.observations import judged_as
 from router.routing.routes.route_table import RouteTable
 from router.telemetry.requests import current_request
+from router.telemetry.rollout_observations import judged_as
 from switchboard.model_pipelines import PipelineLookup
 from switchboard.routes import Route
 from switchboard.wire import Job

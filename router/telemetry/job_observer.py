@@ -6,7 +6,7 @@ job a W3C carrier (`Job.trace`) naming that span, so the worker's spans join the
 chunk the request takes passes `chunk()`: the first ends the wait (`switchboard.await_first_chunk`)
 and starts the relay (`switchboard.relay`), which lasts until the job is closed. Metrics (time to
 first token, per output token, tokens, finish reasons) are recorded whether tracing is on or not,
-and so is what a running rollout of the job's route judges (`router.routing.rollouts.observations`).
+and so is what a running rollout of the job's route judges (`router.telemetry.rollout_observations`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 
 from router.openai.errors import OpenAIError
-from router.routing.rollouts.observations import FAILURE_CODES, Observations
 from router.telemetry.front_door_metrics import (
     GENERATION_TOKENS,
     PROMPT_TOKENS,
@@ -28,6 +27,7 @@ from router.telemetry.front_door_metrics import (
     TIME_TO_FIRST_TOKEN,
 )
 from router.telemetry.requests import current_request
+from router.telemetry.rollout_observations import FAILURE_CODES, Observations
 from switchboard import gen_ai, tracing
 from switchboard.wire import Chunk, Job, Usage
 

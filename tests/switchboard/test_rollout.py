@@ -7,7 +7,7 @@ import contextvars
 
 import pytest
 
-from router.routing.rollouts.observations import Observations, judged_as, windows_from
+from router.telemetry.rollout_observations import Observations, judged_as, windows_from
 from switchboard.rollout import (
     BUCKET_COUNT,
     PlanError,

@@ -14,12 +14,12 @@ import msgspec
 
 from router.gate.asks import CompletionAsk
 from router.http.answers import Answer
-from router.intake.call import Call
 from router.openai.checks import invalid
 from router.openai.errors import OpenAIError
 from router.queue.held_answer import HeldAnswer, collect
 from router.relay.answer_relays import AnswerRelay
 from router.relay.first_byte import StreamForm
+from router.routing.call import Call
 from router.routing.fallback import failed_on_the_model
 from router.routing.pipelines.cascade import (
     DraftVerdict,

@@ -14,12 +14,13 @@ from collections.abc import AsyncGenerator
 
 from redis.exceptions import RedisError
 
-from router.intake.call import Call
+from router.gate.asks import ChatAsk, GenerationAsk
 from router.intake.job import step_job
 from router.openai.errors import OpenAIError
 from router.queue.run import JobRun
+from router.routing.call import Call
 from router.routing.fallback import failed_on_the_model
-from router.routing.pipelines.router_model import AskRouter, choose
+from router.routing.pipelines.router_model import AskRouter, choose, request_text
 from router.routing.pipelines.step_parts import StepParts
 from router.routing.pipelines.steps import (
     CHOICE_HEADER,
@@ -49,7 +50,7 @@ async def routed(resolution: Resolution, call: Call, config: RouterConfig, parts
     attributes = {PIPELINE_ATTRIBUTE: pipeline, "switchboard.router.model": router.served}
     with step_span("switchboard.pipeline.router", attributes) as span:
         try:
-            text = call.text(config.request_chars)
+            text = _text_of(call.ask, config.request_chars)
             choice = await choose(config, text, _asker(router, call, parts), warm.is_warm)
         finally:
             warm.close()
@@ -66,6 +67,17 @@ async def routed(resolution: Resolution, call: Call, config: RouterConfig, parts
         fallback = parts.step(call, default, resolution)
         chosen = chosen.then((fallback.served, fallback.route), *fallback.later)
     return chosen
+
+
+def _text_of(ask: GenerationAsk, limit: int) -> str:
+    """What the router model reads of the request (`request_text`)."""
+    if isinstance(ask, ChatAsk):
+        messages = [
+            ChatMessage(role=m.role, content=None if m.content is None else m.text()) for m in ask.chat.messages
+        ]
+        return request_text(messages, None, limit)
+    prompt = ask.completion.prompt
+    return request_text(None, prompt if isinstance(prompt, str) else str(prompt), limit)
 
 
 def _asker(router: Resolution, call: Call, parts: StepParts) -> AskRouter:

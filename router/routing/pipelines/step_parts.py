@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from router.intake.call import Call
 from router.queue.starts import JobRuns
 from router.relay.answer import Relaying
+from router.routing.call import Call
 from router.routing.resolve import Resolution, resolve_step
 from router.routing.routes.route_table import RouteTable
 from router.status.model_status import ModelStatusReader

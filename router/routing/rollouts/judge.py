@@ -29,11 +29,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
 from router.queue.move_waiting import move_waiting_jobs
-from router.routing.rollouts.observations import Observations, read_window
 from router.routing.routes.route_table import RouteTable
 from router.status.desired import request_model_state
 from router.status.model_status import ModelStatusReader
 from router.telemetry.front_door_metrics import ROLLOUT_EVENTS, ROUTE_WEIGHT
+from router.telemetry.rollout_observations import Observations, read_window
 from switchboard import keys
 from switchboard.rollout import Phase, RolloutState, after_check, decode_state, verdict
 from switchboard.routes import ROLLOUT_FIELD, Route, stage_weights

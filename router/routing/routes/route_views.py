@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -56,12 +56,6 @@ class RouteStatusList(msgspec.Struct, kw_only=True):
 
     data: list[RouteStatus]
     object: Literal["list"] = "list"
-
-
-class WeightsRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Body of `PUT /admin/routes/{name}/weights`: every target → a whole percent, summing to 100."""
-
-    weights: dict[str, Any]
 
 
 class RouteCard(ModelCard, kw_only=True):

@@ -22,7 +22,8 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from router.routing.rollouts import judge, observations
+from router.routing.rollouts import judge
+from router.telemetry import rollout_observations as observations
 from switchboard import keys
 from switchboard.config import ApiKey
 from switchboard.local.redis_server import PrivateRedis

@@ -23,7 +23,8 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from router.routing.rollouts import judge, observations
+from router.routing.rollouts import judge
+from router.telemetry import rollout_observations as observations
 from switchboard import keys
 from switchboard.cli import routes as route_commands
 from switchboard.cli.main import parse_args

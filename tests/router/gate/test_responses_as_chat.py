@@ -1,4 +1,4 @@
-"""A Responses request as the chat request that answers it (`router.intake.responses_as_chat`)."""
+"""A Responses request as the chat request that answers it (`router.gate.responses_as_chat`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.intake.responses_as_chat import chat_request, in_responses_terms
+from router.gate.responses_as_chat import chat_request, in_responses_terms
 from router.openai.chat import JsonObjectFormat, JsonSchemaFormat, NamedToolChoice
 from router.openai.errors import InvalidRequestError
 from router.openai.responses import ResponsesRequest

@@ -41,7 +41,3 @@ class Call:
     def max_tokens_set(self) -> bool:
         """Whether the client bounded the answer's length itself (an answer ending there is whole)."""
         return self.ask.max_tokens_set
-
-    def text(self, limit: int) -> str:
-        """What a router model reads of the request (`router.routing.pipelines.router_model.request_text`)."""
-        return self.ask.text(limit)
