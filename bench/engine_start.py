@@ -86,9 +86,9 @@ async def measure_one(variant: dict[str, Any], model_dir: str) -> dict[str, Any]
     result: dict[str, Any] = {"boot_s": 0.0, "fork_server_s": None}
     booted = time.monotonic()
     if variant.get("engine_process") == "fork":
-        from workers.engines import forked_core
+        from workers.engines import fork_server
 
-        result["fork_server_s"] = forked_core.start_fork_server()
+        result["fork_server_s"] = fork_server.start_fork_server()
     if variant.get("import_runtime"):
         import_runtime()
     result["boot_s"] = time.monotonic() - booted

@@ -141,7 +141,7 @@ def test_compose_builds_every_service_from_these_dockerfiles() -> None:
 
 
 TRTLLM_DOCKERFILE = DOCKER / "worker-trtllm.Dockerfile"
-# NVIDIA's TensorRT-LLM release container, at the release workers/engines/trtllm.py is written for.
+# NVIDIA's TensorRT-LLM release container, at the release workers/engines/trtllm/engine.py is written for.
 TRTLLM_RELEASE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
 
 

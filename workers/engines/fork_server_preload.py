@@ -1,7 +1,7 @@
-"""Imported once by the fork server at its start (never by the worker): vLLM's engine side, preloaded.
+"""Imported once by the fork server at its start (never by the worker): vLLM's engine side and the pooling runner, preloaded.
 
 Every EngineCore forked from the fork server then starts with these modules already imported.
-Nothing here may start a thread or touch CUDA: the children check both (`forked_core`).
+Nothing here may start a thread or touch CUDA: the children check both (`fork_server`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ with contextlib.suppress(ImportError):
 
     setproctitle.setproctitle("switchboard::engine-fork-server")
 
-# What an EngineCore, or a pooling model's process (`pooling_process`), imports before it can load a
+# What an EngineCore, or a pooling model's process (`torch_pooling.process`), imports before it can load a
 # model; a module that fails to import is left to the child, which then pays for it (the fork server
 # must come up whatever happens here).
 for _name in (
@@ -36,7 +36,7 @@ for _name in (
     "vllm.model_executor.model_loader",
     "vllm.model_executor.models.llama",
     "vllm.v1.attention.backends.cpu_attn",
-    "workers.engines.torch_pooling_runner",
+    "workers.engines.torch_pooling.runner",
 ):
     try:
         importlib.import_module(_name)
@@ -45,6 +45,6 @@ for _name in (
 
 # transformers' model and tokenizer classes are imported lazily, on first use: here, once.
 with contextlib.suppress(Exception):
-    from workers.engines.torch_pooling_runner import import_runtime
+    from workers.engines.torch_pooling.runner import import_runtime
 
     import_runtime()

@@ -4,7 +4,7 @@ A worker killed with SIGKILL runs no cleanup: an EngineCore it started would liv
 model's memory (a GPU's, for good), with nobody to serve. The kernel can signal a child when its
 parent dies (`prctl(PR_SET_PDEATHSIG)`), but only the child can ask for it, so the child's entry
 point does: vLLM's spawned EngineCore starts at `run_engine_core` below (see
-`spawned_engines_die_with_worker`), and forked ones at `forked_core._engine_core_main`.
+`spawned_engines_die_with_worker`), and forked ones at `fork_server.become_engine_process`.
 """
 
 from __future__ import annotations

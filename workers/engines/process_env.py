@@ -1,7 +1,7 @@
 """What an engine's own processes start with, and how they are found, measured and reaped.
 
-Shared by the two ways an EngineCore process starts: spawned by vLLM (`vllm`) and forked from the
-worker's fork server (`forked_core`). Both set the environment a new process inherits here, under
+Shared by the two ways an EngineCore process starts: spawned by vLLM (`vllm.engine`) and forked from the
+worker's fork server (`fork_server`). Both set the environment a new process inherits here, under
 one lock, and neither imports the other.
 """
 

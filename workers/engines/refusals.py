@@ -3,7 +3,7 @@
 Every engine (vLLM, TensorRT-LLM) says why it refused a request in its own words, which may quote
 the request at length (a regex, a grammar) and name files of the machine (its native library's
 sources, a model's files). `client_error` keeps the reason and drops the rest; which exceptions are
-refusals at all is each engine's business (`vllm_io.refusal_of`, `trtllm_io.refusal_of`).
+refusals at all is each engine's business (`vllm.io.refusal_of`, `trtllm.io.refusal_of`).
 """
 
 from __future__ import annotations

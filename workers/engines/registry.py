@@ -79,19 +79,19 @@ def import_runtimes(engines: set[str], engine_process: EngineProcess) -> None:
     without TensorRT-LLM still serves its other models; loading a trtllm model then fails, saying why.
     """
     if "trtllm" in engines:
-        from workers.engines.trtllm_runtime import import_runtime as import_trtllm
+        from workers.engines.trtllm import import_runtime as import_trtllm
 
         try:
             import_trtllm()
         except RuntimeError as exc:
             logger.error("the TensorRT-LLM engine cannot start here", extra={"why": str(exc)})
     if "vllm" in engines:
-        from workers.engines.vllm_runtime import import_runtime
+        from workers.engines.vllm import import_runtime
 
         import_runtime()
     # Pooling models' processes are forked from the same server, which imports transformers too.
     if engine_process == "fork" and engines & {"vllm", "torch"}:
-        from workers.engines.forked_core import start_fork_server
+        from workers.engines.fork_server import start_fork_server
 
         start_fork_server()
 

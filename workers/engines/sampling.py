@@ -1,8 +1,8 @@
 """The rules of OpenAI's sampling surface that every engine applies the same way.
 
 How many tokens a request may generate, what greedy means, which logit biases a vocabulary
-accepts, and how an impossible log probability travels. Each engine's own module (`vllm_io`,
-`trtllm_io`) maps the result onto its engine's parameters.
+accepts, and how an impossible log probability travels. Each engine's own module (`vllm.io`,
+`trtllm.io`) maps the result onto its engine's parameters.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ fork server, restarted when it dies); each stub connects to it at its first batc
 the process was replaced.
 
 This file runs inside the stub with only the standard library, numpy and Triton's own module; the
-framing below is shared with the process's side (`workers.engines.pooling_process`).
+framing below is shared with the process's side (`workers.engines.torch_pooling.process`).
 """
 
 from __future__ import annotations

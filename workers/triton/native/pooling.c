@@ -7,7 +7,7 @@
  * The same exchange as `workers/triton/pooling_backend.py` (the Python stub this replaces where the
  * backend is built): the batch's rows go in one message of `multiprocessing.connection`'s framing
  * (a 4-byte big-endian length, then the bytes), which the model's process
- * (`workers/engines/pooling_process.py`) reads with `recv_bytes`; the rows are items of a 4-byte
+ * (`workers/engines/torch_pooling/process.py`) reads with `recv_bytes`; the rows are items of a 4-byte
  * little-endian length and the bytes, Triton's own BYTES layout, so a request's input is copied as it
  * is. The answer's first byte says whether the items that follow are the rows' answers (OK) or one
  * error message (FAILED); each request gets exactly its own rows' answers, in order, and per row

@@ -26,9 +26,9 @@ from workers.engines.model_files import weights_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import engine_process_environment, process_tree, reap, resident_bytes
 from workers.engines.prompts import PromptBuilder, builds_quickly
-from workers.engines.vllm_io import OutputReader, engine_prompt, refusal_of, vllm_sampling_params
-from workers.engines.vllm_runtime import import_runtime as import_runtime  # also imported from here
-from workers.engines.vllm_tools import ToolCallExtractor, tool_parser_class
+from workers.engines.vllm.io import OutputReader, engine_prompt, refusal_of, vllm_sampling_params
+from workers.engines.vllm.runtime import import_runtime as import_runtime  # also imported from here
+from workers.engines.vllm.tools import ToolCallExtractor, tool_parser_class
 from workers.runtime.cpu_placement import omp_environment
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class VllmEngine(Engine):
         # Outside the spawn lock: reading the model's config and tokenizer needs no process.
         vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         if self._engine_process == "fork" and self._can_fork(platform):
-            from workers.engines import forked_core
+            from workers.engines.vllm import forked_core
 
             self._forked = forked_core.launch(
                 vllm_config,
@@ -154,7 +154,7 @@ class VllmEngine(Engine):
             )
 
     def _can_fork(self, platform: Any) -> bool:
-        from workers.engines import forked_core
+        from workers.engines.vllm import forked_core
 
         reason = forked_core.unsupported_reason(platform)
         if reason is not None:

@@ -1,7 +1,7 @@
 """The PyTorch pooling runner as an engine: an embedder, a classifier or a cross-encoder reranker.
 
-The model runs in a process of its own (`pooling_process`, the runner itself in
-`torch_pooling_runner`), pinned to the cores the worker placed it on with as many intra-op threads.
+The model runs in a process of its own (`process`, the runner itself in
+`runner`), pinned to the cores the worker placed it on with as many intra-op threads.
 Triton's stub for the model sends it the batches Triton's dynamic batcher made, over a Unix socket
 in a folder of the worker's own (`batch_socket`). The worker's side is this engine: it starts and
 stops that process, starts it again when it ends unasked (killed, out of memory), says what the
@@ -23,8 +23,8 @@ from switchboard.config import EngineProcess, ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.base import Footprint, InvalidEngineRequest, PooledRow, PoolingEngine, PoolingRow
 from workers.engines.model_files import DTYPE_BYTES, read_config, weights_bytes
-from workers.engines.pooling_process import PoolingProcess
-from workers.engines.torch_pooling_runner import TOKEN_BUDGET, device
+from workers.engines.torch_pooling.process import PoolingProcess
+from workers.engines.torch_pooling.runner import TOKEN_BUDGET, device
 from workers.runtime.private_runtime import remove_runtime_dir, runtime_dir
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ given, once checked against the vocabulary. An input longer than the model's con
 error unless the row asks for truncation, which keeps its last tokens as vLLM's
 `truncate_prompt_tokens` does (-1: as many as the model takes); a text is first cut to what those
 tokens can span (`switchboard.kept_text`), so that the tokenizer never reads what it would drop.
-A reranker's query is tokenized once for all its documents (`torch_pooling_pairs`).
+A reranker's query is tokenized once for all its documents (`pairs`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from switchboard import context_length
 from switchboard.kept_text import kept_tail
 from switchboard.wire import ModelLimits
 from workers.engines.base import InvalidEngineRequest, PoolingRow
-from workers.engines.torch_pooling_pairs import PairTemplate, QueryTokens
+from workers.engines.torch_pooling.pairs import PairTemplate, QueryTokens
 
 PARAM = "input"
 

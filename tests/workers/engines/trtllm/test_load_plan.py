@@ -1,4 +1,4 @@
-"""workers.engines.trtllm_args: what a TensorRT-LLM engine is built with, and what it will occupy.
+"""workers.engines.trtllm.load_plan: what a TensorRT-LLM engine is built with, and what it will occupy.
 
 A model folder here is a config.json and a weights file of a known size; nothing is loaded.
 """
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from switchboard.config import ModelConfig
-from workers.engines.trtllm_args import (
+from workers.engines.trtllm.load_plan import (
     DEFAULT_KV_CACHE_SHARE,
     GIB,
     RUNTIME_OVERHEAD_BYTES,

@@ -7,7 +7,7 @@ under load: a batch of 7 rows took 5.5 ms alone and 11-12 ms beside a thread bus
 of the time, on cores of their own. In a process of its own the runner has its interpreter to
 itself, as vLLM's model runner has beside its API server.
 
-The child is forked from the worker's fork server (`forked_core`), which imported torch and
+The child is forked from the worker's fork server (`workers.engines.fork_server`), which imported torch and
 transformers once, so a load costs the model's files, not the imports; with `engine_process =
 "spawn"` it starts afresh instead. Its first message says what it loaded (`LoadedModel`) or why it
 could not, and from then on it listens at the socket the worker named (`batch_socket`): Triton's
@@ -34,7 +34,7 @@ from switchboard import gc_heap
 from switchboard.config import EngineProcess, ModelConfig
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.process_env import stop_process
-from workers.engines.torch_pooling_runner import LoadedModel, PoolingRunner
+from workers.engines.torch_pooling.runner import LoadedModel, PoolingRunner
 from workers.triton.pooling_backend import FAILED, OK, frame, unframe
 from workers.triton.pooling_model import answer_of, decoded_rows, row_encoder
 
@@ -65,7 +65,7 @@ class PoolingProcess:
         """Start the model's process and wait until it has loaded the model (or failed to) and listens
         for Triton's batches at `batch_socket`."""
         if start == "fork":
-            from workers.engines.forked_core import start_fork_server
+            from workers.engines.fork_server import start_fork_server
 
             start_fork_server()
         context = (
@@ -159,7 +159,7 @@ def _pooling_main(
     batch_socket: str,
 ) -> None:
     """The child's life: become the model's process, load it, then answer batches until told to end."""
-    from workers.engines.forked_core import become_engine_process
+    from workers.engines.fork_server import become_engine_process
 
     become_engine_process(environ, cpu_threads, forked=forked, title=f"switchboard::pooling::{model.name}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the worker, which stops this

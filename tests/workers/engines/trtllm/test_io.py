@@ -1,4 +1,4 @@
-"""workers.engines.trtllm_io: our sampling parameters into TensorRT-LLM's, and its outputs into deltas.
+"""workers.engines.trtllm.io: our sampling parameters into TensorRT-LLM's, and its outputs into deltas.
 
 No TensorRT-LLM here: the sampling parameters are plain keyword arguments, and TensorRT-LLM's
 RequestOutput and CompletionOutput are stood in for by dataclasses with the attributes the reader
@@ -19,13 +19,13 @@ from workers.engines.base import Delta, InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
 from workers.engines.refusals import MAX_REASON_CHARS
 from workers.engines.sampling import LOWEST_LOGPROB
-from workers.engines.trtllm_io import (
+from workers.engines.trtllm.io import (
     TrtOutputReader,
     choice_regex,
     finish_reason,
     trtllm_sampling,
 )
-from workers.engines.trtllm_refusals import stream_refusal, submit_refusal
+from workers.engines.trtllm.refusals import stream_refusal, submit_refusal
 
 VOCAB_SIZE = 100
 CONTEXT = 64

@@ -21,8 +21,8 @@ from switchboard.config import ModelConfig
 from switchboard.wire import SamplingParams, StructuredOutput
 from tests.support import fake_tensorrt_llm
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
-from workers.engines.trtllm_args import GIB, plan_load
-from workers.engines.trtllm_io import trtllm_sampling
+from workers.engines.trtllm.io import trtllm_sampling
+from workers.engines.trtllm.load_plan import GIB, plan_load
 
 # Every knob of our sampling at once, so that every keyword argument the engine can send is checked.
 EVERY_KNOB = SamplingParams(

@@ -22,8 +22,8 @@ import pytest
 from switchboard.config import ModelConfig
 from switchboard.wire import SamplingParams
 from workers.engines.base import EngineRequest
-from workers.engines.vllm import GIB, VllmEngine
-from workers.engines.vllm_runtime import import_runtime
+from workers.engines.vllm.engine import GIB, VllmEngine
+from workers.engines.vllm.runtime import import_runtime
 from workers.runtime.cpu_placement import available_cores
 
 pytestmark = pytest.mark.e2e
@@ -133,10 +133,10 @@ async def test_load_and_unload_return_the_memory(model_dir: Path) -> None:
 
 
 async def test_forked_engine_core(model_dir: Path) -> None:
-    from workers.engines import forked_core
+    from workers.engines import fork_server
 
-    forked_core.start_fork_server()
-    server = forked_core.fork_server_pid()
+    fork_server.start_fork_server()
+    server = fork_server.fork_server_pid()
     assert server is not None
     assert len(os.listdir(f"/proc/{server}/task")) == 1, "the fork server stays single-threaded"
     cores = engine_core_cores()
@@ -175,7 +175,7 @@ async def test_forked_engine_core_that_dies_fails_its_running_request(model_dir:
 
 
 def test_engines_are_not_forked_where_it_is_unverified() -> None:
-    from workers.engines.forked_core import unsupported_reason
+    from workers.engines.vllm.forked_core import unsupported_reason
 
     class Gpu:
         device_type = "cuda"
@@ -190,7 +190,7 @@ def test_engines_are_not_forked_where_it_is_unverified() -> None:
 KILLED_WORKER = """
 import asyncio, sys
 from switchboard.config import ModelConfig
-from workers.engines.vllm import VllmEngine
+from workers.engines.vllm.engine import VllmEngine
 args = {"max_model_len": 256, "dtype": "float32", "enforce_eager": True}
 model = ModelConfig(name="demo", path=sys.argv[1], engine_args=args)
 engine = VllmEngine(model, cpu_threads=sys.argv[3], cpu_kvcache_gib=1, engine_process=sys.argv[2])

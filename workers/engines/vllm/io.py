@@ -1,6 +1,6 @@
 """Our sampling parameters into vLLM's, and vLLM's request outputs into deltas.
 
-Kept apart from the engine's lifecycle (`vllm.py`): this is the part that follows OpenAI's request
+Kept apart from the engine's lifecycle (`engine.py`): this is the part that follows OpenAI's request
 surface, and it changes when that surface grows.
 """
 

@@ -10,7 +10,7 @@ from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from workers.engines.base import InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt
 from workers.engines.refusals import client_error
-from workers.engines.trtllm_io import GUIDED_DECODING_ERROR
+from workers.engines.trtllm.io import GUIDED_DECODING_ERROR
 
 
 def submit_refusal(exc: BaseException) -> InvalidEngineRequest | None:

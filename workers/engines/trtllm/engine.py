@@ -2,15 +2,15 @@
 
 The `LLM` object lives in the worker as a front end, like vLLM's AsyncLLM; TensorRT-LLM runs the
 model in an executor process it starts itself (through MPI), which `stop()` reaps with everything
-else the build started (`trtllm_runtime`). Requests are submitted on the event loop's thread
+else the build started (`runtime`). Requests are submitted on the event loop's thread
 (TensorRT-LLM binds a result's queue to the loop it was made on) and their outputs read by
-`trtllm_io.TrtOutputReader`. An aborted request whose final output does not come within
+`io.TrtOutputReader`. An aborted request whose final output does not come within
 ABORT_GRACE_S is ended here (TensorRT-LLM's cancellation has had bugs that left results hanging).
 What TensorRT-LLM refuses of a request itself (its arguments' checks as it is made and submitted, a
 guide its grammar backend cannot compile) is the client's error, quoted as vLLM's refusals are
-(`trtllm_refusals`); its other failures stay the engine's.
+(`refusals`); its other failures stay the engine's.
 
-Footprint: before the first load, `trtllm_args.LoadPlan.footprint_bytes`: the weights' files,
+Footprint: before the first load, `load_plan.LoadPlan.footprint_bytes`: the weights' files,
 plus the KV cache's ceiling, plus RUNTIME_OVERHEAD_BYTES (the executor's CUDA context,
 activations, CUDA graphs). The ceiling is what the model's `kv_cache_config` bounds it to
 (`max_gpu_total_bytes`, or `max_tokens` times the bytes of one token's keys and values), else
@@ -40,14 +40,14 @@ from workers.engines.gpu_memory import processes_gpu_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import process_tree
 from workers.engines.prompts import BuiltPrompt, PromptBuilder, builds_quickly
-from workers.engines.trtllm_args import LoadPlan, UnsupportedModel, plan_load, refusal
-from workers.engines.trtllm_io import (
+from workers.engines.trtllm.io import (
     TrtOutputReader,
     TrtSampling,
     trtllm_sampling,
 )
-from workers.engines.trtllm_refusals import check_one_step_holds, stream_refusal, submit_refusal
-from workers.engines.trtllm_runtime import (
+from workers.engines.trtllm.load_plan import LoadPlan, UnsupportedModel, plan_load, refusal
+from workers.engines.trtllm.refusals import check_one_step_holds, stream_refusal, submit_refusal
+from workers.engines.trtllm.runtime import (
     Built,
     build,
     can_release,
@@ -294,7 +294,7 @@ class TrtllmEngine(Engine):
 
     async def _next_output_of(self, running: _Running, *, before_output: bool) -> Any:
         """As `_next_output`; the engine's refusal of the request, before any output, is the client's
-        error (see `trtllm_refusals.stream_refusal`)."""
+        error (see `refusals.stream_refusal`)."""
         try:
             return await self._next_output(running)
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""workers.engines.vllm_io: our sampling parameters into vLLM's, and vLLM's request outputs into deltas.
+"""workers.engines.vllm.io: our sampling parameters into vLLM's, and vLLM's request outputs into deltas.
 
 vLLM's output objects are stood in for by dataclasses with the attributes the reader uses; the
 sampling parameters are built with the real vLLM (imported once, only by the tests that need it).
@@ -16,7 +16,7 @@ from switchboard.wire import SamplingParams, StructuredOutput, TokenLogprob, Top
 from workers.engines.base import InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
 from workers.engines.refusals import MAX_REASON_CHARS
-from workers.engines.vllm_io import (
+from workers.engines.vllm.io import (
     LOWEST_LOGPROB,
     OutputReader,
     engine_prompt,

@@ -4,7 +4,7 @@ Loads a Hugging Face folder with transformers (`AutoModel` for an embedder,
 `AutoModelForSequenceClassification` for a classifier or a reranker), float32, on the GPU where
 there is one. Each `pool_now` call runs the rows of every job Triton batched together: sorted by
 length into sub-batches that waste little padding, each one forward pass. It runs in the model's own
-process (`pooling_process`), so that its Python glue between torch's kernels never waits for the
+process (`process`), so that its Python glue between torch's kernels never waits for the
 worker's event loop to let go of a GIL they would share.
 """
 
@@ -23,7 +23,7 @@ from switchboard.config import ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.prompts import longest_token_chars
-from workers.engines.torch_pooling_heads import (
+from workers.engines.torch_pooling.heads import (
     Vector,
     classifier_values,
     declared_pooling,
@@ -32,7 +32,7 @@ from workers.engines.torch_pooling_heads import (
     reranker_values,
     row_bytes,
 )
-from workers.engines.torch_pooling_inputs import EncodedRow, RowEncoder
+from workers.engines.torch_pooling.inputs import EncodedRow, RowEncoder
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,13 @@ from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.wire import SamplingParams, StructuredOutput
 from tests.support import fake_tensorrt_llm as fake
 from tests.support.engine_processes import descendants, engine_processes, poll_until
-from workers.engines import gpu_memory, trtllm, trtllm_runtime
+from workers.engines import gpu_memory
 from workers.engines.base import Delta, EngineRequest, InvalidEngineRequest
 from workers.engines.registry import EngineOptions, create_engine, import_runtimes
-from workers.engines.trtllm import TrtllmEngine
-from workers.engines.trtllm_args import RUNTIME_OVERHEAD_BYTES, UnsupportedModel
+from workers.engines.trtllm import engine as trtllm
+from workers.engines.trtllm import runtime as trtllm_runtime
+from workers.engines.trtllm.engine import TrtllmEngine
+from workers.engines.trtllm.load_plan import RUNTIME_OVERHEAD_BYTES, UnsupportedModel
 
 GIB = 1024**3
 

@@ -17,7 +17,7 @@ pytest.importorskip("vllm")
 def test_a_continued_request_generates_only_what_is_left_and_counts_every_token(
     builder: PromptBuilder, tokenizer: Any
 ) -> None:
-    from workers.engines.vllm_io import OutputReader, vllm_sampling_params
+    from workers.engines.vllm.io import OutputReader, vllm_sampling_params
 
     sampling = SamplingParams(max_tokens=8, min_tokens=4)
     prompt = builder.build(

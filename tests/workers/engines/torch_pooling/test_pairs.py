@@ -16,8 +16,8 @@ from switchboard.local.demo_pooling_models import build_demo_reranker
 from switchboard.wire import ModelLimits
 from workers.engines.base import InvalidEngineRequest, PoolingRow
 from workers.engines.prompts import longest_token_chars
-from workers.engines.torch_pooling_inputs import EncodedRow, RowEncoder
-from workers.engines.torch_pooling_pairs import PairTemplate, longest_first
+from workers.engines.torch_pooling.inputs import EncodedRow, RowEncoder
+from workers.engines.torch_pooling.pairs import PairTemplate, longest_first
 from workers.triton.pooling_model import decoded_rows, encoded_rows
 
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
-from workers.engines.pooling_process import _answered
+from workers.engines.torch_pooling.process import _answered
 from workers.triton.pooling_backend import FAILED, OK, frame, unframe
 from workers.triton.pooling_model import answer_decoder, row_encoder
 

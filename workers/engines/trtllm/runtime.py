@@ -21,7 +21,7 @@ import psutil
 from switchboard.config import ModelConfig
 from workers.engines.process_env import process_tree, reap
 from workers.engines.prompts import PromptBuilder
-from workers.engines.trtllm_args import LoadPlan
+from workers.engines.trtllm.load_plan import LoadPlan
 
 logger = logging.getLogger(__name__)
 

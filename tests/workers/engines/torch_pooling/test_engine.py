@@ -34,12 +34,12 @@ from switchboard.local.demo_pooling_models import (
 from switchboard.wire import ModelLimits
 from tests.support.waits import eventually
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
-from workers.engines.pooling_process import PoolingProcessFailed
 from workers.engines.prompts import longest_token_chars
 from workers.engines.registry import EngineOptions, create_engine
-from workers.engines.torch_pooling import TorchPoolingEngine
-from workers.engines.torch_pooling_inputs import RowEncoder
-from workers.engines.torch_pooling_runner import TOKEN_BUDGET, sub_batches
+from workers.engines.torch_pooling.engine import TorchPoolingEngine
+from workers.engines.torch_pooling.inputs import RowEncoder
+from workers.engines.torch_pooling.process import PoolingProcessFailed
+from workers.engines.torch_pooling.runner import TOKEN_BUDGET, sub_batches
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -330,7 +330,7 @@ LOADS_TOGETHER = """
 import asyncio, sys
 from switchboard.config import ModelConfig
 from switchboard.wire import ModelLimits
-from workers.engines.torch_pooling import TorchPoolingEngine
+from workers.engines.torch_pooling.engine import TorchPoolingEngine
 
 async def main():
     kinds = ("embed", "classify", "score")
