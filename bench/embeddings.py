@@ -43,8 +43,8 @@ from path_overhead import int_list
 from servers import StartupError, add_model_and_output_args, engine_cores
 from tables import fmt
 
+from switchboard.config import BatchingConfig
 from switchboard.local.demo_pooling_models import build_demo_embedder
-from switchboard.pooling_config import BatchingConfig
 
 REPO = Path(__file__).resolve().parent.parent
 # Switchboard with the batcher on, with it off, and vLLM's own server.

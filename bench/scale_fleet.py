@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 from scale_sim import EngineScript, ScaleEngines, StandInNotUsed, current_worker, hosts_made, install
 
+from switchboard import keys
 from switchboard.config import Settings, load_settings
 from switchboard.logs import configure_logging
 from workers.controller.loop import ModelController
@@ -124,6 +125,7 @@ async def run_fleet(spec: FleetSpec) -> None:
     recorder.time_passes()
     recorder.note_actions()
     settings = load_settings(Path(spec.config), environ={"REDIS_URL": spec.redis_url})
+    keys.set_prefix(settings.redis.key_prefix)  # this process runs the workers
     engines = ScaleEngines(
         EngineScript(load_s=spec.load_s, token_s=spec.token_s, memory_bytes=spec.memory_bytes)
     )

@@ -37,8 +37,7 @@ from router.routing.pipelines.step_parts import StepParts
 from router.routing.pipelines.steps import Draft
 from router.routing.resolve import Resolution, answering_model, resolve
 from router.routing.rollouts.shadow import ShadowTraffic
-from switchboard.config import ModelConfig, Settings
-from switchboard.model_pipelines import CascadeConfig
+from switchboard.config import CascadeConfig, ModelConfig, Settings
 from switchboard.wire import Job
 
 

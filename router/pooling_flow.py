@@ -35,10 +35,7 @@ from router.routing.resolve import MODEL_HEADER
 from router.routing.routes.route_table import RouteTable
 from router.status.redis_health import RedisHealth
 from router.telemetry.requests import arrival_id, note_operation
-from switchboard.config import ModelConfig
-from switchboard.model_pipelines import PipelineLookup
-from switchboard.pooling_config import ModelKind
-from switchboard.router_config import RouterConfig
+from switchboard.config import ModelConfig, ModelKind, PipelineLookup, RouterConfig
 from switchboard.wire import Job, PoolingTask
 
 

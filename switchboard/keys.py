@@ -307,7 +307,7 @@ def routes_version() -> str:
 
 def pipelines() -> str:
     """Hash of the pipelines set through the admin API (`router.routing.pipelines.pipeline_table`): name →
-    the pipeline's definition (`switchboard.model_pipelines.PipelineConfig`) as msgspec JSON. A
+    the pipeline's definition (`switchboard.config.pipelines.PipelineConfig`) as msgspec JSON. A
     name the config also has is that pipeline's new definition; the others are pipelines the admin
     API created.
 

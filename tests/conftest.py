@@ -50,7 +50,7 @@ def redis_server() -> Iterator[PrivateRedis]:
 
 @pytest.fixture(autouse=True)
 def restore_key_prefix() -> Iterator[None]:
-    """Loading settings sets the process's key prefix: each test leaves it as it found it."""
+    """A process sets its key prefix once (the CLI does); each test leaves it as it found it."""
     previous = keys.PREFIX
     yield
     keys.set_prefix(previous)

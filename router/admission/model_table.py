@@ -9,8 +9,7 @@ from router.admission.auth import Caller
 from router.openai.errors import ModelNotFoundError, NoWorkerForModelError
 from router.status.model_status import ModelStatusReader, may_serve
 from router.telemetry.requests import note_model
-from switchboard.config import ModelConfig
-from switchboard.pooling_config import ModelKind
+from switchboard.config import ModelConfig, ModelKind
 
 # Requests share one read of the live workers' records this recent (no round trip per request).
 WORKERS_MAX_AGE_S = 1.0

@@ -1,4 +1,4 @@
-"""Operator endpoints for model pipelines (`switchboard.model_pipelines`): list, show, set and delete
+"""Operator endpoints for model pipelines (`switchboard.config.pipelines`): list, show, set and delete
 them at run time, every front door applying a change within about a second
 (`router.routing.pipelines.pipeline_table`).
 
@@ -27,8 +27,8 @@ from router.routing.pipelines.pipeline_table import (
     UnknownPipeline,
 )
 from router.routing.pipelines.pipeline_views import PipelineDeleted, PipelineStatusList, pipeline_status
-from switchboard.config_names import RouteName
-from switchboard.model_pipelines import PipelineError
+from switchboard.config import RouteName
+from switchboard.config.pipeline_checks import PipelineError
 from switchboard.name_graph import LoopError
 
 

@@ -4,7 +4,7 @@ a pipeline's definition.
 Their bodies are small by nature (a plan, a few weights, one pipeline's steps), so each is bounded
 far below the generation endpoints' `max_body_bytes`; what they hold is checked by their structs
 (unknown fields refused) and, where it needs the live state, by the handler's own validation
-(`switchboard.rollout.checked_plan`, `switchboard.model_pipelines`).
+(`switchboard.rollout.checked_plan`, `switchboard.config.pipeline_checks`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from router.gate.gate import Gate, unchecked
-from switchboard.model_pipelines import PipelineConfig
+from switchboard.config import PipelineConfig
 from switchboard.rollout import RolloutPlan
 
 # The largest admin body taken: a pipeline of hundreds of steps is a few kilobytes.

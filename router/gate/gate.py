@@ -21,7 +21,7 @@ from router.admission.auth import caller_of
 from router.gate.body import decoded, require_json
 from router.http.body_budget import read_body
 from router.openai.errors import PayloadTooLargeError
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 
 Body = TypeVar("Body")
 Passed = TypeVar("Passed")

@@ -19,7 +19,7 @@ from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError
 from router.openai.responses import ResponsesRequest
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 
 
 def checked_chat(chat: ChatCompletionRequest, bounds: RouterConfig) -> ChatAsk:

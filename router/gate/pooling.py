@@ -19,7 +19,7 @@ from router.openai.pooling_checks import (
     check_rerank_request,
 )
 from router.openai.rerank import RerankRequest
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 
 
 def checked_embeddings(body: EmbeddingRequest, bounds: RouterConfig) -> EmbeddingsAsk:

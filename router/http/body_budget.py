@@ -17,7 +17,7 @@ from typing import Any
 from litestar import Request
 
 from router.openai.errors import KeyBodyBytesError, PayloadTooLargeError, ServerBodyBytesError
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 
 # Unset budgets, in bodies of the largest size taken: two per key, 32 for the front door (320 MiB at
 # the default 10 MiB; a front door is given 1 GiB, and each body read is then decoded).

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from redis.exceptions import RedisError
 
 from router.admission.auth import KeyTable
 from router.openai.errors import AuthenticationError, HostNotAllowedError, OriginNotAllowedError
+from switchboard.config import RouterConfig
 from switchboard.ports import is_loopback_host
-from switchboard.router_config import RouterConfig
 
 
 async def local_pages_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:

@@ -25,7 +25,7 @@ from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonSchemaF
 from router.openai.common import SamplingRequest
 from router.openai.errors import InvalidRequestError
 from router.openai.required_calls import CALLS_NESTING, calls_schema
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 
 # vLLM's own limit (`vllm.sampling_params.MAX_STRUCTURED_OUTPUT_JSON_NESTING`): objects and arrays
 # of a JSON schema may nest at most this deep. Counted here exactly as vLLM counts it, so that the

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from switchboard.pooling_config import ModelKind
+from switchboard.config import ModelKind
 
 
 class ModelCard(msgspec.Struct, kw_only=True):

@@ -16,9 +16,7 @@ from router.openai.common import INT32_MAX
 from router.openai.embeddings import EmbeddingRequest
 from router.openai.errors import InvalidRequestError
 from router.openai.rerank import RerankRequest
-from switchboard.config import ModelConfig
-from switchboard.pooling_config import ModelKind
-from switchboard.router_config import RouterConfig
+from switchboard.config import ModelConfig, ModelKind, RouterConfig
 from switchboard.wire import ModelLimits, Prompt
 
 # OpenAI's bound on the inputs of one embeddings request; the same holds for the other endpoints.

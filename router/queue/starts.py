@@ -29,8 +29,8 @@ from router.status.model_status import ModelStatusReader
 from router.telemetry.job_observer import FrontDoorJobObserver
 from router.telemetry.rollout_observations import Observations
 from switchboard import keys
+from switchboard.config import RouterConfig
 from switchboard.lua.batched import answer
-from switchboard.router_config import RouterConfig
 from switchboard.wire import Chunk, Job
 
 logger = logging.getLogger(__name__)

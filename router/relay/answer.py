@@ -11,7 +11,7 @@ from router.queue.chunk_source import ChunkSource
 from router.relay.answer_relays import AnswerRelay
 from router.relay.first_byte import StreamForm, stream_response
 from router.status.model_status import ModelStatusReader
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 from switchboard.wire import Chunk
 
 

@@ -35,7 +35,7 @@ from router.openai.errors import OpenAIError
 from router.queue.chunk_source import ChunkSource
 from router.relay.sse import Relay, error_for, sse_comment
 from router.status.model_status import ModelStatus, ModelStatusReader
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig
 from switchboard.wire import Chunk
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ A model that cannot load, that no live worker may hold, whose queue is full, who
 short for the prompt, or whose engine fails the job, fails before anything of the answer went out:
 the client has seen nothing, and another model can answer instead. For a route, that is its stable
 version (its first target), so a bad canary costs its callers latency, not errors; for a pipeline of
-fallbacks (`switchboard.model_pipelines`), its next step. Failures that another model would meet as
+fallbacks (`switchboard.config.pipelines`), its next step. Failures that another model would meet as
 well (the key's own limits, Redis, the request's deadline, the client's mistakes) are answered as
 they are, as is the last fallback's failure.
 

@@ -10,7 +10,7 @@ key choosing session ids chooses among its own buckets only, never another key's
 rollout judges the versions by caller (`router.telemetry.rollout_observations.judged_as`): the key, else the
 stickiness key. Everything after (admission, limits, context checks, the job,
 the answer's `model`) uses the target, the model that serves. A pipeline of fallbacks
-(`switchboard.model_pipelines`) serves with its first step and keeps the others, in order, for a
+(`switchboard.config.pipelines`) serves with its first step and keeps the others, in order, for a
 failure before the first byte; a route keeps its stable version for a canary's.
 """
 
@@ -29,7 +29,7 @@ from router.openai.errors import ModelNotFoundError, OpenAIError
 from router.routing.routes.route_table import RouteTable
 from router.telemetry.requests import current_request
 from router.telemetry.rollout_observations import judged_as
-from switchboard.model_pipelines import PipelineLookup
+from switchboard.config import PipelineLookup
 from switchboard.routes import Route
 from switchboard.wire import Job
 

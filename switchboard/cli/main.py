@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from switchboard import keys
 from switchboard.cli import keys as key_commands
 from switchboard.cli import pipelines as pipeline_commands
 from switchboard.cli import routes as route_commands
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"switchboard: {exc}", file=sys.stderr)
         return 2
     _apply_flags(settings, args)
+    # Every key this process makes, whatever the command, goes under the configured prefix; the
+    # processes `up` starts are commands of their own, which set theirs the same way.
+    keys.set_prefix(settings.redis.key_prefix)
     if args.command == "models":
         from switchboard.cli.models import show_models
 

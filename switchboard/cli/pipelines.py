@@ -1,5 +1,5 @@
 """`switchboard pipelines list | show NAME | set NAME --file FILE | delete NAME`: model pipelines
-(`switchboard.model_pipelines`) through the front door's `/admin/pipelines` endpoints.
+(`switchboard.config.pipelines`) through the front door's `/admin/pipelines` endpoints.
 
 `set` reads the pipeline's fields from a file, as TOML or JSON: the fields of its table
 (`fallbacks = [...]`, or a `[router]` or `[cascade]` table), or a config's `[pipelines.NAME]` table

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from switchboard.config import DEMO_MODEL_NAME, Settings, WorkerConfig, demo_model
+from switchboard.config import DEMO_MODEL_NAME, demo_model
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -105,7 +105,7 @@ def config_entry(path: Path, *, name: str = DEMO_MODEL_NAME, **fields: Any) -> d
 
     `fields` add or override settings of the entry (`preload=True`, `keep_alive_s=5`, ...).
     """
-    model = demo_model(Settings(worker=WorkerConfig(demo_model_dir=str(path))))
+    model = demo_model(str(path))
     return {"name": name, "path": model.path, "engine_args": dict(model.engine_args), **fields}
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from switchboard.config import ModelConfig, Settings
-from switchboard.model_pipelines import CascadeConfig, PipelineConfig, RouterConfig, RouterTarget
+from switchboard.config import CascadeConfig, ModelConfig, PipelineConfig, RouterTarget, Settings
+from switchboard.config.pipelines import RouterConfig
 from switchboard.wire import Chunk, TokenLogprob, TopLogprob, Usage
 from tests.support.front_door_harness import settings_for
 

@@ -77,15 +77,13 @@ def test_a_prefix_that_would_blur_key_families_is_refused(prefix: str) -> None:
     assert keys.PREFIX == "sb"
 
 
-def test_loading_settings_puts_the_process_keys_under_their_prefix(tmp_path: Path) -> None:
+def test_loading_settings_leaves_the_process_key_prefix_alone(tmp_path: Path) -> None:
+    # Whoever starts a process applies its prefix (the CLI: tests/switchboard/cli/test_keys.py).
     config = tmp_path / "switchboard.toml"
     config.write_text('[redis]\nkey_prefix = "prod:sb"\n')
-    load_settings(config, environ={})
-    assert keys.job_stream("x") == "prod:sb:model:{x}:jobs"
-    load_settings(None, environ={"SWITCHBOARD_REDIS__KEY_PREFIX": "tenant-b"})
-    assert keys.api_keys().startswith("tenant-b:")
-    load_settings(None, environ={})
-    assert keys.PREFIX == "sb"
+    settings = load_settings(config, environ={"SWITCHBOARD_REDIS__KEY_PREFIX": "tenant-b"})
+    assert settings.redis.key_prefix == "tenant-b"
+    assert keys.PREFIX == "sb" and keys.job_stream("x") == "sb:model:{x}:jobs"
 
 
 def hash_tag(key: str) -> str:

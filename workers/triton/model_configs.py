@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from switchboard.pooling_config import BatchingConfig
+from switchboard.config import BatchingConfig
 from workers.triton import generator_backend, native_backend, pooling_backend
 
 

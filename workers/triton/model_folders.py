@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from types import ModuleType
 
-from switchboard.pooling_config import BatchingConfig
+from switchboard.config import BatchingConfig
 from workers.triton import generator_backend, model_configs, native_backend, pooling_backend
 
 

@@ -2,7 +2,7 @@
 
 A draft is kept when it finished normally, fits the structure the client asked for, and is confident
 enough: the mean log-probability of the tokens it generated is at least the cascade's
-`min_mean_logprob` (`switchboard.model_pipelines.CascadeConfig`). The draft is always asked for its
+`min_mean_logprob` (`switchboard.config.pipelines.CascadeConfig`). The draft is always asked for its
 tokens' log-probabilities (`draft_sampling`); the client gets them only if it asked
 (`client_chunks`). Whichever model answers, the answer's usage counts every step's tokens.
 

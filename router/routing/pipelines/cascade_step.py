@@ -42,7 +42,7 @@ from router.routing.pipelines.steps import (
     step_span,
 )
 from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
-from switchboard.model_pipelines import CascadeConfig
+from switchboard.config import CascadeConfig
 from switchboard.wire import Job
 
 

@@ -29,15 +29,9 @@ from redis.exceptions import WatchError
 from router.routing.routes.route_table import poll_version
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard import keys
-from switchboard.model_pipelines import (
-    PipelineConfig,
-    PipelineError,
-    check_nesting,
-    check_pipelines,
-    leads_to,
-)
+from switchboard.config import PipelineConfig, RouteConfig
+from switchboard.config.pipeline_checks import PipelineError, check_nesting, check_pipelines, leads_to
 from switchboard.name_graph import LoopError, check_no_loop
-from switchboard.route_config import RouteConfig
 from switchboard.tasks import TaskSet
 
 logger = logging.getLogger(__name__)

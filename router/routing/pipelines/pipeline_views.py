@@ -8,7 +8,8 @@ import msgspec
 
 from router.openai.models import ModelCard
 from router.routing.pipelines.pipeline_table import PipelineEntry
-from switchboard.model_pipelines import PipelineConfig, Shape
+from switchboard.config import PipelineConfig
+from switchboard.config.pipelines import Shape
 
 
 class PipelineCard(ModelCard, kw_only=True):

@@ -1,6 +1,6 @@
 """A router model's choice between described targets, for a pipeline of the `router` shape.
 
-A small model reads the targets' descriptions and the request's text (`switchboard.model_pipelines`
+A small model reads the targets' descriptions and the request's text (`switchboard.config.pipelines`
 holds the prompt) and answers with one label, its output constrained to the labels (`choice`). Its
 answer's log-probabilities weigh every label, not only the one it said, so that a warm target close
 to the best can win over a cold one: a cold start costs seconds, a near tie costs nothing.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from router.openai.errors import OpenAIError
-from switchboard.model_pipelines import RouterConfig
+from switchboard.config.pipelines import RouterConfig
 from switchboard.wire import ChatMessage, Chunk, SamplingParams, StructuredOutput, TokenLogprob, Usage
 
 # Runs the router's job and yields its chunks (raises if it cannot run it); closed early, it stops

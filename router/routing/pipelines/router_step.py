@@ -33,7 +33,7 @@ from router.routing.pipelines.steps import (
 )
 from router.routing.pipelines.warm_targets import WarmTargets
 from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
-from switchboard.model_pipelines import RouterConfig
+from switchboard.config.pipelines import RouterConfig
 from switchboard.wire import ChatMessage, Chunk, SamplingParams, Usage
 
 # How long the end of a router's job stopped early is waited for (its usage).

@@ -14,7 +14,7 @@ from router.routing.resolve import Resolution, resolve_step
 from router.routing.routes.route_table import RouteTable
 from router.status.model_status import ModelStatusReader
 from router.status.redis_health import RedisHealth
-from switchboard.model_pipelines import PipelineLookup
+from switchboard.config import PipelineLookup
 
 
 @dataclass(frozen=True, slots=True)

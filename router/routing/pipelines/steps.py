@@ -11,8 +11,8 @@ from prometheus_client import Counter, Histogram
 
 from router.telemetry.requests import arrival_id, new_request_id
 from switchboard import tracing
+from switchboard.config import CascadeConfig
 from switchboard.metrics import REGISTRY
-from switchboard.model_pipelines import CascadeConfig
 
 if TYPE_CHECKING:
     from router.routing.pipelines.cascade import DraftVerdict

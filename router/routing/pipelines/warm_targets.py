@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from router.routing.resolve import Resolution, answering_model
 from router.status.model_status import ModelStatus, ModelStatusReader
-from switchboard.model_pipelines import PipelineLookup
+from switchboard.config import PipelineLookup
 
 
 class WarmTargets:

@@ -46,9 +46,8 @@ from router.queue.subscription import Subscription
 from router.status.model_status import ModelStatus, ModelStatusReader
 from router.telemetry.requests import arrival_id
 from switchboard import keys
+from switchboard.config import RouteConfig, RouterConfig, ShadowConfig
 from switchboard.metrics import REGISTRY, TPOT_BUCKETS, TTFT_BUCKETS
-from switchboard.route_config import RouteConfig, ShadowConfig
-from switchboard.router_config import RouterConfig
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job
 

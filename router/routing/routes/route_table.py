@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from router.telemetry.summarized_log import SummarizedLog
 from switchboard import keys
-from switchboard.route_config import RouteConfig
+from switchboard.config import RouteConfig
 from switchboard.routes import Route, checked_weights, route_from_fields, seed_route, write_weights
 from switchboard.tasks import TaskSet, poll
 

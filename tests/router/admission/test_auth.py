@@ -231,7 +231,7 @@ async def test_the_key_prefix_moves_every_key(
 ) -> None:
     settings = settings_for(redis_server.url, timeout_s=0.3)
     settings.redis.key_prefix = "tenant-b"
-    keys.set_prefix(settings.redis.key_prefix)  # what loading the settings does at a process's start
+    keys.set_prefix(settings.redis.key_prefix)  # what the CLI does at a process's start
     async with serving(settings) as client:
         await client.post("/v1/chat/completions", json=BODY)
     written = {k.decode() async for k in redis.scan_iter(match="*")}

@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.config import RouterConfig
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.router_config import RouterConfig
 from tests.support.front_door_harness import MODEL, serving, settings_for
 
 DEFAULTS = RouterConfig()

@@ -25,8 +25,7 @@ from router.http.body_budget import BodyBudget, read_body
 from router.http.connection_limits import ConnectionLimits
 from router.http.connections import guarded_protocol
 from router.openai.errors import OpenAIError
-from switchboard.config import Settings
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig, Settings
 from tests.support.waits import eventually
 
 MAX_BODY = 1_000_000

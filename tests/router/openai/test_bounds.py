@@ -23,8 +23,7 @@ from router.openai.bounds import (
 from router.openai.chat import ChatCompletionRequest
 from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError
-from switchboard.config import load_settings
-from switchboard.router_config import RouterConfig
+from switchboard.config import RouterConfig, load_settings
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:

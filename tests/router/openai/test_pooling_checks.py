@@ -15,9 +15,8 @@ from router.openai.pooling_checks import (
     check_rerank_request,
 )
 from router.openai.rerank import RerankRequest
-from switchboard.config import ModelConfig
+from switchboard.config import ModelConfig, RouterConfig
 from switchboard.kept_text import CUT_SLACK_CHARS, front_door_cut, kept_tail
-from switchboard.router_config import RouterConfig
 from switchboard.wire import ModelLimits, PoolingTask
 
 BOUNDS = RouterConfig(max_rerank_query_chars=1024, max_pooling_output_values=4096)

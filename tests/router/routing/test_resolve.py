@@ -10,8 +10,7 @@ import redis.asyncio as aioredis
 from router.admission.auth import ANONYMOUS
 from router.routing.resolve import resolve
 from router.routing.routes.route_table import RouteTable
-from switchboard.model_pipelines import PipelineConfig
-from switchboard.route_config import RouteConfig
+from switchboard.config import PipelineConfig, RouteConfig
 
 
 def pairs(levels: int) -> dict[str, PipelineConfig]:

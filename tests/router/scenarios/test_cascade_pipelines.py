@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from switchboard import tracing
+from switchboard.config import RouteConfig
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.route_config import RouteConfig
 from switchboard.wire import Job
 from tests.support.front_door_harness import serving
 from tests.support.metric_samples import counter

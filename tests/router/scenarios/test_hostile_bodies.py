@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from switchboard.config import RouterConfig
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.router_config import RouterConfig
 from tests.support.front_door_harness import MODEL
 from tests.support.live_front_door import (
     CHAT,

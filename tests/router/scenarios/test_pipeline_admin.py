@@ -28,10 +28,8 @@ from switchboard import keys
 from switchboard.api_keys import KeyStore
 from switchboard.cli import pipelines as pipeline_commands
 from switchboard.cli.main import parse_args
-from switchboard.config import ModelConfig, Settings
+from switchboard.config import ModelConfig, PipelineConfig, RouteConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.model_pipelines import PipelineConfig
-from switchboard.route_config import RouteConfig
 from switchboard.tasks import cancel_and_wait
 from tests.support.front_door_harness import serving, settings_for
 from tests.support.key_census import take_census

@@ -16,8 +16,8 @@ import openai
 import redis.asyncio as aioredis
 
 from switchboard.config import ModelConfig
+from switchboard.config.pipeline_checks import MAX_EXPANSION
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.model_pipelines import MAX_EXPANSION
 from tests.router.scenarios.test_pipeline_admin import bearer, stored_key
 from tests.support.front_door_harness import serving, settings_for
 from tests.support.scripted_models import models_answering

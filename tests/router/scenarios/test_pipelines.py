@@ -13,10 +13,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.config import ModelConfig, Settings
+from switchboard.config import ModelConfig, PipelineConfig, RouteConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.model_pipelines import PipelineConfig
-from switchboard.route_config import RouteConfig
 from switchboard.wire import ModelLimits, encode
 from tests.support.front_door_harness import serving, settings_for
 from tests.support.metric_samples import counter

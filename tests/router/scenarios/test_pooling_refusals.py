@@ -12,11 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.config import PipelineConfig, RouteConfig
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.kept_text import CUT_SLACK_CHARS, FRONT_DOOR_CHARS_PER_TOKEN
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.model_pipelines import PipelineConfig
-from switchboard.route_config import RouteConfig
 from switchboard.wire import ModelLimits, encode
 from tests.support.front_door_harness import MODEL, serving
 from tests.support.pooling_front_door import (

@@ -19,8 +19,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
+from switchboard.config import RouterConfig
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.router_config import RouterConfig
 from tests.support.front_door_harness import MODEL, answer_ok, next_job, serving, settings_for
 
 CHAT = "/v1/chat/completions"

@@ -27,9 +27,8 @@ from switchboard import keys
 from switchboard.api_keys import digest
 from switchboard.cli import routes as route_commands
 from switchboard.cli.main import parse_args
-from switchboard.config import ApiKey, ModelConfig, Settings
+from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.route_config import RouteConfig
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, JobError, LoadFailure, Usage, encode, job_decoder
 from tests.support.front_door_harness import (

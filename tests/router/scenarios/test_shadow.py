@@ -26,9 +26,8 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.api_keys import digest
 from switchboard.cli import main as cli
-from switchboard.config import ApiKey, ModelConfig, Settings
+from switchboard.config import ApiKey, ModelConfig, RouteConfig, Settings, ShadowConfig
 from switchboard.local.redis_server import PrivateRedis
-from switchboard.route_config import RouteConfig, ShadowConfig
 from switchboard.tasks import cancel_and_wait
 from switchboard.wire import Chunk, Job, JobError, SlotStatus, Usage, job_decoder
 from tests.support.front_door_harness import advertise, serving, settings_for, worker_record, write_chunks

@@ -15,7 +15,7 @@ import pytest
 
 from switchboard.cli.main import ADMIN_KEY_ENV, parse_args
 from switchboard.config import Settings, load_settings
-from switchboard.config_env import ENV_PREFIX
+from switchboard.config.env import ENV_PREFIX
 from switchboard.logs import LOG_LABEL_ENV
 
 # Variables the product reads that are not settings: the Redis URL (or the file that holds it), and

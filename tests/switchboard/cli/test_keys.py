@@ -56,6 +56,16 @@ def test_add_prints_the_key_once_and_stores_only_its_hash(run: Run, redis_server
     assert secret.encode() not in b"".join([*stored, *stored.values()])
 
 
+def test_a_command_puts_its_keys_under_the_configured_prefix(
+    run: Run, redis_server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD_REDIS__KEY_PREFIX", "tenant-b")
+    assert run("keys", "add", "alice")[0] == 0
+    with sync_redis.Redis.from_url(redis_server.url) as client:
+        assert client.hlen("tenant-b:api-keys") == 1
+        assert not client.exists("sb:api-keys")
+
+
 def test_names_are_unique(run: Run) -> None:
     assert run("keys", "add", "alice")[0] == 0
     code, out, err = run("keys", "add", "alice")

@@ -29,10 +29,9 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from switchboard.config import ModelConfig, triton_model_name
+from switchboard.config import BatchingConfig, ModelConfig, triton_model_name
 from switchboard.local.demo_pooling_models import build_demo_embedder
 from switchboard.metrics import REGISTRY
-from switchboard.pooling_config import BatchingConfig
 from switchboard.wire import Chunk, Job, chunk_decoder, encode
 from tests.support.pooling_jobs import cosine, embed_job, rows
 from tests.support.waits import eventually

@@ -12,15 +12,10 @@ import redis.asyncio as aioredis
 
 from router.routing.pipelines.pipeline_table import PipelineConflict, PipelineTable, UnknownPipeline
 from switchboard import keys
-from switchboard.model_pipelines import (
-    CascadeConfig,
-    PipelineConfig,
-    PipelineError,
-    RouterConfig,
-    RouterTarget,
-)
+from switchboard.config import CascadeConfig, PipelineConfig, RouteConfig, RouterTarget
+from switchboard.config.pipeline_checks import PipelineError
+from switchboard.config.pipelines import RouterConfig
 from switchboard.name_graph import LoopError
-from switchboard.route_config import RouteConfig
 
 MODELS = ["big", "small", "coder"]
 # The route `chat` sends a share of its callers to the configured pipeline `resilient`.

@@ -20,7 +20,8 @@ from router.routing.pipelines.router_model import (
     router_messages,
     router_sampling,
 )
-from switchboard.model_pipelines import DEFAULT_ROUTER_PROMPT, RouterConfig, RouterTarget
+from switchboard.config import RouterTarget
+from switchboard.config.pipelines import DEFAULT_ROUTER_PROMPT, RouterConfig
 from switchboard.wire import ChatMessage, Chunk, JobError, SamplingParams, TokenLogprob, TopLogprob, Usage
 
 # What the workers send for a token the grammar masked (-inf has no JSON).

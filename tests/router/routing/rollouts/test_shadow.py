@@ -21,8 +21,7 @@ from router.routing.rollouts.shadow import (
 from router.status.model_status import ModelStatus
 from switchboard.cli.main import parse_args
 from switchboard.cli.shadow import pair_of
-from switchboard.config import ConfigError, Settings, load_settings
-from switchboard.route_config import RouteConfig, ShadowConfig
+from switchboard.config import ConfigError, RouteConfig, Settings, ShadowConfig, load_settings
 from switchboard.wire import Chunk, JobError, SamplingParams, Usage
 from switchboard.wire import Job as WireJob
 from tests.support.metric_samples import counter

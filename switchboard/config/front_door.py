@@ -1,5 +1,5 @@
 """The front door's settings (`[router]`): where it listens, how long requests may take, how slow
-clients and oversized requests are bounded. Part of `switchboard.config.Settings`."""
+clients and oversized requests are bounded. Part of `switchboard.config.settings.Settings`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Environment overrides of the settings: `SWITCHBOARD_<SECTION>__<FIELD>`, `REDIS_URL` and
-`REDIS_URL_FILE` (see `switchboard.config`)."""
+`REDIS_URL_FILE` (applied by `switchboard.config.loader` over the TOML file)."""
 
 from __future__ import annotations
 
