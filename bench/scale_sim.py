@@ -29,7 +29,7 @@ import workers.models.slot
 from switchboard.config import ModelConfig, triton_model_name
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
 from workers.engines.registry import EngineOptions
-from workers.triton.model import CoalescingPolicy, GeneratorModel
+from workers.triton.generator.model import CoalescingPolicy, GeneratorModel
 
 # Which simulated worker the running code belongs to: set before each worker starts, inherited by
 # every task it creates, so that records made deep inside (a load, a controller pass) name it.

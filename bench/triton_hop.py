@@ -1,6 +1,6 @@
 """What the hop through the worker's Triton costs: the same jobs, through Triton and straight into the model.
 
-Both sides run the product's own Triton model (`workers.triton.model.GeneratorModel`, coalescer and
+Both sides run the product's own Triton model (`workers.triton.generator.model.GeneratorModel`, coalescer and
 output stream included) over a scripted engine that streams `--tokens` tokens at a fixed pace, so
 the engine costs nearly nothing and what differs is the hop alone:
 
@@ -35,9 +35,9 @@ from tables import fmt, print_aligned
 from switchboard.config import ModelConfig, triton_model_name
 from switchboard.wire import Job, SamplingParams, chunk_decoder, encode
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint
-from workers.triton.client import TritonJobClient
+from workers.triton.generator.client import TritonJobClient
+from workers.triton.generator.model import CoalescingPolicy, GeneratorModel
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy, GeneratorModel
 
 MODEL = "hop"
 WARMUP_JOBS = 30

@@ -53,8 +53,8 @@ from workers.runtime.metrics_server import MetricsServer
 from workers.runtime.placement import Placement
 from workers.runtime.private_runtime import private_process_files
 from workers.runtime.worker_metrics import SLOTS
+from workers.triton.generator.model import CoalescingPolicy
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from workers.jobs.writer import ResultWriter
 from workers.main import Worker as WorkerProcess
 from workers.models.slot import ModelSlot
 from workers.models.slots import Slots
+from workers.triton.generator.model import CoalescingPolicy
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
 
 MODEL = "scripted/model:v1"  # characters Triton refuses, on purpose
 WINDOW_S = 0.05

@@ -24,7 +24,7 @@ from switchboard import gen_ai, tracing
 from switchboard.wire import Chunk, Usage, encode
 from workers.jobs.takeover import Entry
 from workers.runtime.worker_metrics import COLD_START_WAIT, FIRST_CHUNK, JOBS, QUEUE_TIME, RESULT_CHUNKS
-from workers.triton.model import engine_job_decoder
+from workers.triton.engine_job import engine_job_decoder
 
 _current: contextvars.ContextVar[WorkerJobObserver | None] = contextvars.ContextVar(
     "switchboard_worker_job", default=None

@@ -25,7 +25,7 @@ from workers.jobs.orphans import OrphanWatch
 from workers.jobs.takeover import Entry, acknowledge
 from workers.jobs.writer import ResultWriter, Superseded, inbox_of
 from workers.models.slot import Lease, ModelSlot
-from workers.triton.model import EngineJob
+from workers.triton.engine_job import EngineJob
 
 logger = logging.getLogger(__name__)
 

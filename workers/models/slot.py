@@ -20,11 +20,11 @@ from switchboard import keep_alive
 from switchboard.config import ModelConfig, triton_model_name
 from switchboard.wire import SamplingParams, SlotState, SlotStatus, StructuredOutput
 from workers.engines.base import Engine, EngineRequest, PoolingEngine
-from workers.triton.client import TritonJobClient
+from workers.triton.generator.client import TritonJobClient
+from workers.triton.generator.model import GeneratorModel
 from workers.triton.host import TritonHost
-from workers.triton.model import GeneratorModel
-from workers.triton.pooling_client import PoolingJobClient
-from workers.triton.pooling_model import PoolingModel
+from workers.triton.pooling.client import PoolingJobClient
+from workers.triton.pooling.model import PoolingModel
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The pooling models' own metrics: how Triton's dynamic batcher groups their rows, and what they read.
 
-Recorded by the worker's client of each pooling model (`workers.triton.pooling_client`) from every
+Recorded by the worker's client of each pooling model (`workers.triton.pooling.client`) from every
 answered request, on the worker's registry (served with the others by
 `workers.runtime.metrics_server`): the batch a request rode in comes back with its answer, from the
-model's Triton stub (`workers.triton.pooling_backend`).
+model's Triton stub (`workers.triton.pooling.backend`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each model is Switchboard's own, written into Triton's model repository at load 
 generator's (decoupled) hands its requests to the engine's loop over a Unix socket; a pooling model's
 (batched by Triton's dynamic batcher) hands its batches to the model's process. Both do so from inside
 tritonserver on the worker's own backend (`native_backend`) or, where that is not built, from a
-Python-backend stub (`generator_backend`, `pooling_backend`).
+Python-backend stub (`generator.backend`, `pooling.backend`).
 
 Only the worker's user reaches this Triton: it serves gRPC on a Unix socket in a private folder
 (see `unix_socket`) and no HTTP, with no access token on its command line. On the worker's own
@@ -36,9 +36,9 @@ from switchboard.ports import free_port
 from workers.engines.base import Engine, PoolingEngine
 from workers.runtime.private_runtime import remove_runtime_dir, remove_stale_runtime_dirs, runtime_dir
 from workers.triton import model_folders, native_backend, unix_socket
-from workers.triton.job_socket import JobSocket
-from workers.triton.model import CoalescingPolicy, GeneratorModel
-from workers.triton.pooling_model import PoolingModel
+from workers.triton.generator.job_socket import JobSocket
+from workers.triton.generator.model import CoalescingPolicy, GeneratorModel
+from workers.triton.pooling.model import PoolingModel
 from workers.triton.shm_regions import ShmRegions, remove_stale_regions
 from workers.triton.workspace import new_workspace_path, remove_stale_workspaces, remove_workspace
 

@@ -1,7 +1,7 @@
 """What each of the worker's Triton models says of itself: its `config.pbtxt`, as `workers.triton.host`
 writes it into Triton's model repository (`model_folders`) beside what runs the model: the worker's own
-backend (`native_backend`), or Triton's Python backend with `generator_backend` (a generator) or
-`pooling_backend` (a pooling model) as its `model.py`.
+backend (`native_backend`), or Triton's Python backend with `generator.backend` (a generator) or
+`pooling.backend` (a pooling model) as its `model.py`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ import json
 from pathlib import Path
 
 from switchboard.config import BatchingConfig
-from workers.triton import generator_backend, native_backend, pooling_backend
+from workers.triton import native_backend
+from workers.triton.generator import backend as generator_backend
+from workers.triton.pooling import backend as pooling_backend
 
 
 def generator_config(name: str, job_socket: Path) -> str:
-    """A generator's Triton config on Triton's Python backend (`generator_backend` as its stub; the
+    """A generator's Triton config on Triton's Python backend (`generator.backend` as its stub; the
     socket's path a parameter of the model)."""
     socket = f'parameters {{ key: "{generator_backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(job_socket))} }} }}'
     return _generator_config(name, "python", [socket])
@@ -44,7 +46,7 @@ def _generator_config(name: str, backend: str, more: list[str]) -> str:
 
 
 def pooling_config(name: str, batching: BatchingConfig, batch_socket: Path) -> str:
-    """A pooling model's Triton config on Triton's Python backend (`pooling_backend` as its stub; the
+    """A pooling model's Triton config on Triton's Python backend (`pooling.backend` as its stub; the
     socket's path a parameter of the model)."""
     socket = f'parameters {{ key: "{pooling_backend.SOCKET_PARAMETER}" value {{ string_value: {json.dumps(str(batch_socket))} }} }}'
     return _pooling_config(name, batching, "python", [socket])

@@ -5,7 +5,7 @@ the model: `config.pbtxt` and what runs the model.
   library, where Triton looks for a model's backend, and the file naming the socket its requests go
   to (the engine loop's, or the model process's).
 - A generator or a pooling model on Triton's Python backend: the model's `model.py` (its module
-  here: `generator_backend`, `pooling_backend`), in the folder of its version 1.
+  here: `generator.backend`, `pooling.backend`), in the folder of its version 1.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pathlib import Path
 from types import ModuleType
 
 from switchboard.config import BatchingConfig
-from workers.triton import generator_backend, model_configs, native_backend, pooling_backend
+from workers.triton import model_configs, native_backend
+from workers.triton.generator import backend as generator_backend
+from workers.triton.pooling import backend as pooling_backend
 
 
 def write_native(folder: Path, config: str, library: Path, socket_file: str, socket: Path) -> None:
@@ -38,7 +40,7 @@ def write_python(folder: Path, config: str, backend: ModuleType) -> None:
 
 def write_generator(folder: Path, name: str, job_socket: Path, library: Path | None) -> None:
     """A generator's model: on the worker's own backend when its `library` is built, else on Triton's
-    Python backend (`generator_backend` as its stub)."""
+    Python backend (`generator.backend` as its stub)."""
     if library is None:
         write_python(folder, model_configs.generator_config(name, job_socket), generator_backend)
     else:
@@ -50,7 +52,7 @@ def write_pooling(
     folder: Path, name: str, batching: BatchingConfig, batch_socket: Path, library: Path | None
 ) -> None:
     """A pooling model's model: on the worker's own backend when its `library` is built, else on
-    Triton's Python backend (`pooling_backend` as its stub)."""
+    Triton's Python backend (`pooling.backend` as its stub)."""
     if library is None:
         write_python(folder, model_configs.pooling_config(name, batching, batch_socket), pooling_backend)
     else:

@@ -6,11 +6,11 @@ Triton's Python backend that takes a stub process per model: Triton passes each 
 through shared memory, the stub's Python sends it on, and its threads send the answers back the same
 way. This backend does the same inside tritonserver, in C: a request goes from Triton's model thread
 straight onto the socket, and the answers from the socket straight to Triton's response factory. Same
-socket, same framing (`generator_backend`), same engine loop (`job_socket`); one process and two
+socket, same framing (`generator.backend`), same engine loop (`generator.job_socket`); one process and two
 hand-overs fewer per job, and a model loads in milliseconds instead of the stub's start.
 
 A pooling model's batches go the same way to the model's process (`pooling.c`, the exchange of
-`pooling_backend`). No stub means no shared memory either: Triton's Python backend hands every batch
+`pooling.backend`). No stub means no shared memory either: Triton's Python backend hands every batch
 to its stub through a region in /dev/shm that it makes readable by every local user (mode 0644, set
 explicitly) until the worker closes it, and a process that opened it in that moment kept reading
 every later batch of the model. With this backend built, no region of the worker's exists at all.

@@ -35,8 +35,8 @@ from workers.jobs.writer import ResultWriter
 from workers.models.slots import Slots
 from workers.runtime.cpu_priority import EnginePriorities, may_restore_priority
 from workers.runtime.worker_metrics import SLOTS as SLOT_METRICS
+from workers.triton.generator.model import CoalescingPolicy
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -39,8 +39,8 @@ from workers.engines.torch_pooling import TorchPoolingEngine
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slots import Slots
+from workers.triton.generator.model import CoalescingPolicy
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -29,8 +29,8 @@ from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
 from workers.models.slot import LoadFailed, ModelSlot, SlotNotServing
 from workers.models.slots import Slots
+from workers.triton.generator.model import CoalescingPolicy
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -27,9 +27,9 @@ from tests.support.jobs import make_job
 from tests.support.network import connection_refused, non_loopback_ipv4
 from tests.support.scripted_engine import ScriptedEngine
 from workers.triton import host, model_configs
-from workers.triton.client import TritonJobClient
+from workers.triton.generator.client import TritonJobClient
+from workers.triton.generator.model import CoalescingPolicy
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
 from workers.triton.shm_regions import SHM_DIR
 
 
@@ -145,7 +145,7 @@ def test_the_triton_server_dies_with_a_killed_worker() -> None:
 
     script = (
         "from workers.triton.host import TritonHost\n"
-        "from workers.triton.model import CoalescingPolicy\n"
+        "from workers.triton.generator.model import CoalescingPolicy\n"
         "import time\n"
         "TritonHost(coalescing=CoalescingPolicy(min_window_s=0.01, max_window_s=0.01, max_chunks_per_s=100)).start()\n"
         "print('<triton is up>', flush=True)\n"

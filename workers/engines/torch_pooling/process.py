@@ -11,7 +11,7 @@ The child is forked from the worker's fork server (`workers.engines.fork_server`
 transformers once, so a load costs the model's files, not the imports; with `engine_process =
 "spawn"` it starts afresh instead. Its first message says what it loaded (`LoadedModel`) or why it
 could not, and from then on it listens at the socket the worker named (`batch_socket`): Triton's
-stub for the model (`workers.triton.pooling_backend`) connects there and sends the batches Triton's
+stub for the model (`workers.triton.pooling.backend`) connects there and sends the batches Triton's
 dynamic batcher made, straight from the stub to the model. The pipe takes the worker's own batches.
 Either way one batch computes at a time, in order. It ends when the worker closes the pipe or sends
 None, and with the fork server (or the worker) when that ends.
@@ -35,8 +35,8 @@ from switchboard.config import EngineProcess, ModelConfig
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.process_env import stop_process
 from workers.engines.torch_pooling.runner import LoadedModel, PoolingRunner
-from workers.triton.pooling_backend import FAILED, OK, frame, unframe
-from workers.triton.pooling_model import answer_of, decoded_rows, row_encoder
+from workers.triton.pooling.backend import FAILED, OK, frame, unframe
+from workers.triton.pooling.model import answer_of, decoded_rows, row_encoder
 
 Answers = list[PooledRow | InvalidEngineRequest]
 

@@ -4,7 +4,7 @@
  * backend stub between them (and so no shared memory region in /dev/shm that another local user
  * could open while the stub starts: every row of every batch crossed one).
  *
- * The same exchange as `workers/triton/pooling_backend.py` (the Python stub this replaces where the
+ * The same exchange as `workers/triton/pooling/backend.py` (the Python stub this replaces where the
  * backend is built): the batch's rows go in one message of `multiprocessing.connection`'s framing
  * (a 4-byte big-endian length, then the bytes), which the model's process
  * (`workers/engines/torch_pooling/process.py`) reads with `recv_bytes`; the rows are items of a 4-byte

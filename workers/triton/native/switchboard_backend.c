@@ -4,11 +4,12 @@
  * `pooling.c`, a pooling model whose batches go the same way to the model's process.
  *
  * Each request of the model (decoupled: it lasts as long as its job) is sent to the engine loop as
- * one message, in the framing of `workers/triton/generator_backend.py` (the engine loop's side,
- * `workers/triton/job_socket.py`, serves both): the job's bytes, the client's stream and tag from the
- * request's parameters. A thread of the model reads the loop's answers and sends them on the
- * request's response factory: a response (its output tensor's one element), the request's end, or
- * its end with an error. When the loop's socket closes, every request still open ends with an error.
+ * one message, in the framing of `workers/triton/generator/backend.py` (the engine loop's side,
+ * `workers/triton/generator/job_socket.py`, serves both): the job's bytes, the client's stream and
+ * tag from the request's parameters. A thread of the model reads the loop's answers and sends them
+ * on the request's response factory: a response (its output tensor's one element), the request's
+ * end, or its end with an error. When the loop's socket closes, every request still open ends with
+ * an error.
  *
  * Triton loads this library from the model's folder (`libtriton_switchboard.so` beside
  * `config.pbtxt`); a generator's folder holds a file `job_socket` with the socket's path, a pooling
@@ -32,7 +33,7 @@
 
 #include "backend.h"
 
-/* ---- The engine loop's framing (workers/triton/generator_backend.py) ---- */
+/* ---- The engine loop's framing (workers/triton/generator/backend.py) ---- */
 
 static const char JOB_INPUT[] = "job";
 static const char CHUNK_OUTPUT[] = "chunk";

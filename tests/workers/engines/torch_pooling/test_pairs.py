@@ -18,7 +18,7 @@ from workers.engines.base import InvalidEngineRequest, PoolingRow
 from workers.engines.prompts import longest_token_chars
 from workers.engines.torch_pooling.inputs import EncodedRow, RowEncoder
 from workers.engines.torch_pooling.pairs import PairTemplate, longest_first
-from workers.triton.pooling_model import decoded_rows, encoded_rows
+from workers.triton.pooling.model import decoded_rows, encoded_rows
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,8 +9,8 @@ import threading
 
 from workers.engines.base import InvalidEngineRequest, PooledRow, PoolingRow
 from workers.engines.torch_pooling.process import _answered
-from workers.triton.pooling_backend import FAILED, OK, frame, unframe
-from workers.triton.pooling_model import answer_decoder, row_encoder
+from workers.triton.pooling.backend import FAILED, OK, frame, unframe
+from workers.triton.pooling.model import answer_decoder, row_encoder
 
 
 class EchoRunner:

@@ -12,8 +12,8 @@ import msgspec
 from switchboard.wire import chunk_decoder, encode
 from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
-from workers.triton.model import CoalescingPolicy, GeneratorModel
-from workers.triton.output_stream import (
+from workers.triton.generator.model import CoalescingPolicy, GeneratorModel
+from workers.triton.generator.output_stream import (
     CLOSE_OUTPUT,
     OPEN_OUTPUT,
     OutputStream,

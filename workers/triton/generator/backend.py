@@ -6,7 +6,7 @@ back what the loop answers.
 Triton runs this file as the model's `model.py` in its Python backend stub (`workers.triton.host`
 writes it into Triton's model repository with the model's `config.pbtxt`). Every job is still a
 Triton request from its start to its end: `execute` sends the request's job to the worker's engine
-loop (`workers.triton.job_socket`) and returns; a thread of the stub reads the loop's answers and
+loop (`workers.triton.generator.job_socket`) and returns; a thread of the stub reads the loop's answers and
 sends them on the request's response sender: its responses (for a client that reads a job's chunks
 as responses, or a model's output stream), and its end. The worker's own client takes its jobs'
 chunks in process (`GeneratorModel.open_local_output`), so for it a job's request carries the job in
@@ -18,7 +18,7 @@ job's time to its first token at one stream, traced). Here the request crosses o
 on the loop that drives the engine.
 
 This file runs inside the stub with only the standard library, numpy and Triton's own module; the
-framing below is the worker's side's too (`workers.triton.job_socket` imports it).
+framing below is the worker's side's too (`workers.triton.generator.job_socket` imports it).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ CHUNK_OUTPUT = "chunk"
 SOCKET_PARAMETER = "socket"
 # The request parameters the worker's client sets, passed on as they are: TAG_PARAMETER tags a job's
 # request (its chunks on the output stream carry the same tag), STREAM_PARAMETER names the client's
-# gRPC stream it came on (numbered upwards; see `workers.triton.output_stream`).
+# gRPC stream it came on (numbered upwards; see `workers.triton.generator.output_stream`).
 STREAM_PARAMETER = "switchboard_stream"
 TAG_PARAMETER = "switchboard_tag"
 # How long the stub waits, at its start, for the engine loop to listen (it listens before the load).

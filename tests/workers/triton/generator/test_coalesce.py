@@ -11,7 +11,7 @@ import pytest
 
 from switchboard.wire import FinishReason
 from workers.engines.base import Delta
-from workers.triton.coalesce import DeltaInbox, coalesce, merge
+from workers.triton.generator.coalesce import DeltaInbox, coalesce, merge
 
 
 class OneChoiceStream:
@@ -251,7 +251,7 @@ async def test_exception_while_waiting_in_window_is_raised() -> None:
 
 
 def test_the_window_widens_with_the_number_of_streams_within_its_bounds() -> None:
-    from workers.triton.model import CoalescingPolicy
+    from workers.triton.generator.model import CoalescingPolicy
 
     policy = CoalescingPolicy(min_window_s=0.005, max_window_s=0.1, max_chunks_per_s=400)
     assert policy.window_s(1) == 0.005  # a lone stream is never held back longer than the minimum

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from workers.engines.base import Delta
-from workers.triton.wakeup import Wakeup
+from workers.triton.generator.wakeup import Wakeup
 
 
 def merge(deltas: list[Delta]) -> list[Delta]:

@@ -4,7 +4,7 @@ vLLM's engine client keeps its output task on the loop its first request ran on,
 the engine (a job, an abort, sleep and wake, the stop) runs on one loop. That loop is not the
 worker's own: the worker's loop reads Redis and writes results for every model, and a job's way into
 the engine would wait behind that. Each generator's Triton requests arrive on its engine loop
-(`workers.triton.job_socket`).
+(`workers.triton.generator.job_socket`).
 """
 
 from __future__ import annotations

@@ -34,9 +34,8 @@ from tritonclient.grpc import service_pb2
 from switchboard.wire import Chunk, Job, JobError, PoolingTask, Usage, encode
 from workers.engines.base import PoolingRow
 from workers.runtime.pooling_metrics import PoolingMetrics
-from workers.triton.client import Outbox, TritonStreamError, carry_stream, end_stream
-from workers.triton.model import engine_job_decoder
-from workers.triton.pooling_backend import (
+from workers.triton.engine_job import engine_job_decoder
+from workers.triton.pooling.backend import (
     ANSWERS_OUTPUT,
     BATCH_COLUMNS,
     BATCH_OUTPUT,
@@ -45,7 +44,8 @@ from workers.triton.pooling_backend import (
     frame,
     unframe,
 )
-from workers.triton.pooling_model import RowAnswer, answer_decoder, encoded_rows
+from workers.triton.pooling.model import RowAnswer, answer_decoder, encoded_rows
+from workers.triton.request_stream import Outbox, TritonStreamError, carry_stream, end_stream
 
 
 def rows_of(task: PoolingTask) -> list[PoolingRow]:

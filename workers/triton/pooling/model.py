@@ -3,7 +3,7 @@
 Each Triton request is one job (or a part of a job larger than a batch): its inputs are rows along
 the batch dimension, each a msgpack `PoolingRow`. Triton's dynamic batcher groups the requests that
 arrive within its window; its stub hands the batch to the model's process
-(`workers.triton.pooling_backend`), which answers every row (a `RowAnswer` each: the row's values
+(`workers.triton.pooling.backend`), which answers every row (a `RowAnswer` each: the row's values
 and tokens, or why the model refused it). A refusal answers its row only; the engine failing fails
 the batch's requests.
 
@@ -80,7 +80,7 @@ class PoolingModel:
     """A pooling model bound into Triton, with the face a model slot uses of a generator's
     `GeneratorModel` (abort, stopping the engine, ending output streams), so that a pooling model is
     loaded, kept and unloaded the same way. Triton's stub sends it batches itself
-    (`workers.triton.pooling_backend`); nothing in the worker runs per batch."""
+    (`workers.triton.pooling.backend`); nothing in the worker runs per batch."""
 
     def __init__(self, engine: PoolingEngine) -> None:
         self._engine = engine

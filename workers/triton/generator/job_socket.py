@@ -1,7 +1,7 @@
 """Where a generator's Triton model hands its requests to the engine's loop: a Unix socket.
 
 Triton's model (the worker's own backend inside tritonserver, `workers.triton.native_backend`, or a
-Python-backend stub, `workers.triton.generator_backend`; both called "the stub" below) connects once
+Python-backend stub, `workers.triton.generator.backend`; both called "the stub" below) connects once
 as it loads and sends each request as one message; this side serves every request as a task on the
 engine's loop and answers with its responses and its end (`GeneratorModel.serve`). The socket lives
 in a folder only the worker's user can enter (`workers.runtime.private_runtime`).
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers.triton.engine_thread import EngineThread
-from workers.triton.generator_backend import END, FAILED, HEADER, JOB, NO_TAG, RESPONSE, message
-from workers.triton.model import GeneratorModel
+from workers.triton.generator.backend import END, FAILED, HEADER, JOB, NO_TAG, RESPONSE, message
+from workers.triton.generator.engine_thread import EngineThread
+from workers.triton.generator.model import GeneratorModel
 
 logger = logging.getLogger(__name__)
 

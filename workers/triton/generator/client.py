@@ -3,7 +3,7 @@
 Opening a gRPC stream per job (as Triton's own asyncio client does) cost about 0.8 ms of every
 job's first chunk on a small CPU machine, and CPU at every job in the worker and in Triton. One
 long-lived bidirectional stream per model carries every job's request instead. The first request on
-it opens the model's output stream (`workers.triton.output_stream`): every job's chunks come back
+it opens the model's output stream (`workers.triton.generator.output_stream`): every job's chunks come back
 on that one request's responses, many jobs' per response, tagged with their job's request, and a
 job's last chunk says so. A job's own request lasts as long as the job and only an error comes
 back on it (Triton marks its end with an empty final response, `triton_enable_empty_final_response`).
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import struct
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
@@ -29,17 +28,12 @@ from typing import Protocol
 
 from tritonclient.grpc import service_pb2
 
-from workers.triton.generator_backend import CHUNK_OUTPUT, JOB_INPUT, STREAM_PARAMETER, TAG_PARAMETER
-from workers.triton.grpc_stream import GrpcCallError, GrpcStream, open_stream
-from workers.triton.output_stream import CLOSE_OUTPUT, OPEN_OUTPUT, Posted, posted_batch_decoder
-
-logger = logging.getLogger(__name__)
+from workers.triton.generator.backend import CHUNK_OUTPUT, JOB_INPUT, STREAM_PARAMETER, TAG_PARAMETER
+from workers.triton.generator.output_stream import CLOSE_OUTPUT, OPEN_OUTPUT, Posted, posted_batch_decoder
+from workers.triton.request_stream import Outbox, TritonStreamError, carry_stream, end_stream
 
 # Triton's BYTES tensors hold each element as a 4-byte little-endian length, then the bytes.
 _LENGTH = struct.Struct("<I")
-
-# The bidirectional streaming call of Triton's gRPC service.
-MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 # The end of a job's responses, as the stream's reader hands it to the job.
 _END = None
@@ -50,22 +44,10 @@ _CLOSE_OUTPUT_ID = "close"
 # How long a job whose request has ended may still wait for its last chunk (it is on its way on the
 # output stream, which Triton need not deliver after the request's end).
 LAST_CHUNK_GRACE_S = 5.0
-# How long a closing client waits for Triton to end its stream (every request on it answered) before
-# it cancels the stream; see `end_stream`.
-CLOSE_GRACE_S = 1.0
-# The outbox's last item: the stream's requests end there (gRPC's half-close).
-END_OF_REQUESTS = None
-
-Outbox = asyncio.Queue[service_pb2.ModelInferRequest | None]
-
 # The numbers of the gRPC streams that this process's clients open, upwards: a model's newest output
-# stream ends its older ones (`workers.triton.output_stream`), so a client that replaces another in
+# stream ends its older ones (`workers.triton.generator.output_stream`), so a client that replaces another in
 # this process takes the model's output over rather than share it with the closed one's listener.
 _stream_numbers = itertools.count()
-
-
-class TritonStreamError(RuntimeError):
-    """Triton refused a job, or the stream that carried it ended."""
 
 
 class LocalOutput(Protocol):
@@ -228,70 +210,6 @@ class TritonJobClient:
             inbox.put_nowait(
                 TritonStreamError(f"a job's request on {self.model_name} ended without its last chunk")
             )
-
-
-async def end_stream(reader: asyncio.Task[None], outbox: Outbox, grace_s: float = CLOSE_GRACE_S) -> None:
-    """End the stream that `reader` carries (`carry_stream`): its requests end (a half-close), and
-    Triton ends the stream once it has answered every request on it; one still running after
-    `grace_s` is cancelled with the stream.
-
-    Not a cancel at once: a request whose final response Triton has just sent is still in flight
-    in Triton for a few milliseconds (its backend has not released it yet). Cancelling the stream
-    then left Triton waiting, forever, for that request to acknowledge the cancel, and the model
-    could never be unloaded (Triton waits for every request of a model before it unloads it).
-    """
-    outbox.put_nowait(END_OF_REQUESTS)
-    await asyncio.wait({reader}, timeout=grace_s)
-    reader.cancel()
-    await asyncio.gather(reader, return_exceptions=True)
-
-
-async def carry_stream(
-    address: str,
-    outbox: Outbox,
-    model_name: str,
-    on_response: Callable[[service_pb2.ModelStreamInferResponse], None],
-) -> TritonStreamError:
-    """Send `outbox`'s requests on one bidirectional gRPC stream to Triton at `address` (its gRPC
-    target, `unix:<path>`), handing every response to `on_response`, until the stream ends
-    (`END_OF_REQUESTS` in the outbox ends it once every request is answered); returns the error that
-    the requests still waiting on it end with. A cancel (the client closing) is raised."""
-    stream: GrpcStream | None = None
-    sending: asyncio.Task[None] | None = None
-    try:
-        stream = await open_stream(address.removeprefix("unix:"), MODEL_STREAM_INFER)
-        sending = asyncio.create_task(_send_all(stream, outbox))
-        while (message := await stream.read()) is not None:
-            on_response(service_pb2.ModelStreamInferResponse.FromString(message))
-        return TritonStreamError(f"Triton ended the stream of {model_name}")
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        logger.warning("the Triton stream ended", extra={"model": model_name}, exc_info=True)
-        return TritonStreamError(f"the Triton stream of {model_name} failed: {exc}")
-    finally:
-        if sending is not None:
-            sending.cancel()
-        if stream is not None:
-            stream.close()
-
-
-async def _send_all(stream: GrpcStream, outbox: Outbox) -> None:
-    """Send the outbox's requests as they come, all that are waiting in one write; half-close at
-    `END_OF_REQUESTS`."""
-    while True:
-        request = await outbox.get()
-        try:
-            while request is not END_OF_REQUESTS:
-                stream.send(request.SerializeToString())
-                if outbox.empty():
-                    break
-                request = outbox.get_nowait()
-        except GrpcCallError:
-            return  # the call has ended: its reader tells the requests why
-        if request is END_OF_REQUESTS:
-            stream.end()
-            return
 
 
 def _infer_request(

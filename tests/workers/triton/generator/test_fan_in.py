@@ -1,4 +1,4 @@
-"""workers.triton.fan_in: a completion of several prompts, run at once, read as one request's deltas."""
+"""workers.triton.generator.fan_in: a completion of several prompts, run at once, read as one request's deltas."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from switchboard.config import ModelConfig
 from switchboard.wire import SamplingParams
 from tests.support.scripted_engine import ScriptedEngine
 from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
-from workers.triton.fan_in import fan_in
+from workers.triton.generator.fan_in import fan_in
 
 HANG = "hang"
 Step = Delta | BaseException | str

@@ -1,7 +1,7 @@
 """What one generator's Triton model does with a request: takes a Job and streams its Chunks.
 
 Triton's model hands each request to the engine's own event loop (`workers.triton.native_backend`
-or `workers.triton.generator_backend`, and `workers.triton.job_socket`), and the engine is driven from
+or `workers.triton.generator.backend`, and `workers.triton.generator.job_socket`), and the engine is driven from
 there; a pump task moves the engine's deltas into an inbox, and the coalescer groups those that
 arrive together. The job and the chunks keep their wire encoding end to end, so the consumer
 appends Triton's output to Redis as it is.
@@ -19,19 +19,20 @@ from typing import Any, TypeVar
 import msgspec
 
 from switchboard.config import WorkerConfig
-from switchboard.wire import Chunk, Job, JobError, Usage, encode
+from switchboard.wire import Chunk, JobError, Usage, encode
 from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
-from workers.triton.coalesce import DeltaInbox, coalesce
-from workers.triton.fan_in import fan_in
-from workers.triton.observer import EngineObserver
-from workers.triton.output_stream import (
+from workers.triton.engine_job import EngineJob, engine_job_decoder
+from workers.triton.generator.coalesce import DeltaInbox, coalesce
+from workers.triton.generator.fan_in import fan_in
+from workers.triton.generator.observer import EngineObserver
+from workers.triton.generator.output_stream import (
     CLOSE_OUTPUT,
     OPEN_OUTPUT,
     OutputStreams,
     Posted,
     posted_batch_encoder,
 )
-from workers.triton.token_pace import StreamPace, TokenPace
+from workers.triton.generator.token_pace import StreamPace, TokenPace
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +55,6 @@ def chunk_for(delta: Delta) -> Chunk:
         finish_reason=delta.finish_reason,
         usage=usage,
     )
-
-
-class EngineJob(Job, frozen=True, kw_only=True, omit_defaults=True):
-    """A job as the consumer hands it to its Triton model: a Job, or a taken-over Job to continue.
-
-    Never crosses Redis: the consumer adds `continuation` (the text the client already has, from
-    the result stream) to a job whose worker died, for its one choice to go on from there.
-    """
-
-    continuation: str | None = None
-
-
-engine_job_decoder = msgspec.msgpack.Decoder(EngineJob)
 
 
 def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequest]:
@@ -137,10 +125,10 @@ class GeneratorModel:
     model's output stream.
 
     A request tagged by the worker's client (`TAG_PARAMETER`) lasts as long as its job and posts
-    the job's chunks to the model's output stream (`workers.triton.output_stream`), which the one
+    the job's chunks to the model's output stream (`workers.triton.generator.output_stream`), which the one
     request that opened it (`OPEN_OUTPUT`) answers; an untagged request, as any Triton client sends
     it, gets its chunks as its own responses. Requests arrive on the engine's loop (the thread of
-    `workers.triton.engine_thread`) and the engine is driven from it, so deltas reach the
+    `workers.triton.generator.engine_thread`) and the engine is driven from it, so deltas reach the
     coalescer without crossing threads; `abort` and the other calls from elsewhere go through
     `on_engine_loop`.
     """
@@ -159,7 +147,7 @@ class GeneratorModel:
         self._aborted_early: OrderedDict[str, None] = OrderedDict()
 
     async def serve(self, payload: bytes, *, stream: int, tag: int | None) -> AsyncIterator[bytes]:
-        """One Triton request of this model (`workers.triton.job_socket` hands them over): a job's
+        """One Triton request of this model (`workers.triton.generator.job_socket` hands them over): a job's
         chunks as its responses, or posted to the output stream `stream` when the job's request is
         tagged, or the output stream's batches when the request opens it."""
         if payload == OPEN_OUTPUT:

@@ -37,10 +37,10 @@ from tests.support.pooling_jobs import cosine, embed_job, rows
 from tests.support.waits import eventually
 from workers.engines.base import PooledRow, PoolingRow
 from workers.engines.torch_pooling import TorchPoolingEngine
-from workers.triton.client import TritonStreamError
+from workers.triton.generator.model import CoalescingPolicy
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy
-from workers.triton.pooling_client import PoolingJobClient
+from workers.triton.pooling.client import PoolingJobClient
+from workers.triton.request_stream import TritonStreamError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

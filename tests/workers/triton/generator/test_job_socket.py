@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.triton.job_socket import JobSocket
+from workers.triton.generator.job_socket import JobSocket
 
 
 class _NoEngine:

@@ -10,11 +10,11 @@ import msgspec
 from switchboard.wire import ChatMessage, Chunk, chunk_decoder, encode
 from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
-from workers.triton.model import (
+from workers.triton.engine_job import engine_job_decoder
+from workers.triton.generator.model import (
     EARLY_ABORTS_KEPT,
     CoalescingPolicy,
     GeneratorModel,
-    engine_job_decoder,
     engine_requests,
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.triton.token_pace import MAX_HELD_TOKENS, StreamPace, TokenPace
+from workers.triton.generator.token_pace import MAX_HELD_TOKENS, StreamPace, TokenPace
 
 
 def test_nothing_is_held_before_a_pace_is_measured() -> None:

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from workers.triton.wakeup import Wakeup
+from workers.triton.generator.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,10 @@ from tests.support.jobs import make_job
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.waits import eventually
 from workers.models.slot import ModelSlot
-from workers.triton.client import TritonJobClient, TritonStreamError
+from workers.triton.generator.client import TritonJobClient
+from workers.triton.generator.model import CoalescingPolicy, GeneratorModel
 from workers.triton.host import TritonHost
-from workers.triton.model import CoalescingPolicy, GeneratorModel
+from workers.triton.request_stream import TritonStreamError
 
 # No coalescing: every token is its own response, so that the jobs' responses interleave.
 NO_WAIT = CoalescingPolicy(min_window_s=0.0, max_window_s=0.0, max_chunks_per_s=1e6)
