@@ -71,7 +71,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # None: the kind's engine (vLLM for generators, the PyTorch runner for the pooling kinds).
     engine: EngineName | None = None
     # Passed to the engine as they are (for vLLM: AsyncEngineArgs fields; for TensorRT-LLM: the
-    # LLM's TorchLlmArgs fields, over Switchboard's defaults: see workers/engines/trtllm_args.py).
+    # LLM's TorchLlmArgs fields, over Switchboard's defaults: see workers/engines/trtllm/load_plan.py).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
     # Seconds the model stays warm with nothing to do: 0 leaves as soon as it is idle, -1 never.
     keep_alive_s: Annotated[float, msgspec.Meta(ge=-1)] = 300.0
