@@ -35,7 +35,7 @@ from router.routing.resolve import MODEL_HEADER
 from router.routing.routes.route_table import RouteTable
 from router.status.redis_health import RedisHealth
 from router.telemetry.requests import arrival_id, note_operation
-from switchboard.config import ModelConfig, ModelKind, PipelineLookup, RouterConfig
+from switchboard.config import FrontDoorConfig, ModelConfig, ModelKind, PipelineLookup
 from switchboard.wire import Job, PoolingTask
 
 
@@ -51,7 +51,7 @@ class PoolingFlow:
         pipelines: PipelineLookup,
         limits: ModelLimitsCache,
         health: RedisHealth,
-        settings: RouterConfig,
+        settings: FrontDoorConfig,
     ) -> None:
         self._runs = runs
         self._models = models

@@ -21,7 +21,7 @@ from router.admission.auth import caller_of
 from router.gate.body import decoded, require_json
 from router.http.body_budget import read_body
 from router.openai.errors import PayloadTooLargeError
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 
 Body = TypeVar("Body")
 Passed = TypeVar("Passed")
@@ -40,7 +40,7 @@ class Gate(Generic[Body, Passed]):
     api: str
     decoder: msgspec.json.Decoder[Body]
     # The bounds of this type; returns what the handler goes on with (the checked ask).
-    check: Callable[[Body, RouterConfig], Passed]
+    check: Callable[[Body, FrontDoorConfig], Passed]
     # A bound below the front door's `max_body_bytes` (the admin API's small bodies).
     max_bytes: int | None = None
     # What an empty body is read as (a load request's body may be empty); None: an empty body is
@@ -56,7 +56,7 @@ class Gate(Generic[Body, Passed]):
         if gate_of(request.route_handler) is not self:
             raise RuntimeError(f"{request.url.path}'s handler passes a gate its route does not declare")
         require_json(request)
-        bounds: RouterConfig = request.app.state.front_door.settings.router
+        bounds: FrontDoorConfig = request.app.state.front_door.settings.router
         body = await self._read(request)
         if not body and self.empty_as is not None:
             body = self.empty_as
@@ -88,7 +88,7 @@ def gate_of(handler: BaseRouteHandler) -> Gate[Any, Any] | None:
     return gate if isinstance(gate, Gate) else None
 
 
-def unchecked(body: Body, _: RouterConfig) -> Body:
+def unchecked(body: Body, _: FrontDoorConfig) -> Body:
     """The check of a type whose every bound is its struct's own (msgspec's constraints)."""
     return body
 

@@ -19,23 +19,23 @@ from router.openai.checks import check_chat, check_completion
 from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError
 from router.openai.responses import ResponsesRequest
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 
 
-def checked_chat(chat: ChatCompletionRequest, bounds: RouterConfig) -> ChatAsk:
+def checked_chat(chat: ChatCompletionRequest, bounds: FrontDoorConfig) -> ChatAsk:
     """A chat request within the bounds (what it may cost first: it is the cheaper refusal)."""
     check_chat_bounds(chat, bounds)
     check_chat(chat)
     return ChatAsk(chat)
 
 
-def checked_completion(completion: CompletionRequest, bounds: RouterConfig) -> CompletionAsk:
+def checked_completion(completion: CompletionRequest, bounds: FrontDoorConfig) -> CompletionAsk:
     check_sampling_bounds(completion, bounds)
     prompts = check_completion(completion)
     return CompletionAsk(completion, prompts)
 
 
-def checked_responses(responses: ResponsesRequest, bounds: RouterConfig) -> ResponsesAsk:
+def checked_responses(responses: ResponsesRequest, bounds: FrontDoorConfig) -> ResponsesAsk:
     """A Responses request whose chat request is within the chat's bounds."""
     try:
         chat = chat_request(responses)

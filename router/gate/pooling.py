@@ -19,18 +19,18 @@ from router.openai.pooling_checks import (
     check_rerank_request,
 )
 from router.openai.rerank import RerankRequest
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 
 
-def checked_embeddings(body: EmbeddingRequest, bounds: RouterConfig) -> EmbeddingsAsk:
+def checked_embeddings(body: EmbeddingRequest, bounds: FrontDoorConfig) -> EmbeddingsAsk:
     return EmbeddingsAsk(body, check_embedding_request(body, bounds))
 
 
-def checked_classification(body: ClassificationRequest, bounds: RouterConfig) -> ClassificationAsk:
+def checked_classification(body: ClassificationRequest, bounds: FrontDoorConfig) -> ClassificationAsk:
     return ClassificationAsk(body, check_classification_request(body, bounds))
 
 
-def checked_rerank(body: RerankRequest, bounds: RouterConfig) -> RerankAsk:
+def checked_rerank(body: RerankRequest, bounds: FrontDoorConfig) -> RerankAsk:
     return RerankAsk(body, check_rerank_request(body, bounds))
 
 

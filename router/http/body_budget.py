@@ -17,7 +17,7 @@ from typing import Any
 from litestar import Request
 
 from router.openai.errors import KeyBodyBytesError, PayloadTooLargeError, ServerBodyBytesError
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 
 # Unset budgets, in bodies of the largest size taken: two per key, 32 for the front door (320 MiB at
 # the default 10 MiB; a front door is given 1 GiB, and each body read is then decoded).
@@ -37,7 +37,7 @@ class BodyBudget:
         self._by_key: dict[str, int] = {}
 
     @classmethod
-    def of(cls, router: RouterConfig) -> BodyBudget:
+    def of(cls, router: FrontDoorConfig) -> BodyBudget:
         """The router's budgets, those unset in bodies of its largest size."""
         return cls(
             per_key=router.max_body_bytes_in_flight_per_key or PER_KEY_BODIES * router.max_body_bytes,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ConnectionLimits:
     max_connections: int = 4096
 
     @classmethod
-    def of(cls, router: RouterConfig) -> ConnectionLimits:
+    def of(cls, router: FrontDoorConfig) -> ConnectionLimits:
         """The router's limits, with the connection cap lowered to what the process may open."""
         return cls(
             header_timeout_s=router.header_timeout_s,

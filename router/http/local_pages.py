@@ -28,14 +28,14 @@ from redis.exceptions import RedisError
 
 from router.admission.auth import KeyTable
 from router.openai.errors import AuthenticationError, HostNotAllowedError, OriginNotAllowedError
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 from switchboard.ports import is_loopback_host
 
 
 async def local_pages_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """App-wide guard: while no API key exists, refuse other hosts' names and other sites' pages."""
     front_door = connection.app.state.front_door
-    router: RouterConfig = front_door.settings.router
+    router: FrontDoorConfig = front_door.settings.router
     if not (is_loopback_host(router.host) or router.allowed_hosts):
         return  # open access beyond loopback, by the operator's choice, to anyone by any name
     if not await _keyless(front_door.key_table):

@@ -6,7 +6,7 @@ every other stream of that model. Each bound below is far above what a demanding
 sends, and low enough that no single request costs a worker more than a moment. Past one, the
 request is a 400 whose `param` names the parameter and whose message states the bound.
 
-The bounds an operator may need to raise are router settings (`switchboard.config.RouterConfig`:
+The bounds an operator may need to raise are router settings (`switchboard.config.FrontDoorConfig`:
 `max_messages`, `max_tools_bytes`, `max_structured_output_bytes`, `max_structured_output_choices`),
 checked here with what no field's type can say (a schema's nesting, an estimate of the rendered
 prompt). Bounds that are OpenAI's own published limits are constraints of the request structs, so
@@ -25,7 +25,7 @@ from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonSchemaF
 from router.openai.common import SamplingRequest
 from router.openai.errors import InvalidRequestError
 from router.openai.required_calls import CALLS_NESTING, calls_schema
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 
 # vLLM's own limit (`vllm.sampling_params.MAX_STRUCTURED_OUTPUT_JSON_NESTING`): objects and arrays
 # of a JSON schema may nest at most this deep. Counted here exactly as vLLM counts it, so that the
@@ -41,7 +41,7 @@ ARRAY_TOO_LONG = "array_above_max_length"
 _json = msgspec.json.Encoder()
 
 
-def check_sampling_bounds(request: SamplingRequest, bounds: RouterConfig) -> None:
+def check_sampling_bounds(request: SamplingRequest, bounds: FrontDoorConfig) -> None:
     """The bounds every generation request shares: those of its structured outputs."""
     constraints = request.structured_outputs
     if constraints is None:
@@ -58,7 +58,7 @@ def check_sampling_bounds(request: SamplingRequest, bounds: RouterConfig) -> Non
         _check_choices(constraints.choice, bounds)
 
 
-def check_chat_bounds(request: ChatCompletionRequest, bounds: RouterConfig) -> None:
+def check_chat_bounds(request: ChatCompletionRequest, bounds: FrontDoorConfig) -> None:
     """Everything a chat request may hold: messages, their parts and tool calls, tools, schemas, and
     an estimate of the prompt the model's chat template renders from them."""
     check_sampling_bounds(request, bounds)
@@ -162,7 +162,7 @@ def _check_text_size(text: str, param: str, max_bytes: int, what: str) -> None:
         raise refusal(param, f"The {what} is {size:,} bytes; at most {max_bytes:,} are taken.")
 
 
-def _check_choices(choices: list[str], bounds: RouterConfig) -> None:
+def _check_choices(choices: list[str], bounds: FrontDoorConfig) -> None:
     """The engine compiles the choices into one grammar, whose cost grows faster than their number."""
     param = "structured_outputs.choice"
     limit = bounds.max_structured_output_choices
@@ -178,7 +178,7 @@ def _check_choices(choices: list[str], bounds: RouterConfig) -> None:
         )
 
 
-def _check_tools(request: ChatCompletionRequest, bounds: RouterConfig) -> int:
+def _check_tools(request: ChatCompletionRequest, bounds: FrontDoorConfig) -> int:
     """Refuse tools larger together than `max_tools_bytes`, or one whose schema is past the schema
     bounds (a forced tool call compiles it into a grammar); the tools' size as JSON."""
     total = 0
@@ -199,7 +199,7 @@ def _check_tools(request: ChatCompletionRequest, bounds: RouterConfig) -> int:
     return total
 
 
-def check_required_calls(request: ChatCompletionRequest, bounds: RouterConfig) -> None:
+def check_required_calls(request: ChatCompletionRequest, bounds: FrontDoorConfig) -> None:
     """`tool_choice: "required"` joins every tool's schema into one (`router.openai.required_calls`),
     which the engine compiles as one grammar: that schema, not each tool's, is what must be within
     the structured-output bounds (eight tools of 32 KB each cost a worker two minutes as one)."""

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai.common import UNSET, SamplingRequest, TokenCount, Usage
+from router.openai.common import UNSET, CompletionUsage, SamplingRequest, TokenCount
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -222,7 +222,7 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     created: int
     model: str
     choices: list[ChatChoice]
-    usage: Usage
+    usage: CompletionUsage
     object: Literal["chat.completion"] = "chat.completion"
 
 
@@ -252,4 +252,4 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     choices: list[ChatChunkChoice]
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     # Present (null until the final usage chunk) only when stream_options.include_usage is set.
-    usage: Usage | msgspec.UnsetType | None = msgspec.UNSET
+    usage: CompletionUsage | msgspec.UnsetType | None = msgspec.UNSET

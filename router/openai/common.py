@@ -89,7 +89,7 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     cache_salt: ClientCacheSalt | None = None
 
 
-class Usage(msgspec.Struct, kw_only=True):
+class CompletionUsage(msgspec.Struct, kw_only=True):
     """Token counts of a completion."""
 
     prompt_tokens: int

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai.common import SamplingRequest, TokenCount, Usage
+from router.openai.common import CompletionUsage, SamplingRequest, TokenCount
 
 # OpenAI's default for this endpoint, which vLLM follows; an explicit null generates to the end of
 # the context, as vLLM's server does (chat has no such default: it generates to the end).
@@ -55,4 +55,4 @@ class Completion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[CompletionChoice]
     object: Literal["text_completion"] = "text_completion"
-    usage: Usage | msgspec.UnsetType | None = msgspec.UNSET
+    usage: CompletionUsage | msgspec.UnsetType | None = msgspec.UNSET

@@ -16,7 +16,7 @@ from router.openai.common import INT32_MAX
 from router.openai.embeddings import EmbeddingRequest
 from router.openai.errors import InvalidRequestError
 from router.openai.rerank import RerankRequest
-from switchboard.config import ModelConfig, ModelKind, RouterConfig
+from switchboard.config import FrontDoorConfig, ModelConfig, ModelKind
 from switchboard.wire import ModelLimits, Prompt
 
 # OpenAI's bound on the inputs of one embeddings request; the same holds for the other endpoints.
@@ -39,7 +39,7 @@ KIND_ENDPOINTS: dict[ModelKind, str] = {
 }
 
 
-def check_embedding_request(body: EmbeddingRequest, bounds: RouterConfig) -> tuple[Prompt, ...]:
+def check_embedding_request(body: EmbeddingRequest, bounds: FrontDoorConfig) -> tuple[Prompt, ...]:
     """Every check of an embeddings request that needs no model; its inputs, as they will be sent."""
     inputs = pooling_inputs(body.input)
     check_encoding_format(body.encoding_format)
@@ -49,7 +49,7 @@ def check_embedding_request(body: EmbeddingRequest, bounds: RouterConfig) -> tup
     return inputs
 
 
-def check_classification_request(body: ClassificationRequest, bounds: RouterConfig) -> tuple[Prompt, ...]:
+def check_classification_request(body: ClassificationRequest, bounds: FrontDoorConfig) -> tuple[Prompt, ...]:
     """Every check of a classification request that needs no model; its inputs, as they will be sent."""
     inputs = pooling_inputs(body.input)
     check_truncation(body.truncate_prompt_tokens)
@@ -57,7 +57,7 @@ def check_classification_request(body: ClassificationRequest, bounds: RouterConf
     return inputs
 
 
-def check_rerank_request(body: RerankRequest, bounds: RouterConfig) -> tuple[str, ...]:
+def check_rerank_request(body: RerankRequest, bounds: FrontDoorConfig) -> tuple[str, ...]:
     """Every check of a rerank request that needs no model; its documents' texts, as they will be sent."""
     check_query(body.query)
     check_query_length(body.query, bounds)
@@ -138,7 +138,7 @@ def check_query(query: str) -> None:
         raise invalid("query", "`query` is empty; give at least one character.")
 
 
-def check_query_length(query: str, bounds: RouterConfig) -> None:
+def check_query_length(query: str, bounds: FrontDoorConfig) -> None:
     """A 400 for a rerank query longer than `router.max_rerank_query_chars`, truncated or not."""
     if len(query) > bounds.max_rerank_query_chars:
         raise invalid(
@@ -201,7 +201,7 @@ def check_pooling_output(
     model: ModelConfig,
     inputs: int,
     dimensions: int | None,
-    bounds: RouterConfig,
+    bounds: FrontDoorConfig,
     limits: ModelLimits | None,
 ) -> None:
     """A 400 for an embeddings answer of more values than `router.max_pooling_output_values`: `inputs`
@@ -216,7 +216,7 @@ def check_pooling_output(
         _check_output_values(inputs, limits.embedding_size, "input", bounds)
 
 
-def _check_output_values(inputs: int, dimensions: int, param: str, bounds: RouterConfig) -> None:
+def _check_output_values(inputs: int, dimensions: int, param: str, bounds: FrontDoorConfig) -> None:
     values = inputs * dimensions
     if values <= bounds.max_pooling_output_values:
         return

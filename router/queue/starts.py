@@ -29,7 +29,7 @@ from router.status.model_status import ModelStatusReader
 from router.telemetry.job_observer import FrontDoorJobObserver
 from router.telemetry.rollout_observations import Observations
 from switchboard import keys
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 from switchboard.lua.batched import answer
 from switchboard.wire import Chunk, Job
 
@@ -53,7 +53,7 @@ class JobRuns:
         queue: JobQueue,
         reader: ResultReader,
         status: ModelStatusReader,
-        settings: RouterConfig,
+        settings: FrontDoorConfig,
         router_id: str,
         admission: Admission,
         observations: Observations,

@@ -11,7 +11,7 @@ from router.queue.chunk_source import ChunkSource
 from router.relay.answer_relays import AnswerRelay
 from router.relay.first_byte import StreamForm, stream_response
 from router.status.model_status import ModelStatusReader
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 from switchboard.wire import Chunk
 
 
@@ -20,7 +20,7 @@ class Relaying:
     """How this front door answers: its first-byte budget and progress comments (`settings`), and
     where a waiting stream's progress is read (`status`)."""
 
-    settings: RouterConfig
+    settings: FrontDoorConfig
     status: ModelStatusReader
 
     async def answer(self, run: ChunkSource, relay: AnswerRelay, *, stream: bool, form: StreamForm) -> Answer:

@@ -35,7 +35,7 @@ from router.openai.errors import OpenAIError
 from router.queue.chunk_source import ChunkSource
 from router.relay.sse import Relay, error_for, sse_comment
 from router.status.model_status import ModelStatus, ModelStatusReader
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 from switchboard.wire import Chunk
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ OPENAI_SHAPE = StreamForm()
 async def stream_response(
     run: ChunkSource,
     relay: Relay,
-    settings: RouterConfig,
+    settings: FrontDoorConfig,
     status: ModelStatusReader,
     form: StreamForm = OPENAI_SHAPE,
 ) -> Stream:

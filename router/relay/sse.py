@@ -13,7 +13,7 @@ from typing import Protocol
 
 import msgspec
 
-from router.openai.common import Usage
+from router.openai.common import CompletionUsage
 from router.openai.errors import (
     EngineError,
     InvalidRequestError,
@@ -105,12 +105,14 @@ def error_for(job_error: JobError, model: str) -> OpenAIError:
     return EngineError(job_error.message)
 
 
-def openai_usage(chunk: Chunk) -> Usage:
+def openai_usage(chunk: Chunk) -> CompletionUsage:
     """OpenAI's usage object for the job's last chunk (zeros if it carried none)."""
     if chunk.usage is None:
-        return Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+        return CompletionUsage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
     prompt, completion = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return CompletionUsage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
 
 
 class ChoiceText:
@@ -127,10 +129,12 @@ class ChoiceText:
         return "".join(self.parts)
 
 
-async def gather_choices(chunks: AsyncIterator[Chunk], model: str, n: int) -> tuple[list[ChoiceText], Usage]:
+async def gather_choices(
+    chunks: AsyncIterator[Chunk], model: str, n: int
+) -> tuple[list[ChoiceText], CompletionUsage]:
     """Every choice's text, log probabilities and finish reason, and the usage; the job's error raised."""
     choices = [ChoiceText() for _ in range(n)]
-    usage = Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+    usage = CompletionUsage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
     async for chunk in chunks:
         if chunk.error is not None:
             raise error_for(chunk.error, model)

@@ -6,7 +6,7 @@ loader. These are the names the rest of the product uses; the modules hold the r
 
 from switchboard.config.auth import ADMIN_KEY_NAME, RESERVED_KEY_NAMES, ApiKey, AuthConfig
 from switchboard.config.checks import ConfigError
-from switchboard.config.front_door import RouterConfig
+from switchboard.config.front_door import FrontDoorConfig
 from switchboard.config.limits import LimitsConfig
 from switchboard.config.loader import load_settings
 from switchboard.config.models import (
@@ -19,7 +19,13 @@ from switchboard.config.models import (
     triton_model_name,
 )
 from switchboard.config.names import ModelName, RouteName
-from switchboard.config.pipelines import CascadeConfig, PipelineConfig, PipelineLookup, RouterTarget
+from switchboard.config.pipelines import (
+    CascadeConfig,
+    PipelineConfig,
+    PipelineLookup,
+    RouterModelConfig,
+    RouterTarget,
+)
 from switchboard.config.redis import RedisConfig
 from switchboard.config.routes import RouteConfig, ShadowConfig
 from switchboard.config.settings import Settings
@@ -36,6 +42,7 @@ __all__ = [
     "ConfigError",
     "EngineName",
     "EngineProcess",
+    "FrontDoorConfig",
     "LimitsConfig",
     "ModelConfig",
     "ModelKind",
@@ -45,7 +52,7 @@ __all__ = [
     "RedisConfig",
     "RouteConfig",
     "RouteName",
-    "RouterConfig",
+    "RouterModelConfig",
     "RouterTarget",
     "Settings",
     "ShadowConfig",

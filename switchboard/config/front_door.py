@@ -8,7 +8,7 @@ from typing import Annotated
 import msgspec
 
 
-class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class FrontDoorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The front door."""
 
     # Loopback by default: serving other machines is a choice (see allow_open_access).

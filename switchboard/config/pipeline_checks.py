@@ -14,7 +14,7 @@ from __future__ import annotations
 import string
 from collections.abc import Collection, Mapping
 
-from switchboard.config.pipelines import CascadeConfig, PipelineConfig, RouterConfig
+from switchboard.config.pipelines import CascadeConfig, PipelineConfig, RouterModelConfig
 from switchboard.config.routes import RouteConfig
 
 ROUTER_PLACEHOLDERS = frozenset({"targets", "request"})
@@ -152,7 +152,7 @@ def _check_fallbacks(steps: list[str], names: _Names) -> None:
             )
 
 
-def _check_router(router: RouterConfig, names: _Names) -> None:
+def _check_router(router: RouterModelConfig, names: _Names) -> None:
     names.require(router.model, "router.model", pipelines=False)
     if len(router.targets) < 2:
         raise PipelineError(f"{names.where}.router.targets: a router needs at least two targets")

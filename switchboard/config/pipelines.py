@@ -47,7 +47,7 @@ class RouterTarget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     description: str
 
 
-class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class RouterModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A router model's choice between targets (`router.routing.pipelines.router_model`)."""
 
     # The router: a model or a route (its answer's log-probabilities weigh the targets).
@@ -89,7 +89,7 @@ class PipelineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # Tried in this order: the next answers when the one before fails before its first byte.
     fallbacks: list[ModelName] = msgspec.field(default_factory=list)
-    router: RouterConfig | None = None
+    router: RouterModelConfig | None = None
     cascade: CascadeConfig | None = None
 
     @property

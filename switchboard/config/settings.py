@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from switchboard.config.auth import AuthConfig
-from switchboard.config.front_door import RouterConfig
+from switchboard.config.front_door import FrontDoorConfig
 from switchboard.config.limits import LimitsConfig
 from switchboard.config.models import ModelConfig
 from switchboard.config.names import RouteName
@@ -20,7 +20,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The whole configuration."""
 
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
-    router: RouterConfig = msgspec.field(default_factory=RouterConfig)
+    router: FrontDoorConfig = msgspec.field(default_factory=FrontDoorConfig)
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)

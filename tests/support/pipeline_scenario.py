@@ -6,8 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from switchboard.config import CascadeConfig, ModelConfig, PipelineConfig, RouterTarget, Settings
-from switchboard.config.pipelines import RouterConfig
+from switchboard.config import (
+    CascadeConfig,
+    ModelConfig,
+    PipelineConfig,
+    RouterModelConfig,
+    RouterTarget,
+    Settings,
+)
 from switchboard.wire import Chunk, TokenLogprob, TopLogprob, Usage
 from tests.support.front_door_harness import settings_for
 
@@ -25,7 +31,7 @@ def settings(
         "code": RouterTarget(model=CODER, description="programming questions"),
         "chat": RouterTarget(model=GENERAL, description="everything else"),
     }
-    router = RouterConfig(
+    router = RouterModelConfig(
         model=ROUTER, targets=targets, default="chat", timeout_s=timeout_s, warm_margin=warm_margin
     )
     cascade = CascadeConfig(draft=DRAFT, strong=STRONG, min_mean_logprob=-1.0, hold_s=hold_s)

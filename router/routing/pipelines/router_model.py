@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from router.openai.errors import OpenAIError
-from switchboard.config.pipelines import RouterConfig
+from switchboard.config import RouterModelConfig
 from switchboard.wire import ChatMessage, Chunk, SamplingParams, StructuredOutput, TokenLogprob, Usage
 
 # Runs the router's job and yields its chunks (raises if it cannot run it); closed early, it stops
@@ -71,14 +71,14 @@ def request_text(messages: Sequence[ChatMessage] | None, prompt: str | None, lim
     return text[-limit:] if len(text) > limit else text
 
 
-def router_messages(config: RouterConfig, text: str) -> tuple[ChatMessage, ...]:
+def router_messages(config: RouterModelConfig, text: str) -> tuple[ChatMessage, ...]:
     """The router's conversation: one user message, the configured prompt with the targets and the
     request filled in (as values: braces in them are text)."""
     targets = "\n".join(f"- {label}: {target.description}" for label, target in config.targets.items())
     return (ChatMessage(role="user", content=config.prompt.format(targets=targets, request=text)),)
 
 
-def router_sampling(config: RouterConfig) -> SamplingParams:
+def router_sampling(config: RouterModelConfig) -> SamplingParams:
     """Greedy, one label long, with enough alternatives per position to see every label's start."""
     labels = tuple(config.targets)
     # Every token holds at least one byte of the label; one more token for the end of the answer.
@@ -107,7 +107,7 @@ def label_scores(labels: Sequence[str], chunks: Sequence[Chunk]) -> tuple[str | 
 
 
 def pick(
-    config: RouterConfig,
+    config: RouterModelConfig,
     answered: str | None,
     scores: Mapping[str, float],
     is_warm: Callable[[str], bool],
@@ -127,13 +127,13 @@ def pick(
     return RouterChoice(best, target, "router", scores=kept)
 
 
-def default_choice(config: RouterConfig, reason: str) -> RouterChoice:
+def default_choice(config: RouterModelConfig, reason: str) -> RouterChoice:
     """The default target, taken for `reason`."""
     return RouterChoice(config.default, config.targets[config.default].model, "default", reason, {})
 
 
 async def choose(
-    config: RouterConfig, text: str, ask: AskRouter, is_warm: Callable[[str], bool]
+    config: RouterModelConfig, text: str, ask: AskRouter, is_warm: Callable[[str], bool]
 ) -> RouterChoice:
     """Ask the router which target answers `text`, within `config.timeout_s`. A router that fails,
     is too slow or answers no label leaves the choice to the default; this never raises for it.
@@ -225,7 +225,7 @@ def _most_believed(scores: Mapping[str, float]) -> str | None:
 
 
 def _closest_warm(
-    config: RouterConfig, best: str, scores: Mapping[str, float], is_warm: Callable[[str], bool]
+    config: RouterModelConfig, best: str, scores: Mapping[str, float], is_warm: Callable[[str], bool]
 ) -> str | None:
     """The warm label the router believed most among those within `warm_margin` of `best` (and
     considered at all); None when there is none, or no margin."""

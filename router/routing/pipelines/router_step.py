@@ -33,14 +33,16 @@ from router.routing.pipelines.steps import (
 )
 from router.routing.pipelines.warm_targets import WarmTargets
 from router.routing.resolve import PIPELINE_ATTRIBUTE, Resolution
-from switchboard.config.pipelines import RouterConfig
+from switchboard.config import RouterModelConfig
 from switchboard.wire import ChatMessage, Chunk, SamplingParams, Usage
 
 # How long the end of a router's job stopped early is waited for (its usage).
 STOPPED_END_S = 5.0
 
 
-async def routed(resolution: Resolution, call: Call, config: RouterConfig, parts: StepParts) -> Resolution:
+async def routed(
+    resolution: Resolution, call: Call, config: RouterModelConfig, parts: StepParts
+) -> Resolution:
     """What answers `call`: the target the router model chooses, with the default target after it."""
     pipeline = resolution.served
     router = parts.step(call, config.model, resolution.alone())
@@ -73,7 +75,8 @@ def _text_of(ask: GenerationAsk, limit: int) -> str:
     """What the router model reads of the request (`request_text`)."""
     if isinstance(ask, ChatAsk):
         messages = [
-            ChatMessage(role=m.role, content=None if m.content is None else m.text()) for m in ask.chat.messages
+            ChatMessage(role=m.role, content=None if m.content is None else m.text())
+            for m in ask.chat.messages
         ]
         return request_text(messages, None, limit)
     prompt = ask.completion.prompt

@@ -46,7 +46,7 @@ from router.queue.subscription import Subscription
 from router.status.model_status import ModelStatus, ModelStatusReader
 from router.telemetry.requests import arrival_id
 from switchboard import keys
-from switchboard.config import RouteConfig, RouterConfig, ShadowConfig
+from switchboard.config import FrontDoorConfig, RouteConfig, ShadowConfig
 from switchboard.metrics import REGISTRY, TPOT_BUCKETS, TTFT_BUCKETS
 from switchboard.tasks import TaskSet
 from switchboard.wire import Chunk, Job
@@ -192,7 +192,7 @@ class ShadowTraffic:
         reader: ResultReader,
         status: ModelStatusReader,
         tasks: TaskSet,
-        settings: RouterConfig,
+        settings: FrontDoorConfig,
         max_in_flight: int = MAX_COPIES_IN_FLIGHT,
         draw: Callable[[], float] = random.random,
     ) -> None:

@@ -18,11 +18,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 from switchboard.local.redis_server import PrivateRedis
 from tests.support.front_door_harness import MODEL, serving, settings_for
 
-DEFAULTS = RouterConfig()
+DEFAULTS = FrontDoorConfig()
 SCHEMA_BYTES = DEFAULTS.max_structured_output_bytes
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 

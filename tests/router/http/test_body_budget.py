@@ -25,7 +25,7 @@ from router.http.body_budget import BodyBudget, read_body
 from router.http.connection_limits import ConnectionLimits
 from router.http.connections import guarded_protocol
 from router.openai.errors import OpenAIError
-from switchboard.config import RouterConfig, Settings
+from switchboard.config import FrontDoorConfig, Settings
 from tests.support.waits import eventually
 
 MAX_BODY = 1_000_000
@@ -173,9 +173,11 @@ async def test_a_body_past_the_largest_taken_is_a_413_that_holds_nothing(budget:
 
 
 def test_unset_budgets_hold_two_of_the_largest_bodies_per_key_and_32_in_all() -> None:
-    router = RouterConfig(max_body_bytes=10 * 1024 * 1024)
+    router = FrontDoorConfig(max_body_bytes=10 * 1024 * 1024)
     assert (BodyBudget.of(router).per_key, BodyBudget.of(router).total) == (20 * 1024**2, 320 * 1024**2)
-    set_budgets = RouterConfig(max_body_bytes_in_flight_per_key=50 * 1024**2, max_body_bytes_in_flight=2**30)
+    set_budgets = FrontDoorConfig(
+        max_body_bytes_in_flight_per_key=50 * 1024**2, max_body_bytes_in_flight=2**30
+    )
     assert (BodyBudget.of(set_budgets).per_key, BodyBudget.of(set_budgets).total) == (50 * 1024**2, 2**30)
 
 

@@ -23,7 +23,7 @@ from router.openai.bounds import (
 from router.openai.chat import ChatCompletionRequest
 from router.openai.completions import CompletionRequest
 from router.openai.errors import InvalidRequestError
-from switchboard.config import RouterConfig, load_settings
+from switchboard.config import FrontDoorConfig, load_settings
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -31,16 +31,16 @@ def chat(**fields: Any) -> ChatCompletionRequest:
     return msgspec.json.decode(msgspec.json.encode(body), type=ChatCompletionRequest)
 
 
-def check_bounds(request: Any, bounds: RouterConfig) -> None:
+def check_bounds(request: Any, bounds: FrontDoorConfig) -> None:
     if isinstance(request, ChatCompletionRequest):
         check_chat_bounds(request, bounds)
     else:
         check_sampling_bounds(request, bounds)
 
 
-def refused(request: Any, bounds: RouterConfig | None = None) -> InvalidRequestError:
+def refused(request: Any, bounds: FrontDoorConfig | None = None) -> InvalidRequestError:
     with pytest.raises(InvalidRequestError) as caught:
-        check_bounds(request, bounds or RouterConfig())
+        check_bounds(request, bounds or FrontDoorConfig())
     return caught.value
 
 
@@ -126,13 +126,13 @@ def test_the_bounds_an_operator_may_raise_are_settings() -> None:
     assert refused(chat(tools=tools), bounds).param == "tools"
     # The same requests pass the defaults.
     for fields in ({"structured_outputs": {"choice": ["a", "b", "c"]}}, {"tools": tools}):
-        check_bounds(chat(**fields), RouterConfig())
+        check_bounds(chat(**fields), FrontDoorConfig())
 
 
 def test_completions_share_the_structured_output_and_stop_bounds() -> None:
     body = {"model": "m", "prompt": "Hi", "structured_outputs": {"json": {"a": {"b": {}}}}}
     request = msgspec.json.decode(msgspec.json.encode(body), type=CompletionRequest)
-    check_bounds(request, RouterConfig())
+    check_bounds(request, FrontDoorConfig())
     deep: Any = {}
     for _ in range(MAX_SCHEMA_NESTING):
         deep = {"a": deep}

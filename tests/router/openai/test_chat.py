@@ -18,7 +18,7 @@ from router.openai.chat import (
     ChatMessageOut,
     ContentPart,
 )
-from router.openai.common import Usage, stop_list
+from router.openai.common import CompletionUsage, stop_list
 from router.openai.errors import (
     EngineError,
     InvalidRequestError,
@@ -345,7 +345,7 @@ def test_chat_completion_encoding() -> None:
         created=123,
         model="m",
         choices=[ChatChoice(index=0, message=ChatMessageOut(content="hello"), finish_reason="stop")],
-        usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+        usage=CompletionUsage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
     )
     data = msgspec.json.decode(msgspec.json.encode(completion))
     assert data == {
@@ -401,7 +401,7 @@ def test_chunk_usage_null_when_set_to_none() -> None:
 
 
 def test_chunk_usage_values() -> None:
-    data = _chunk(ChatDelta(), usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3))
+    data = _chunk(ChatDelta(), usage=CompletionUsage(prompt_tokens=1, completion_tokens=2, total_tokens=3))
     assert data["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
 
 

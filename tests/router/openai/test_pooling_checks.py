@@ -15,11 +15,11 @@ from router.openai.pooling_checks import (
     check_rerank_request,
 )
 from router.openai.rerank import RerankRequest
-from switchboard.config import ModelConfig, RouterConfig
+from switchboard.config import FrontDoorConfig, ModelConfig
 from switchboard.kept_text import CUT_SLACK_CHARS, front_door_cut, kept_tail
 from switchboard.wire import ModelLimits, PoolingTask
 
-BOUNDS = RouterConfig(max_rerank_query_chars=1024, max_pooling_output_values=4096)
+BOUNDS = FrontDoorConfig(max_rerank_query_chars=1024, max_pooling_output_values=4096)
 EMBEDDER = ModelConfig(name="e", path="/nonexistent", kind="embed")
 
 
@@ -57,12 +57,12 @@ def test_an_answer_of_more_values_than_the_bound_is_refused_naming_what_to_lower
     check_pooling_output(EMBEDDER, 4, None, BOUNDS, limits)
     check_pooling_output(EMBEDDER, 5, None, BOUNDS, None)  # its size not known yet
     reranker = ModelConfig(name="r", path="/nonexistent", kind="score")
-    check_pooling_output(reranker, 2048, None, RouterConfig(), limits)
+    check_pooling_output(reranker, 2048, None, FrontDoorConfig(), limits)
 
 
 def test_the_defaults_admit_every_input_count_of_a_4096_dimension_embedder() -> None:
     limits = ModelLimits(max_model_len=512, vocab_size=400, max_token_chars=8, embedding_size=4096)
-    check_pooling_output(EMBEDDER, 2048, None, RouterConfig(), limits)
+    check_pooling_output(EMBEDDER, 2048, None, FrontDoorConfig(), limits)
 
 
 def test_a_text_is_cut_where_a_word_begins_before_what_its_last_tokens_span() -> None:

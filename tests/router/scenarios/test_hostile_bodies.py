@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 from switchboard.local.redis_server import PrivateRedis
 from tests.support.front_door_harness import MODEL
 from tests.support.live_front_door import (
@@ -39,7 +39,7 @@ from tests.support.live_front_door import (
 
 ENDPOINTS = [CHAT, COMPLETIONS]
 # The front door's default request body limit (router.max_body_bytes).
-BODY_LIMIT = RouterConfig().max_body_bytes
+BODY_LIMIT = FrontDoorConfig().max_body_bytes
 
 # Valid requests setting (nearly) every field, each of which the mutation property spoils in turn.
 CHAT_BASE: dict[str, Any] = {

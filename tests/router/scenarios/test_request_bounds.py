@@ -19,13 +19,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from switchboard import keys
-from switchboard.config import RouterConfig
+from switchboard.config import FrontDoorConfig
 from switchboard.local.redis_server import PrivateRedis
 from tests.support.front_door_harness import MODEL, answer_ok, next_job, serving, settings_for
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-DEFAULTS = RouterConfig()
+DEFAULTS = FrontDoorConfig()
 SCHEMA_BYTES = DEFAULTS.max_structured_output_bytes
 USER = [{"role": "user", "content": "Hi"}]
 

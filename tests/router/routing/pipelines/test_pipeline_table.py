@@ -12,9 +12,8 @@ import redis.asyncio as aioredis
 
 from router.routing.pipelines.pipeline_table import PipelineConflict, PipelineTable, UnknownPipeline
 from switchboard import keys
-from switchboard.config import CascadeConfig, PipelineConfig, RouteConfig, RouterTarget
+from switchboard.config import CascadeConfig, PipelineConfig, RouteConfig, RouterModelConfig, RouterTarget
 from switchboard.config.pipeline_checks import PipelineError
-from switchboard.config.pipelines import RouterConfig
 from switchboard.name_graph import LoopError
 
 MODELS = ["big", "small", "coder"]
@@ -36,7 +35,7 @@ def picker(otherwise: str = "resilient") -> PipelineConfig:
         "code": RouterTarget(model="coder", description="programming"),
         "chat": RouterTarget(model=otherwise, description="everything else"),
     }
-    return PipelineConfig(router=RouterConfig(model="small", targets=targets, default="chat"))
+    return PipelineConfig(router=RouterModelConfig(model="small", targets=targets, default="chat"))
 
 
 async def test_the_configs_pipelines_apply_until_redis_holds_others_and_a_change_reaches_another_table(

@@ -21,7 +21,7 @@ from router.routing.pipelines.router_model import (
     router_sampling,
 )
 from switchboard.config import RouterTarget
-from switchboard.config.pipelines import DEFAULT_ROUTER_PROMPT, RouterConfig
+from switchboard.config.pipelines import DEFAULT_ROUTER_PROMPT, RouterModelConfig
 from switchboard.wire import ChatMessage, Chunk, JobError, SamplingParams, TokenLogprob, TopLogprob, Usage
 
 # What the workers send for a token the grammar masked (-inf has no JSON).
@@ -29,9 +29,9 @@ MASKED = -9999.0
 EOS = "</s>"
 
 
-def config(*labels: str, default: str | None = None, **fields: object) -> RouterConfig:
+def config(*labels: str, default: str | None = None, **fields: object) -> RouterModelConfig:
     targets = {label: RouterTarget(model=f"{label}-model", description=f"{label} things") for label in labels}
-    return RouterConfig(model="router", targets=targets, default=default or labels[0], **fields)  # type: ignore[arg-type]
+    return RouterModelConfig(model="router", targets=targets, default=default or labels[0], **fields)  # type: ignore[arg-type]
 
 
 def token(text: str, logprob: float, **top: float) -> TokenLogprob:
@@ -324,7 +324,7 @@ def test_the_router_reads_a_completion_prompt_keeping_its_end() -> None:
 
 
 def test_the_prompt_lists_the_targets_in_order_and_keeps_braces_of_descriptions_and_requests() -> None:
-    routed = RouterConfig(
+    routed = RouterModelConfig(
         model="router",
         targets={
             "json": RouterTarget(model="m1", description='emits {"a": 1} objects'),
