@@ -202,4 +202,3 @@ def _counted_for_caller(found: dict[str, Window], field: str, count: int) -> boo
         counts = window.caller_requests if matched["counter"] == "caller" else window.caller_failures
         counts[matched["caller"]] = counts.get(matched["caller"], 0) + count
     return True
-

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from switchboard.config import ModelKind
-from switchboard.local.private_files import append_private, private_dir, write_private
 from switchboard.local.processes import spawn_group, stop_groups
 from switchboard.logs import LOG_LABEL_ENV
 from switchboard.ports import local_url_host
+from switchboard.private_files import append_private, private_dir, write_private
 from switchboard.readiness import WAITING_FOR
 
 SWITCHBOARD_ARGV = (sys.executable, "-m", "switchboard")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from switchboard.local import with_parent
+from switchboard import with_parent
 
 
 def spawn_group(

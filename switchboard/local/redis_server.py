@@ -18,15 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from switchboard.local import with_parent
-from switchboard.local.private_files import (
+from switchboard import with_parent
+from switchboard.ports import free_port
+from switchboard.private_files import (
     PRIVATE_UMASK,
     make_private_tree,
     private_dir,
     remove_dirs_of_gone_processes,
     write_private,
 )
-from switchboard.ports import free_port
 
 INSTALL_HINT = (
     "redis-server was not found on PATH. Install it (Debian/Ubuntu: `apt-get install -y redis-server`, "

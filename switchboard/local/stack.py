@@ -18,10 +18,10 @@ from pathlib import Path
 
 from switchboard.config import DEMO_MODEL_NAME, Settings
 from switchboard.local.launcher import Launcher, LauncherError
-from switchboard.local.private_files import NotPrivate, private_dir
 from switchboard.local.redis_server import PrivateRedis, RedisServerError
 from switchboard.local.start_report import StartReport, last_start_s, remember_start_s
 from switchboard.ports import is_loopback_host, local_url_host
+from switchboard.private_files import NotPrivate, private_dir
 
 DEFAULT_LOG_DIR = Path("~/.cache/switchboard/logs")
 DEFAULT_PORT = 8000

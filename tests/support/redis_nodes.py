@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from switchboard.local import with_parent
+from switchboard import with_parent
 from switchboard.local.redis_server import answers_ping
 from switchboard.ports import free_port
 

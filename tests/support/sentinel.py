@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from switchboard.local import with_parent
+from switchboard import with_parent
 from switchboard.ports import free_port
 
 MASTER_NAME = "switchboard"

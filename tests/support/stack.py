@@ -21,7 +21,7 @@ like `switchboard up`:
   and `stack.start_redis()` starts it again on the same port and directory
   (`start_redis(keep_files=False)`: empty, as a Redis without persistence comes back).
   Start processes (`start_redis`, `spawn_worker`, `spawn_front_door`) from a thread that lives as
-  long as they should: each is started through `switchboard.local.with_parent`, whose parent-death
+  long as they should: each is started through `switchboard.with_parent`, whose parent-death
   signal (PR_SET_PDEATHSIG) is sent when the *thread* that started it ends, so one started from
   `asyncio.to_thread` gets SIGTERM once that executor thread exits.
   With `redis=URL` the stack uses that Redis instead of a private one (a Sentinel URL of

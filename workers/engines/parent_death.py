@@ -14,7 +14,7 @@ import os
 import signal
 from typing import Any
 
-from switchboard.local.with_parent import ask_for_signal_when_parent_dies
+from switchboard.with_parent import ask_for_signal_when_parent_dies
 
 # Where the patched EngineCoreProc keeps vLLM's own entry point.
 _ORIGINAL = "_switchboard_run_engine_core"

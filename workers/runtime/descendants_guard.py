@@ -19,7 +19,7 @@ import time
 
 import psutil
 
-from switchboard.local.with_parent import ask_for_signal_when_parent_dies
+from switchboard.with_parent import ask_for_signal_when_parent_dies
 
 POLL_S = 0.5
 

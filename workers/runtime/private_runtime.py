@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from switchboard.local.private_files import remove_dirs_of_gone_processes
+from switchboard.private_files import remove_dirs_of_gone_processes
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from switchboard.local.private_files import pid_is_gone
+from switchboard.private_files import pid_is_gone
 
 SHM_DIR = Path("/dev/shm")
 # PyTriton's own spelling.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pytriton.constants import PYTRITON_HOME
 
-from switchboard.local.private_files import PRIVATE_DIR_MODE, remove_dirs_of_gone_processes
+from switchboard.private_files import PRIVATE_DIR_MODE, remove_dirs_of_gone_processes
 
 # sb<pid>-<4 hex>/w: no longer than PyTriton's workspace_<8 random>.
 _NAME = re.compile(r"^sb(\d+)-[0-9a-f]{4}$")

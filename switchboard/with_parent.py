@@ -1,4 +1,4 @@
-"""Run a program that ends when its parent does: `python -m switchboard.local.with_parent PID PROGRAM ARGS...`.
+"""Run a program that ends when its parent does: `python -m switchboard.with_parent PID PROGRAM ARGS...`.
 
 `switchboard up` (and the test stacks) start Redis, workers and the front door as children. Killed
 with SIGKILL, or losing its terminal without passing the signal on, a parent cannot stop them
