@@ -181,11 +181,6 @@ def replica_lease(model: str, replica: int) -> str:
     return f"{_model(model)}:replica:{replica}"
 
 
-def replica_lease_pattern(model: str) -> str:
-    """Glob matching every replica lease of `model`."""
-    return f"{_model(model)}:replica:*"
-
-
 def load_failure(model: str) -> str:
     """Set when the model's last load failed (a msgpack LoadFailure); expires when it may be retried."""
     return f"{_model(model)}:failure"
@@ -351,8 +346,3 @@ def shadow_answers(route: str) -> str:
     """Stream of a route's compared pairs, the served answer beside its shadow copy's
     (`router.routing.rollouts.shadow`, with `keep_answers`); capped at about SHADOW_ANSWERS_MAXLEN entries."""
     return f"{PREFIX}:shadow:{{{route}}}:answers"
-
-
-def all_key_patterns() -> list[str]:
-    """Glob patterns covering every key family above, for audits and cleanup."""
-    return [f"{PREFIX}:*"]

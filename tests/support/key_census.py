@@ -24,10 +24,16 @@ import redis
 from router.routing.rollouts.judge import LEASE_MS
 from switchboard import keys
 
+
+def every_key_pattern() -> list[str]:
+    """Globs covering every key Switchboard writes: all sit under its prefix (`switchboard.keys`)."""
+    return [f"{keys.PREFIX}:*"]
+
+
 # (family, glob); the first match names a key.
 FAMILIES = [
     ("job stream", keys.job_stream("*")),
-    ("replica lease", keys.replica_lease_pattern("*")),
+    ("replica lease", keys.replica_lease("*", "*")),  # type: ignore[arg-type]  (a glob: any replica)
     ("load failure", keys.load_failure("*")),
     ("desired state", keys.desired_state("*")),
     ("measured costs", keys.measured_costs("*", "*", "*")),
@@ -130,7 +136,7 @@ def take_census(
     `keys.RESULT_TTL_S` (`switchboard.keys.job_record`), so it is allowed that much longer."""
     census = Census()
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        for pattern in keys.all_key_patterns():
+        for pattern in every_key_pattern():
             for key in client.scan_iter(match=pattern, count=1000):
                 family = family_of(key)
                 # Milliseconds: a key in its last second (even its last millisecond, PTTL 0) reads

@@ -9,13 +9,14 @@ import pytest
 
 from switchboard import keys
 from switchboard.config import load_settings
+from tests.support.key_census import every_key_pattern
 
 PER_ID = [keys.job_stream, keys.result_stream, keys.cancel_mark, keys.worker_record, keys.inbox]
 
 
 @pytest.mark.parametrize("ident", ["x", "job-1", "Qwen/Qwen3-0.6B", "a:b"])
 def test_every_key_is_prefixed_and_covered_by_patterns(ident: str) -> None:
-    patterns = keys.all_key_patterns()
+    patterns = every_key_pattern()
     assert patterns
     generated = [fn(ident) for fn in PER_ID] + [keys.workers_index()]
     for key in generated:
@@ -64,7 +65,7 @@ def test_the_prefix_is_set_once_for_every_family() -> None:
         generated += [keys.workers_index(), keys.api_keys(), keys.in_flight(), keys.demand_stream()]
         generated += [keys.dead_letter_stream()]
         assert all(key.startswith("prod:sb:") for key in generated)
-        assert keys.all_key_patterns() == ["prod:sb:*"]
+        assert every_key_pattern() == ["prod:sb:*"]
     finally:
         keys.set_prefix("sb")
     assert keys.job_stream("x") == "sb:model:{x}:jobs"
