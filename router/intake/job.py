@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -19,6 +18,7 @@ from router.openai.chat import ChatCompletionRequest, ChatMessageIn, JsonObjectF
 from router.openai.checks import logit_bias_tokens
 from router.openai.common import SamplingRequest, stop_list
 from router.openai.completions import CompletionRequest
+from switchboard.job_ids import created_of, new_job_id
 from switchboard.kept_text import front_door_cut
 from switchboard.wire import (
     ChatMessage,
@@ -35,7 +35,6 @@ _json = msgspec.json.Encoder()
 
 # A job id is 32 hex digits: its creation time in milliseconds (12), then 80 random bits (20).
 # The time is in it so that a resumed stream (`router.intake.resume`) repeats the answer's `created`.
-JOB_ID_PATTERN = r"[0-9a-f]{32}"
 
 
 # What a key's salt is derived from besides the key's identity, so that it is no other digest of it.
@@ -53,16 +52,6 @@ def cache_salt(owner: str, client_salt: str | None = None) -> str | None:
         return client_salt
     key_salt = hashlib.sha256(_SALT_DOMAIN + owner.encode()).hexdigest()[:KEY_SALT_CHARS]
     return key_salt if client_salt is None else f"{key_salt}:{client_salt}"
-
-
-def new_job_id(created: float) -> str:
-    """A unique id made at `created` (unix seconds), also used as the OpenAI response id's suffix."""
-    return f"{int(created * 1000) & 0xFFFFFFFFFFFF:012x}{uuid.uuid4().hex[:20]}"
-
-
-def created_of(job_id: str) -> float:
-    """When the job with this id was made (unix seconds, to the millisecond)."""
-    return int(job_id[:12], 16) / 1000
 
 
 def chat_job(

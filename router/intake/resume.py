@@ -23,8 +23,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from router.intake.job import JOB_ID_PATTERN, created_of
 from router.openai.errors import InvalidRequestError
+from switchboard.job_ids import JOB_ID_PATTERN, created_of
 from switchboard.wire import Job
 
 # The request header asking for `id:` lines, and the values that mean yes.

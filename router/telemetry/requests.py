@@ -23,9 +23,9 @@ from typing import Any
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.intake.job import new_job_id
 from router.telemetry.front_door_metrics import E2E_LATENCY, OPERATION_REQUESTS, REQUESTS
 from switchboard import tracing
+from switchboard.job_ids import new_job_id
 
 # Requests under these paths are observed; /metrics and the health checks are not. vLLM serves
 # its classification and rerank APIs outside /v1/ (`router.endpoints.pooling`).
