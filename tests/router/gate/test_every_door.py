@@ -21,6 +21,7 @@ from litestar.testing import TestClient
 
 from router.app import create_app
 from router.gate import GatedRequest, gate_of
+from router.gate.admin import ADMIN_MAX_BODY_BYTES
 from switchboard.local.redis_server import PrivateRedis
 from tests.support.front_door_harness import serving, settings_for
 
@@ -98,3 +99,17 @@ def test_a_body_read_without_a_gate_fails() -> None:
     with TestClient(Litestar([ungated], request_class=GatedRequest)) as client:
         response = client.post("/ungated", content=b"{}")
     assert response.status_code == 500
+
+
+async def test_an_admin_body_past_its_bound_is_a_413_before_it_is_decoded(
+    front_door: httpx.AsyncClient,
+) -> None:
+    """The admin API's bodies are small by nature: their gate takes far less than a chat request's."""
+    padding = "x" * (ADMIN_MAX_BODY_BYTES + 1)
+    body = b'{"fallbacks": ["tiny"], "description": "' + padding.encode() + b'"}'
+    response = await front_door.put(
+        "/admin/pipelines/big", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert f"{ADMIN_MAX_BODY_BYTES:,}" in response.json()["error"]["message"]
