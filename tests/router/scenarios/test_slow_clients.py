@@ -71,8 +71,13 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> tuple[f
     started = time.monotonic()
     received = b""
     async with asyncio.timeout(seconds):
-        while chunk := await reader.read(65536):
-            received += chunk
+        try:
+            while chunk := await reader.read(65536):
+                received += chunk
+        except ConnectionResetError:
+            # Closed while the client was still sending: the kernel answers the bytes that arrive
+            # after the close with a reset, which ends the connection as surely as an end of file.
+            pass
     return time.monotonic() - started, received
 
 
