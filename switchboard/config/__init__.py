@@ -15,6 +15,7 @@ from switchboard.config.models import (
     EngineName,
     ModelConfig,
     ModelKind,
+    StorageConfig,
     demo_model,
     triton_model_name,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "RouterTarget",
     "Settings",
     "ShadowConfig",
+    "StorageConfig",
     "WorkerConfig",
     "demo_model",
     "load_settings",

@@ -60,11 +60,33 @@ class BatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     instances: Annotated[int, msgspec.Meta(ge=1, le=8)] = 2
 
 
+class StorageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where a remote model's store is and whose credentials read it, beyond what the environment says.
+
+    An `s3://` path is read the way AWS's SDK reads any bucket: the endpoint, region and credentials
+    of the environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`...), the shared files
+    (`~/.aws/config`, `~/.aws/credentials`), or an instance's or pod's role. An `hf://` path is read
+    through `huggingface_hub` (`HF_TOKEN`, `HF_ENDPOINT` for a mirror).
+    """
+
+    # The store's URL: an S3-compatible service (MinIO, R2, Ceph...), or a Hub mirror for `hf://`.
+    endpoint_url: str | None = None
+    # The bucket's region (`s3://` only).
+    region: str | None = None
+    # A named profile of the shared AWS files, for `s3://`: its credentials, region and endpoint.
+    profile: str | None = None
+
+
 class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One model that Switchboard can serve."""
 
     name: ModelName
+    # Where the model's files are: a local folder, `s3://bucket/prefix` (any S3-compatible store), or
+    # `hf://org/name` with an optional `@revision` (the Hugging Face Hub). A remote model's files are
+    # fetched into the worker's node cache (`worker.model_cache_dir`) before its first load there.
     path: str
+    # A remote path's store, where the environment does not say it all.
+    storage: StorageConfig | None = None
     # A generator (chat and completions), or a pooling model: an embedder, a classifier or a
     # reranker that scores documents against a query.
     kind: ModelKind = "generate"

@@ -90,3 +90,13 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9180
     # Where the demo model is built when no model is configured.
     demo_model_dir: str = "~/.cache/switchboard/demo-model"
+    # The node cache of remote models' files (`s3://`, `hf://`): one folder per host, shared by every
+    # worker there (a model's files are fetched once per host), the least recently used models' files
+    # leaving when a new model needs room. None: no budget beyond the disk's free space.
+    model_cache_dir: str = "~/.cache/switchboard/models"
+    model_cache_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # A cached model at a revision that can move (a Hub branch, a bucket prefix) is listed again at a
+    # load at most this often; between listings a load uses the cached files without asking the store.
+    source_recheck_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    # Files of one model fetched at once.
+    download_concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
