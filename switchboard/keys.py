@@ -67,6 +67,9 @@ COST_TTL_S = 30 * 24 * 3600
 
 # An operator's load/unload request is seen by every controller within this time.
 DESIRED_TTL_S = 120
+# An operator's prefetch request: every live worker sees it within seconds; one that starts within
+# this time fetches too.
+PREFETCH_TTL_S = 600
 
 # A model's limits (context length, vocabulary) outlive its loads: the front door checks requests
 # against them while it is cold too.
@@ -189,6 +192,12 @@ def load_failure(model: str) -> str:
 def desired_state(model: str) -> str:
     """An operator's load or unload request for the model (a msgpack DesiredState)."""
     return f"{_model(model)}:desired"
+
+
+def prefetch_request(model: str) -> str:
+    """An operator's request to fetch the model's files into every node cache (a msgpack
+    DesiredState), apart from load and unload requests so that neither replaces the other."""
+    return f"{_model(model)}:prefetch"
 
 
 def measured_costs(model: str, kind: str, operation: str) -> str:

@@ -206,6 +206,17 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 SlotState = Literal["cold", "loading", "warm", "sleeping", "unloading"]
 
 
+class DownloadStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A remote model's files being fetched into a worker's node cache (by this worker, or by another
+    process on its node whose fetch it waits for)."""
+
+    bytes_done: int
+    bytes_total: int
+    rate_bps: float = 0.0
+    # Seconds left at the current rate; None while no rate is known.
+    eta_s: float | None = None
+
+
 class SlotStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One model on one worker, as its heartbeat advertises it (times are unix seconds)."""
 
@@ -229,6 +240,8 @@ class SlotStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Jobs on its stream that no worker has taken yet, as this worker last read them (its running
     # jobs are `in_flight`): with fair shares, what waits beyond the model's share of the slots.
     waiting: int = 0
+    # While its load fetches the model's files into the node cache first.
+    download: DownloadStatus | None = None
 
 
 class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -258,6 +271,11 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     # Triton runs and the engines' runtime is imported (vLLM's pre-imported process started), so a
     # first load here pays for neither. Records of workers that do not say count as ready.
     engines_ready: bool = True
+    # The node cache this worker fetches remote models' files into (every worker of one host shares
+    # one), and the remote models whose files it holds complete: a load of one of them here skips
+    # the download.
+    node: str = ""
+    cached: tuple[str, ...] = ()
 
 
 class LoadFailure(msgspec.Struct, frozen=True, kw_only=True):
@@ -269,6 +287,9 @@ class LoadFailure(msgspec.Struct, frozen=True, kw_only=True):
     failed_at: float
     retry_at: float
     failures_in_a_row: int = 1
+    # For operators (`/admin/models`), never for clients: what failed, where the worker can say it in
+    # words that name nothing but the model's own location (a fetch of its files from its store).
+    detail: str = ""
 
 
 class ModelLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -286,9 +307,10 @@ class ModelLimits(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DesiredState(msgspec.Struct, frozen=True, kw_only=True):
-    """An operator's request to load or unload a model (`POST /admin/models/{name}/load|unload`)."""
+    """An operator's request to load or unload a model (`POST /admin/models/{name}/load|unload`), or
+    to fetch a remote model's files into every node cache without loading it (`.../prefetch`)."""
 
-    action: Literal["load", "unload"]
+    action: Literal["load", "unload", "prefetch"]
     # Unix time of the request: an unload applies to replicas whose load began before it.
     at: float
 

@@ -65,16 +65,23 @@ async def request_model_state(
     status: ModelStatusReader,
     redis: aioredis.Redis,
 ) -> Response[bytes]:
-    """`POST /admin/models/{name}/load` or `/unload`: ask the workers' controllers to act (202).
+    """`POST /admin/models/{name}/load`, `/unload` or `/prefetch`: ask the workers' controllers to
+    act (202). A prefetch fetches a remote model's files into the node cache of every worker that may
+    hold it, without loading it.
 
     Sent as JSON only (415 otherwise, the body itself may be empty): a web page's form cannot send
     that type, and a page's script cannot without the server's leave (a CORS preflight, never granted).
     """
     await MODEL_STATE.passed(request)
     name, _, action = target.strip("/").rpartition("/")
-    if action not in ("load", "unload") or not name:
-        raise RouteNotFoundError(f"No endpoint POST /admin/models{target}; use .../{{name}}/load or /unload.")
+    if action not in ("load", "unload", "prefetch") or not name:
+        raise RouteNotFoundError(
+            f"No endpoint POST /admin/models{target}; use .../{{name}}/load, /unload or /prefetch."
+        )
     models.require(name)
+    if action == "prefetch":
+        await desired.request_prefetch(redis, name)
+        return json_response(await status.read_one(name), status_code=202)
     return await _request(redis, status, name, "load" if action == "load" else "unload")
 
 

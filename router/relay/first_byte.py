@@ -170,6 +170,11 @@ def describe_wait(status: ModelStatus) -> str:
         replica = max(loading, key=lambda r: r.loading_elapsed_s or 0.0)
         elapsed = f"{replica.loading_elapsed_s or 0.0:.0f} s"
         expected = "?" if replica.loading_expected_s is None else f"{replica.loading_expected_s:.0f} s"
+        download = replica.download
+        if download is not None:
+            left = "" if download.eta_s is None else f", about {download.eta_s:.0f} s left"
+            fetched = f"{download.bytes_done / 1e6:.0f} of {download.bytes_total / 1e6:.0f} MB"
+            return f"loading {name}, {elapsed}: fetching its files ({fetched}{left})"
         return f"loading {name}, {elapsed} of about {expected}"
     if status.state == "sleeping":
         return f"waiting for {name} to wake ({queued})"

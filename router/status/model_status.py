@@ -22,6 +22,7 @@ from switchboard.config import ModelConfig
 from switchboard.demand import DemandIndex
 from switchboard.queue_depth import JobsWaiting, decode_depths
 from switchboard.wire import (
+    DownloadStatus,
     LoadFailure,
     SlotState,
     SlotStatus,
@@ -53,6 +54,8 @@ class ReplicaStatus(msgspec.Struct, kw_only=True):
     # While loading: seconds since the load began, and how long it is expected to take.
     loading_elapsed_s: float | None
     loading_expected_s: float | None
+    # While its load fetches the model's files into the worker's node cache: bytes, rate, time left.
+    download: DownloadStatus | None = None
 
 
 class LoadSeconds(msgspec.Struct, kw_only=True):
@@ -70,6 +73,8 @@ class FailureStatus(msgspec.Struct, kw_only=True):
     worker_id: str
     retry_in_s: float
     failures_in_a_row: int
+    # For operators: what failed, where the worker could say it (a fetch of the model's files).
+    detail: str = ""
 
 
 class ModelStatus(msgspec.Struct, kw_only=True):
@@ -87,6 +92,8 @@ class ModelStatus(msgspec.Struct, kw_only=True):
     # Its configuration keeps it where it is (keep-alive -1, or min_replicas > 0).
     never_leaves: bool
     failure: FailureStatus | None = None
+    # The hosts of live workers whose node cache holds the (remote) model's files complete.
+    cached_on: list[str] = msgspec.field(default_factory=list)
     object: str = "model.status"
 
     def typical_load_s(self) -> float | None:
@@ -281,6 +288,7 @@ def summarize(
         leaves_in_s=None if never_leaves else leaves_in_s,
         never_leaves=never_leaves,
         failure=_failure_status(failure, now),
+        cached_on=sorted({record.host for record in records if model.name in record.cached}),
     )
 
 
@@ -301,6 +309,7 @@ def _replica(record: WorkerRecord, slot: SlotStatus, now: float) -> ReplicaStatu
         leaves_in_s=None if slot.leaves_at is None else max(0.0, slot.leaves_at - now),
         loading_elapsed_s=max(0.0, now - slot.load_started) if loading and slot.load_started else None,
         loading_expected_s=slot.expected_load_s if loading else None,
+        download=slot.download if loading else None,
     )
 
 
@@ -312,6 +321,7 @@ def _failure_status(failure: LoadFailure | None, now: float) -> FailureStatus | 
         worker_id=failure.worker_id,
         retry_in_s=max(0.0, failure.retry_at - now),
         failures_in_a_row=failure.failures_in_a_row,
+        detail=failure.detail,
     )
 
 

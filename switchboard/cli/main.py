@@ -69,7 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--model", action="append", dest="models", help="serve this model (repeatable)")
     worker.add_argument("--log-file", type=Path, help=log_file_help)
 
-    models = commands.add_parser("models", help="show each model's state (loaded where, queued jobs)")
+    models = commands.add_parser(
+        "models",
+        help="show each model's state (loaded where, queued jobs); `models load|unload|prefetch NAME` asks for one",
+    )
+    models.add_argument(
+        "action", nargs="?", choices=("load", "unload", "prefetch"), help="ask the workers first"
+    )
+    models.add_argument("name", nargs="?", help="the model to load, unload, or fetch into every node cache")
     models.add_argument("--url", help="the front door (default http://127.0.0.1:<router.port>)")
     models.add_argument("--key", help=f"an admin API key, needed once keys exist (default: ${ADMIN_KEY_ENV})")
 
@@ -119,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         from switchboard.cli.models import show_models
 
         url = args.url or f"http://127.0.0.1:{settings.router.port}"
-        return int(show_models(url, api_key=args.key or os.environ.get(ADMIN_KEY_ENV)))
+        if args.action and not args.name:
+            raise SystemExit(f"switchboard: `models {args.action}` needs the model's name")
+        action = (args.action, args.name) if args.action else None
+        return int(show_models(url, api_key=args.key or os.environ.get(ADMIN_KEY_ENV), action=action))
     if args.command == "routes":
         url = args.url or f"http://127.0.0.1:{settings.router.port}"
         return route_commands.run(args, url, args.key or os.environ.get(ADMIN_KEY_ENV))

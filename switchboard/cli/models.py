@@ -1,5 +1,6 @@
 """`switchboard models`: where every model stands, as a table, from the front door's `/admin/models`;
-then the routes and pipelines (`/v1/models`).
+then the routes and pipelines (`/v1/models`). `switchboard models load | unload | prefetch NAME` asks
+the workers' controllers to act on one model (`POST /admin/models/NAME/ACTION`).
 
 Only the standard library: the CLI imports this without the front door's dependencies.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -19,14 +21,28 @@ COLUMNS = ("MODEL", "STATE", "WHERE", "QUEUE", "IN-FLIGHT", "LAST LOAD", "TYPICA
 TIMEOUT_S = 10.0
 
 
-def show_models(base_url: str, api_key: str | None = None) -> int:
+ACTIONS = ("load", "unload", "prefetch")
+
+
+def show_models(base_url: str, api_key: str | None = None, action: tuple[str, str] | None = None) -> int:
     """Print the models table of the front door at `base_url`; the process's exit code.
 
-    `api_key` (an admin key) is needed once the front door has API keys.
+    `api_key` (an admin key) is needed once the front door has API keys. `action` (ACTION, NAME):
+    ask for it first, then print the table.
     """
     url = f"{base_url.rstrip('/')}/admin/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
+        if action is not None:
+            verb, name = action
+            request = urllib.request.Request(
+                f"{url}/{urllib.parse.quote(name, safe='')}/{verb}",
+                data=b"{}",
+                headers={**headers, "Content-Type": "application/json"},
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S):
+                print(f"asked the workers to {verb} {name}")
         with urllib.request.urlopen(
             urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S
         ) as response:
@@ -126,7 +142,9 @@ def _where(model: dict[str, Any]) -> str:
         place = f"{replica['worker_id']}@{replica['host']}"
         if replica.get("replica") is not None:
             place += f"#{replica['replica']}"
-        if replica["state"] == "loading":
+        if replica["state"] == "loading" and replica.get("download"):
+            place += f" ({_download(replica['download'])})"
+        elif replica["state"] == "loading":
             elapsed = replica.get("loading_elapsed_s") or 0.0
             expected = replica.get("loading_expected_s")
             of = "?" if expected is None else human_seconds(expected)
@@ -137,6 +155,15 @@ def _where(model: dict[str, Any]) -> str:
             place += _work(replica, model)
         places.append(place)
     return ", ".join(places) or "-"
+
+
+def _download(download: dict[str, Any]) -> str:
+    """`fetching 120/500 MB at 31 MB/s, 12 s left`: a load fetching the model's files first."""
+    done, total = download.get("bytes_done", 0) / 1e6, download.get("bytes_total", 0) / 1e6
+    rate = download.get("rate_bps") or 0.0
+    at = f" at {rate / 1e6:.0f} MB/s" if rate else ""
+    left = f", {human_seconds(download['eta_s'])} left" if download.get("eta_s") is not None else ""
+    return f"fetching {done:.0f}/{total:.0f} MB{at}{left}"
 
 
 def _work(replica: dict[str, Any], model: dict[str, Any]) -> str:
@@ -157,8 +184,9 @@ def _per_kind(load_seconds: dict[str, dict[str, Any]], field: str) -> str:
 
 def _failure_note(model: dict[str, Any]) -> str:
     failure = model["failure"]
+    reason = failure.get("detail") or failure["reason"]
     return (
-        f"{model['name']}: load failed on {failure['worker_id']}: {failure['reason']} "
+        f"{model['name']}: load failed on {failure['worker_id']}: {reason} "
         f"(retry in {human_seconds(failure['retry_in_s'])})"
     )
 

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 import uvicorn
@@ -21,7 +22,14 @@ from switchboard.cli.models import COLUMNS, human_seconds, render_names, render_
 from switchboard.config import ApiKey, ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.ports import free_port
-from switchboard.wire import LoadFailure, SlotStatus, WorkerRecord, encode
+from switchboard.wire import (
+    DownloadStatus,
+    LoadFailure,
+    SlotStatus,
+    WorkerRecord,
+    desired_state_decoder,
+    encode,
+)
 
 
 @contextlib.asynccontextmanager
@@ -242,3 +250,44 @@ async def test_show_models_sends_the_admin_key(
         assert "--key" in capsys.readouterr().err
         assert await asyncio.to_thread(show_models, url, secret) == 0
     assert capsys.readouterr().out.startswith("MODEL")
+
+
+async def test_a_load_fetching_its_files_shows_its_progress_and_a_failed_fetch_its_reason(
+    redis: aioredis.Redis, redis_server: PrivateRedis
+) -> None:
+    now = time.time()
+    download = DownloadStatus(bytes_done=120_000_000, bytes_total=500_000_000, rate_bps=31e6, eta_s=12.3)
+    fetching = SlotStatus(model="tuned", state="loading", replica=0, load_started=now - 4, download=download)
+    cached = msgspec.structs.replace(record("w1", "gpu-a", "H100", fetching), node="n-a", cached=("other",))
+    await advertise(redis, cached)
+    detail = "fetching the files of broken from s3://models/broken failed: model.safetensors: md5 mismatch"
+    failure = LoadFailure(
+        model="broken", worker_id="w1", reason="the worker's log has the reason", failed_at=now,
+        retry_at=now + 40, detail=detail,
+    )  # fmt: skip
+    await redis.set(keys.load_failure("broken"), encode(failure), ex=40)
+    models = [ModelConfig(name=name, path=f"s3://models/{name}") for name in ("tuned", "broken", "other")]
+    async with front_door(redis_server.url, models) as url:
+        payload = await asyncio.to_thread(_get_json, f"{url}/admin/models")
+    tuned, broken, other = payload["data"]
+    assert broken["failure"]["detail"] == detail
+    assert tuned["replicas"][0]["download"] == {
+        "bytes_done": 120_000_000, "bytes_total": 500_000_000, "rate_bps": 31e6, "eta_s": 12.3,
+    }  # fmt: skip
+    assert other["cached_on"] == ["gpu-a"] and tuned["cached_on"] == []
+    lines = render_table(payload).splitlines()
+    assert "w1@gpu-a#0 (fetching 120/500 MB at 31 MB/s, 12 s left)" in lines[1]
+    assert lines[-1].startswith(f"broken: load failed on w1: {detail} (retry in ")
+
+
+async def test_models_prefetch_asks_every_worker_for_the_files(
+    redis: aioredis.Redis, redis_server: PrivateRedis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    models = [ModelConfig(name="tuned", path="s3://models/tuned")]
+    async with front_door(redis_server.url, models) as url:
+        code = await asyncio.to_thread(show_models, url, None, ("prefetch", "tuned"))
+    assert code == 0
+    assert capsys.readouterr().out.startswith("asked the workers to prefetch tuned\n")
+    request = desired_state_decoder.decode(await redis.get(keys.prefetch_request("tuned")))
+    assert request.action == "prefetch" and abs(request.at - time.time()) < 30
+    assert await redis.ttl(keys.prefetch_request("tuned")) > keys.DESIRED_TTL_S
