@@ -189,9 +189,12 @@ def remove_unheld(layout: CacheLayout, entry: Entry) -> bool:
     if descriptor is None:
         return False
     try:
-        discard(layout, entry.path)
+        doomed = _to_trash(layout, entry.path)
     finally:
+        # Released before the slow part: a process waiting to hold the entry finds it gone at once.
         unlock(descriptor)
+    if doomed is not None:
+        shutil.rmtree(doomed, ignore_errors=True)
     return True
 
 
@@ -271,13 +274,22 @@ def _evict(layout: CacheLayout, path: Path) -> bool:
 
 
 def discard(layout: CacheLayout, path: Path) -> None:
-    """Delete a folder of the cache: renamed into the trash first, so that no other process sees a
-    half-deleted entry as complete."""
+    """Delete a folder of the cache."""
+    doomed = _to_trash(layout, path)
+    if doomed is not None:
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _to_trash(layout: CacheLayout, path: Path) -> Path | None:
+    """Move a folder into the trash (a rename, so that no other process sees a half-deleted entry as
+    complete): its new path, or None when it was gone already."""
     layout.trash.mkdir(parents=True, exist_ok=True)
     doomed = layout.trash / uuid.uuid4().hex
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.rename(path, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+    except FileNotFoundError:
+        return None
+    return doomed
 
 
 def _full_message(layout: CacheLayout, needed: int, budget: int | None, location: str) -> str:

@@ -257,6 +257,7 @@ class NodeCache:
         meter.report()
         try:
             fetch_files(source, manifest, partial, meter, concurrency=self.concurrency)
+            meter.report()  # the last report: every byte there
             entry = self._complete(cache_key, partial, manifest)
         except BaseException:
             entries.unlock(lock)

@@ -183,6 +183,19 @@ def test_the_budget_evicts_the_least_recently_used_unheld_entry(tmp_path: Path) 
     held_b.release()
 
 
+def test_of_the_unheld_entries_the_least_recently_used_leaves_first(tmp_path: Path) -> None:
+    sources = [_model(tmp_path, name) for name in ("a", "b", "c")]
+    size = sources[0].total_bytes()
+    cache = _cache(tmp_path / "cache", budget=2 * size + size // 2)
+    cache.fetch(sources[0]).release()
+    time.sleep(0.01)
+    cache.fetch(sources[1]).release()
+    time.sleep(0.01)
+    cache.fetch(sources[0]).release()  # a hit: a is used again, after b
+    cache.fetch(sources[2]).release()
+    assert cache.cached_keys() == {"a", "c"}
+
+
 def test_cache_full_names_the_budget_what_is_needed_and_what_is_held(tmp_path: Path) -> None:
     sources = [_model(tmp_path, name) for name in ("a", "b")]
     size = sources[0].total_bytes()
