@@ -25,6 +25,7 @@ import msgspec
 from switchboard.sources import cache_entries as entries
 from switchboard.sources.cache_entries import CacheFull, CacheLayout, Entry
 from switchboard.sources.downloads import (
+    LISTING,
     DownloadProgress,
     ProgressMeter,
     fetch_files,
@@ -280,7 +281,7 @@ class NodeCache:
 
     def _complete(self, cache_key: str, partial: Path, manifest: Manifest) -> Entry:
         """Turn the fetched partial folder into the revision's complete entry: manifest last."""
-        (partial / "listing.json").unlink(missing_ok=True)
+        (partial / LISTING).unlink(missing_ok=True)
         entries.write_manifest(partial, manifest)
         entry = self._layout.entry(cache_key, manifest.revision)
         if entry.path.exists():
