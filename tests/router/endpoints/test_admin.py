@@ -54,6 +54,7 @@ async def test_models_nobody_holds_are_listed_cold(admin: httpx.AsyncClient) -> 
         "leaves_in_s": None,
         "never_leaves": False,
         "failure": None,
+        "cached_on": [],
         "object": "model.status",
     }
 
