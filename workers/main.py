@@ -42,6 +42,7 @@ from workers.engines.registry import (
 )
 from workers.jobs.consume import JobConsumer
 from workers.jobs.writer import ResultWriter
+from workers.models.files import ModelFiles
 from workers.models.slot import ModelSlot
 from workers.models.slots import Slots
 from workers.runtime import descendants_guard
@@ -106,8 +107,14 @@ class Worker:
         self._engines_ready = False
         self._writer = ResultWriter(self._redis, self.id)
         self._coordination = Coordination(self._redis, self.id, self.kind)
+        # Where the models' files are: remote models' fetched into this host's node cache.
+        self._files = ModelFiles(settings.worker, self._models)
         self._slots = Slots(
-            self._models, host=self._host, host_started=self._host_started, create_engine=self._create_engine
+            self._models,
+            host=self._host,
+            host_started=self._host_started,
+            create_engine=self._create_engine,
+            files=self._files,
         )
         # While several models run jobs here, the engines of one past its share yield the cores.
         self._priorities = EnginePriorities.for_worker(
@@ -151,6 +158,7 @@ class Worker:
             consumer=self._consumer,
             coordination=self._coordination,
             advertise=self._heartbeat.beat,
+            files=self._files,
         )
         self._metrics = MetricsServer(
             settings.worker.metrics_host,
@@ -187,6 +195,8 @@ class Worker:
             memory_used_bytes=sum(slot.memory_bytes() for slot in held),
             slots=tuple(slot.status() for slot in held),
             engines_ready=self._engines_ready,
+            node=self._files.node_id,
+            cached=self._files.cached(),
         )
 
     async def run(self) -> None:
@@ -309,7 +319,9 @@ class Worker:
             frozen = gc_heap.freeze_long_lived()
             logger.info(f"froze {frozen} long-lived objects out of garbage collection")
         for model in self._models:
-            await asyncio.to_thread(self._placement.estimate, model, self._estimator(model))
+            # A remote model's files may not be on this node: its footprint is measured at its first load.
+            if not self._files.remote(model.name):
+                await asyncio.to_thread(self._placement.estimate, model, self._estimator(model))
         self._engines_imported.set()
 
     async def _advertise_when_prepared(self) -> None:

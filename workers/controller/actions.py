@@ -36,4 +36,12 @@ class Unload(msgspec.Struct, frozen=True, kw_only=True, tag="unload"):
     for_model: str | None = None
 
 
-Action = Load | Wake | Sleep | Unload
+class Prefetch(msgspec.Struct, frozen=True, kw_only=True, tag="prefetch"):
+    """Fetch the remote `model`'s files into this worker's node cache without loading it, so that a
+    later load here (or on any worker of this node) skips the download."""
+
+    model: str
+    why: str
+
+
+Action = Load | Wake | Sleep | Unload | Prefetch

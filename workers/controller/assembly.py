@@ -13,6 +13,7 @@ from workers.controller.loop import Backoff, ModelController
 from workers.controller.snapshot import SnapshotReader
 from workers.controller.view import WorkerLimits
 from workers.jobs.consume import JobConsumer
+from workers.models.files import ModelFiles
 from workers.models.slots import Slots
 
 
@@ -30,6 +31,7 @@ def model_controller(
     consumer: JobConsumer,
     coordination: Coordination,
     advertise: Callable[[], Awaitable[None]],
+    files: ModelFiles | None = None,
 ) -> ModelController:
     """The controller that loads and unloads `models` on this worker within its limits, reading
     and acting through the worker's Redis clients, slots, consumer and coordination."""
@@ -40,6 +42,7 @@ def model_controller(
         kind=kind,
         memory_budget_bytes=memory_budget_bytes,
         expected_footprint=expected_footprint,
+        files=files,
     )
     limits = WorkerLimits(
         max_loaded_models=settings.max_loaded_models,
@@ -56,6 +59,7 @@ def model_controller(
         snapshot=snapshot,
         worker_id=worker_id,
         advertise=advertise,
+        files=files,
     )
     return ModelController(
         effects=effects,

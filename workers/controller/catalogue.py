@@ -10,7 +10,7 @@ nothing. A model's facts are read the first time a pass weighs it after that.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -21,10 +21,11 @@ from switchboard.wire import DesiredState, LoadFailure, desired_state_decoder, l
 
 # The longest a fact that expired (without bumping the version) is still believed here.
 REFRESH_S = 30.0
-# The measurements kept per model and worker kind that a decision uses.
-_COSTS = ("load", "wake", "memory")
-# Replies of one model's reads: its failure, its desired state, then each of _COSTS.
-_READS = 2 + len(_COSTS)
+# The measurements kept per model and worker kind that a decision uses ("files": the bytes of a
+# remote model's files, which a load on a node without them fetches first).
+_COSTS = ("load", "wake", "memory", "files")
+# Replies of one model's reads: its failure, its desired state, its prefetch request, then each of _COSTS.
+_READS = 3 + len(_COSTS)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class ModelFacts:
     load: list[bytes]  # measured samples (newest first) on this kind of worker
     wake: list[bytes]
     memory: list[bytes]
+    files: list[bytes] = field(default_factory=list)
+    prefetch: DesiredState | None = None
 
     def desired_now(self, now: float) -> DesiredState | None:
         """The operator's request, unless its key has expired since it was read."""
@@ -47,6 +50,14 @@ class ModelFacts:
         """Whether an operator's load request for the model lives (it keeps the model noted)."""
         desired = self.desired_now(now)
         return desired is not None and desired.action == "load"
+
+    def prefetch_asked(self, now: float) -> bool:
+        """Whether an operator's request to fetch the model's files on every node lives."""
+        return self.prefetch is not None and self.prefetch.at + keys.PREFETCH_TTL_S > now
+
+    def asked(self, now: float) -> bool:
+        """Whether an operator's load or prefetch request keeps the model noted in the demand index."""
+        return self.load_asked(now) or self.prefetch_asked(now)
 
 
 class Catalogue:
@@ -78,19 +89,24 @@ class Catalogue:
         for model in models:
             pipe.get(keys.load_failure(model))
             pipe.get(keys.desired_state(model))
+            pipe.get(keys.prefetch_request(model))
             for operation in _COSTS:
                 pipe.lrange(keys.measured_costs(model, self._kind, operation), 0, -1)
 
     def keep(self, models: Sequence[str], replies: Sequence[Any]) -> None:
         """Keep the facts of `models` from the replies of `add_reads_to`'s reads."""
         for index, model in enumerate(models):
-            failure, desired, load, wake, memory = replies[index * _READS : (index + 1) * _READS]
+            failure, desired, prefetch, load, wake, memory, files = replies[
+                index * _READS : (index + 1) * _READS
+            ]
             self._facts[model] = ModelFacts(
                 failure=_decoded(load_failure_decoder, failure),
                 desired=_decoded(desired_state_decoder, desired),
                 load=load,
                 wake=wake,
                 memory=memory,
+                files=files,
+                prefetch=_decoded(desired_state_decoder, prefetch),
             )
 
     @staticmethod

@@ -57,8 +57,11 @@ class Coordination:
             await self.release_lease(slot.name, slot.replica)
             slot.replica = None
 
-    async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> LoadFailure:
-        """Tell every front door and worker that `model` failed to load; it expires when it may be retried."""
+    async def record_failure(
+        self, model: str, reason: str, backoff_s: float, in_a_row: int, detail: str = ""
+    ) -> LoadFailure:
+        """Tell every front door and worker that `model` failed to load; it expires when it may be
+        retried. `detail` is for operators (`/admin/models`), never for clients."""
         now = time.time()
         failure = LoadFailure(
             model=model,
@@ -67,6 +70,7 @@ class Coordination:
             failed_at=now,
             retry_at=now + backoff_s,
             failures_in_a_row=in_a_row,
+            detail=detail,
         )
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(keys.load_failure(model), encode(failure), px=max(1, int(backoff_s * 1000)))

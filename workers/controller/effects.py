@@ -23,6 +23,7 @@ from workers.controller.coordination import Coordination
 from workers.controller.snapshot import LocalFacts, SnapshotReader
 from workers.controller.view import View
 from workers.jobs.consume import JobConsumer
+from workers.models.files import ModelFiles
 from workers.models.slots import Slots
 
 logger = logging.getLogger(__name__)
@@ -79,8 +80,10 @@ class ControllerEffects(Protocol):
     async def record_cost(self, model: str, operation: str, value: float) -> None:
         """Keep one measurement of `operation` on this worker kind."""
 
-    async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> None:
-        """Tell everyone the model failed to load, until it may be retried."""
+    async def record_failure(
+        self, model: str, reason: str, backoff_s: float, in_a_row: int, detail: str = ""
+    ) -> None:
+        """Tell everyone the model failed to load, until it may be retried (`detail`: for operators)."""
 
     async def clear_failure(self, model: str) -> None:
         """Forget the model's load failures."""
@@ -111,6 +114,13 @@ class ControllerEffects(Protocol):
     def memory_bytes(self, model: str) -> int:
         """What the model takes here now."""
 
+    def fetched(self, model: str) -> tuple[float, int]:
+        """Of the model's last load here: the seconds spent on its files, and their bytes (0 for a
+        local folder)."""
+
+    async def prefetch(self, model: str) -> None:
+        """Fetch the remote model's files into the node cache without loading it (raises FetchFailed)."""
+
 
 class WorkerEffects:
     """The controller's effects on one worker: Redis through `Coordination`, the slots, the consumer."""
@@ -126,8 +136,10 @@ class WorkerEffects:
         snapshot: SnapshotReader,
         worker_id: str,
         advertise: Callable[[], Awaitable[None]],
+        files: ModelFiles | None = None,
     ) -> None:
         self._redis = redis
+        self._files = files
         self._poke_redis = poke_redis
         self._slots = slots
         # Models whose lease this controller took (their slot may still be cold, its load not begun).
@@ -224,9 +236,11 @@ class WorkerEffects:
         """Keep one measurement of `operation` on this worker kind."""
         await self._coordination.record_cost(model, operation, value)
 
-    async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> None:
-        """Tell everyone the model failed to load, until it may be retried."""
-        await self._coordination.record_failure(model, reason, backoff_s, in_a_row)
+    async def record_failure(
+        self, model: str, reason: str, backoff_s: float, in_a_row: int, detail: str = ""
+    ) -> None:
+        """Tell everyone the model failed to load, until it may be retried (`detail`: for operators)."""
+        await self._coordination.record_failure(model, reason, backoff_s, in_a_row, detail)
 
     async def clear_failure(self, model: str) -> None:
         """Forget the model's load failures."""
@@ -266,6 +280,17 @@ class WorkerEffects:
     def memory_bytes(self, model: str) -> int:
         """What the model takes here now."""
         return self._slots[model].memory_bytes()
+
+    def fetched(self, model: str) -> tuple[float, int]:
+        """Of the model's last load here: the seconds spent on its files, and their bytes (0 for a
+        local folder)."""
+        files = self._slots[model].last_files
+        return (files.fetch_s, files.total_bytes) if files is not None else (0.0, 0)
+
+    async def prefetch(self, model: str) -> None:
+        """Fetch the remote model's files into the node cache without loading it (raises FetchFailed)."""
+        if self._files is not None:
+            await self._files.prefetch(self._slots[model].model)
 
     async def _ensure_warm(self, model: str, expected_s: float | None) -> None:
         slot = self._slots[model]

@@ -6,7 +6,9 @@ slot transitions. Everything outside the loop (Redis, the slots, the consumer) g
 `ControllerEffects`. A pass runs on every tick and whenever the demand stream is poked (an enqueue, an
 operator request, a transition that ended somewhere) about a model this worker could hold, or about
 any. Loads run one at a time on a worker; each is timed, and the time is kept in Redis per model and
-worker kind for every later decision.
+worker kind for every later decision: the engine's start apart from the fetch of a remote model's
+files (whose size is kept too), since a node that has the files pays only the first. A prefetch
+fetches a model's files into the node cache beside the loads, one at a time.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from typing import Any
 from switchboard.config import ModelConfig
 from switchboard.tasks import TaskSet, poll
 from switchboard.wire import JobError
-from workers.controller.actions import Action, Load, Sleep, Unload, Wake
+from workers.controller.actions import Action, Load, Prefetch, Sleep, Unload, Wake
 from workers.controller.effects import ControllerEffects
 from workers.controller.policy import decide
 from workers.controller.snapshot import LocalFacts
-from workers.controller.view import View, WorkerLimits
+from workers.controller.view import ModelView, View, WorkerLimits
+from workers.models.files import FetchFailed
 from workers.models.slot import LoadFailed
 from workers.runtime import worker_metrics as metrics
 
@@ -91,6 +94,8 @@ class ModelController:
         self._tick_s = tick_s
         self._preload_pending = {m.name for m in models if m.preload}
         self._transitions: dict[str, asyncio.Future[None]] = {}
+        # Fetches of models' files ahead of their loads (they hold no slot).
+        self._prefetches: dict[str, asyncio.Future[None]] = {}
         self._announcements: set[asyncio.Future[None]] = set()
         self._tasks = TaskSet("model controller")
 
@@ -102,8 +107,11 @@ class ModelController:
     async def stop(self) -> None:
         """Stop deciding; let transitions in progress end (a load cannot be interrupted)."""
         await self._tasks.stop()
-        if self._transitions:
-            await asyncio.gather(*self._transitions.values(), return_exceptions=True)
+        for prefetch in self._prefetches.values():
+            prefetch.cancel()  # the node cache resumes a fetch cut short, whoever asks next
+        pending = [*self._transitions.values(), *self._prefetches.values()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _run(self) -> None:
         trigger = "tick"
@@ -157,6 +165,9 @@ class ModelController:
             actions = [a for a in actions if a is not load and getattr(a, "for_model", None) != load.model]
         evictions: list[asyncio.Future[None]] = []
         for action in actions:
+            if isinstance(action, Prefetch):
+                self._start_prefetch(action)
+                continue
             task = self._commit(action, view, evictions)
             if isinstance(action, Unload) and action.for_model is not None:
                 evictions.append(task)
@@ -194,16 +205,17 @@ class ModelController:
     # --- committing actions -----------------------------------------------------------------
 
     def _commit(
-        self, action: Action, view: View, evictions: list[asyncio.Future[None]]
+        self, action: Load | Wake | Sleep | Unload, view: View, evictions: list[asyncio.Future[None]]
     ) -> asyncio.Future[None]:
         """Log the action once and start its transition (a Load's lease is already taken)."""
         model = view.model(action.model)
         if isinstance(action, Load):
             logger.info(
-                f"loading {model.name} (replica {action.replica}): {action.why}; {_expected(model.load_s)}",
+                f"loading {model.name} (replica {action.replica}): {action.why}; {_expected(model)}",
                 extra={"action": "load", "model": model.name, "replica": action.replica, "why": action.why},
             )
-            load = self._load(model.name, action.replica, model.load_s, model.load_requested, evictions)
+            expected_s = _expected_load_s(model)
+            load = self._load(model.name, action.replica, expected_s, model.load_requested, evictions)
             return self._start(model.name, load)
         if isinstance(action, Wake):
             logger.info(f"waking {model.name}: {action.why}", extra=_fields(action))
@@ -221,6 +233,24 @@ class ModelController:
         self._transitions[model] = task
         task.add_done_callback(lambda _: self._transition_ended(model))
         return task
+
+    def _start_prefetch(self, action: Prefetch) -> None:
+        """Fetch the model's files into the node cache beside any transition; a failure is logged."""
+        if action.model in self._prefetches:
+            return
+        logger.info(f"prefetching {action.model}: {action.why}", extra=_fields(action))
+
+        async def prefetch() -> None:
+            try:
+                await self._effects.prefetch(action.model)
+            except FetchFailed as exc:
+                logger.error(f"could not prefetch {action.model}: {exc}", extra={"model": action.model})
+            else:
+                await self._effects.advertise()  # every controller sees the files here at once
+
+        task = asyncio.ensure_future(prefetch())
+        self._prefetches[action.model] = task
+        task.add_done_callback(lambda _: self._prefetches.pop(action.model, None))
 
     def _transition_ended(self, model: str) -> None:
         self._transitions.pop(model, None)
@@ -254,26 +284,36 @@ class ModelController:
         except LoadFailed as exc:
             metrics.MODEL_LOADS.labels(model, "failed").inc()
             serving_elsewhere = await self._effects.serving_elsewhere(model)
-            await self._load_failed(model, str(exc), time.monotonic() - started, serving_elsewhere)
+            # A fetch's failure names only the model's own location and its store's answer: the
+            # operator sees it in `/admin/models` too, not in the log alone.
+            detail = str(exc.__cause__) if isinstance(exc.__cause__, FetchFailed) else ""
+            await self._load_failed(model, str(exc), time.monotonic() - started, serving_elsewhere, detail)
             return
         finally:
             progress.cancel()
         seconds = time.monotonic() - started
         metrics.MODEL_LOADS.labels(model, "ok").inc()
         metrics.MODEL_LOAD_TIME.labels(model).observe(seconds)
+        fetch_s, files_bytes = self._effects.fetched(model)
+        fetched = f" ({fetch_s:.1f} s of it for its files)" if fetch_s >= 0.05 else ""
         logger.info(
-            f"{model} is warm after {seconds:.1f} s",
+            f"{model} is warm after {seconds:.1f} s{fetched}",
             extra={"model": model, "seconds": round(seconds, 2), "replica": replica},
         )
         if self._backoff.succeeded(model):
             await self._effects.clear_failure(model)
-        await self._effects.record_cost(model, "load", seconds)
+        # The engine's start alone: a load on a node with the files pays no fetch.
+        await self._effects.record_cost(model, "load", max(seconds - fetch_s, 0.0))
+        if files_bytes:
+            await self._effects.record_cost(model, "files", files_bytes)
         await self._effects.record_cost(model, "memory", self._effects.memory_bytes(model))
         await self._effects.publish_limits(model)
         if requested:
             await self._effects.consume_load_request(model)
 
-    async def _load_failed(self, model: str, reason: str, seconds: float, serving_elsewhere: bool) -> None:
+    async def _load_failed(
+        self, model: str, reason: str, seconds: float, serving_elsewhere: bool, detail: str = ""
+    ) -> None:
         await self._effects.release_lease(model)
         backoff_s, in_a_row = self._backoff.failed(model)
         logger.error(
@@ -284,7 +324,7 @@ class ModelController:
             return  # requests keep going to the replicas that work; only this worker backs off
         # What the engine said (a model's path, a library's error) stays in the log above: the
         # failure mark and the waiting requests' errors reach every caller and `/admin/models`.
-        await self._effects.record_failure(model, LOAD_FAILED_REASON, backoff_s, in_a_row)
+        await self._effects.record_failure(model, LOAD_FAILED_REASON, backoff_s, in_a_row, detail)
         error = JobError(code="load_failed", message=LOAD_FAILED_REASON, retry_after_s=backoff_s)
         refused = await self._effects.refuse_waiting(model, error)
         if refused:
@@ -334,10 +374,18 @@ async def _report_progress(model: str, expected_s: float | None, started: float)
     await poll(report, PROGRESS_EVERY_S, f"report the progress of loading {model}", log=logger)
 
 
-def _expected(load_s: float | None) -> str:
-    if load_s is None:
+def _expected_load_s(model: ModelView) -> float | None:
+    """How long the load should take: the engine's start, and the fetch of its files if need be."""
+    if model.load_s is None:
+        return None
+    return model.load_s + (model.download_s or 0.0)
+
+
+def _expected(model: ModelView) -> str:
+    if model.load_s is None:
         return "first load on this kind of worker"
-    return f"usually takes {load_s:.1f} s"
+    fetch = f" + about {model.download_s:.1f} s to fetch its files" if model.download_s else ""
+    return f"usually takes {model.load_s:.1f} s{fetch}"
 
 
 def _fields(action: Action) -> dict[str, str]:

@@ -8,6 +8,12 @@ queue exceeds its measured load time (scale out). A load that needs room evicts 
 loss costs least; a busy model is evicted only after a minimum residency and only for a model whose
 oldest job has been passed over longer than a bound, so a worker alternating between models serves
 each model's queue in groups instead of thrashing.
+
+A remote model's load here costs the fetch of its files first, unless this node's cache has them: a
+cold model is left for a few seconds to a worker whose node has its files and room, unless fetching
+here would be quicker, and a scale-out weighs the fetch with the load. Apart from loads, one
+Prefetch at a time fetches the files of a model an operator asked for, or that `min_replicas` keeps,
+into this node's cache.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from switchboard import keep_alive
-from workers.controller.actions import Action, Load, Sleep, Unload, Wake
+from workers.controller.actions import Action, Load, Prefetch, Sleep, Unload, Wake
 from workers.controller.view import ModelView, View, WorkerLimits
 
 # How long a waiting job lets another worker that has room load its model first, instead of this
@@ -31,7 +37,7 @@ def decide(view: View) -> list[Action]:
     leaving: dict[str, Action] = {action.model: action for action in _operator_unloads(view)}
     for action in _keep_alive_moves(view, leaving):
         leaving[action.model] = action
-    departures = list(leaving.values())
+    departures = list(leaving.values()) + _prefetch(view)
     if any(model.state in ("loading", "unloading") for model in view.models):
         return departures  # a transition is already running here; loads run one at a time
     for model in sorted(view.models, key=_urgency):
@@ -39,6 +45,16 @@ def decide(view: View) -> list[Action]:
         if arrival is not None:
             return departures + arrival
     return departures
+
+
+def _prefetch(view: View) -> list[Action]:
+    """At most one fetch of files ahead of any load: a wanted model's whose files this node lacks."""
+    if any(model.fetching_here for model in view.models):
+        return []  # one fetch at a time: a second would only halve the first's rate
+    for model in view.models:
+        if model.prefetch_wanted and not model.files_here and model.state == "cold":
+            return [Prefetch(model=model.name, why="fetch its files into this node's cache ahead of a load")]
+    return []
 
 
 def _operator_unloads(view: View) -> list[Action]:
@@ -114,6 +130,8 @@ def _load_on_demand(view: View, model: ModelView, leaving: Mapping[str, Action])
         why = f"{model.replicas} replicas < min_replicas {model.min_replicas}"
     else:
         why = f"{_demand(model)}; nobody holds it"
+    if _files_elsewhere_first(model):
+        return None
     evict_busy = model.oldest_waiting_s > view.limits.max_pass_over_s
     plan = _load_plan(view, model, leaving, evict_busy=evict_busy, why=why)
     evicts = plan is not None and len(plan) > 1
@@ -127,16 +145,27 @@ def _scale_out(view: View, model: ModelView, leaving: Mapping[str, Action]) -> l
     if model.replicas < 1 or model.waiting == 0 or model.loading_replicas > 0:
         return None
     # No guesses: without a measured load time and service rate, the comparison cannot be made.
-    if model.load_s is None or model.jobs_per_s <= 0:
+    if model.load_s is None or model.jobs_per_s <= 0 or _files_elsewhere_first(model):
         return None
     expected_wait_s = model.waiting / model.jobs_per_s
-    if expected_wait_s <= model.load_s:
+    load_s = model.load_s + (model.download_s or 0.0)
+    if expected_wait_s <= load_s:
         return None
+    fetch = f" + fetch {_secs(model.download_s)} s" if model.download_s else ""
     why = (
         f"expected wait {_secs(expected_wait_s)} s ({model.waiting} jobs at {model.jobs_per_s:.1f}/s)"
-        f" > load {_secs(model.load_s)} s"
+        f" > load {_secs(model.load_s)} s{fetch}"
     )
     return _load_plan(view, model, leaving, evict_busy=False, why=why)
+
+
+def _files_elsewhere_first(model: ModelView) -> bool:
+    """Whether to leave the load to another worker whose node has the files and room: for a few
+    seconds, and only while fetching them here (if it was ever measured) would take longer than that."""
+    if model.files_here or not model.others_with_files_and_room:
+        return False
+    grace_left_s = OTHERS_FIRST_GRACE_S - model.oldest_waiting_s
+    return grace_left_s > 0 and (model.download_s is None or model.download_s > grace_left_s)
 
 
 def _load_plan(

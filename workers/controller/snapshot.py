@@ -9,7 +9,7 @@ this worker could never hold. What it costs follows what is active, not what is 
 2. the weighed models' queues (one script call per model) and replica leases, and the facts
    (`workers.controller.catalogue`) of those whose facts are not kept at this version;
 3. only when a model cold here has demand: the live workers' records (the only decisions that use
-   other workers' state are loads of such a model);
+   other workers' state are loads of such a model, which prefer a worker whose node has its files);
 4. only when a model noted in the index was found without work (no job, no operator's load
    request): its removal.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -33,6 +33,7 @@ from switchboard.wire import DesiredState, SlotStatus, WorkerRecord
 from workers.controller.catalogue import Catalogue, ModelFacts
 from workers.controller.coordination import typical
 from workers.controller.view import ModelView, View, WorkerLimits
+from workers.models.files import ModelFiles
 from workers.models.slots import Slots
 
 # Replica numbers looked at when a model sets no max_replicas.
@@ -75,8 +76,11 @@ class SnapshotReader:
         kind: str,
         memory_budget_bytes: int,
         expected_footprint: Callable[[ModelConfig, list[bytes]], int],
+        files: ModelFiles | None = None,
     ) -> None:
+        """`files`: where the models' files are (None: every model's path is a local folder)."""
         self._redis = redis
+        self._files = files
         self._models = models
         self._configured = {model.name: model for model in models}
         self._position = {model.name: position for position, model in enumerate(models)}
@@ -158,7 +162,7 @@ class SnapshotReader:
         """Whether this pass may weigh loading `model` here, the one decision that needs other workers."""
         if self._slots[model.name].state != "cold" or model.name in local.starting:
             return False
-        asked = model.name in local.preload_pending or read.facts.load_asked(now)
+        asked = model.name in local.preload_pending or read.facts.asked(now)
         replicas = sum(1 for lease in read.leases if lease is not None)
         return read.queue.waiting > 0 or asked or replicas < model.min_replicas
 
@@ -167,7 +171,7 @@ class SnapshotReader:
         idle = [
             (name, token)
             for name, token in noted.items()
-            if name in reads and reads[name].queue.length == 0 and not reads[name].facts.load_asked(now)
+            if name in reads and reads[name].queue.length == 0 and not reads[name].facts.asked(now)
         ]
         await self._demand.forget(idle)
 
@@ -198,6 +202,7 @@ class SnapshotReader:
         if footprint == 0:
             footprint = self._expected_footprint(model, read.facts.memory)
         replicas = sum(1 for lease in leases if lease is not None)
+        files = self._files_view(model, read, records, footprint, now)
         return ModelView(
             name=model.name,
             keep_alive_s=model.keep_alive_s,
@@ -227,7 +232,27 @@ class SnapshotReader:
             unload_requested_at=desired.at if desired and desired.action == "unload" else None,
             load_s=typical(read.facts.load),
             wake_s=typical(read.facts.wake),
+            **files,
         )
+
+    def _files_view(
+        self, model: ModelConfig, read: _Read, records: list[WorkerRecord], footprint: int, now: float
+    ) -> dict[str, Any]:
+        """Where the model's files are, for the view: here or not, the fetch a load here would pay,
+        and whether another worker whose node has them has room (a local folder is on every node)."""
+        files = self._files
+        if files is None or not files.remote(model.name):
+            return {}
+        total_bytes = typical(read.facts.files)
+        return {
+            "files_here": files.here(model.name),
+            "download_s": files.download_s(model.name, int(total_bytes) if total_bytes else None),
+            "fetching_here": files.fetching(model.name),
+            "prefetch_wanted": read.facts.prefetch_asked(now) or model.min_replicas > 0 or model.preload,
+            "others_with_files_and_room": any(
+                model.name in record.cached and _has_room(record, model.name, footprint) for record in records
+            ),
+        }
 
 
 def _retry_at(shared: float | None, own: float | None) -> float | None:

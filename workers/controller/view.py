@@ -32,6 +32,15 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     idle_since: float | None = None  # when its last job here ended (or it became warm)
     # What it takes here once loaded: measured when loaded, else declared, measured before or estimated.
     memory_bytes: int = 0
+    # Its files are on this node: a local folder, or a remote model's files complete in the node cache.
+    files_here: bool = True
+    # Seconds a load here would spend fetching its files first (0 when they are here; None when
+    # its size or this node's rate from its store was never measured).
+    download_s: float | None = 0.0
+    # Its files are being fetched into this node's cache (a load or a prefetch, by any worker here).
+    fetching_here: bool = False
+    # An operator asked for its files on every node, or min_replicas keeps it: fetch them ahead.
+    prefetch_wanted: bool = False
 
     # --- everywhere (all workers) ---
     waiting: int = 0  # jobs on its stream that no worker has taken yet
@@ -41,6 +50,8 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     jobs_per_s: float = 0.0  # measured service rate of its warm replicas together
     next_replica: int | None = 0  # lowest replica number nobody holds, None when max_replicas are held
     others_with_room: bool = False  # another live worker may load it without evicting anything
+    # Another live worker whose node has its files may load it without evicting anything.
+    others_with_files_and_room: bool = False
     retry_at: float | None = None  # its last load failed: no load before this time
     load_requested: bool = False  # an operator asked for it, or it is preloaded and nobody holds it
     unload_requested_at: float | None = None  # an operator asked to unload replicas loaded before this

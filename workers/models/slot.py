@@ -3,8 +3,9 @@
 `ModelSlot` is the only owner of a model's state on a worker: `cold → loading → warm → sleeping →
 unloading → cold`. Callers ask for an outcome (`ensure_warm`, `sleep`, `unload`) and never read the
 state to decide, because a read that gates a transition races the next transition. Load and unload
-are mirror images: create the engine → start it (while Triton binds it) → open the job client, and
-close the client → stop the engine → unbind it from Triton.
+are mirror images: hold the model's files (fetched into the node cache first, for a remote model) →
+create the engine → start it (while Triton binds it) → open the job client, and close the client →
+stop the engine → unbind it from Triton → let the files go.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 
 from switchboard import keep_alive
 from switchboard.config import ModelConfig, triton_model_name
-from switchboard.wire import SamplingParams, SlotState, SlotStatus, StructuredOutput
+from switchboard.wire import DownloadStatus, SamplingParams, SlotState, SlotStatus, StructuredOutput
 from workers.engines.base import Engine, EngineRequest, PoolingEngine
+from workers.models.files import HeldFiles, ModelFiles
 from workers.triton.generator.client import TritonJobClient
 from workers.triton.generator.model import GeneratorModel
 from workers.triton.host import TritonHost
@@ -77,7 +79,9 @@ class ModelSlot:
         read_barrier: Callable[[], Awaitable[None]],
         on_change: Callable[[], None],
         on_jobs: Callable[[], None] = lambda: None,
+        files: ModelFiles | None = None,
     ) -> None:
+        """`files`: where the worker's models' files are (None: every model's `path` is a local folder)."""
         self.model = model
         self.name = model.name
         self._host = host
@@ -93,6 +97,11 @@ class ModelSlot:
         self._state: SlotState = "cold"
         self._served: ServedModel | None = None
         self._engine: Engine | None = None
+        self._model_files = files
+        # The files the held model was loaded from (the node cache keeps them while they are held).
+        self._files: HeldFiles | None = None
+        # The files of the last load that got them: what it fetched, and how long that took.
+        self.last_files: HeldFiles | None = None
         self._taking_jobs = False
         self._attempts_done = 0
         self._last_failure: BaseException | None = None
@@ -224,7 +233,15 @@ class ModelSlot:
             memory_bytes=self.memory_bytes(),
             jobs_per_s=round(self.jobs_per_s(), 3),
             waiting=self.jobs_waiting,
+            download=self.download,
         )
+
+    @property
+    def download(self) -> DownloadStatus | None:
+        """How far the fetch of the model's files has come, while its load waits for them."""
+        if self._state != "loading" or self._model_files is None:
+            return None
+        return self._model_files.progress(self.name)
 
     def leaves_at(self) -> float | None:
         """When keep-alive will move the slot down the ladder, if nothing uses it meanwhile."""
@@ -256,17 +273,32 @@ class ModelSlot:
         self._set_state("loading")
         try:
             await self._host_started.wait()
-            engine = self._create_engine(self.model)
-            triton_model = await _start_and_bind(
-                engine, self._host, self.name, warm_structured_output=self.model.warm_structured_output
-            )
+            files = await self._hold_files()
+            try:
+                engine = self._create_engine(files.model)
+                triton_model = await _start_and_bind(
+                    engine, self._host, self.name, warm_structured_output=self.model.warm_structured_output
+                )
+            except BaseException:
+                files.release()
+                raise
         except BaseException:
             self._set_state("cold")
             raise
+        self._files = files
         self._engine = engine
         client = _job_client(self._host, self.model, engine, triton_model)
         self._served = ServedModel(name=self.name, client=client, triton_model=triton_model)
         self._became_warm()
+
+    async def _hold_files(self) -> HeldFiles:
+        """The files this load starts the engine from: fetched into the node cache first if need be."""
+        if self._model_files is None:
+            files = HeldFiles(model=self.model)
+        else:
+            files = await self._model_files.hold(self.model)
+        self.last_files = files
+        return files
 
     async def _wake(self) -> None:
         assert self._engine is not None and self._served is not None
@@ -281,17 +313,22 @@ class ModelSlot:
         self._became_warm()
 
     async def _release(self) -> None:
-        served, engine = self._served, self._engine
+        served, engine, files = self._served, self._engine, self._files
         self._served = None
         self._engine = None
-        if served is not None:
-            await served.client.close()
-            try:
-                await served.triton_model.stop_engine()
-            finally:
-                await asyncio.to_thread(self._host.unbind, self.name)
-        elif engine is not None:
-            await engine.stop()
+        self._files = None
+        try:
+            if served is not None:
+                await served.client.close()
+                try:
+                    await served.triton_model.stop_engine()
+                finally:
+                    await asyncio.to_thread(self._host.unbind, self.name)
+            elif engine is not None:
+                await engine.stop()
+        finally:
+            if files is not None:
+                files.release()
 
     async def _stop_taking_jobs(self, state: SlotState) -> None:
         """Leave the consumer's reads, then wait for the jobs in flight to end."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from switchboard.config import ModelConfig
 from workers.engines.base import Engine
+from workers.models.files import ModelFiles
 from workers.models.slot import ModelSlot
 from workers.runtime.cpu_priority import ModelLoad
 from workers.triton.host import TritonHost
@@ -29,6 +30,7 @@ class Slots(Mapping[str, ModelSlot]):
         host: TritonHost,
         host_started: asyncio.Event,
         create_engine: Callable[[ModelConfig], Engine],
+        files: ModelFiles | None = None,
     ) -> None:
         self.changed = asyncio.Event()
         self._read_done: asyncio.Event | None = None
@@ -41,6 +43,7 @@ class Slots(Mapping[str, ModelSlot]):
                 read_barrier=self.read_barrier,
                 on_change=functools.partial(self._slot_changed, model.name),
                 on_jobs=self._jobs_changed,
+                files=files,
             )
             for model in models
         }

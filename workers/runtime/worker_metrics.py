@@ -110,6 +110,24 @@ MODEL_EVICTIONS = Counter(
     ["model"],
     registry=REGISTRY,
 )
+MODEL_FETCHES = Counter(
+    "switchboard:model_fetches",
+    "A remote model's files asked of the node cache before a load or a prefetch, by outcome: fetched "
+    "from its store, cached (on this node already, or fetched by another worker here), failed.",
+    ["model", "outcome"],
+    registry=REGISTRY,
+)
+MODEL_FETCH_BYTES = Counter(
+    "switchboard:model_fetch_bytes", "Bytes of model files fetched from their stores.", ["model"],
+    registry=REGISTRY,
+)  # fmt: skip
+MODEL_FETCH_TIME = Histogram(
+    "switchboard:model_fetch_seconds",
+    "How long fetching a remote model's files into the node cache took.",
+    ["model"],
+    buckets=LOAD_BUCKETS,
+    registry=REGISTRY,
+)
 
 CONTROLLER_PASS_TIME = Histogram(
     "switchboard:controller_pass_seconds",
@@ -161,6 +179,16 @@ class SlotCollector(Collector):
             "What each model held here occupies (0 when cold).",
             labels=["model", "worker"],
         )
+        download_done = GaugeMetricFamily(
+            "switchboard:model_download_bytes_done",
+            "Bytes of a remote model's files in the node cache so far, while a load here fetches them.",
+            labels=["model", "worker"],
+        )
+        download_total = GaugeMetricFamily(
+            "switchboard:model_download_bytes_total",
+            "Bytes of a remote model's files, while a load here fetches them.",
+            labels=["model", "worker"],
+        )
         for worker_id, slots in list(self._workers.items()):
             for name, slot in slots.items():
                 for state in STATES:
@@ -168,10 +196,16 @@ class SlotCollector(Collector):
                 running.add_metric([name, worker_id], float(slot.in_flight))
                 waiting.add_metric([name, worker_id], float(getattr(slot, "jobs_waiting", 0)))
                 memory.add_metric([name, worker_id], float(_memory(slot)))
+                download = getattr(slot, "download", None)
+                if download is not None:
+                    download_done.add_metric([name, worker_id], float(download.bytes_done))
+                    download_total.add_metric([name, worker_id], float(download.bytes_total))
         yield resident
         yield running
         yield waiting
         yield memory
+        yield download_done
+        yield download_total
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The families without samples, so that registering reads no slot."""
@@ -179,6 +213,8 @@ class SlotCollector(Collector):
         yield GaugeMetricFamily("switchboard:num_requests_running", "", labels=["model", "worker"])
         yield GaugeMetricFamily("switchboard:worker_jobs_waiting", "", labels=["model", "worker"])
         yield GaugeMetricFamily("switchboard:model_memory_bytes", "", labels=["model", "worker"])
+        yield GaugeMetricFamily("switchboard:model_download_bytes_done", "", labels=["model", "worker"])
+        yield GaugeMetricFamily("switchboard:model_download_bytes_total", "", labels=["model", "worker"])
 
 
 SLOTS = SlotCollector()

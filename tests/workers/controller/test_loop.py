@@ -41,6 +41,7 @@ from workers.controller.loop import (
 from workers.controller.snapshot import LocalFacts
 from workers.controller.view import ModelView, View, WorkerLimits
 from workers.main import Worker
+from workers.models.files import FetchFailed
 from workers.models.slot import LoadFailed
 
 NOW = 1_700_000_000.0
@@ -52,9 +53,20 @@ LIMITS = WorkerLimits(
 class RecordingEffects:
     """A ControllerEffects that applies nothing: it records the effects in order and serves one View."""
 
-    def __init__(self, view: View, *, failing: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        view: View,
+        *,
+        failing: dict[str, str] | None = None,
+        fetches: dict[str, tuple[float, int]] | None = None,
+        failing_fetches: dict[str, str] | None = None,
+    ) -> None:
         self.view = view
         self.failing = failing or {}
+        # Per remote model: the seconds its load spent on its files, and their bytes.
+        self.fetches = fetches or {}
+        self.failing_fetches = failing_fetches or {}
+        self.costs: dict[tuple[str, str], float] = {}
         self.applied: list[tuple[Any, ...]] = []
         self.taken_elsewhere: set[tuple[str, int]] = set()  # leases another worker holds
         self.ended: dict[str, str] = {}  # warm models whose engine ended, and why
@@ -99,9 +111,14 @@ class RecordingEffects:
 
     async def record_cost(self, model: str, operation: str, value: float) -> None:
         self.applied.append(("record_cost", model, operation))
+        self.costs[(model, operation)] = value
 
-    async def record_failure(self, model: str, reason: str, backoff_s: float, in_a_row: int) -> None:
-        self.applied.append(("record_failure", model, reason, backoff_s, in_a_row))
+    async def record_failure(
+        self, model: str, reason: str, backoff_s: float, in_a_row: int, detail: str = ""
+    ) -> None:
+        self.applied.append(
+            ("record_failure", model, reason, backoff_s, in_a_row, *([detail] if detail else []))
+        )
 
     async def clear_failure(self, model: str) -> None:
         self.applied.append(("clear_failure", model))
@@ -118,8 +135,20 @@ class RecordingEffects:
 
     async def load(self, model: str, expected_s: float | None) -> None:
         self.applied.append(("load", model))
+        if model in self.failing_fetches:
+            cause = FetchFailed(self.failing_fetches[model])
+            raise LoadFailed(str(cause)) from cause
         if model in self.failing:
             raise LoadFailed(self.failing[model])
+        await asyncio.sleep(self.fetches.get(model, (0.0, 0))[0])
+
+    def fetched(self, model: str) -> tuple[float, int]:
+        return self.fetches.get(model, (0.0, 0))
+
+    async def prefetch(self, model: str) -> None:
+        self.applied.append(("prefetch", model))
+        if model in self.failing_fetches:
+            raise FetchFailed(self.failing_fetches[model])
 
     async def wake(self, model: str, expected_s: float | None) -> None:
         self.applied.append(("wake", model))
@@ -243,6 +272,60 @@ async def test_a_load_that_fails_releases_the_lease_and_records_the_failure(
         ("refuse_waiting", "broken", "load_failed"),
     ]
     assert [why[:2] for why in logged_whys(caplog)] == [("load", "broken")]
+
+
+async def test_a_load_that_fetched_its_files_records_the_engine_start_apart_from_the_fetch() -> None:
+    view = View(
+        now=NOW, limits=LIMITS, models=(cold("tuned", waiting=1, oldest_waiting_s=1.0, files_here=False),)
+    )
+    effects = RecordingEffects(view, fetches={"tuned": (0.2, 5_000_000)})
+    await one_pass(effects)
+    assert [e for e in effects.applied if e[0] == "record_cost"] == [
+        ("record_cost", "tuned", "load"),
+        ("record_cost", "tuned", "files"),
+        ("record_cost", "tuned", "memory"),
+    ]
+    assert effects.costs[("tuned", "files")] == 5_000_000
+    assert effects.costs[("tuned", "load")] < 0.15, "the fetch's 0.2 s are not the engine's"
+
+
+async def test_a_failed_fetch_is_a_load_failure_whose_detail_reaches_operators() -> None:
+    view = View(
+        now=NOW, limits=LIMITS, models=(cold("tuned", waiting=1, oldest_waiting_s=1.0, files_here=False),)
+    )
+    why = "fetching the files of tuned from s3://models/tuned failed: model.safetensors: md5 mismatch"
+    effects = RecordingEffects(view, failing_fetches={"tuned": why})
+    await one_pass(effects)
+    assert ("record_failure", "tuned", LOAD_FAILED_REASON, 2.0, 1, why) in effects.applied
+    assert ("refuse_waiting", "tuned", "load_failed") in effects.applied
+
+
+async def test_a_prefetch_runs_beside_a_load_and_holds_no_transition() -> None:
+    models = (
+        cold("wanted", files_here=False, prefetch_wanted=True),
+        cold("busy", waiting=1, oldest_waiting_s=1.0),
+    )
+    effects = RecordingEffects(View(now=NOW, limits=LIMITS, models=models))
+    loop = controller(effects)
+    await loop.step()
+    await asyncio.sleep(0.05)  # a stop cancels the prefetches that still run
+    await loop.stop()
+    assert ("prefetch", "wanted") in effects.applied and ("load", "busy") in effects.applied
+    assert not any(e[0] == "take_lease" and e[1] == "wanted" for e in effects.applied)
+
+
+async def test_a_failed_prefetch_is_logged_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "workers.controller")
+    models = (cold("wanted", files_here=False, prefetch_wanted=True),)
+    effects = RecordingEffects(
+        View(now=NOW, limits=LIMITS, models=models), failing_fetches={"wanted": "no bucket"}
+    )
+    loop = controller(effects)
+    await loop.step()
+    await asyncio.sleep(0.05)  # a stop cancels the prefetches that still run
+    await loop.stop()
+    assert effects.applied == [("prefetch", "wanted")]
+    assert any("could not prefetch wanted: no bucket" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_lease_another_worker_took_loads_nothing_and_evicts_nothing(
