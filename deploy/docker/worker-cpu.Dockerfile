@@ -32,14 +32,17 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends tini libnuma1 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin switchboard \
-    && install -d -o 10001 -g 10001 /home/switchboard/.cache /models
+    && install -d -o 10001 -g 10001 /home/switchboard/.cache /models /var/cache/switchboard/models
 COPY --from=build /opt/switchboard /opt/switchboard
 ENV PATH=/opt/switchboard/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 10001:10001
 WORKDIR /home/switchboard
 # Models under /models (mounted read-only); downloads and compile caches under ~/.cache (a volume).
-VOLUME ["/home/switchboard/.cache"]
+# The node cache of models in buckets and on the Hub: a volume at the folder compose and the
+# manifests name in SWITCHBOARD_WORKER__MODEL_CACHE_DIR, owned by the worker's user so that a new
+# volume mounted there is writable.
+VOLUME ["/home/switchboard/.cache", "/var/cache/switchboard/models"]
 # tini passes SIGTERM on and reaps; the worker drains its jobs and ends Triton and its engines.
 ENTRYPOINT ["tini", "--"]
 CMD ["switchboard", "worker"]
