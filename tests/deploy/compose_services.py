@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from switchboard.config import Settings
+from tests.deploy.store_variables import store_variables
 from tests.support.deploy.compose_file import EXAMPLE_ENV, REPO, environment, secret_files, secret_value
 from tests.support.deploy.product import cli_command, settings_from
 
@@ -30,7 +31,8 @@ def config_source(compose: dict[str, Any], service: dict[str, Any], container_pa
 
 def service_settings(compose: dict[str, Any], name: str, env: Mapping[str, str] = EXAMPLE_ENV) -> Settings:
     """What the service's `switchboard` process runs with: its config file, its environment and the
-    secrets mounted for it (written where its variables name them, as the container has them)."""
+    secrets mounted for it (written where its variables name them, as the container has them). A
+    bucket's or the Hub's variables are no setting: each must be one botocore or huggingface_hub reads."""
     service = compose["services"][name]
     args = cli_command(service["command"])
     assert args.config is not None, f"{name} runs without --config"
@@ -40,6 +42,9 @@ def service_settings(compose: dict[str, Any], name: str, env: Mapping[str, str] 
             local = Path(folder) / Path(target).name
             local.write_text(secret_value(compose, secret, env))
             variables = {key: str(local) if value == target else value for key, value in variables.items()}
+        strangers = {name for name in variables if name.startswith(("AWS_", "HF_"))} - store_variables()
+        assert not strangers, f"{name}: variables neither botocore nor huggingface_hub reads: {strangers}"
+        variables = {key: value for key, value in variables.items() if key not in store_variables()}
         return settings_from(variables, config_source(compose, service, str(args.config)))
 
 

@@ -9,9 +9,23 @@ import yaml
 from tests.deploy.kubernetes_objects import K8S, Object, one_object
 from tests.support.deploy.schemas import kubernetes_validator, schema_errors
 
+# The label of the policy that lets workers out to their models' store: an addition to the
+# worker's own policy, read on its own (test_the_workers_reach_their_model_store_and_nothing_else).
+MODEL_STORE_LABEL = ("switchboard.io/egress", "model-store")
+
+
+def _is_store_egress(policy: Object) -> bool:
+    key, value = MODEL_STORE_LABEL
+    return bool(policy["metadata"].get("labels", {}).get(key) == value)
+
 
 def _policies(manifests: list[Object]) -> list[Object]:
-    return [document for document in manifests if document["kind"] == "NetworkPolicy"]
+    """The namespace's policies, but the model store's egress."""
+    return [
+        document
+        for document in manifests
+        if document["kind"] == "NetworkPolicy" and not _is_store_egress(document)
+    ]
 
 
 def _selects(policy: Object, labels: dict[str, str]) -> bool:
@@ -209,3 +223,21 @@ def test_the_ingress_example_serves_the_router_over_tls(manifests: list[Object])
     assert controller in {
         _named(peer) for peer, _ in _peers(_own_policy(manifests, "switchboard-router"), "ingress")
     }
+
+
+PRIVATE_RANGES = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"}
+LINK_LOCAL = "169.254.0.0/16"  # the instance metadata service: a node role's credentials
+
+
+def test_the_workers_reach_their_model_store_and_nothing_else(manifests: list[Object]) -> None:
+    (store,) = [d for d in manifests if d["kind"] == "NetworkPolicy" and _is_store_egress(d)]
+    spec = store["spec"]
+    assert schema_errors(kubernetes_validator("networking.k8s.io/v1", "NetworkPolicy"), store) == []
+    selected = [name for name, labels in _pod_labels(manifests).items() if _selects(store, labels)]
+    assert selected == ["switchboard-worker"]
+    assert spec["policyTypes"] == ["Egress"] and "ingress" not in spec
+    ((peer, ports),) = _peers(store, "egress")
+    assert ports == [{"protocol": "TCP", "port": 443}]  # HTTPS only: S3, STS, the Hub
+    # Beyond the cluster: not into the namespace's pods, other namespaces or the node's metadata.
+    assert peer["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert PRIVATE_RANGES | {LINK_LOCAL} <= set(peer["ipBlock"]["except"])
