@@ -81,6 +81,10 @@ class SnapshotReader:
         """`files`: where the models' files are (None: every model's path is a local folder)."""
         self._redis = redis
         self._files = files
+        # The prefetches seen done on this node (by whichever worker here), per model: the request's
+        # time, or 0.0 for one that the configuration asks for (min_replicas, preload). Each is done
+        # once: files the cache evicted later are fetched again by a load, not by the prefetch.
+        self._prefetched: dict[str, float] = {}
         self._models = models
         self._configured = {model.name: model for model in models}
         self._position = {model.name: position for position, model in enumerate(models)}
@@ -166,6 +170,18 @@ class SnapshotReader:
         replicas = sum(1 for lease in read.leases if lease is not None)
         return read.queue.waiting > 0 or asked or replicas < model.min_replicas
 
+    def _prefetch_wanted(self, model: ModelConfig, read: _Read, here: bool, now: float) -> bool:
+        """Whether a prefetch of the model's files is asked for and not yet seen done on this node."""
+        asked = read.facts.prefetch if read.facts.prefetch_asked(now) else None
+        wanted_at = (
+            asked.at if asked is not None else (0.0 if model.min_replicas > 0 or model.preload else None)
+        )
+        if wanted_at is None:
+            return False
+        if here:
+            self._prefetched[model.name] = max(self._prefetched.get(model.name, -1.0), wanted_at)
+        return self._prefetched.get(model.name, -1.0) < wanted_at
+
     async def _forget_idle(self, noted: Mapping[str, bytes], reads: Mapping[str, _Read], now: float) -> None:
         """Remove from the demand index the models read with no job and no operator's load request."""
         idle = [
@@ -244,11 +260,12 @@ class SnapshotReader:
         if files is None or not files.remote(model.name):
             return {}
         total_bytes = typical(read.facts.files)
+        here = files.here(model.name)
         return {
-            "files_here": files.here(model.name),
+            "files_here": here,
             "download_s": files.download_s(model.name, int(total_bytes) if total_bytes else None),
             "fetching_here": files.fetching(model.name),
-            "prefetch_wanted": read.facts.prefetch_asked(now) or model.min_replicas > 0 or model.preload,
+            "prefetch_wanted": self._prefetch_wanted(model, read, here, now),
             "others_with_files_and_room": any(
                 model.name in record.cached and _has_room(record, model.name, footprint) for record in records
             ),
