@@ -64,7 +64,7 @@ class StorageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Where a remote model's store is and whose credentials read it, beyond what the environment says.
 
     An `s3://` path is read the way AWS's SDK reads any bucket: the endpoint, region and credentials
-    of the environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`...), the shared files
+    of the environment (`AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION`, `AWS_ACCESS_KEY_ID`...), the shared files
     (`~/.aws/config`, `~/.aws/credentials`), or an instance's or pod's role. An `hf://` path is read
     through `huggingface_hub` (`HF_TOKEN`, `HF_ENDPOINT` for a mirror).
     """

@@ -1,7 +1,7 @@
 """A model's files in an S3-compatible bucket (AWS S3, MinIO, R2, Ceph...), through boto3.
 
 The endpoint, region and credentials are found the way AWS's SDK finds them for any program: the
-environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`...), the shared files
+environment (`AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION`, `AWS_ACCESS_KEY_ID`...), the shared files
 (`~/.aws/config`, `~/.aws/credentials`), an instance's or a pod's role; a model's `storage` table
 names an endpoint, a region or a profile of the shared files on top. Each object is checked by its
 ETag: the MD5 of its bytes, or for a multipart upload the MD5 of its parts' MD5s (the part size read

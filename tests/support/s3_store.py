@@ -69,7 +69,7 @@ class S3Store:
         """What a process needs to reach this store as AWS's SDK reads it (and nothing beyond it)."""
         return {
             **CREDENTIALS,
-            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_EC2_METADATA_DISABLED": "true",
         }
