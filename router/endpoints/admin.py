@@ -33,6 +33,7 @@ from router.status.model_status import ModelStatusList, ModelStatusReader
 from router.telemetry.front_door_metrics import ROLLOUT_EVENTS
 from switchboard.rollout import PlanError, checked_plan
 from switchboard.routes import RolloutConflict, Route, WeightsError, abort_rollout, start_rollout
+from switchboard.sources.locations import is_remote
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +79,14 @@ async def request_model_state(
         raise RouteNotFoundError(
             f"No endpoint POST /admin/models{target}; use .../{{name}}/load, /unload or /prefetch."
         )
-    models.require(name)
+    model = models.require(name)
     if action == "prefetch":
+        if not is_remote(model.path):
+            raise InvalidRequestError(
+                f"{name} is read from a local folder on each worker: there is nothing to prefetch "
+                "(only models at s3:// or hf:// paths are fetched into the node cache)",
+                param="model",
+            )
         await desired.request_prefetch(redis, name)
         return json_response(await status.read_one(name), status_code=202)
     return await _request(redis, status, name, "load" if action == "load" else "unload")

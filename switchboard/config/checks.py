@@ -12,6 +12,7 @@ from switchboard.config.pipeline_checks import PipelineError, check_nesting, che
 from switchboard.config.routes import RouteConfig
 from switchboard.config.settings import Settings
 from switchboard.name_graph import LoopError, check_no_loop
+from switchboard.sources.locations import HubLocation, LocalFolder, parse_location
 
 
 class ConfigError(Exception):
@@ -81,6 +82,28 @@ def _check_model(model: ModelConfig) -> None:
         raise ConfigError(
             f"model {name!r}: min_replicas ({model.min_replicas}) is above "
             f"max_replicas ({model.max_replicas})"
+        )
+    _check_location(model)
+
+
+def _check_location(model: ModelConfig) -> None:
+    """The model's path names a folder or a store, and its storage table fits that store."""
+    try:
+        location = parse_location(model.path)
+    except ValueError as exc:
+        raise ConfigError(f"model {model.name!r}: path {exc}") from None
+    storage = model.storage
+    if storage is None:
+        return
+    if isinstance(location, LocalFolder):
+        raise ConfigError(
+            f"model {model.name!r}: storage is for a path in a store (s3://, hf://), not the local folder "
+            f"{model.path!r}"
+        )
+    if isinstance(location, HubLocation) and (storage.region or storage.profile):
+        raise ConfigError(
+            f"model {model.name!r}: storage.region and storage.profile are for s3:// paths; the Hub "
+            "takes storage.endpoint_url (a mirror) only, and HF_TOKEN from the environment"
         )
 
 

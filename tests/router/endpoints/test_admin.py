@@ -154,6 +154,17 @@ async def test_requests_for_unknown_models_or_actions_are_refused(
     assert not [k async for k in redis.scan_iter(match=keys.desired_state("*"))]
 
 
+async def test_a_prefetch_of_a_local_folder_is_refused_with_nothing_asked(
+    admin: httpx.AsyncClient, redis: aioredis.Redis
+) -> None:
+    refused = await admin.post(f"/admin/models/{MODEL}/prefetch", json={})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "model"
+    assert "local folder" in refused.json()["error"]["message"]
+    assert not await redis.exists(keys.prefetch_request(MODEL))
+    assert not await redis.exists(keys.demand_stream())
+
+
 async def test_redis_down_is_a_503(redis_server: PrivateRedis) -> None:
     settings = settings_for(f"redis://127.0.0.1:{free_port()}", models=MODELS)
     async with serving(settings) as client:

@@ -44,3 +44,35 @@ def test_mismatches_fail_at_start_saying_what_to_change(tmp_path: Path, entry: s
     with pytest.raises(ConfigError) as caught:
         _load(tmp_path, entry)
     assert says in str(caught.value)
+
+
+def _load_path(tmp_path: Path, path: str, entry: str = "") -> object:
+    file = tmp_path / "switchboard.toml"
+    file.write_text(f'[[models]]\nname = "m"\npath = "{path}"\n{entry}\n')
+    return load_settings(file, environ={})
+
+
+def test_models_in_a_bucket_and_on_the_hub_take_their_store_in_a_storage_table(tmp_path: Path) -> None:
+    entry = '[models.storage]\nendpoint_url = "http://minio:9000"\nregion = "eu-west-1"\nprofile = "models"'
+    model = _load_path(tmp_path, "s3://team-models/llama", entry).models[0]  # type: ignore[attr-defined]
+    assert (model.storage.endpoint_url, model.storage.region, model.storage.profile) == (
+        "http://minio:9000", "eu-west-1", "models",
+    )  # fmt: skip
+    hub = _load_path(tmp_path, "hf://org/name@v1", '[models.storage]\nendpoint_url = "http://mirror"')
+    assert hub.models[0].storage.endpoint_url == "http://mirror"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("path", "entry", "says"),
+    [
+        ("s3://", "", "model 'm': path 's3://' names no bucket"),
+        ("gs://bucket/llama", "", "not gs://"),
+        ("hf://llama", "", "hf://org/name"),
+        ("/models/m", '[models.storage]\nregion = "eu-west-1"', "storage is for a path in a store"),
+        ("hf://org/name", '[models.storage]\nprofile = "p"', "the Hub takes storage.endpoint_url"),
+    ],
+)
+def test_a_wrong_path_or_storage_fails_at_start(tmp_path: Path, path: str, entry: str, says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _load_path(tmp_path, path, entry)
+    assert says in str(caught.value)
