@@ -35,6 +35,8 @@ class HubSource:
         self.location = f"hf://{location.repo}" + (f"@{location.revision}" if location.revision else "")
         endpoint = storage.endpoint_url if storage is not None else None
         self._api = HfApi(endpoint=endpoint)  # None: HF_ENDPOINT, else the Hub itself
+        # The commit the last listing resolved the revision to: every file is read at it.
+        self._listed_commit: str | None = None
         self.rate_key = f"hf {self._api.endpoint}"
         where = f"{self._api.endpoint}|{location.repo}|{location.revision or ''}"
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{location.repo}-{location.revision or 'main'}").strip("-")[
@@ -50,9 +52,8 @@ class HubSource:
             )
         if not info.sha or not info.siblings:
             raise SourceError(f"{self.location} holds no files: correct the model's path")
-        files = tuple(
-            sorted((_file(sibling, info.sha) for sibling in info.siblings), key=lambda file: file.name)
-        )
+        files = tuple(sorted((_file(sibling) for sibling in info.siblings), key=lambda file: file.name))
+        self._listed_commit = info.sha
         return Manifest(
             location=self.location,
             revision=info.sha,
@@ -66,9 +67,7 @@ class HubSource:
         from huggingface_hub import get_session, hf_hub_url
         from huggingface_hub.utils._headers import build_hf_headers
 
-        url = hf_hub_url(
-            self._location.repo, file.name, revision=self._commit(file), endpoint=self._api.endpoint
-        )
+        url = hf_hub_url(self._location.repo, file.name, revision=self._commit(), endpoint=self._api.endpoint)
         headers = build_hf_headers()
         if offset:
             headers["Range"] = f"bytes={offset}-"
@@ -88,26 +87,25 @@ class HubSource:
                 if chunk:
                     yield chunk
 
-    def _commit(self, file: RemoteFile) -> str:
-        # The listing's commit travels in each file's version ("<commit>:<blob id or sha256>").
-        return file.version.partition(":")[0] or (self._location.revision or "main")
+    def _commit(self) -> str:
+        # The node cache lists before it reads; the configured revision is only a fallback.
+        return self._listed_commit or self._location.revision or "main"
 
 
-def _file(sibling: Any, commit: str) -> RemoteFile:
+def _file(sibling: Any) -> RemoteFile:
     """A listed file: LFS ones checked by their SHA-256, the others by their git blob id. Its version
-    names the listing's commit, which every read asks for, and the file's own digest."""
+    is that digest: a file unchanged from one commit to the next is the same version (the node cache
+    keeps it rather than fetching it again)."""
     name = safe_name(str(sibling.rfilename))
     if sibling.lfs is not None:
         digest = str(sibling.lfs.sha256)
         return RemoteFile(
-            name=name, size=int(sibling.lfs.size), check="sha256", digest=digest, version=f"{commit}:{digest}"
+            name=name, size=int(sibling.lfs.size), check="sha256", digest=digest, version=digest
         )
     if sibling.blob_id and sibling.size is not None:
         digest = str(sibling.blob_id)
-        return RemoteFile(
-            name=name, size=int(sibling.size), check="git-sha1", digest=digest, version=f"{commit}:{digest}"
-        )
-    return RemoteFile(name=name, size=int(sibling.size or 0), check="size", version=f"{commit}:")
+        return RemoteFile(name=name, size=int(sibling.size), check="git-sha1", digest=digest, version=digest)
+    return RemoteFile(name=name, size=int(sibling.size or 0), check="size")
 
 
 def _check_status(status: int, what: str) -> None:

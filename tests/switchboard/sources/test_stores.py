@@ -234,3 +234,24 @@ def test_the_node_cache_refuses_bytes_that_fail_their_check(hub: HubServer, tmp_
         assert not cache.cached_keys()
     finally:
         hub._corrupt.clear()
+
+
+def test_a_moving_branch_is_listed_again_and_its_new_commit_fetched(model_dir: Path, tmp_path: Path) -> None:
+    with HubServer() as server:
+        first = server.add_repo("org/moving", model_dir)
+        cache = NodeCache(tmp_path / "cache", budget_bytes=None, recheck_s=0)
+        source = hub_source(server, "hf://org/moving")
+        with cache.fetch(source) as old:
+            assert old.manifest.revision == first
+        changed = tmp_path / "v2"
+        changed.mkdir()
+        for path in model_dir.rglob("*"):
+            if path.is_file():
+                (changed / path.relative_to(model_dir)).parent.mkdir(parents=True, exist_ok=True)
+                (changed / path.relative_to(model_dir)).write_bytes(path.read_bytes())
+        (changed / "config.json").write_text('{"model_type": "llama", "v": 2}')
+        second = server.new_commit("org/moving", changed)
+        with cache.fetch(source) as new:
+            assert new.manifest.revision == second
+            assert (new.folder / "config.json").read_text().endswith('"v": 2}')
+            assert new.fetched_bytes < sum(p.stat().st_size for p in changed.rglob("*") if p.is_file())
