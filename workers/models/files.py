@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-from switchboard.sources.locations import is_remote
-from switchboard.sources.node_cache import CachedFiles, DownloadProgress, NodeCache
-from switchboard.sources.stores import source_of
 
 from switchboard.config import ModelConfig, WorkerConfig
+from switchboard.sources.locations import is_remote
+from switchboard.sources.node_cache import CachedFiles, DownloadProgress, NodeCache
 from switchboard.sources.source import ModelSource, SourceError
+from switchboard.sources.stores import source_of
 from switchboard.wire import DownloadStatus
 from workers.runtime import worker_metrics as metrics
 
