@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as aioredis
@@ -261,3 +261,87 @@ async def test_other_workers_are_read_only_when_a_model_cold_here_has_demand(red
     assert sent["zrangebyscore"] == 1 and sent["mget"] >= 1
     view = await snapshot.read(local())
     assert view.model("m1").others_with_room
+
+
+@dataclass
+class Files:
+    """What the snapshot reads of where the models' files are (remote models, the node cache)."""
+
+    remote_models: set[str]
+    cached: set[str]
+    rate_bps: float | None = None
+    fetching_now: set[str] = field(default_factory=set)
+
+    def remote(self, name: str) -> bool:
+        return name in self.remote_models
+
+    def here(self, name: str) -> bool:
+        return name not in self.remote_models or name in self.cached
+
+    def fetching(self, name: str) -> bool:
+        return name in self.fetching_now
+
+    def download_s(self, name: str, total_bytes: int | None) -> float | None:
+        if self.here(name):
+            return 0.0
+        return total_bytes / self.rate_bps if total_bytes and self.rate_bps else None
+
+
+def files_reader(redis: aioredis.Redis, models: Sequence[ModelConfig], files: Files) -> SnapshotReader:
+    snapshot = reader(redis, models)
+    snapshot._files = files  # type: ignore[assignment]
+    return snapshot
+
+
+def record_of(worker_id: str, *, cached: tuple[str, ...], **fields: object) -> WorkerRecord:
+    return WorkerRecord(
+        id=worker_id, host="h", pid=1, started=0.0, heartbeat=time.time(), models=(), triton_http_port=0,
+        triton_grpc_port=0, triton_metrics_port=0, kind=KIND, max_loaded_models=2,
+        memory_budget_bytes=8 * GIB, cached=cached, **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+async def advertise(redis: aioredis.Redis, record: WorkerRecord) -> None:
+    await redis.set(keys.worker_record(record.id), encode(record))
+    await redis.zadd(keys.workers_index(), {record.id: time.time()})
+
+
+async def test_a_remote_models_view_weighs_its_files_here_its_fetch_and_the_workers_that_have_them(
+    redis: aioredis.Redis,
+) -> None:
+    models = configured(2, footprint_gib=1)
+    files = Files(remote_models={"m0", "m1"}, cached={"m1"}, rate_bps=50e6)
+    await Coordination(redis, "w-9", KIND).record_cost("m0", "files", 500e6)
+    await advertise(redis, record_of("w-2", cached=("m0",)))
+    await enqueue(redis, "m0")
+    await enqueue(redis, "m1", token="job-2")
+    view = await files_reader(redis, models, files).read(local())
+    far, near = view.model("m0"), view.model("m1")
+    assert (far.files_here, far.download_s, far.others_with_files_and_room) == (False, 10.0, True)
+    assert (near.files_here, near.download_s, near.others_with_files_and_room) == (True, 0.0, False)
+    full = record_of("w-3", cached=("m1",), memory_used_bytes=8 * GIB)
+    await advertise(redis, full)
+    assert not (await files_reader(redis, models, files).read(local())).model("m1").others_with_files_and_room
+
+
+async def test_a_prefetch_is_wanted_until_this_node_has_the_files_once(redis: aioredis.Redis) -> None:
+    models = configured(2)
+    files = Files(remote_models={"m0", "m1"}, cached=set())
+    snapshot = files_reader(redis, models, files)
+    await operator_request(redis, "m0", "load", at=time.time())  # a load request is no prefetch
+    prefetch = DesiredState(action="prefetch", at=time.time())
+    pipe = redis.pipeline(transaction=False)
+    pipe.set(keys.prefetch_request("m1"), encode(prefetch), ex=keys.PREFETCH_TTL_S)
+    note_demand(pipe, "m1", "prefetch")
+    bump_catalogue(pipe)
+    await pipe.execute()
+    view = await snapshot.read(local())
+    assert not view.model("m0").prefetch_wanted and view.model("m1").prefetch_wanted
+    assert "m1" in await DemandIndex(redis).read(), "the request keeps it weighed"
+    files.cached.add("m1")  # fetched on this node (by this worker or another of the host)
+    assert not (await snapshot.read(local())).model("m1").prefetch_wanted
+    files.cached.clear()  # evicted since: the next load fetches it, not the prefetch again
+    assert not (await snapshot.read(local())).model("m1").prefetch_wanted
+    kept = ModelConfig(name="kept", path="unused", min_replicas=1)
+    cold_kept = files_reader(redis, [kept], Files(remote_models={"kept"}, cached=set()))
+    assert (await cold_kept.read(local())).model("kept").prefetch_wanted, "min_replicas wants its files here"
