@@ -83,9 +83,14 @@ def test_verbose_keeps_everything_on_the_terminal(calls: dict[str, Any]) -> None
 def test_models_asks_the_configured_front_door(
     calls: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    asked: list[tuple[str, str | None]] = []
+    asked: list[tuple[str, str | None, tuple[str, str] | None]] = []
     table = types.ModuleType("switchboard.cli.models")
-    table.show_models = lambda base_url, api_key: asked.append((base_url, api_key)) or 3  # type: ignore[attr-defined]
+
+    def show_models(base_url: str, api_key: str | None, action: tuple[str, str] | None) -> int:
+        asked.append((base_url, api_key, action))
+        return 3
+
+    table.show_models = show_models  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, "switchboard.cli.models", table)
     monkeypatch.delenv(cli.ADMIN_KEY_ENV, raising=False)
     config = tmp_path / "switchboard.toml"
@@ -94,11 +99,15 @@ def test_models_asks_the_configured_front_door(
     assert cli.main(["models", "--url", "http://elsewhere:1", "--key", "sb-admin"]) == 3
     monkeypatch.setenv(cli.ADMIN_KEY_ENV, "sb-from-env")
     assert cli.main(["models"]) == 3
+    assert cli.main(["models", "prefetch", "tuned"]) == 3
     assert asked == [
-        ("http://127.0.0.1:8123", None),
-        ("http://elsewhere:1", "sb-admin"),
-        ("http://127.0.0.1:8000", "sb-from-env"),
+        ("http://127.0.0.1:8123", None, None),
+        ("http://elsewhere:1", "sb-admin", None),
+        ("http://127.0.0.1:8000", "sb-from-env", None),
+        ("http://127.0.0.1:8000", "sb-from-env", ("prefetch", "tuned")),
     ]
+    with pytest.raises(SystemExit, match="needs the model's name"):
+        cli.main(["models", "unload"])
 
 
 def test_up_hands_its_flags_to_the_stack(
