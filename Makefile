@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings bench-sources gpu-check clean
 
 VENV := .venv/bin
 
@@ -80,6 +80,10 @@ bench-front-door: install-bench
 # An embedder with Triton's dynamic batcher on and off, and behind vLLM's own server (--runner pooling).
 bench-embeddings: install-bench
 	$(VENV)/python bench/embeddings.py
+
+# Cold first token of a model in a bucket (a real S3 API on loopback), in the node cache, in a local folder.
+bench-sources: install-bench
+	$(VENV)/python bench/model_sources.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench
