@@ -37,13 +37,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import openai  # noqa: E402
+from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
 from switchboard.local.demo_model import build_demo_model, config_entry  # noqa: E402
 from tests.support.s3_store import S3Store  # noqa: E402
 from tests.support.stack import Stack, running_stack  # noqa: E402
 
 BUCKET = "models"
-MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me about the sea."}]
 _FETCHED = re.compile(r"fetched the files of (\S+) \(([\d.]+) MB\) in ([\d.]+) s")
 
 
@@ -78,7 +79,7 @@ def first_token_s(stack: Stack, model: str) -> float:
         messages=MESSAGES,
         max_tokens=4,
         temperature=0,
-        stream=True,  # type: ignore[arg-type]
+        stream=True,
     )
     first = None
     for chunk in stream:
