@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from switchboard.config import StorageConfig
-from switchboard.sources.files import Manifest, RemoteFile, safe_name
+from switchboard.sources.files import Manifest, RemoteFile, UnsafeName, safe_name
 from switchboard.sources.locations import HubLocation
 from switchboard.sources.source import SourceError
 
@@ -52,7 +52,12 @@ class HubSource:
             )
         if not info.sha or not info.siblings:
             raise SourceError(f"{self.location} holds no files: correct the model's path")
-        files = tuple(sorted((_file(sibling) for sibling in info.siblings), key=lambda file: file.name))
+        try:
+            files = tuple(sorted((_file(sibling) for sibling in info.siblings), key=lambda file: file.name))
+        except UnsafeName as exc:
+            raise SourceError(
+                f"{self.location}: {exc}; only a repository without such a file can be served"
+            ) from None
         self._listed_commit = info.sha
         return Manifest(
             location=self.location,

@@ -5,18 +5,21 @@ environment (`AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION`, `AWS_ACCESS_KEY_ID`...), 
 (`~/.aws/config`, `~/.aws/credentials`), an instance's or a pod's role; a model's `storage` table
 names an endpoint, a region or a profile of the shared files on top. Each object is checked by its
 ETag: the MD5 of its bytes, or for a multipart upload the MD5 of its parts' MD5s (the part size read
-from the object's first part).
+from the object's first part); by its size alone when its ETag is no MD5 (an object encrypted with
+KMS or a customer's key, which a listing does not show: each object's HEAD says).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from switchboard.config import StorageConfig
-from switchboard.sources.files import CheckKind, Manifest, RemoteFile, safe_name
+from switchboard.sources.files import CheckKind, Manifest, RemoteFile, UnsafeName, safe_name
 from switchboard.sources.locations import S3Location
 from switchboard.sources.source import SourceChanged, SourceError
 
@@ -36,18 +39,27 @@ class S3Source:
     def __init__(self, location: S3Location, storage: StorageConfig | None, *, concurrency: int = 4) -> None:
         import boto3
         from botocore.config import Config
+        from botocore.exceptions import BotoCoreError
 
         storage = storage or StorageConfig()
         self._location = location
+        self._concurrency = max(1, concurrency)
         self.location = f"s3://{location.bucket}/{location.prefix}".rstrip("/")
-        session = boto3.session.Session(profile_name=storage.profile, region_name=storage.region)
-        self._client: Any = session.client(
-            "s3",
-            endpoint_url=storage.endpoint_url,
-            config=Config(
-                retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=max(10, concurrency * 2)
-            ),
-        )
+        try:
+            session = boto3.session.Session(profile_name=storage.profile, region_name=storage.region)
+            self._client: Any = session.client(
+                "s3",
+                endpoint_url=storage.endpoint_url,
+                config=Config(
+                    retries={"mode": "standard", "max_attempts": 5},
+                    max_pool_connections=max(10, concurrency * 2),
+                ),
+            )
+        except BotoCoreError as exc:  # a profile the shared files lack, a region or endpoint unusable
+            raise SourceError(
+                f"{self.location}: {exc}; correct the model's storage table (profile, region, endpoint_url) "
+                "or the AWS settings of the environment"
+            ) from None
         endpoint = str(self._client.meta.endpoint_url)
         self.rate_key = f"s3 {endpoint}"
         where = f"{endpoint}|{location.bucket}|{location.prefix}"
@@ -55,11 +67,9 @@ class S3Source:
         self.cache_key = f"s3-{slug}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"
 
     def list_files(self) -> Manifest:
-        """Every object under the prefix (a folder's marker objects left out)."""
-        import time
-
+        """Every object under the prefix (a folder's marker objects left out), each with its check."""
         prefix = f"{self._location.prefix}/" if self._location.prefix else ""
-        files: list[RemoteFile] = []
+        listed: list[tuple[str, int, str]] = []  # (key, size, ETag without quotes)
         with _errors(self.location):
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self._location.bucket, Prefix=prefix
@@ -67,16 +77,15 @@ class S3Source:
             for page in pages:
                 for entry in page.get("Contents", []):
                     key = str(entry["Key"])
-                    if key.endswith("/"):
-                        continue
-                    files.append(
-                        self._file(key, key.removeprefix(prefix), int(entry["Size"]), str(entry["ETag"]))
-                    )
-        if not files:
+                    if not key.endswith("/"):
+                        listed.append((key, int(entry["Size"]), str(entry["ETag"]).strip('"').lower()))
+        if not listed:
             raise SourceError(
                 f"{self.location} holds no files: upload the model's folder there (its config.json, weights "
                 "and tokenizer), or correct the model's path"
             )
+        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="s3-head") as pool:
+            files = list(pool.map(lambda item: self._file(*item, prefix=prefix), listed))
         listing = "\n".join(sorted(f"{file.name} {file.version}" for file in files))
         return Manifest(
             location=self.location,
@@ -104,35 +113,41 @@ class S3Source:
     def _key(self, name: str) -> str:
         return f"{self._location.prefix}/{name}" if self._location.prefix else name
 
-    def _file(self, key: str, name: str, size: int, etag: str) -> RemoteFile:
-        etag = etag.strip('"').lower()
+    def _file(self, key: str, size: int, etag: str, *, prefix: str) -> RemoteFile:
+        """The object as a file of the model, checked by its ETag where that is an MD5 (of its bytes,
+        or of its parts' MD5s), by its size where it is not (an object encrypted with KMS or a
+        customer's key; a multipart object whose part size the store does not say)."""
+        try:
+            name = safe_name(key.removeprefix(prefix))
+        except UnsafeName as exc:
+            raise SourceError(f"{self.location}: {exc}; rename or remove that object") from None
+        head = self._head(key, multipart=bool(_MULTIPART_ETAG.match(etag)))
         check: CheckKind = "size"
         digest, part_size = "", 0
-        if _PLAIN_ETAG.match(etag):
+        if head is not None and _PLAIN_ETAG.match(etag):
             check, digest = "md5", etag
-        elif _MULTIPART_ETAG.match(etag):
-            part_size = self._first_part_size(key)
-            if part_size:
-                check, digest = "s3-multipart", etag
+        elif head is not None and _MULTIPART_ETAG.match(etag) and int(head.get("ContentLength") or 0):
+            check, digest, part_size = "s3-multipart", etag, int(head["ContentLength"])
         return RemoteFile(
-            name=safe_name(name),
-            size=size,
-            check=check,
-            digest=digest,
-            part_size=part_size,
-            version=f'"{etag}"',
+            name=name, size=size, check=check, digest=digest, part_size=part_size, version=f'"{etag}"'
         )
 
-    def _first_part_size(self, key: str) -> int:
-        """The size of a multipart object's parts (its first one's); 0 when the store does not say, or
-        when the object is encrypted with KMS or a customer key (its ETag is then no MD5)."""
+    def _head(self, key: str, *, multipart: bool) -> dict[str, Any] | None:
+        """The object's HEAD (its first part's, for a multipart object: that part's size is the part
+        size), or None when its ETag is no MD5: encrypted with KMS or a customer's key, or the store
+        does not answer (some S3-compatible stores know no PartNumber)."""
+        request: dict[str, Any] = {"Bucket": self._location.bucket, "Key": key}
+        if multipart:
+            request["PartNumber"] = 1
         try:
-            head = self._client.head_object(Bucket=self._location.bucket, Key=key, PartNumber=1)
+            head: dict[str, Any] = self._client.head_object(**request)
         except Exception:
-            return 0
-        if head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm"):
-            return 0
-        return int(head.get("ContentLength") or 0)
+            return None if multipart else {}  # a plain ETag stays an MD5 unless the store says otherwise
+        if str(head.get("ServerSideEncryption", "")).startswith("aws:kms") or head.get(
+            "SSECustomerAlgorithm"
+        ):
+            return None
+        return head
 
 
 class _errors:

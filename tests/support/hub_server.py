@@ -69,8 +69,9 @@ class HubServer:
         self._branches[repo] = {}
         return self.new_commit(repo, folder)
 
-    def new_commit(self, repo: str, folder: Path) -> str:
-        """Move branch "main" to a new commit holding `folder`'s files; its commit id."""
+    def new_commit(self, repo: str, folder: Path, *, branch: str = "main") -> str:
+        """Move `branch` ("main", or a ref such as "refs/pr/1") to a new commit holding `folder`'s
+        files; its commit id."""
         files = {
             p.relative_to(folder).as_posix(): p.read_bytes()
             for p in sorted(Path(folder).rglob("*"))
@@ -82,7 +83,7 @@ class HubServer:
         ).hexdigest()
         with self._lock:
             self._commits[repo][commit] = files
-            self._branches[repo]["main"] = commit
+            self._branches[repo][branch] = commit
         return commit
 
     def file_gets(self, repo: str) -> int:
@@ -142,11 +143,15 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     401, b'{"error": "Invalid credentials"}', {"X-Error-Code": "RepoNotFound"}, body=body
                 )
                 return
-            path = unquote(urlsplit(self.path).path)
+            # Matched before unquoting: a revision such as refs/pr/1 comes quoted whole (refs%2Fpr%2F1).
+            path = urlsplit(self.path).path
             if info := _MODEL_INFO.match(path):
-                self._model_info(info["repo"], info["rev"], body=body)
+                revision = unquote(info["rev"]) if info["rev"] else None
+                self._model_info(unquote(info["repo"]), revision, body=body)
             elif resolve := _RESOLVE.match(path):
-                self._file(resolve["repo"], resolve["rev"], resolve["path"], body=body)
+                self._file(
+                    unquote(resolve["repo"]), unquote(resolve["rev"]), unquote(resolve["path"]), body=body
+                )
             else:
                 self._send(404, b'{"error": "not found"}', {}, body=body)
 
@@ -168,7 +173,14 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def _file(self, repo: str, revision: str, name: str, *, body: bool) -> None:
             found = hub.files_at(repo, revision)
             if found is None or name not in found[1]:
-                self._send(404, b'{"error": "Entry not found"}', {"X-Error-Code": "EntryNotFound"}, body=body)
+                code = (
+                    "EntryNotFound"
+                    if found
+                    else "RevisionNotFound"
+                    if repo in hub._commits
+                    else "RepoNotFound"
+                )
+                self._send(404, b'{"error": "not found"}', {"X-Error-Code": code}, body=body)
                 return
             commit, files = found
             data = files[name]
@@ -180,11 +192,15 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if body:
                 hub.count_get(repo, name)
             served = hub.served(repo, name, data)
-            ranged = re.match(r"^bytes=(\d+)-$", self.headers.get("Range", ""))
-            if ranged:
+            ranged = re.match(r"^bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+            if ranged and int(ranged[1]) >= len(data):
+                headers["Content-Range"] = f"bytes */{len(data)}"
+                self._send(416, b"", headers, body=body)
+            elif ranged:
                 start = int(ranged[1])
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-                self._send(206, served[start:], headers, body=body)
+                end = min(int(ranged[2]), len(data) - 1) if ranged[2] else len(data) - 1
+                headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+                self._send(206, served[start : end + 1], headers, body=body)
             else:
                 self._send(200, served, headers, body=body)
 

@@ -8,6 +8,7 @@ WSGI layer that counts the requests and can misbehave on purpose.
         store.object_gets("models", "demo/")   # GETs of objects under that prefix so far
         store.throttle("demo/model.safetensors", 500_000)  # serve that object at 500 kB/s
         store.corrupt("demo/model.safetensors")            # flip a byte of what is served
+        store.fail("demo/config.json", times=1)            # its next GET answers 500
 
 Counting and faults are per object key (the bucket's name first in the path), so tests that share
 one store use prefixes of their own.
@@ -43,9 +44,11 @@ class S3Store:
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self._lock = threading.Lock()
         self._gets: Counter[str] = Counter()  # object GETs per "bucket/key"
+        self._ranged_gets: Counter[str] = Counter()  # those of them with a Range header
         self._bytes: Counter[str] = Counter()  # body bytes served per "bucket/key"
         self._throttled: dict[str, float] = {}  # key prefix -> bytes per second
         self._corrupt: set[str] = set()
+        self._failing: dict[str, tuple[int, int | None]] = {}  # key -> (status, times left; None: always)
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -103,19 +106,27 @@ class S3Store:
 
     # --- counts -----------------------------------------------------------------------------
 
-    def object_gets(self, bucket: str, key_prefix: str = "") -> int:
-        """GETs of objects whose key starts with `key_prefix` since the last reset."""
+    def object_gets(
+        self, bucket: str | None = None, key_prefix: str = "", *, ranged: bool | None = None
+    ) -> int:
+        """GETs of objects whose key starts with `key_prefix` (in `bucket`, or any) since the last
+        reset; `ranged` True or False: only those with a Range header, or only those without."""
         with self._lock:
-            return sum(n for key, n in self._gets.items() if key.startswith(f"{bucket}/{key_prefix}"))
+            counts = self._gets if ranged is None else self._ranged_gets
+            total = sum(n for path, n in counts.items() if _under(path, bucket, key_prefix))
+            if ranged is False:
+                total = sum(n for path, n in self._gets.items() if _under(path, bucket, key_prefix)) - total
+            return total
 
-    def object_bytes(self, bucket: str, key_prefix: str = "") -> int:
+    def object_bytes(self, bucket: str | None = None, key_prefix: str = "") -> int:
         """Body bytes served of those objects since the last reset."""
         with self._lock:
-            return sum(n for key, n in self._bytes.items() if key.startswith(f"{bucket}/{key_prefix}"))
+            return sum(n for path, n in self._bytes.items() if _under(path, bucket, key_prefix))
 
     def reset_counts(self) -> None:
         with self._lock:
             self._gets.clear()
+            self._ranged_gets.clear()
             self._bytes.clear()
 
     # --- faults -----------------------------------------------------------------------------
@@ -128,9 +139,17 @@ class S3Store:
         """Serve the object `key` (in any bucket) with its first byte flipped."""
         self._corrupt.add(key)
 
+    def fail(self, key: str, status: int = 500, *, times: int | None = None) -> None:
+        """Answer GETs of the object `key` (in any bucket) with `status` and an S3 error body: the
+        next `times` of them, or all of them until `clear_faults`."""
+        with self._lock:
+            self._failing[key] = (status, times)
+
     def clear_faults(self) -> None:
-        self._throttled.clear()
-        self._corrupt.clear()
+        with self._lock:
+            self._throttled.clear()
+            self._corrupt.clear()
+            self._failing.clear()
 
     # --- the layer in front of moto ---------------------------------------------------------
 
@@ -142,10 +161,27 @@ class S3Store:
                 return app(environ, start_response)  # type: ignore[no-any-return]
             with self._lock:
                 self._gets[path] += 1
+                if environ.get("HTTP_RANGE"):
+                    self._ranged_gets[path] += 1
+                status = self._take_failure(key)
+            if status is not None:
+                return _error_reply(status, start_response)
             body = app(environ, start_response)
             return self._served(path, key, body, first=not environ.get("HTTP_RANGE"))
 
         return serve
+
+    def _take_failure(self, key: str) -> int | None:
+        """The status to fail this GET of `key` with, if a fault says so (counting it down)."""
+        if key not in self._failing:
+            return None
+        status, times = self._failing[key]
+        if times is not None:
+            if times <= 1:
+                del self._failing[key]
+            else:
+                self._failing[key] = (status, times - 1)
+        return status
 
     def _served(self, path: str, key: str, body: Iterable[bytes], *, first: bool) -> Iterator[bytes]:
         rate = next((bps for prefix, bps in self._throttled.items() if key.startswith(prefix)), None)
@@ -172,6 +208,26 @@ class _QuietHandler(MotoRequestHandler):  # type: ignore[misc]
 
     def log_request(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+
+def _under(path: str, bucket: str | None, key_prefix: str) -> bool:
+    """Whether "bucket/key" is an object of `bucket` (any, for None) whose key starts with `key_prefix`."""
+    path_bucket, _, key = path.partition("/")
+    return (bucket is None or path_bucket == bucket) and key.startswith(key_prefix)
+
+
+def _error_reply(status: int, start_response: StartResponse) -> list[bytes]:
+    """An S3 error answer, as the store sends one (`InternalError` for a 500)."""
+    code = {500: "InternalError", 503: "SlowDown", 403: "AccessDenied"}.get(status, "InternalError")
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f"<Error><Code>{code}</Code><Message>injected by the test</Message></Error>"
+    ).encode()
+    phrase = {500: "Internal Server Error", 503: "Slow Down", 403: "Forbidden"}.get(status, "Error")
+    start_response(
+        f"{status} {phrase}", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))]
+    )
+    return [body]
 
 
 def _pieces(chunk: bytes, rate: float | None) -> Iterator[bytes]:
