@@ -35,6 +35,8 @@ class HubServer:
 
     def __init__(self, token: str | None = None) -> None:
         self.token = token
+        # False: answer a ranged GET with the whole file and a 200, as a server that ignores ranges does.
+        self.honour_ranges = True
         # repo -> commit -> {path: bytes}; repo -> branch -> commit
         self._commits: dict[str, dict[str, dict[str, bytes]]] = {}
         self._branches: dict[str, dict[str, str]] = {}
@@ -192,7 +194,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if body:
                 hub.count_get(repo, name)
             served = hub.served(repo, name, data)
-            ranged = re.match(r"^bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+            ranged = hub.honour_ranges and re.match(r"^bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
             if ranged and int(ranged[1]) >= len(data):
                 headers["Content-Range"] = f"bytes */{len(data)}"
                 self._send(416, b"", headers, body=body)
