@@ -5,8 +5,9 @@ resumed, and each failure a SourceError that says what to do."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_a_read_dropped_half_way_resumes_from_its_offset(
     weights = file_named(source, "model.safetensors")
     aws_env.throttle("tiny-2/model.safetensors", 20 * 1024 * 1024)
     got = bytearray()
-    reading = source.read(weights, 0)
+    reading = cast(Generator[bytes], source.read(weights, 0))
     for chunk in reading:
         got += chunk
         if len(got) >= 2 * 1024 * 1024:
