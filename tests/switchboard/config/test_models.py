@@ -70,9 +70,31 @@ def test_models_in_a_bucket_and_on_the_hub_take_their_store_in_a_storage_table(t
         ("hf://llama", "", "hf://org/name"),
         ("/models/m", '[models.storage]\nregion = "eu-west-1"', "storage is for a path in a store"),
         ("hf://org/name", '[models.storage]\nprofile = "p"', "the Hub takes storage.endpoint_url"),
+        (
+            "hf://org/name@main",
+            '[models.storage]\nregion = "eu-west-1"',
+            "storage.region and storage.profile",
+        ),
+        (
+            "s3://Team_Models/llama",
+            "",
+            "model 'm': path 's3://Team_Models/llama': 'Team_Models' is not a bucket",
+        ),
+        ("hf://org/name@", "", "model 'm': path 'hf://org/name@': the revision after '@' is empty"),
+        (
+            "models/m",
+            '[models.storage]\nendpoint_url = "http://minio:9000"',
+            "not the local folder 'models/m'",
+        ),
     ],
 )
 def test_a_wrong_path_or_storage_fails_at_start(tmp_path: Path, path: str, entry: str, says: str) -> None:
     with pytest.raises(ConfigError) as caught:
         _load_path(tmp_path, path, entry)
     assert says in str(caught.value)
+
+
+def test_a_store_path_without_a_storage_table_reads_the_environment(tmp_path: Path) -> None:
+    for path in ("s3://team-models", "s3://team-models/org/llama/", "hf://org/name@refs/pr/1"):
+        model = _load_path(tmp_path, path).models[0]  # type: ignore[attr-defined]
+        assert model.storage is None and model.path == path
