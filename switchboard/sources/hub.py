@@ -22,6 +22,10 @@ from switchboard.sources.source import SourceError
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 30.0
+_GATED_HELP = (
+    "accept its terms on its Hub page with the account whose token is in HF_TOKEN (or set HF_TOKEN to "
+    "such an account's token)"
+)
 _TOKEN_HELP = "set HF_TOKEN to a token that may read it (a gated or private model), or correct the name"
 
 
@@ -82,7 +86,9 @@ class HubSource:
                 "GET", url, headers=headers, follow_redirects=True, timeout=TIMEOUT_S
             ) as reply,
         ):
-            _check_status(reply.status_code, f"{self.location} ({file.name})")
+            _check_status(
+                reply.status_code, reply.headers.get("X-Error-Code", ""), f"{self.location} ({file.name})"
+            )
             # A server that ignores the range answers 200 with the whole file: skip what is on disk.
             skip = offset if offset and reply.status_code == 200 else 0
             for chunk in reply.iter_bytes(CHUNK_BYTES):
@@ -113,9 +119,12 @@ def _file(sibling: Any) -> RemoteFile:
     return RemoteFile(name=name, size=int(sibling.size or 0), check="size")
 
 
-def _check_status(status: int, what: str) -> None:
+def _check_status(status: int, error_code: str, what: str) -> None:
+    """A download's status as a SourceError with advice (the Hub names its error in X-Error-Code)."""
     if status in (200, 206):
         return
+    if error_code == "GatedRepo":
+        raise SourceError(f"{what}: the model is gated; {_GATED_HELP}")
     if status in (401, 403):
         raise SourceError(f"{what}: the Hub refused access ({status}); {_TOKEN_HELP}")
     if status == 404:
@@ -141,7 +150,9 @@ class _errors:
             raise SourceError(
                 f"{self._what}: no such revision; name a branch, tag or commit that exists"
             ) from error
-        if isinstance(error, errors.GatedRepoError | errors.RepositoryNotFoundError):
+        if isinstance(error, errors.GatedRepoError):
+            raise SourceError(f"{self._what}: the model is gated; {_GATED_HELP}") from error
+        if isinstance(error, errors.RepositoryNotFoundError):
             raise SourceError(f"{self._what}: the Hub refused the repository; {_TOKEN_HELP}") from error
         if isinstance(error, errors.HfHubHTTPError):
             raise SourceError(f"{self._what}: the Hub answered {error}") from error

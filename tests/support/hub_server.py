@@ -42,6 +42,7 @@ class HubServer:
         self._branches: dict[str, dict[str, str]] = {}
         self._gets: Counter[str] = Counter()
         self._corrupt: set[tuple[str, str]] = set()
+        self._gated: set[str] = set()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -96,6 +97,11 @@ class HubServer:
     def corrupt(self, repo: str, path: str) -> None:
         """Serve `path` of `repo` with its first byte flipped (its listing unchanged)."""
         self._corrupt.add((repo, path))
+
+    def gate(self, repo: str) -> None:
+        """Refuse `repo`'s files as the Hub refuses a gated model's to an account that has not accepted
+        its terms (403, `X-Error-Code: GatedRepo`); its listing stays readable, as on the Hub."""
+        self._gated.add(repo)
 
     # --- what the handler asks --------------------------------------------------------------
 
@@ -183,6 +189,10 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     else "RepoNotFound"
                 )
                 self._send(404, b'{"error": "not found"}', {"X-Error-Code": code}, body=body)
+                return
+            if repo in hub._gated:
+                message = b'{"error": "Access to this model is restricted: accept its conditions"}'
+                self._send(403, message, {"X-Error-Code": "GatedRepo"}, body=body)
                 return
             commit, files = found
             data = files[name]

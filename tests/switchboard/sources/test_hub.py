@@ -128,6 +128,16 @@ def test_a_private_model_needs_hf_token(
             read_all(source, config)
 
 
+def test_a_gated_model_says_to_accept_its_terms(open_hub: OpenHub, tiny_model: Path) -> None:
+    with HubServer() as server:
+        server.add_repo("org/gated", tiny_model)
+        server.gate("org/gated")
+        source = open_hub("hf://org/gated", server)
+        config = by_name(source.list_files().files)["config.json"]
+        with pytest.raises(SourceError, match=r"\(config.json\): the model is gated; accept its terms"):
+            read_all(source, config)
+
+
 @pytest.mark.parametrize(
     ("path", "says"),
     [
