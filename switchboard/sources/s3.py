@@ -116,7 +116,7 @@ class S3Source:
     def _file(self, key: str, size: int, etag: str, *, prefix: str) -> RemoteFile:
         """The object as a file of the model, checked by its ETag where that is an MD5 (of its bytes,
         or of its parts' MD5s), by its size where it is not (an object encrypted with KMS or a
-        customer's key; a multipart object whose part size the store does not say)."""
+        customer's key; a multipart object whose parts' sizes the store does not say, or differ)."""
         try:
             name = safe_name(key.removeprefix(prefix))
         except UnsafeName as exc:
@@ -126,7 +126,7 @@ class S3Source:
         digest, part_size = "", 0
         if head is not None and _PLAIN_ETAG.match(etag):
             check, digest = "md5", etag
-        elif head is not None and _MULTIPART_ETAG.match(etag) and int(head.get("ContentLength") or 0):
+        elif head is not None and _MULTIPART_ETAG.match(etag) and _same_parts(size, head, etag):
             check, digest, part_size = "s3-multipart", etag, int(head["ContentLength"])
         return RemoteFile(
             name=name, size=size, check=check, digest=digest, part_size=part_size, version=f'"{etag}"'
@@ -148,6 +148,14 @@ class S3Source:
         ):
             return None
         return head
+
+
+def _same_parts(size: int, first_part: dict[str, Any], etag: str) -> bool:
+    """Whether the object's parts are all the size of its first (but the last): the ETag's part
+    count is then the size over the first part's. Some uploaders vary their parts' sizes, and the
+    check would then fail bytes that are right."""
+    part_size = int(first_part.get("ContentLength") or 0)
+    return part_size > 0 and -(-size // part_size) == int(etag.rpartition("-")[2])
 
 
 class _errors:

@@ -75,6 +75,23 @@ def test_a_multipart_object_is_checked_by_its_parts(open_s3: OpenS3) -> None:
     assert file_named(source, "config.json").check == "md5", "small files went up in one part"
 
 
+def test_a_multipart_object_of_uneven_parts_is_checked_by_its_size(open_s3: OpenS3, aws_env: S3Store) -> None:
+    client = aws_env.client()
+    key = "uneven/weights"
+    upload = client.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    parts = [
+        {"PartNumber": number, "ETag": client.upload_part(
+            Bucket=BUCKET, Key=key, UploadId=upload, PartNumber=number, Body=b"w" * size
+        )["ETag"]}
+        for number, size in ((1, PART_BYTES), (2, PART_BYTES + 1024 * 1024))
+    ]  # fmt: skip
+    client.complete_multipart_upload(
+        Bucket=BUCKET, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+    )
+    weights = open_s3("s3://models/uneven").list_files().files[0]
+    assert (weights.check, weights.size) == ("size", 2 * PART_BYTES + 1024 * 1024), "no part size fits all"
+
+
 def test_an_object_encrypted_with_kms_is_checked_by_its_size(open_s3: OpenS3, aws_env: S3Store) -> None:
     client = aws_env.client()
     client.put_object(Bucket=BUCKET, Key="kms/weights", Body=b"w" * 100, ServerSideEncryption="aws:kms")
