@@ -81,7 +81,8 @@ bench-front-door: install-bench
 bench-embeddings: install-bench
 	$(VENV)/python bench/embeddings.py
 
-# Cold first token of a model in a bucket (a real S3 API on loopback), in the node cache, in a local folder.
+# Cold first token of a model in a bucket (a real S3 API on loopback), in the node cache, in a local folder;
+# vLLM's own server given the same s3:// path (Run:ai's streamer).
 bench-sources: install-bench
 	$(VENV)/python bench/model_sources.py
 
