@@ -77,14 +77,14 @@ class CacheLayout:
         """The fetch under way (or abandoned by a killed fetcher, to resume)."""
         return self.key_dir(cache_key) / PARTIAL
 
-    def entry(self, cache_key: str, revision: str) -> Entry:
+    def entry(self, cache_key: str, revision: str) -> CacheEntry:
         """The complete entry of one revision (which may not exist)."""
         digest = hashlib.sha256(revision.encode()).hexdigest()[:16]
-        return Entry(self.key_dir(cache_key) / f"rev-{digest}")
+        return CacheEntry(self.key_dir(cache_key) / f"rev-{digest}")
 
 
 @dataclass(frozen=True)
-class Entry:
+class CacheEntry:
     """One revision of a model in the cache: complete once its manifest is there."""
 
     path: Path
@@ -126,13 +126,13 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     os.replace(temporary, folder / MANIFEST)
 
 
-def complete_entries(layout: CacheLayout, cache_key: str) -> list[tuple[Entry, Manifest]]:
+def complete_entries(layout: CacheLayout, cache_key: str) -> list[tuple[CacheEntry, Manifest]]:
     """The complete entries of one location, the most recently listed first."""
     found = []
     with contextlib.suppress(FileNotFoundError):
         for path in layout.key_dir(cache_key).iterdir():
             if path.name.startswith("rev-"):
-                entry = Entry(path)
+                entry = CacheEntry(path)
                 manifest = entry.manifest()
                 if manifest is not None:
                     found.append((entry, manifest))
@@ -163,7 +163,7 @@ def unlock(descriptor: int) -> None:
     os.close(descriptor)
 
 
-def hold(entry: Entry) -> int | None:
+def hold(entry: CacheEntry) -> int | None:
     """A shared lock on the entry's use-lock that keeps it from eviction, or None when it is gone
     (an evictor took it first: the lock file we opened is then no longer the entry's)."""
     try:
@@ -183,7 +183,7 @@ def hold(entry: Entry) -> int | None:
     return descriptor
 
 
-def remove_unheld(layout: CacheLayout, entry: Entry) -> bool:
+def remove_unheld(layout: CacheLayout, entry: CacheEntry) -> bool:
     """Delete the entry unless someone holds it; whether it was deleted."""
     descriptor = try_lock(entry.use_lock) if entry.path.is_dir() else None
     if descriptor is None:
@@ -260,7 +260,7 @@ def _eviction_order(layout: CacheLayout) -> list[Path]:
 
 def _evict(layout: CacheLayout, path: Path) -> bool:
     if path.name != PARTIAL:
-        return remove_unheld(layout, Entry(path))
+        return remove_unheld(layout, CacheEntry(path))
     # A partial folder is its fetcher's while it holds the location's fetch lock; without one it
     # was abandoned (its fetcher was killed), and resuming it is worth less than room for a fetch.
     descriptor = try_lock(path.parent / "fetch.lock")

@@ -50,7 +50,7 @@ class HubSource:
 
     def list_files(self) -> Manifest:
         """The repository's files at the revision's current commit."""
-        with _errors(self.location):
+        with _hub_errors(self.location):
             info = self._api.model_info(
                 self._location.repo, revision=self._location.revision, files_metadata=True
             )
@@ -81,7 +81,7 @@ class HubSource:
         if offset:
             headers["Range"] = f"bytes={offset}-"
         with (
-            _errors(self.location, file.name),
+            _hub_errors(self.location, file.name),
             get_session().stream(
                 "GET", url, headers=headers, follow_redirects=True, timeout=TIMEOUT_S
             ) as reply,
@@ -132,7 +132,7 @@ def _check_status(status: int, error_code: str, what: str) -> None:
     raise SourceError(f"{what}: the Hub answered {status}; try again later, or point HF_ENDPOINT at a mirror")
 
 
-class _errors:
+class _hub_errors:
     """`huggingface_hub`'s and the network's failures as SourceError, naming the location and what to do."""
 
     def __init__(self, location: str, name: str | None = None) -> None:

@@ -23,7 +23,7 @@ from types import TracebackType
 import msgspec
 
 from switchboard.sources import cache_entries as entries
-from switchboard.sources.cache_entries import CacheFull, CacheLayout, Entry
+from switchboard.sources.cache_entries import CacheEntry, CacheFull, CacheLayout
 from switchboard.sources.downloads import (
     LISTING,
     DownloadProgress,
@@ -55,7 +55,7 @@ class CachedFiles:
         self,
         cache: NodeCache,
         cache_key: str,
-        entry: Entry,
+        entry: CacheEntry,
         lock: int,
         manifest: Manifest,
         *,
@@ -156,7 +156,7 @@ class NodeCache:
         """The bytes of the complete entries and the partial folders."""
         return entries.used_bytes(self._layout)
 
-    def drop_if_superseded(self, cache_key: str, entry: Entry) -> None:
+    def drop_if_superseded(self, cache_key: str, entry: CacheEntry) -> None:
         """Delete `entry` if a newer revision of its location is complete here and nobody holds it."""
         complete = entries.complete_entries(self._layout, cache_key)
         if complete and complete[0][0] != entry and entries.remove_unheld(self._layout, entry):
@@ -174,7 +174,7 @@ class NodeCache:
             return None
         return self._hold(cache_key, entry, started)
 
-    def _hold(self, cache_key: str, entry: Entry, started: float) -> CachedFiles | None:
+    def _hold(self, cache_key: str, entry: CacheEntry, started: float) -> CachedFiles | None:
         lock = entries.hold(entry)
         manifest = entry.manifest()
         if lock is None or manifest is None:
@@ -279,7 +279,7 @@ class NodeCache:
             self, cache_key, entry, lock, manifest, fetched_bytes=meter.fetched, fetch_s=fetch_s
         )
 
-    def _complete(self, cache_key: str, partial: Path, manifest: Manifest) -> Entry:
+    def _complete(self, cache_key: str, partial: Path, manifest: Manifest) -> CacheEntry:
         """Turn the fetched partial folder into the revision's complete entry: manifest last."""
         (partial / LISTING).unlink(missing_ok=True)
         entries.write_manifest(partial, manifest)
@@ -290,7 +290,7 @@ class NodeCache:
         os.rename(partial, entry.path)
         return entry
 
-    def _drop_older(self, cache_key: str, newest: Entry) -> None:
+    def _drop_older(self, cache_key: str, newest: CacheEntry) -> None:
         for entry, _ in entries.complete_entries(self._layout, cache_key):
             if entry != newest:
                 self.drop_if_superseded(cache_key, entry)

@@ -70,7 +70,7 @@ class S3Source:
         """Every object under the prefix (a folder's marker objects left out), each with its check."""
         prefix = f"{self._location.prefix}/" if self._location.prefix else ""
         listed: list[tuple[str, int, str]] = []  # (key, size, ETag without quotes)
-        with _errors(self.location):
+        with _s3_errors(self.location):
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self._location.bucket, Prefix=prefix
             )
@@ -102,10 +102,10 @@ class S3Source:
             request["IfMatch"] = file.version
         if offset:
             request["Range"] = f"bytes={offset}-"
-        with _errors(self.location, key):
+        with _s3_errors(self.location, key):
             body = self._client.get_object(**request)["Body"]
         try:
-            with _errors(self.location, key):
+            with _s3_errors(self.location, key):
                 yield from body.iter_chunks(CHUNK_BYTES)
         finally:
             body.close()
@@ -158,7 +158,7 @@ def _same_parts(size: int, first_part: dict[str, Any], etag: str) -> bool:
     return part_size > 0 and -(-size // part_size) == int(etag.rpartition("-")[2])
 
 
-class _errors:
+class _s3_errors:
     """botocore's failures as SourceError (SourceChanged for an object replaced or gone since its
     listing), each naming the location and what to do."""
 
