@@ -295,9 +295,9 @@ class Worker:
         what this worker may hold."""
         self._allowed = tuple(self.settings.worker.models)
         if engine_factory is not create_engine:  # scripted engines need no package
-            return models
+            return with_their_bases(models)
         try:
-            runnable = runnable_models(models)
+            runnable = with_their_bases(runnable_models(models))
         except NoRunnableModel as exc:
             raise CannotStart(str(exc)) from None
         if len(runnable) < len(models):
@@ -319,8 +319,9 @@ class Worker:
             frozen = gc_heap.freeze_long_lived()
             logger.info(f"froze {frozen} long-lived objects out of garbage collection")
         for model in self._models:
-            # A remote model's files may not be on this node: its footprint is measured at its first load.
-            if not self._files.remote(model.name):
+            # A remote model's files may not be on this node: its footprint is measured at its first
+            # load. An adapter takes its base's engine, whose footprint counts it.
+            if model.base is None and not self._files.remote(model.name):
                 await asyncio.to_thread(self._placement.estimate, model, self._estimator(model))
         self._engines_imported.set()
 
@@ -402,3 +403,9 @@ def run_worker(settings: Settings) -> None:
             asyncio.run(worker.run())
     finally:
         guard.terminate()
+
+
+def with_their_bases(models: list[ModelConfig]) -> list[ModelConfig]:
+    """`models` less the adapters whose base is not among them (they run on its engine alone)."""
+    names = {model.name for model in models}
+    return [model for model in models if model.base is None or model.base in names]

@@ -42,6 +42,10 @@ class ModelTable:
         """What the routed model `name` answers: text generation, or one of the pooling kinds."""
         return self._models[name].kind
 
+    def base(self, name: str) -> str | None:
+        """The base model of the routed adapter `name` (None for a whole model)."""
+        return self._models[name].base
+
     def require(self, name: str, caller: Caller | None = None) -> ModelConfig:
         """The model's configuration, or a 404 in OpenAI's shape that lists the models `caller` may
         use (none without a caller: nobody learns of models their key may not use)."""
@@ -65,5 +69,6 @@ async def require_live_worker(status: ModelStatusReader, model: str) -> None:
     """A 503 at once for a model that no live worker may hold (while any worker is alive: with
     none, the job waits in the queue for the first one to start)."""
     records = await status.live_workers(WORKERS_MAX_AGE_S)
-    if records and not may_serve(records, model):
+    # A worker that may hold an adapter's base may hold the adapter.
+    if records and not may_serve(records, status.served_on(model)):
         raise NoWorkerForModelError(model, NO_WORKER_RETRY_S)

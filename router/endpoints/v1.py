@@ -96,7 +96,7 @@ async def retrieve_model(
 
 
 def _card(models: ModelTable, name: str) -> ModelCard:
-    return ModelCard(id=name, created=int(models.started), kind=models.kind(name))
+    return ModelCard(id=name, created=int(models.started), kind=models.kind(name), parent=models.base(name))
 
 
 def _route_card(models: ModelTable, routes: RouteTable, name: str) -> RouteCard:

@@ -19,6 +19,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     # Switchboard's own, which OpenAI's clients ignore: what the model answers (routes and
     # pipelines serve text generation); see `router.openai.pooling_checks.KIND_ENDPOINTS`.
     kind: ModelKind = "generate"
+    # A LoRA adapter's base model, as vLLM lists it (None for a whole model).
+    parent: str | None = None
 
 
 class ModelList(msgspec.Struct, kw_only=True):

@@ -94,6 +94,8 @@ class ModelStatus(msgspec.Struct, kw_only=True):
     failure: FailureStatus | None = None
     # The hosts of live workers whose node cache holds the (remote) model's files complete.
     cached_on: list[str] = msgspec.field(default_factory=list)
+    # A LoRA adapter's base model, whose replicas it loads onto (None for a whole model).
+    base: str | None = None
     object: str = "model.status"
 
     def typical_load_s(self) -> float | None:
@@ -142,6 +144,11 @@ class ModelStatusReader:
         self._workers: tuple[float, asyncio.Task[list[WorkerRecord]]] | None = None
         # Metrics scrapes share one read of the queues too.
         self._depths: tuple[float, asyncio.Task[QueueDepths]] | None = None
+
+    def served_on(self, name: str) -> str:
+        """The model whose engine serves `name`: an adapter's base, else `name` itself."""
+        model = self._models.get(name)
+        return model.base if model is not None and model.base is not None else name
 
     async def read(self, names: Sequence[str], *, with_costs: bool = True) -> list[ModelStatus]:
         """The status of each of `names` (configured models), in that order."""
@@ -275,6 +282,7 @@ def summarize(
     )
     return ModelStatus(
         name=model.name,
+        base=model.base,
         state=state,
         replicas=replicas,
         waiting=waiting,

@@ -28,6 +28,7 @@ def check_settings(settings: Settings) -> None:
     _check_triton_names(names)
     for model in settings.models:
         _check_model(model)
+    check_adapters(settings.models)
     unknown = sorted(set(settings.worker.models) - set(names))
     if unknown:
         raise ConfigError(
@@ -84,6 +85,46 @@ def _check_model(model: ModelConfig) -> None:
             f"max_replicas ({model.max_replicas})"
         )
     _check_location(model)
+
+
+def check_adapters(models: list[ModelConfig]) -> None:
+    """Every adapter names a base that is a configured generator on vLLM, and sets nothing that is
+    its base's to set (the engine, its arguments, its kind)."""
+    by_name = {model.name: model for model in models}
+    for model in models:
+        if model.lora is not None:
+            _check_lora_base(model)
+        if model.base is not None:
+            check_adapter(model, by_name.get(model.base), list(by_name))
+
+
+def check_adapter(adapter: ModelConfig, base: ModelConfig | None, model_names: list[str]) -> None:
+    """ConfigError unless `adapter` fits `base` (None: no model of its base's name exists)."""
+    name = adapter.name
+    if base is None:
+        raise ConfigError(
+            f"model {name!r}: base {adapter.base!r} is not a configured model; "
+            f"configured models are: {', '.join(model_names)}"
+        )
+    if base.base is not None:
+        raise ConfigError(f"model {name!r}: base {base.name!r} is itself an adapter; name its base instead")
+    _check_lora_base(base)
+    own = [field for field in ("engine", "engine_args", "lora", "footprint_gib") if getattr(adapter, field)]
+    if adapter.kind != "generate":
+        own.append("kind")
+    if own:
+        raise ConfigError(
+            f"model {name!r}: an adapter runs on its base's engine; remove {', '.join(own)} "
+            f"(set them on {base.name!r})"
+        )
+
+
+def _check_lora_base(base: ModelConfig) -> None:
+    if base.kind != "generate" or base.engine_name != "vllm":
+        raise ConfigError(
+            f"model {base.name!r}: LoRA adapters are served on vLLM generators; "
+            f"this is a {base.kind!r} model on {base.engine_name!r}"
+        )
 
 
 def _check_location(model: ModelConfig) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from switchboard.config.adapters import with_lora_defaults
 from switchboard.config.checks import ConfigError, check_settings
 from switchboard.config.env import EnvironmentOverrideError, apply_environment
 from switchboard.config.models import demo_model
@@ -52,6 +53,7 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
     if not settings.models:
         settings.models = [demo_model(settings.worker.demo_model_dir)]
     check_settings(settings)
+    settings.models = with_lora_defaults(settings.models)
     routers = router_models(settings.routes, settings.pipelines)
     for model in settings.models:
         model.warm_structured_output = model.warm_structured_output or model.name in routers

@@ -77,10 +77,29 @@ class StorageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     profile: str | None = None
 
 
+class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a generator serves LoRA adapters of itself (`[[models]]` entries with `base` = its name).
+
+    A base named by an adapter gets these defaults without a table of its own; one that only
+    takes adapters registered at run time (`switchboard adapters add`) needs the table.
+    """
+
+    # The largest rank of an adapter the engine takes (vLLM: `max_lora_rank`; 8, 16, 32, 64...).
+    max_rank: Annotated[int, msgspec.Meta(ge=1, le=512)] = 16
+    # Adapters held by one replica of the base at once (vLLM's CPU-side adapter cache,
+    # `max_cpu_loras`): the controller loads and evicts within it, so the engine never evicts.
+    max_adapters: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    # Different adapters in one engine batch (vLLM: `max_loras`; each costs a slot of GPU memory).
+    max_adapters_per_batch: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
+
+
 class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One model that Switchboard can serve."""
 
     name: ModelName
+    # A LoRA adapter of the generator named here: `path` holds the adapter (a PEFT folder:
+    # `adapter_config.json` and its weights), which is loaded onto a warm replica of its base.
+    base: ModelName | None = None
     # Where the model's files are: a local folder, `s3://bucket/prefix` (any S3-compatible store), or
     # `hf://org/name` with an optional `@revision` (the Hugging Face Hub). A remote model's files are
     # fetched into the worker's node cache (`worker.model_cache_dir`) before its first load there.
@@ -126,6 +145,13 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Embedders trained to be cut short (Matryoshka): the sizes a request's `dimensions` may ask
     # for, or [] for any size up to the model's. None: the model's vectors are whole only.
     matryoshka_dimensions: list[Annotated[int, msgspec.Meta(ge=1)]] | None = None
+    # A base's settings for its adapters; None for a model no adapter names.
+    lora: LoraConfig | None = None
+
+    @property
+    def adapter(self) -> bool:
+        """Whether this is a LoRA adapter served on its base's engine."""
+        return self.base is not None
 
     @property
     def engine_name(self) -> EngineName:

@@ -33,7 +33,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return next((m for m in self.models if m.name == name), None)
 
     def worker_models(self) -> list[ModelConfig]:
-        """The models this worker process may hold."""
+        """The models this worker process may hold (a base's adapters with it)."""
         if not self.worker.models:
             return list(self.models)
-        return [m for m in self.models if m.name in self.worker.models]
+        allowed = set(self.worker.models)
+        return [m for m in self.models if m.name in allowed or m.base in allowed]

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from switchboard import keys
 from switchboard.demand import poke_demand
 from switchboard.redis_conn import stream_entries
-from switchboard.wire import JobError, ModelLimits
+from switchboard.wire import JobError
 from workers.controller.coordination import Coordination
 from workers.controller.snapshot import LocalFacts, SnapshotReader
 from workers.controller.view import View
@@ -248,8 +248,7 @@ class WorkerEffects:
 
     async def publish_limits(self, model: str) -> None:
         """Publish what the loaded model accepts (when its engine says)."""
-        engine = self._slots[model].engine
-        limits: ModelLimits | None = engine.limits() if engine is not None else None
+        limits = self._slots[model].limits()
         if limits is not None:
             await self._coordination.publish_limits(model, limits)
 

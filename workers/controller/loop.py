@@ -27,6 +27,7 @@ from workers.controller.effects import ControllerEffects
 from workers.controller.policy import decide
 from workers.controller.snapshot import LocalFacts
 from workers.controller.view import ModelView, View, WorkerLimits
+from workers.engines.base import AdapterRefused
 from workers.models.files import FetchFailed
 from workers.models.slot import LoadFailed
 from workers.runtime import worker_metrics as metrics
@@ -286,7 +287,9 @@ class ModelController:
             serving_elsewhere = await self._effects.serving_elsewhere(model)
             # A fetch's failure names only the model's own location and its store's answer: the
             # operator sees it in `/admin/models` too, not in the log alone.
-            detail = str(exc.__cause__) if isinstance(exc.__cause__, FetchFailed) else ""
+            # A fetch's or an adapter's failure says what an operator can fix (never the client).
+            told = isinstance(exc.__cause__, FetchFailed | AdapterRefused)
+            detail = str(exc.__cause__) if told else ""
             await self._load_failed(model, str(exc), time.monotonic() - started, serving_elsewhere, detail)
             return
         finally:

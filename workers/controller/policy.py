@@ -14,6 +14,11 @@ cold model is left for a few seconds to a worker whose node has its files and ro
 here would be quicker, and a scale-out weighs the fetch with the load. Apart from loads, one
 Prefetch at a time fetches the files of a model an operator asked for, or that `min_replicas` keeps,
 into this node's cache.
+
+A LoRA adapter is a model whose load needs its base warm here: its demand counts as its base's
+(which loads first, once, where it fits), then it loads onto the warm base, evicting the idle
+sibling adapter cheapest to lose when the base's engine holds all it may. It takes no place among
+the models a worker holds; a base stays while adapters are held on it.
 """
 
 from __future__ import annotations
@@ -92,8 +97,8 @@ def _keep_alive_moves(view: View, leaving: Mapping[str, Action]) -> list[Action]
 
 def _keep_alive_move(now: float, model: ModelView) -> Action | None:
     """The next rung of the ladder for one model here, if its idle time has reached it."""
-    if model.waiting > 0 or model.in_flight > 0:
-        return None
+    if model.waiting > 0 or model.in_flight > 0 or model.adapters_here > 0:
+        return None  # a base stays while adapters are held on it: they leave first, by their own
     limit_s = keep_alive.idle_limit_s(model.state, model.keep_alive_s, model.asleep_keep_alive_s)
     idle_s = _idle_s(now, model)
     if limit_s is None or idle_s < limit_s:
@@ -119,6 +124,8 @@ def _arrival(view: View, model: ModelView, leaving: Mapping[str, Action]) -> lis
         return None
     if model.state != "cold" or (model.retry_at is not None and model.retry_at > view.now):
         return None
+    if model.base is not None and not model.base_warm_here:
+        return None  # its demand counts as its base's, which loads first (here or where it fits)
     if model.replicas < model.min_replicas or (model.replicas == 0 and _has_demand(model)):
         return _load_on_demand(view, model, leaving)
     return _scale_out(view, model, leaving)
@@ -135,7 +142,12 @@ def _load_on_demand(view: View, model: ModelView, leaving: Mapping[str, Action])
     evict_busy = model.oldest_waiting_s > view.limits.max_pass_over_s
     plan = _load_plan(view, model, leaving, evict_busy=evict_busy, why=why)
     evicts = plan is not None and len(plan) > 1
-    if evicts and model.others_with_room and model.oldest_waiting_s < OTHERS_FIRST_GRACE_S:
+    if (
+        evicts
+        and model.base is None
+        and model.others_with_room
+        and model.oldest_waiting_s < OTHERS_FIRST_GRACE_S
+    ):
         return None  # a worker with room should take it without evicting anything
     return plan
 
@@ -175,7 +187,10 @@ def _load_plan(
     replica = model.next_replica
     if replica is None:
         return None
-    victims = _victims(view, model, leaving, evict_busy=evict_busy)
+    if model.base is not None:
+        victims = _adapter_victims(view, model, leaving)
+    else:
+        victims = _victims(view, model, leaving, evict_busy=evict_busy)
     if victims is None:
         return None
     evictions: list[Action] = [
@@ -189,7 +204,12 @@ def _victims(
     view: View, model: ModelView, leaving: Mapping[str, Action], *, evict_busy: bool
 ) -> list[ModelView] | None:
     """The cheapest models to evict so that `model` fits: [] if it fits already, None if nothing does."""
-    held = [m for m in view.models if m.state != "cold" and not isinstance(leaving.get(m.name), Unload)]
+    # Adapters live inside their base's engine: they take no place of their own.
+    held = [
+        m
+        for m in view.models
+        if m.base is None and m.state != "cold" and not isinstance(leaving.get(m.name), Unload)
+    ]
     candidates = [m for m in held if m.name not in leaving and _evictable(view, m, evict_busy=evict_busy)]
     chosen: list[ModelView] = []
     for victim in sorted(candidates, key=lambda m: _eviction_cost(view.now, m)):
@@ -205,6 +225,21 @@ def _victims(
             chosen.remove(victim)
             held.append(victim)
     return chosen
+
+
+def _adapter_victims(view: View, model: ModelView, leaving: Mapping[str, Action]) -> list[ModelView] | None:
+    """The sibling adapter to evict from the base's engine here so that `model` fits: [] while it
+    has room, the idle one cheapest to lose when it is full, None when every one is busy."""
+    siblings = [m for m in view.models if m.base == model.base and m.state != "cold"]
+    freed = sum(1 for m in siblings if isinstance(leaving.get(m.name), Unload))
+    if model.adapter_room + freed > 0:
+        return []
+    idle = [
+        m
+        for m in siblings
+        if m.name not in leaving and m.state == "warm" and not _is_busy(m) and m.replicas > m.min_replicas
+    ]
+    return [min(idle, key=lambda m: _eviction_cost(view.now, m))] if idle else None
 
 
 def _has_room(limits: WorkerLimits, held: Sequence[ModelView], model: ModelView) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import msgspec
 import redis.asyncio as aioredis
 
 from switchboard import keys, live_workers, lua
@@ -33,6 +34,7 @@ from switchboard.wire import DesiredState, SlotStatus, WorkerRecord
 from workers.controller.catalogue import Catalogue, ModelFacts
 from workers.controller.coordination import typical
 from workers.controller.view import ModelView, View, WorkerLimits
+from workers.models.adapter_slot import AdapterSlot
 from workers.models.files import ModelFiles
 from workers.models.slots import Slots
 
@@ -104,6 +106,8 @@ class SnapshotReader:
         config = self._configured.get(model)
         if config is None:
             return False
+        if config.base is not None:
+            return self.may_hold(config.base)  # it takes no memory beyond its base's
         if self._slots[model].state != "cold":
             return True
         facts = self._catalogue.get(model)
@@ -124,20 +128,26 @@ class SnapshotReader:
         records: list[WorkerRecord] = []
         if any(self._cold_with_demand(model, reads[model.name], local, now) for model in weighed):
             records = await live_workers.read_live(self._redis, besides=local.worker_id)
-        views = tuple(self._model_view(model, reads[model.name], records, local, now) for model in weighed)
+        views = [self._model_view(model, reads[model.name], records, local, now) for model in weighed]
         await self._forget_idle(noted, reads, now)
-        return View(now=now, limits=local.limits, models=views)
+        return View(now=now, limits=local.limits, models=tuple(with_group_demand(views)))
 
     def _weighed(self, noted: Mapping[str, bytes], local: LocalFacts) -> list[ModelConfig]:
         """The models this pass looks at: held here, or asked for and possible here."""
         held = self._slots.held_names() | local.starting
         # Only these few names are looked at, never every model configured.
         asked = held | noted.keys() | local.preload_pending | self._kept_warm
+        # An adapter's base is weighed with it: the adapter's demand is its base's too.
+        bases = {base for name in asked if (base := self._base_of(name)) is not None}
         candidates = sorted(
-            (self._configured[name] for name in asked if name in self._configured),
+            (self._configured[name] for name in asked | bases if name in self._configured),
             key=lambda model: self._position[model.name],
         )
         return [model for model in candidates if model.name in held or self.may_hold(model.name)]
+
+    def _base_of(self, name: str) -> str | None:
+        config = self._configured.get(name)
+        return config.base if config is not None else None
 
     async def _read_models(self, models: Sequence[ModelConfig]) -> dict[str, _Read]:
         """The queues and leases of `models`, and the facts of those not kept: one round trip."""
@@ -215,7 +225,7 @@ class SnapshotReader:
             state = "loading"
         held_here = state != "cold"
         footprint = slot.memory_bytes() if held_here else 0
-        if footprint == 0:
+        if footprint == 0 and model.base is None:
             footprint = self._expected_footprint(model, read.facts.memory)
         replicas = sum(1 for lease in leases if lease is not None)
         files = self._files_view(model, read, records, footprint, now)
@@ -249,7 +259,24 @@ class SnapshotReader:
             load_s=typical(read.facts.load),
             wake_s=typical(read.facts.wake),
             **files,
+            **self._adapters_view(model),
         )
+
+    def _adapters_view(self, model: ModelConfig) -> dict[str, Any]:
+        """An adapter's base here and the room its engine has; a base's adapters held here."""
+        slot = self._slots[model.name]
+        if isinstance(slot, AdapterSlot):
+            base = slot.base
+            held = sum(1 for adapter in base.adapters if adapter.state != "cold")
+            capacity = base.model.lora.max_adapters if base.model.lora is not None else 0
+            return {
+                "base": base.name,
+                "base_warm_here": base.state == "warm",
+                "adapter_room": max(capacity - held, 0),
+            }
+        if model.lora is not None:
+            return {"adapters_here": sum(1 for adapter in slot.adapters if adapter.state != "cold")}
+        return {}
 
     def _files_view(
         self, model: ModelConfig, read: _Read, records: list[WorkerRecord], footprint: int, now: float
@@ -270,6 +297,28 @@ class SnapshotReader:
                 model.name in record.cached and _has_room(record, model.name, footprint) for record in records
             ),
         }
+
+
+def with_group_demand(views: list[ModelView]) -> list[ModelView]:
+    """`views`, each base's demand counting its adapters' (jobs waiting, an operator's load): a base
+    is loaded or scaled out for the whole group that runs on it."""
+    group: dict[str, list[ModelView]] = {}
+    for view in views:
+        if view.base is not None and (view.waiting > 0 or view.load_requested):
+            group.setdefault(view.base, []).append(view)
+    if not group:
+        return views
+    return [_with_adapters_demand(view, group[view.name]) if view.name in group else view for view in views]
+
+
+def _with_adapters_demand(base: ModelView, adapters: list[ModelView]) -> ModelView:
+    return msgspec.structs.replace(
+        base,
+        waiting=base.waiting + sum(adapter.waiting for adapter in adapters),
+        oldest_waiting_s=max([base.oldest_waiting_s, *(adapter.oldest_waiting_s for adapter in adapters)]),
+        load_requested=base.load_requested
+        or (base.replicas == 0 and any(a.load_requested for a in adapters)),
+    )
 
 
 def _retry_at(shared: float | None, own: float | None) -> float | None:

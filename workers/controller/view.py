@@ -56,6 +56,12 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     load_requested: bool = False  # an operator asked for it, or it is preloaded and nobody holds it
     unload_requested_at: float | None = None  # an operator asked to unload replicas loaded before this
 
+    # --- LoRA adapters ---
+    base: str | None = None  # an adapter: the base whose engine serves it
+    base_warm_here: bool = False  # an adapter: its base is warm here, so it can load here
+    adapter_room: int = 0  # an adapter: how many more adapters its base's engine here takes
+    adapters_here: int = 0  # a base: its adapters held here (it stays while they do)
+
     # --- measured costs on this kind of worker (None: never measured) ---
     load_s: float | None = None
     wake_s: float | None = None

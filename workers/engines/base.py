@@ -29,6 +29,19 @@ from switchboard.wire import (
 PoolingTaskName = Literal["embed", "classify", "score"]
 
 
+class Adapter(msgspec.Struct, frozen=True, kw_only=True):
+    """A LoRA adapter loaded into its base's engine: the model it serves, the engine's number for it
+    (unique among the adapters of one engine, never 0), and the folder it was loaded from."""
+
+    name: str
+    id: int
+    path: str
+
+
+class AdapterRefused(ValueError):
+    """The adapter cannot be loaded into this engine (its files, its rank); the message says why."""
+
+
 class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One generation: a conversation (chat template applied by the engine) or a plain prompt.
 
@@ -53,6 +66,8 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     # Mixed into the prefix cache's block hashes (the job's, one per API key): only requests with
     # the same salt share cached prefixes. None: the shared cache.
     cache_salt: str | None = None
+    # The LoRA adapter that answers, loaded into the engine beforehand (None: the base model).
+    adapter: Adapter | None = None
 
 
 class Delta(msgspec.Struct, kw_only=True):
@@ -135,6 +150,14 @@ class Engine(abc.ABC):
         crashed), if so; None while it can, and after a `stop`. Its model is then unloaded, and
         loaded again when someone asks for it. An engine that restarts its own process says None."""
         return None
+
+    async def load_adapter(self, adapter: Adapter) -> None:
+        """Load a LoRA adapter, so that requests naming it run on it; raises AdapterRefused."""
+        raise AdapterRefused(f"{self.model.name} does not serve LoRA adapters on {type(self).__name__}")
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        """Drop a loaded adapter (no request of it runs any more)."""
+        raise AdapterRefused(f"{self.model.name} does not serve LoRA adapters on {type(self).__name__}")
 
     @property
     def supports_sleep(self) -> bool:

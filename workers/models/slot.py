@@ -19,7 +19,14 @@ from dataclasses import dataclass
 
 from switchboard import keep_alive
 from switchboard.config import ModelConfig, triton_model_name
-from switchboard.wire import DownloadStatus, SamplingParams, SlotState, SlotStatus, StructuredOutput
+from switchboard.wire import (
+    DownloadStatus,
+    ModelLimits,
+    SamplingParams,
+    SlotState,
+    SlotStatus,
+    StructuredOutput,
+)
 from workers.engines.base import Engine, EngineRequest, PoolingEngine
 from workers.models.files import HeldFiles, ModelFiles
 from workers.triton.generator.client import TritonJobClient
@@ -52,11 +59,13 @@ class LoadFailed(RuntimeError):
 class Lease:
     """One job's hold on a warm model: the model is not put to sleep or unloaded under it."""
 
-    __slots__ = ("_released", "_slot", "served")
+    __slots__ = ("_also", "_released", "_slot", "served")
 
-    def __init__(self, slot: ModelSlot, served: ServedModel) -> None:
+    def __init__(self, slot: ModelSlot, served: ServedModel, *, also: Lease | None = None) -> None:
+        """`also`: a lease released with this one (an adapter's job holds its base as well)."""
         self._slot = slot
         self._released = False
+        self._also = also
         self.served = served
 
     def release(self) -> None:
@@ -64,6 +73,8 @@ class Lease:
         if not self._released:
             self._released = True
             self._slot._job_ended()
+            if self._also is not None:
+                self._also.release()
 
 
 class ModelSlot:
@@ -119,6 +130,8 @@ class ModelSlot:
         self._completed = 0
         self._busy_s = 0.0
         self._busy_since = 0.0
+        # The adapters served on this model's engine here: they leave before it does.
+        self.adapters: list[ModelSlot] = []
 
     # --- the transitions --------------------------------------------------------------------
 
@@ -144,6 +157,7 @@ class ModelSlot:
         async with self._lock:
             if self._state != "warm" or self._engine is None or not self._engine.supports_sleep:
                 return
+            await self._unload_adapters()
             await self._stop_taking_jobs("sleeping")
             assert self._served is not None
             await asyncio.wrap_future(self._served.triton_model.on_engine_loop(self._engine.sleep))
@@ -153,6 +167,7 @@ class ModelSlot:
         async with self._lock:
             if self._state == "cold":
                 return
+            await self._unload_adapters()
             await self._stop_taking_jobs("unloading")
             try:
                 await self._release()
@@ -161,14 +176,25 @@ class ModelSlot:
                 # "unloading" could never load the model again.
                 self._set_state("cold")
 
+    async def _unload_adapters(self) -> None:
+        """Unload the adapters held on this model's engine, each after its own jobs end."""
+        held = [adapter for adapter in self.adapters if adapter.state != "cold"]
+        if held:
+            await asyncio.gather(*(adapter.unload() for adapter in held))
+
+    def serving(self) -> ServedModel | None:
+        """The warm model's handles while it takes jobs (an adapter loads onto them), else None."""
+        return self._served if self._taking_jobs and self._state == "warm" else None
+
     def waited_while_warm(self, created: float) -> float:
         """How long a job made at `created` has waited in line while this model was warm here (the
         wait for its load is not counted)."""
         since = max(created, self.warm_since or 0.0)
         return max(0.0, time.time() - since)
 
-    def lease(self) -> Lease:
-        """Hold the warm model for one job; taken synchronously before the job's task starts."""
+    def lease(self, *, also: Lease | None = None) -> Lease:
+        """Hold the warm model for one job; taken synchronously before the job's task starts.
+        `also`: a lease of another model that this job's ends with it."""
         if not self._taking_jobs or self._served is None:
             raise SlotNotServing(f"{self.name} is not taking jobs here")
         if self.in_flight == 0:
@@ -176,7 +202,7 @@ class ModelSlot:
             self._drained.clear()
         self.in_flight += 1
         self._on_jobs()
-        return Lease(self, self._served)
+        return Lease(self, self._served, also=also)
 
     def abort(self, job_id: str, *, arriving: bool = False) -> Awaitable[None]:
         """Abort a running job in the engine; its stream ends with finish reason "abort".
@@ -208,6 +234,10 @@ class ModelSlot:
     def engine(self) -> Engine | None:
         """The engine while the model is held here."""
         return self._engine
+
+    def limits(self) -> ModelLimits | None:
+        """What the held model accepts, when its engine says."""
+        return self._engine.limits() if self._engine is not None else None
 
     def jobs_per_s(self) -> float:
         """Jobs finished per second of time with work, since the model became warm."""

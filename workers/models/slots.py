@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from switchboard.config import ModelConfig
 from workers.engines.base import Engine
+from workers.models.adapter_slot import AdapterSlot
 from workers.models.files import ModelFiles
 from workers.models.slot import ModelSlot
 from workers.runtime.cpu_priority import ModelLoad
@@ -34,25 +37,42 @@ class Slots(Mapping[str, ModelSlot]):
     ) -> None:
         self.changed = asyncio.Event()
         self._read_done: asyncio.Event | None = None
-        self._slots = {
-            model.name: ModelSlot(
-                model,
-                host=host,
-                host_started=host_started,
-                create_engine=create_engine,
-                read_barrier=self.read_barrier,
-                on_change=functools.partial(self._slot_changed, model.name),
-                on_jobs=self._jobs_changed,
-                files=files,
-            )
-            for model in models
+        self._slot_args: dict[str, Any] = {
+            "host": host,
+            "host_started": host_started,
+            "create_engine": create_engine,
+            "read_barrier": self.read_barrier,
+            "on_jobs": self._jobs_changed,
+            "files": files,
         }
+        self._slots: dict[str, ModelSlot] = {}
         # The slots that are not cold, kept as they change: a pass, a heartbeat and the consumer
         # look at these few, not at every model configured.
         self._position = {model.name: position for position, model in enumerate(models)}
         self._held: set[str] = set()
+        # The engines' numbers for adapters: unique on this worker, never reused.
+        self._adapter_ids = itertools.count(1)
+        # Bases first: an adapter's slot is made beside its base's.
+        for model in sorted(models, key=lambda model: model.base is not None):
+            self.add(model)
         self._job_listeners: list[Callable[[], None]] = []
         self._state_listeners: list[Callable[[ModelSlot], None]] = []
+
+    def add(self, model: ModelConfig) -> ModelSlot | None:
+        """A slot for `model` (None for an adapter whose base this worker does not hold)."""
+        on_change = functools.partial(self._slot_changed, model.name)
+        if model.base is None:
+            slot = ModelSlot(model, on_change=on_change, **self._slot_args)
+        elif model.base in self._slots:
+            base = self._slots[model.base]
+            slot = AdapterSlot(
+                model, base=base, adapter_id=next(self._adapter_ids), on_change=on_change, **self._slot_args
+            )
+        else:
+            return None
+        self._slots[model.name] = slot
+        self._position.setdefault(model.name, len(self._position))
+        return slot
 
     def __getitem__(self, name: str) -> ModelSlot:
         return self._slots[name]

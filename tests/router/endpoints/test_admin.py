@@ -55,6 +55,7 @@ async def test_models_nobody_holds_are_listed_cold(admin: httpx.AsyncClient) -> 
         "never_leaves": False,
         "failure": None,
         "cached_on": [],
+        "base": None,
         "object": "model.status",
     }
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from switchboard import tracing
-from switchboard.config import EngineProcess, ModelConfig
+from switchboard.config import EngineProcess, LoraConfig, ModelConfig
 from switchboard.wire import ModelLimits
-from workers.engines.base import Delta, Engine, EngineRequest, Footprint
+from workers.engines.adapter_files import check_adapter_folder
+from workers.engines.base import Adapter, AdapterRefused, Delta, Engine, EngineRequest, Footprint
 from workers.engines.model_files import weights_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import engine_process_environment, process_tree, reap, resident_bytes
@@ -168,6 +169,8 @@ class VllmEngine(Engine):
         kwargs["structured_outputs_config"] = _structured_outputs_config(
             kwargs.get("structured_outputs_config")
         )
+        if self.model.lora is not None:
+            kwargs.update(_lora_kwargs(self.model.lora, kwargs))
         if platform.is_cpu():
             # vLLM's CPU build sizes its KV cache from NUMA node 0 (which can be far smaller than
             # the machine) and refuses to start unless most of it is free; a fixed size per
@@ -300,7 +303,12 @@ class VllmEngine(Engine):
         )
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
-        stream = self._llm.generate(engine_prompt(prompt, request.cache_salt), params, request.request_id)
+        stream = self._llm.generate(
+            engine_prompt(prompt, request.cache_salt),
+            params,
+            request.request_id,
+            lora_request=_lora_request(request.adapter),
+        )
         before_output = True
         try:
             async for output in stream:
@@ -347,9 +355,49 @@ class VllmEngine(Engine):
         """The scheduler's `max_num_seqs` (the engine's default for its platform unless configured)."""
         return int(self._llm.vllm_config.scheduler_config.max_num_seqs) if self._llm is not None else None
 
+    # --- adapters -------------------------------------------------------------------------------
+
+    async def load_adapter(self, adapter: Adapter) -> None:
+        """Into the engine's adapter cache (`max_cpu_loras`, which the controller never overfills)."""
+        lora = self.model.lora
+        if lora is None or self._llm is None:
+            await super().load_adapter(adapter)
+            return
+        check_adapter_folder(adapter, max_rank=int(self._llm.vllm_config.lora_config.max_lora_rank))
+        try:
+            added = await self._llm.add_lora(_lora_request(adapter))
+        except Exception as exc:
+            raise AdapterRefused(f"the engine could not load adapter {adapter.name}: {exc}") from exc
+        if not added:
+            raise AdapterRefused(f"the engine refused adapter {adapter.name}")
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        """Out of the engine's adapter cache; its memory is free for the next."""
+        if self._llm is not None:
+            await self._llm.remove_lora(adapter.id)
+
     async def abort(self, request_id: str) -> None:
         """Abort in vLLM; the request's stream ends with finish reason "abort"."""
         await self._llm.abort(request_id)
+
+
+def _lora_kwargs(lora: LoraConfig, configured: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's LoRA arguments from the base's `lora` table (its own engine_args win)."""
+    defaults = {
+        "enable_lora": True,
+        "max_lora_rank": lora.max_rank,
+        "max_cpu_loras": lora.max_adapters,
+        "max_loras": min(lora.max_adapters_per_batch, lora.max_adapters),
+    }
+    return {name: configured.get(name, value) for name, value in defaults.items()}
+
+
+def _lora_request(adapter: Adapter | None) -> Any:
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=adapter.name, lora_int_id=adapter.id, lora_path=adapter.path)
 
 
 def _structured_outputs_config(configured: dict[str, Any] | None) -> Any:

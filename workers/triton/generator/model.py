@@ -20,7 +20,7 @@ import msgspec
 
 from switchboard.config import WorkerConfig
 from switchboard.wire import Chunk, JobError, Usage, encode
-from workers.engines.base import Delta, Engine, EngineRequest, InvalidEngineRequest
+from workers.engines.base import Adapter, Delta, Engine, EngineRequest, InvalidEngineRequest
 from workers.triton.engine_job import EngineJob, engine_job_decoder
 from workers.triton.generator.coalesce import DeltaInbox, coalesce
 from workers.triton.generator.fan_in import fan_in
@@ -57,7 +57,9 @@ def chunk_for(delta: Delta) -> Chunk:
     )
 
 
-def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequest]:
+def engine_requests(
+    job: EngineJob, *, output_every: int = 1, adapter: Adapter | None = None
+) -> list[EngineRequest]:
     """What the engine runs for a job: the conversation, or one request per prompt (each handing
     its output over every `output_every` tokens, see `EngineRequest.output_every`)."""
     if job.prompts is None:
@@ -70,6 +72,7 @@ def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequ
             continuation=job.continuation,
             output_every=output_every,
             cache_salt=job.cache_salt,
+            adapter=adapter,
         )
         return [chat]
     if len(job.prompts) == 1:
@@ -80,6 +83,7 @@ def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequ
             continuation=job.continuation,
             output_every=output_every,
             cache_salt=job.cache_salt,
+            adapter=adapter,
         )
         return [only]
     return [
@@ -89,6 +93,7 @@ def engine_requests(job: EngineJob, *, output_every: int = 1) -> list[EngineRequ
             prompt=prompt,
             output_every=output_every,
             cache_salt=job.cache_salt,
+            adapter=adapter,
         )
         for i, prompt in enumerate(job.prompts)
     ]
@@ -145,6 +150,11 @@ class GeneratorModel:
         # Jobs aborted on their way here (the consumer sends a fresh job before it has heard whether
         # its client is still there): they end as they arrive, without reaching the engine.
         self._aborted_early: OrderedDict[str, None] = OrderedDict()
+        # The LoRA adapters loaded into the engine, by the model name their jobs carry; touched on
+        # the engine's loop only.
+        self._adapters: dict[str, Adapter] = {}
+        # Adapters unloaded since: a job of one must fail, never be answered by the base.
+        self._adapters_gone: set[str] = set()
 
     async def serve(self, payload: bytes, *, stream: int, tag: int | None) -> AsyncIterator[bytes]:
         """One Triton request of this model (`workers.triton.generator.job_socket` hands them over): a job's
@@ -177,8 +187,16 @@ class GeneratorModel:
                 True,
             )
             return
+        adapter = self._adapters.get(job.model)
+        if adapter is None and job.model in self._adapters_gone:
+            # Its adapter left this engine while the job was on its way: never answer as the base.
+            message = f"adapter {job.model} is not loaded on this worker any more; retry the request"
+            yield encode(Chunk(error=JobError(code="engine_error", message=message))), True
+            return
         inbox = DeltaInbox()
-        requests_ = engine_requests(job, output_every=self._pace.output_every(self._window_s(joining=1)))
+        requests_ = engine_requests(
+            job, output_every=self._pace.output_every(self._window_s(joining=1)), adapter=adapter
+        )
         self._running[job.id] = [r.request_id for r in requests_]
         observer = EngineObserver(job)
         with observer.current():
@@ -263,6 +281,27 @@ class GeneratorModel:
                 await self._engine.abort(request_id)
 
         return self.on_engine_loop(abort_all)
+
+    def load_adapter(self, adapter: Adapter) -> Future[None]:
+        """From any thread: load a LoRA adapter into the engine; then the jobs of its model run on it."""
+
+        async def load() -> None:
+            await self._engine.load_adapter(adapter)
+            self._adapters[adapter.name] = adapter
+            self._adapters_gone.discard(adapter.name)
+
+        return self.on_engine_loop(load)
+
+    def unload_adapter(self, name: str) -> Future[None]:
+        """From any thread: drop a loaded adapter (its jobs have ended)."""
+
+        async def unload() -> None:
+            adapter = self._adapters.pop(name, None)
+            self._adapters_gone.add(name)
+            if adapter is not None:
+                await self._engine.unload_adapter(adapter)
+
+        return self.on_engine_loop(unload)
 
     def _remember_early_abort(self, job_id: str) -> None:
         self._aborted_early[job_id] = None
