@@ -108,7 +108,11 @@ def check_adapter(adapter: ModelConfig, base: ModelConfig | None, model_names: l
         )
     if base.base is not None:
         raise ConfigError(f"model {name!r}: base {base.name!r} is itself an adapter; name its base instead")
-    _check_lora_base(base)
+    if base.kind != "generate" or base.engine_name != "vllm":
+        raise ConfigError(
+            f"model {name!r}: base {base.name!r} is a {base.kind!r} model on {base.engine_name!r}; "
+            "LoRA adapters are served on vLLM generators"
+        )
     own = [field for field in ("engine", "engine_args", "lora", "footprint_gib") if getattr(adapter, field)]
     if adapter.kind != "generate":
         own.append("kind")

@@ -124,7 +124,7 @@ def _arrival(view: View, model: ModelView, leaving: Mapping[str, Action]) -> lis
         return None
     if model.state != "cold" or (model.retry_at is not None and model.retry_at > view.now):
         return None
-    if model.base is not None and not model.base_warm_here:
+    if model.base is not None and (not model.base_warm_here or model.base in leaving):
         return None  # its demand counts as its base's, which loads first (here or where it fits)
     if model.replicas < model.min_replicas or (model.replicas == 0 and _has_demand(model)):
         return _load_on_demand(view, model, leaving)
