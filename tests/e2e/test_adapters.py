@@ -145,3 +145,27 @@ def test_a_broken_adapter_fails_clearly_and_its_base_and_siblings_serve_on(lora_
     assert failure is not None and "broken" in failure["reason"] + failure.get("detail", "")
     assert [r["state"] for r in admin(lora_stack, BASE)["replicas"]] == ["warm"]
     assert chat(lora_stack, ADAPTERS[0]) == chat(lora_stack, f"merged-{ADAPTERS[0]}")
+
+
+def test_a_base_unloaded_takes_its_adapters_along_and_an_adapters_request_brings_both_back(
+    lora_stack: Stack,
+) -> None:
+    name = ADAPTERS[1]
+    expected = chat(lora_stack, name)
+    assert admin(lora_stack, name)["state"] == "warm"
+    request = urllib.request.Request(
+        f"{lora_stack.base_url}/admin/models/{BASE}/unload",
+        data=b"{}",
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 202
+    lora_stack.wait_until(
+        lambda: admin(lora_stack, BASE)["state"] == "cold" and admin(lora_stack, name)["state"] == "cold",
+        timeout_s=60,
+        what="the base and its adapter to leave",
+    )
+
+    assert chat(lora_stack, name) == expected  # the base loads first, then the adapter onto it
+    assert admin(lora_stack, BASE)["state"] == "warm" and admin(lora_stack, name)["state"] == "warm"

@@ -269,12 +269,23 @@ class WorkerEffects:
         await self._ensure_warm(model, expected_s)
 
     async def sleep(self, model: str) -> None:
-        """Put the warm model to sleep."""
+        """Put the warm model to sleep (a base's adapters leave first, their leases with them)."""
         await self._slots[model].sleep()
+        await self._release_adapters_gone(model)
 
     async def unload(self, model: str) -> None:
-        """Unload the model (its lease is released apart)."""
+        """Unload the model (its lease is released apart; a base's adapters leave first, their
+        leases with them)."""
         await self._slots[model].unload()
+        await self._release_adapters_gone(model)
+
+    async def _release_adapters_gone(self, base: str) -> None:
+        """The replica leases of the base's adapters that left with it: held on, they would count
+        as replicas that serve, and the adapters' next requests would wait for them forever."""
+        for adapter in self._slots[base].adapters:
+            if adapter.state == "cold" and adapter.replica is not None:
+                logger.info(f"{adapter.name} unloaded with its base {base}", extra={"model": adapter.name})
+                await self._coordination.release_slot_lease(adapter)
 
     def memory_bytes(self, model: str) -> int:
         """What the model takes here now."""
