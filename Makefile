@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings bench-sources gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings bench-sources bench-adapters gpu-check clean
 
 VENV := .venv/bin
 
@@ -85,6 +85,11 @@ bench-embeddings: install-bench
 # vLLM's own server given the same s3:// path (Run:ai's streamer).
 bench-sources: install-bench
 	$(VENV)/python bench/model_sources.py
+
+# LoRA adapters on one base (Zipf popularity, Poisson arrivals) against the base alone, the same fine-tunes
+# merged into whole models, and vLLM's own server with runtime LoRA loading.
+bench-adapters: install-bench
+	$(VENV)/python bench/adapters.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench
