@@ -104,6 +104,11 @@ class JobConsumer:
         self._slot_freed = asyncio.Event()
         # The blocking read made while a model with jobs waiting is held back: a freed slot ends it.
         self._held_back_read = WakeableRead(redis)
+        # An adapter is warm milliseconds after its first job arrives: a read blocked on the other
+        # streams then would hold that job for up to BLOCK_MS, many times the adapter's load. So
+        # while a base of adapters is warm here, blocking reads are wakeable, and a model that
+        # becomes warm ends the one under way.
+        slots.on_state_changed(self._slot_changed)
         self._orphans = OrphanWatch(redis, grace_s=orphan_grace_s)
         self._runner = JobRunner(redis, writer, worker_id=worker_id, orphans=self._orphans)
         # Taking jobs (the reader and the takeover sweep) stops before the running jobs drain;
@@ -285,7 +290,7 @@ class JobConsumer:
                 read = await reads.read_each(self._redis, self._worker_id, counts)
                 if await self._take_read(read, counts) > 0 or in_turn:
                     return
-            if held_back or at_batch:
+            if held_back or at_batch or self._adapters_may_arrive():
                 read = await self._held_back_read.read(self._worker_id, counts, BLOCK_MS)
             else:
                 read = await reads.read_blocking(self._redis, self._worker_id, counts, BLOCK_MS)
@@ -369,6 +374,15 @@ class JobConsumer:
             self._entries[task] = entry
         task.add_done_callback(self._job_done)
         return task
+
+    def _adapters_may_arrive(self) -> bool:
+        """Whether a warm model here takes adapters (which become warm in milliseconds): waking its
+        reads costs a round trip per read (the connection's client id), paid only then."""
+        return any(slot.model.lora is not None for slot in self._slots.warm())
+
+    def _slot_changed(self, slot: ModelSlot) -> None:
+        if slot.state == "warm":
+            self._held_back_read.wake()
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
