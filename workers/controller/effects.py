@@ -23,6 +23,7 @@ from workers.controller.coordination import Coordination
 from workers.controller.snapshot import LocalFacts, SnapshotReader
 from workers.controller.view import View
 from workers.jobs.consume import JobConsumer
+from workers.models.adapter_slot import AdapterSlot
 from workers.models.files import ModelFiles
 from workers.models.slots import Slots
 
@@ -45,6 +46,10 @@ class ControllerEffects(Protocol):
 
     def may_hold(self, model: str) -> bool:
         """Whether this worker could ever hold `model` (a poke about any other is not for it)."""
+
+    def loads_at_once(self, model: str) -> bool:
+        """Whether `model` is an adapter cold here whose base is warm here: its load takes
+        milliseconds, so a poke about it is not left to settle."""
 
     async def poke(self) -> None:
         """Wake every worker's controller: something changed that may call for a decision."""
@@ -176,6 +181,11 @@ class WorkerEffects:
     def may_hold(self, model: str) -> bool:
         """Whether this worker could ever hold `model` (a poke about any other is not for it)."""
         return self._snapshot.may_hold(model)
+
+    def loads_at_once(self, model: str) -> bool:
+        """Whether `model` is an adapter cold here whose base is warm here."""
+        slot = self._slots.get(model)
+        return isinstance(slot, AdapterSlot) and slot.state == "cold" and slot.base.state == "warm"
 
     async def poke(self) -> None:
         """Wake every worker's controller: something changed that may call for a decision."""

@@ -38,6 +38,8 @@ PROGRESS_EVERY_S = 5.0
 # The least time from one pass's start to the next one's (asyncio.sleep of a negative time returns
 # at once): a cold model's first request waits at most this much more for its load to start.
 MIN_PASS_INTERVAL_S = 0.1
+# The same after a poke about an adapter that loads at once here (its base is warm here).
+ADAPTER_PASS_INTERVAL_S = 0.01
 # How long a pass that a poke set off waits after it. Every enqueue pokes every worker, and the job
 # that poked is mostly one a warm model's consumer takes at once, on the same event loop: a pass run
 # at once took that loop first (its lease renewal, snapshot and decisions, 1-2 ms here) while the
@@ -127,13 +129,18 @@ class ModelController:
             trigger = await self._wait(started)
             # Every enqueue pokes: under load, the pokes of a moment share one pass instead of
             # costing every worker a snapshot per request.
+            # An adapter's load onto its warm base takes milliseconds: neither the settle nor the
+            # pass interval, each longer than that load, is worth its first token's wait; a shorter
+            # interval still bounds the passes a stream of such pokes can cost.
+            interval_s = ADAPTER_PASS_INTERVAL_S if trigger == "adapter" else MIN_PASS_INTERVAL_S
             now = asyncio.get_running_loop().time()
             settle_s = POKE_SETTLE_S if trigger == "poke" else 0.0
-            await asyncio.sleep(max(started + MIN_PASS_INTERVAL_S - now, settle_s))
+            await asyncio.sleep(max(started + interval_s - now, settle_s))
 
     async def _wait(self, started: float) -> str:
         """Wait for a poke about a model this worker could hold (or about any), or for the tick after
-        `started`; returns which came ("poke" or "tick")."""
+        `started`; returns which came ("poke", "adapter" for a poke about an adapter that loads at
+        once here, or "tick")."""
         loop = asyncio.get_running_loop()
         tick_at = started + self._tick_s
         while True:
@@ -141,6 +148,8 @@ class ModelController:
             if left_ms <= 0:
                 return "tick"
             named = await self._effects.wait_for_demand(left_ms)
+            if any(self._effects.loads_at_once(model) for model in named if model):
+                return "adapter"
             if any(model == "" or self._effects.may_hold(model) for model in named):
                 return "poke"
 

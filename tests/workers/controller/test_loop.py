@@ -78,6 +78,9 @@ class RecordingEffects:
         await asyncio.sleep(timeout_ms / 1000)
         return []
 
+    def loads_at_once(self, model: str) -> bool:
+        return False
+
     def may_hold(self, model: str) -> bool:
         return any(m.name == model for m in self.view.models)
 
