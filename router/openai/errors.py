@@ -64,6 +64,10 @@ class InvalidRequestError(OpenAIError):
     error_type = "invalid_request_error"
 
 
+# The most model names a 404 for an unknown model lists.
+MODELS_NAMED_IN_404 = 20
+
+
 class ModelNotFoundError(OpenAIError):
     """The requested model is not served here (404)."""
 
@@ -73,7 +77,12 @@ class ModelNotFoundError(OpenAIError):
 
     def __init__(self, model: str, visible: list[str]) -> None:
         # `visible`: the models the caller may use, never the others (nor any, to an unknown caller).
-        listed = f" Models you may use here: {', '.join(visible)}." if visible else ""
+        # A catalogue of many fine-tunes would make the error as long as the catalogue: the first
+        # few are named, and `GET /v1/models` lists them all.
+        shown = visible[:MODELS_NAMED_IN_404]
+        more = len(visible) - len(shown)
+        rest = f" and {more} more (GET /v1/models lists them all)" if more else ""
+        listed = f" Models you may use here: {', '.join(shown)}{rest}." if visible else ""
         super().__init__(f"The model `{model}` does not exist.{listed}", param="model")
 
 
