@@ -7,8 +7,6 @@ served merged into the base as whole models: an adapter must answer exactly as i
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 
 from switchboard.local.demo_model import config_entry
 from tests.support.adapters import break_adapter, build_adapter, build_merged
+from tests.support.admin_api import ask_model, model_status
 from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
@@ -69,25 +68,19 @@ def chat(stack: Stack, model: str, max_tokens: int = 12) -> str:
     return reply.choices[0].message.content or ""
 
 
-def admin(stack: Stack, model: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{stack.base_url}/admin/models/{model}", timeout=10) as response:
-        payload: dict[str, Any] = json.loads(response.read())
-        return payload
-
-
 def test_an_adapters_first_request_on_a_warm_base_loads_only_the_adapter(lora_stack: Stack) -> None:
-    before = admin(lora_stack, BASE)["replicas"]
+    before = model_status(lora_stack, BASE)["replicas"]
     assert [r["state"] for r in before] == ["warm"]
     adapter = ADAPTERS[-1]
-    assert admin(lora_stack, adapter)["state"] == "cold"
+    assert model_status(lora_stack, adapter)["state"] == "cold"
 
     chat(lora_stack, adapter)
 
-    after = admin(lora_stack, BASE)
+    after = model_status(lora_stack, BASE)
     assert [(r["worker_id"], r["replica"]) for r in after["replicas"]] == [
         (r["worker_id"], r["replica"]) for r in before
     ]
-    status = admin(lora_stack, adapter)
+    status = model_status(lora_stack, adapter)
     assert status["state"] == "warm" and status["base"] == BASE
     console = lora_stack.console_log.read_text()
     assert console.count(f"loading {BASE} (") == 1  # the preload, and no second base
@@ -141,9 +134,9 @@ def test_a_broken_adapter_fails_clearly_and_its_base_and_siblings_serve_on(lora_
     with pytest.raises(openai.APIStatusError) as caught:
         chat(lora_stack, "broken")
     assert caught.value.status_code == 503
-    failure = admin(lora_stack, "broken")["failure"]
+    failure = model_status(lora_stack, "broken")["failure"]
     assert failure is not None and "broken" in failure["reason"] + failure.get("detail", "")
-    assert [r["state"] for r in admin(lora_stack, BASE)["replicas"]] == ["warm"]
+    assert [r["state"] for r in model_status(lora_stack, BASE)["replicas"]] == ["warm"]
     assert chat(lora_stack, ADAPTERS[0]) == chat(lora_stack, f"merged-{ADAPTERS[0]}")
 
 
@@ -152,20 +145,19 @@ def test_a_base_unloaded_takes_its_adapters_along_and_an_adapters_request_brings
 ) -> None:
     name = ADAPTERS[1]
     expected = chat(lora_stack, name)
-    assert admin(lora_stack, name)["state"] == "warm"
-    request = urllib.request.Request(
-        f"{lora_stack.base_url}/admin/models/{BASE}/unload",
-        data=b"{}",
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 202
+    assert model_status(lora_stack, name)["state"] == "warm"
+    ask_model(lora_stack, BASE, "unload")
     lora_stack.wait_until(
-        lambda: admin(lora_stack, BASE)["state"] == "cold" and admin(lora_stack, name)["state"] == "cold",
+        lambda: (
+            model_status(lora_stack, BASE)["state"] == "cold"
+            and model_status(lora_stack, name)["state"] == "cold"
+        ),
         timeout_s=60,
         what="the base and its adapter to leave",
     )
 
     assert chat(lora_stack, name) == expected  # the base loads first, then the adapter onto it
-    assert admin(lora_stack, BASE)["state"] == "warm" and admin(lora_stack, name)["state"] == "warm"
+    assert (
+        model_status(lora_stack, BASE)["state"] == "warm"
+        and model_status(lora_stack, name)["state"] == "warm"
+    )

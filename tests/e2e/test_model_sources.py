@@ -11,9 +11,6 @@ Each test waits for what it needs (the admin view, the store's counters), never 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ import openai
 import pytest
 
 from switchboard.local.demo_model import config_entry
+from tests.support.admin_api import ask_model, model_status
 from tests.support.hub_server import HubServer
 from tests.support.s3_store import S3Store
 from tests.support.stack import MODEL, Stack, running_stack
@@ -40,23 +38,6 @@ def remote_entry(demo_model_dir: Path, name: str, path: str, **fields: Any) -> d
     return {**config_entry(demo_model_dir, name=name, **fields), "path": path}
 
 
-def admin(stack: Stack, model: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{stack.base_url}/admin/models/{model}", timeout=10) as response:
-        payload: dict[str, Any] = json.loads(response.read())
-        return payload
-
-
-def ask(stack: Stack, model: str, action: str) -> None:
-    request = urllib.request.Request(
-        f"{stack.base_url}/admin/models/{model}/{action}",
-        data=b"{}",
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 202
-
-
 def chat(stack: Stack, model: str) -> str:
     with openai.OpenAI(
         base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300
@@ -71,7 +52,9 @@ def chat(stack: Stack, model: str) -> str:
 
 
 def wait_cold(stack: Stack, model: str) -> None:
-    stack.wait_until(lambda: admin(stack, model)["state"] == "cold", timeout_s=60, what=f"{model} to leave")
+    stack.wait_until(
+        lambda: model_status(stack, model)["state"] == "cold", timeout_s=60, what=f"{model} to leave"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +122,7 @@ class TestOneHost:
         store.reset_counts()
         assert chat(one_host, "bucket-demo") == local_answer
         assert store.object_gets(BUCKET, "demo/") >= 1
-        assert admin(one_host, "bucket-demo")["cached_on"], "the host's node cache holds it"
+        assert model_status(one_host, "bucket-demo")["cached_on"], "the host's node cache holds it"
 
     def test_a_later_load_on_the_host_fetches_nothing(
         self, one_host: Stack, store: S3Store, local_answer: str
@@ -153,9 +136,9 @@ class TestOneHost:
         self, one_host: Stack, store: S3Store, demo_model_dir: Path
     ) -> None:
         store.reset_counts()
-        ask(one_host, "pair", "prefetch")  # both workers want its files at once
+        ask_model(one_host, "pair", "prefetch")  # both workers want its files at once
         one_host.wait_until(
-            lambda: admin(one_host, "pair")["cached_on"],
+            lambda: model_status(one_host, "pair")["cached_on"],
             timeout_s=60,
             what="the prefetch into the node cache",
         )
@@ -178,9 +161,9 @@ class TestOneHost:
             chat(one_host, "broken")
         assert refused.value.status_code == 503
         assert refused.value.response.headers.get("retry-after")
-        failure = admin(one_host, "broken")["failure"]
+        failure = model_status(one_host, "broken")["failure"]
         assert WEIGHTS in failure["detail"] and "s3://models/broken" in failure["detail"]
-        assert not admin(one_host, "broken")["cached_on"]
+        assert not model_status(one_host, "broken")["cached_on"]
 
     def test_the_budget_evicts_the_least_recently_used_cold_model(
         self, one_host: Stack, local_answer: str
@@ -192,26 +175,26 @@ class TestOneHost:
         for model in ("lru-a", "lru-b"):
             assert chat(one_host, model) == local_answer
             wait_cold(one_host, model)
-        assert admin(one_host, "lru-a")["cached_on"] and admin(one_host, "lru-b")["cached_on"]
-        assert not admin(one_host, "bucket-demo")["cached_on"]
+        assert model_status(one_host, "lru-a")["cached_on"] and model_status(one_host, "lru-b")["cached_on"]
+        assert not model_status(one_host, "bucket-demo")["cached_on"]
         assert chat(one_host, "lru-c") == local_answer
-        assert not admin(one_host, "lru-a")["cached_on"], "the least recently used leaves"
-        assert admin(one_host, "lru-b")["cached_on"]
+        assert not model_status(one_host, "lru-a")["cached_on"], "the least recently used leaves"
+        assert model_status(one_host, "lru-b")["cached_on"]
 
     def test_a_fetch_killed_half_way_leaves_nothing_used_and_resumes(
         self, one_host: Stack, store: S3Store, local_answer: str, demo_model_dir: Path
     ) -> None:
         size = (demo_model_dir / WEIGHTS).stat().st_size
         store.throttle(f"slow/{WEIGHTS}", size // 10)  # ten seconds for the weights
-        ask(one_host, "slow", "load")
+        ask_model(one_host, "slow", "load")
 
         def half_way() -> bool:
-            replicas = admin(one_host, "slow")["replicas"]
+            replicas = model_status(one_host, "slow")["replicas"]
             download = replicas[0].get("download") if replicas else None
             return download is not None and int(download["bytes_done"]) > size // 3
 
         one_host.wait_until(half_way, timeout_s=60, what="the fetch to be a third done")
-        fetcher = admin(one_host, "slow")["replicas"][0]["worker_id"]
+        fetcher = model_status(one_host, "slow")["replicas"][0]["worker_id"]
         victim = next(w for w in one_host.workers if f"-{w.process.pid}-" in fetcher)
         victim.kill()
         store.clear_faults()
