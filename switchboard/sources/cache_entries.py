@@ -48,7 +48,13 @@ _manifest_decoder = msgspec.json.Decoder(Manifest)
 
 
 class CacheFull(SourceError):
-    """The model does not fit in the node cache even after evicting every entry nobody holds."""
+    """The model does not fit in the node cache even after evicting every entry nobody holds.
+    `held` says whether entries held by models in use stand in the way (room may come when they
+    leave) or the budget and disk are too small for the model alone."""
+
+    def __init__(self, message: str, *, held: bool) -> None:
+        super().__init__(message)
+        self.held = held
 
 
 class CacheLayout:
@@ -230,7 +236,8 @@ def make_room(layout: CacheLayout, needed: int, budget: int | None, *, location:
                 extra={"entry": str(candidate), "location": location},
             )
     if not _fits(layout, needed, budget):
-        raise CacheFull(_full_message(layout, needed, budget, location))
+        held = _held_entries(layout)
+        raise CacheFull(_full_message(layout, needed, budget, location, held), held=bool(held))
 
 
 def _keys(layout: CacheLayout) -> list[str]:
@@ -292,12 +299,30 @@ def _to_trash(layout: CacheLayout, path: Path) -> Path | None:
     return doomed
 
 
-def _full_message(layout: CacheLayout, needed: int, budget: int | None, location: str) -> str:
-    held = [
+def _held_entries(layout: CacheLayout) -> list[str]:
+    """The complete entries a model in use holds, as `key (size)`."""
+    return [
         f"{cache_key} ({manifest.total_bytes / 1e9:.2f} GB)"
         for cache_key in _keys(layout)
-        for _, manifest in complete_entries(layout, cache_key)
+        for entry, manifest in complete_entries(layout, cache_key)
+        if _is_held(entry)
     ]
+
+
+def _is_held(entry: CacheEntry) -> bool:
+    try:
+        descriptor = try_lock(entry.use_lock)
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # evicted meanwhile
+    if descriptor is None:
+        return True
+    unlock(descriptor)
+    return False
+
+
+def _full_message(
+    layout: CacheLayout, needed: int, budget: int | None, location: str, held: list[str]
+) -> str:
     free = shutil.disk_usage(layout.root).free
     limit = "no budget" if budget is None else f"a budget of {budget / 1e9:.2f} GB"
     return (

@@ -83,11 +83,12 @@ def local_answer(stack: Stack) -> str:
     return chat(stack, MODEL)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def one_host(
     store: S3Store, hub: HubServer, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    """Two workers of one host: one node cache, its budget room for two copies of the demo model."""
+    """Two workers of one host: one node cache, its budget room for two copies of the demo model
+    (stopped with its class, before the two-host stack starts)."""
     root = tmp_path_factory.mktemp("one-host")
     s3 = f"s3://{BUCKET}"
     config = {

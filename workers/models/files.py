@@ -21,7 +21,7 @@ import msgspec
 
 from switchboard.config import ModelConfig, WorkerConfig
 from switchboard.sources.locations import is_remote
-from switchboard.sources.node_cache import CachedFiles, DownloadProgress, NodeCache
+from switchboard.sources.node_cache import CachedFiles, CacheFull, DownloadProgress, NodeCache
 from switchboard.sources.source import ModelSource, SourceError
 from switchboard.sources.stores import source_of
 from switchboard.wire import DownloadStatus
@@ -30,6 +30,11 @@ from workers.runtime import worker_metrics as metrics
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
+# How long a load waits for room in the node cache that models in use hold: another worker of this
+# host may be unloading one of them right now (its controller decides on its own), and a load that
+# fails at once turns that moment into a 503 for every caller waiting.
+HELD_ROOM_WAIT_S = 30.0
+HELD_ROOM_POLL_S = 0.5
 
 
 class FetchFailed(RuntimeError):
@@ -60,14 +65,24 @@ class ModelFiles:
     """Where this worker's models' files are, and the node cache that fetches the remote ones."""
 
     def __init__(self, settings: WorkerConfig, models: list[ModelConfig]) -> None:
+        self._settings = settings
         self._sources: dict[str, ModelSource] = {}
-        for model in models:
-            if is_remote(model.path):
-                source = source_of(model, concurrency=settings.download_concurrency)
-                assert source is not None
-                self._sources[model.name] = source
+        # Made with the first remote model (an adapter registered at run time may be the first).
         self._cache: NodeCache | None = None
-        if self._sources:
+        for model in models:
+            self.add(model)
+        # The fetches this process runs or waits for now, with their last progress.
+        self._fetching: dict[str, DownloadProgress | None] = {}
+
+    def add(self, model: ModelConfig) -> None:
+        """Know where `model`'s files are (a model configured, or an adapter registered at run time)."""
+        if not is_remote(model.path):
+            return
+        settings = self._settings
+        source = source_of(model, concurrency=settings.download_concurrency)
+        assert source is not None
+        self._sources[model.name] = source
+        if self._cache is None:
             budget = int(settings.model_cache_gib * GIB) if settings.model_cache_gib else None
             self._cache = NodeCache(
                 Path(settings.model_cache_dir).expanduser(),
@@ -75,8 +90,11 @@ class ModelFiles:
                 recheck_s=settings.source_recheck_s,
                 concurrency=settings.download_concurrency,
             )
-        # The fetches this process runs or waits for now, with their last progress.
-        self._fetching: dict[str, DownloadProgress | None] = {}
+
+    def remove(self, name: str) -> None:
+        """Forget `name` (an adapter whose registration was removed); its cached files stay for the
+        cache's budget to evict."""
+        self._sources.pop(name, None)
 
     @property
     def node_id(self) -> str:
@@ -134,11 +152,10 @@ class ModelFiles:
         source = self._sources.get(model.name)
         if source is None or self._cache is None:
             return HeldFiles(model=model)
-        cache = self._cache
         self._fetching[model.name] = None
         started = time.monotonic()
         try:
-            cached = await asyncio.to_thread(cache.fetch, source, self._progress_of(model.name))
+            cached = await self._fetch_when_room(model.name, source)
         except SourceError as exc:
             metrics.MODEL_FETCHES.labels(model.name, "failed").inc()
             raise FetchFailed(
@@ -155,6 +172,27 @@ class ModelFiles:
             total_bytes=cached.manifest.total_bytes,
             _held=cached,
         )
+
+    async def _fetch_when_room(self, name: str, source: ModelSource) -> CachedFiles:
+        """The node cache's fetch, tried again while only entries held by models in use keep it
+        from fitting (for at most HELD_ROOM_WAIT_S)."""
+        assert self._cache is not None
+        deadline = time.monotonic() + HELD_ROOM_WAIT_S
+        waited = False
+        while True:
+            try:
+                return await asyncio.to_thread(self._cache.fetch, source, self._progress_of(name))
+            except CacheFull as full:
+                if not full.held or time.monotonic() >= deadline:
+                    raise
+                if not waited:
+                    logger.info(
+                        f"waiting up to {HELD_ROOM_WAIT_S:.0f} s for room in the node cache for {name}: "
+                        "models in use hold it",
+                        extra={"model": name},
+                    )
+                    waited = True
+                await asyncio.sleep(HELD_ROOM_POLL_S)
 
     async def prefetch(self, model: ModelConfig) -> HeldFiles:
         """Fetch the model's files into the node cache without holding them (a later load finds them)."""

@@ -207,7 +207,18 @@ def test_cache_full_names_the_budget_what_is_needed_and_what_is_held(tmp_path: P
     assert f"needs {size / 1e9:.2f} GB more" in message
     assert "held by models in use on this host: a (" in message
     assert "model_cache_gib" in message
+    assert full.value.held, "room may come when a leaves"
     assert not cache.has("b") and cache.has("a")
+
+
+def test_cache_full_with_nothing_held_says_the_budget_is_too_small(tmp_path: Path) -> None:
+    sources = [_model(tmp_path, name) for name in ("a", "b")]
+    size = sources[0].total_bytes()
+    cache = _cache(tmp_path / "cache", budget=size // 2)
+    with pytest.raises(CacheFull) as full:
+        cache.fetch(sources[0])
+    assert not full.value.held
+    assert "held by models in use on this host: nothing" in str(full.value)
 
 
 def test_progress_is_reported_and_the_rate_recorded(tmp_path: Path) -> None:
