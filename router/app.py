@@ -45,6 +45,7 @@ PARTS = (
     "models",
     "routes",
     "pipelines",
+    "adapters",
     "health",
     "status",
     "limits",

@@ -35,6 +35,7 @@ from router.status.heartbeat import RouterHeartbeat
 from router.status.model_status import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from router.telemetry.rollout_observations import Observations
+from switchboard.adapter_registry import AdapterRegistry
 from switchboard.config import Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
@@ -61,13 +62,19 @@ class FrontDoor:
         self.pipelines = PipelineTable(
             redis, settings.pipelines, models=[m.name for m in settings.models], routes=settings.routes
         )
+        # The LoRA adapters registered at run time (read from Redis by a background task).
+        self.adapters = AdapterRegistry(redis, settings.models)
         self.models = ModelTable(
-            settings.models, started=time.time(), routes=list(settings.routes), pipelines=self.pipelines.names
+            settings.models,
+            started=time.time(),
+            routes=list(settings.routes),
+            pipelines=self.pipelines.names,
+            registry=self.adapters,
         )
         self.health = RedisHealth(redis)
         self.heartbeat = RouterHeartbeat(redis, router_id)
         self.reader = ResultReader(reader_redis, router_id, self.health)
-        self.status = ModelStatusReader(redis, settings.models)
+        self.status = ModelStatusReader(redis, settings.models, self.adapters)
         self.limits = ModelLimitsCache(redis)
         self.key_table = KeyTable(redis, settings)
         self.admission = Admission(redis, settings.limits)
@@ -141,6 +148,7 @@ class FrontDoor:
         front_door.reader.start(front_door.tasks)
         front_door.routes.start(front_door.tasks)
         front_door.pipelines.start(front_door.tasks)
+        front_door.adapters.start(front_door.tasks)
         front_door.judge.start(front_door.tasks)
         front_door.heartbeat.start(front_door.tasks)
         front_door.health.start(front_door.tasks)

@@ -327,6 +327,22 @@ def pipelines_version() -> str:
     return f"{PREFIX}:pipelines:version"
 
 
+def adapters() -> str:
+    """Hash of the LoRA adapters registered at run time (`switchboard.adapter_registry`): name → the
+    adapter's `[[models]]` entry (`switchboard.config.ModelConfig`) as msgspec JSON.
+
+    Operator data, like `pipelines`: no expiry; `switchboard adapters add|rm` changes it."""
+    return f"{PREFIX}:adapters"
+
+
+def adapters_version() -> str:
+    """A token replaced by every change of `adapters`; front doors and workers poll it, and read the
+    adapters again when it moved.
+
+    Operator data, like `adapters`: no expiry."""
+    return f"{PREFIX}:adapters:version"
+
+
 # A rollout's observation windows outlive their last write by this long: a judge reads a window
 # within seconds; a day leaves them for an operator's look afterwards.
 ROLLOUT_WINDOW_TTL_S = 24 * 3600

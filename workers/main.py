@@ -24,6 +24,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from switchboard import gc_heap
+from switchboard.adapter_registry import AdapterRegistry
 from switchboard.config import ModelConfig, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
@@ -160,6 +161,9 @@ class Worker:
             advertise=self._heartbeat.beat,
             files=self._files,
         )
+        # The LoRA adapters registered at run time: those of a base held here get slots as they come.
+        self._adapters = AdapterRegistry(self._redis, settings.models)
+        self._adapters.on_change(self._adapters_changed)
         self._metrics = MetricsServer(
             settings.worker.metrics_host,
             settings.worker.metrics_port,
@@ -226,6 +230,7 @@ class Worker:
         self._in_background(self._prepare_engines(), "import the engine runtime")
         self._in_background(self._advertise_when_prepared(), "advertise the prepared engines")
         await self._controller.start()
+        self._adapters.start(self._tasks)
         logger.info(
             f"worker ready: may hold {', '.join(self._slots)} "
             f"(at most {self.settings.worker.max_loaded_models} at once, "
@@ -259,6 +264,14 @@ class Worker:
             await _stop_step("stop serving metrics", self._metrics.stop())
             SLOTS.remove(self.id)
             logger.info("worker stopped", extra={"worker_id": self.id})
+
+    def _adapters_changed(self, added: list[ModelConfig], removed: list[str]) -> None:
+        """Registered adapters came or went: the controller weighs, unloads and forgets them."""
+        for name in removed:
+            self._controller.retire(name)
+        for adapter in added:
+            if adapter.base in self._slots:
+                self._controller.add_model(adapter)
 
     def _triton_metrics_url(self) -> str | None:
         """Where this worker's Triton serves its metrics, once it runs."""

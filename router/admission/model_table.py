@@ -3,12 +3,13 @@ a 403 for one the caller's key may not use, a 503 at once for one that no live w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from router.admission.auth import Caller
 from router.openai.errors import ModelNotFoundError, NoWorkerForModelError
 from router.status.model_status import ModelStatusReader, may_serve
 from router.telemetry.requests import note_model
+from switchboard.adapter_registry import AdapterRegistry
 from switchboard.config import ModelConfig, ModelKind
 
 # Requests share one read of the live workers' records this recent (no round trip per request).
@@ -26,8 +27,11 @@ class ModelTable:
         started: float,
         routes: Sequence[str] = (),
         pipelines: Callable[[], Iterable[str]] = tuple,
+        registry: AdapterRegistry | None = None,
     ) -> None:
-        self._models = {model.name: model for model in models}
+        self._configured = {model.name: model for model in models}
+        # The adapters registered at run time, kept fresh by the registry's own poll.
+        self._registry = registry
         # Route and pipeline names are not models, but a 404 lists them beside the models a caller
         # may name; the pipelines are asked for each time (the admin API adds some at run time).
         self._routes = list(routes)
@@ -35,23 +39,36 @@ class ModelTable:
         self.started = started
 
     def names(self) -> list[str]:
-        """Every model this front door routes."""
-        return list(self._models)
+        """Every model this front door routes: the configured ones, then the registered adapters."""
+        return [*self._configured, *self._registered()]
+
+    def get(self, name: str) -> ModelConfig | None:
+        """The routed model `name`'s configuration (None for a name that is no model)."""
+        return self._configured.get(name) or self._registered().get(name)
 
     def kind(self, name: str) -> ModelKind:
         """What the routed model `name` answers: text generation, or one of the pooling kinds."""
-        return self._models[name].kind
+        return self._known(name).kind
 
     def base(self, name: str) -> str | None:
         """The base model of the routed adapter `name` (None for a whole model)."""
-        return self._models[name].base
+        return self._known(name).base
+
+    def _known(self, name: str) -> ModelConfig:
+        model = self.get(name)
+        if model is None:
+            raise KeyError(name)
+        return model
+
+    def _registered(self) -> Mapping[str, ModelConfig]:
+        return self._registry.registered() if self._registry is not None else {}
 
     def require(self, name: str, caller: Caller | None = None) -> ModelConfig:
         """The model's configuration, or a 404 in OpenAI's shape that lists the models `caller` may
         use (none without a caller: nobody learns of models their key may not use)."""
-        model = self._models.get(name)
+        model = self.get(name)
         if model is None:
-            names = [*self._models, *self._routes, *self._pipelines()]
+            names = [*self.names(), *self._routes, *self._pipelines()]
             visible = [known for known in names if caller.may_use(known)] if caller else []
             raise ModelNotFoundError(name, visible)
         note_model(name)

@@ -1,5 +1,6 @@
 """Operator endpoints: where every model stands, requests to load or unload one, the routes'
-weights (`router.routing`), and the pipelines (`router.endpoints.admin_pipelines`).
+weights (`router.routing`), the pipelines (`router.endpoints.admin_pipelines`) and the adapters
+registered at run time (`router.endpoints.admin_adapters`).
 
 The front door never calls a worker: status is read from Redis (`router.status.model_status`), and a load
 or unload request is a desired state that the workers' model controllers read: it bumps the
@@ -20,6 +21,7 @@ from litestar.types import Guard
 
 from router.admission.auth import require_admin
 from router.admission.model_table import ModelTable
+from router.endpoints.admin_adapters import ADAPTER_HANDLERS
 from router.endpoints.admin_pipelines import PIPELINE_HANDLERS
 from router.gate.admin import MODEL_STATE, ROLLOUT_PLAN, ROUTE_WEIGHTS
 from router.gate.gate import GATE_OPT
@@ -217,6 +219,7 @@ def admin_router() -> Router:
             start_route_rollout,
             abort_route_rollout,
             *PIPELINE_HANDLERS,
+            *ADAPTER_HANDLERS,
         ],
         guards=ADMIN_GUARDS,
     )

@@ -1,5 +1,5 @@
 """The gates of the admin API's writes: a model's load or unload, a route's weights, a rollout's plan,
-a pipeline's definition.
+a pipeline's definition, an adapter's registration.
 
 Their bodies are small by nature (a plan, a few weights, one pipeline's steps), so each is bounded
 far below the generation endpoints' `max_body_bytes`; what they hold is checked by their structs
@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from router.gate.gate import Gate, unchecked
-from switchboard.config import PipelineConfig
+from switchboard.config import ModelConfig, PipelineConfig
 from switchboard.rollout import RolloutPlan
 
 # The largest admin body taken: a pipeline of hundreds of steps is a few kilobytes.
@@ -47,4 +47,9 @@ ROLLOUT_PLAN = Gate(
 )
 PIPELINE_DEFINITION = Gate(
     "pipeline definition", msgspec.json.Decoder(PipelineConfig), unchecked, max_bytes=ADMIN_MAX_BODY_BYTES
+)
+# Its fields are a `[[models]]` entry's (unknown fields refused); what an adapter may set of them is
+# checked by the registry (`switchboard.adapter_registry`).
+ADAPTER_DEFINITION = Gate(
+    "adapter definition", msgspec.json.Decoder(ModelConfig), unchecked, max_bytes=ADMIN_MAX_BODY_BYTES
 )

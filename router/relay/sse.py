@@ -19,6 +19,7 @@ from router.openai.errors import (
     InvalidRequestError,
     JobTimeoutError,
     ModelLoadFailedError,
+    ModelNotFoundError,
     OpenAIError,
 )
 from switchboard.wire import Chunk, JobError, TokenLogprob, ToolCall
@@ -94,6 +95,8 @@ def sse_comment(text: str) -> bytes:
 
 def error_for(job_error: JobError, model: str) -> OpenAIError:
     """The client-facing error for a job of `model` that failed on the worker."""
+    if job_error.code == "invalid_request" and job_error.client_code == "model_not_found":
+        return ModelNotFoundError(model, [])  # an adapter removed while its job waited
     if job_error.code == "invalid_request":
         return InvalidRequestError(job_error.message, param=job_error.param, code=job_error.client_code)
     if job_error.code == "timeout":

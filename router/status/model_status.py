@@ -18,6 +18,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from switchboard import keep_alive, keys, live_workers
+from switchboard.adapter_registry import AdapterRegistry
 from switchboard.config import ModelConfig
 from switchboard.demand import DemandIndex
 from switchboard.queue_depth import JobsWaiting, decode_depths
@@ -134,9 +135,17 @@ class ModelStatusList(msgspec.Struct, kw_only=True):
 class ModelStatusReader:
     """Reads model status in three pipelined round trips: queues and failures, records, costs."""
 
-    def __init__(self, redis: aioredis.Redis, models: Sequence[ModelConfig]) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        models: Sequence[ModelConfig],
+        registry: AdapterRegistry | None = None,
+    ) -> None:
         self._redis = redis
-        self._models = {m.name: m for m in models}
+        self._configured = {m.name: m for m in models}
+        # The adapters registered at run time, kept fresh by the registry's own poll.
+        self._registry = registry
+        self._adapters_seen: dict[str, ModelConfig] = {}
         self._jobs_waiting = JobsWaiting(redis)
         # Progress comments of many requests waiting on one model share one read.
         self._recent: dict[str, tuple[float, asyncio.Task[ModelStatus]]] = {}
@@ -147,7 +156,7 @@ class ModelStatusReader:
 
     def served_on(self, name: str) -> str:
         """The model whose engine serves `name`: an adapter's base, else `name` itself."""
-        model = self._models.get(name)
+        model = self._model(name)
         return model.base if model is not None and model.base is not None else name
 
     async def read(self, names: Sequence[str], *, with_costs: bool = True) -> list[ModelStatus]:
@@ -167,7 +176,7 @@ class ModelStatusReader:
         for name, failure in zip(names, replies[2:], strict=True):
             statuses.append(
                 summarize(
-                    self._models[name],
+                    self._known(name),
                     records,
                     waiting=depths[name].waiting,
                     failure=_decode_failure(failure),
@@ -205,9 +214,28 @@ class ModelStatusReader:
         caller: the metrics are open to anyone, and a flood of scrapes must cost Redis nothing more."""
         loop = asyncio.get_running_loop()
         if self._depths is None or loop.time() - self._depths[0] > max_age_s:
-            self._depths = (loop.time(), loop.create_task(queue_depths(self._redis, list(self._models))))
+            self._depths = (loop.time(), loop.create_task(queue_depths(self._redis, self._names())))
         # Shielded: a caller that goes away must not cancel the read the others wait on.
         return await asyncio.shield(self._depths[1])
+
+    def _model(self, name: str) -> ModelConfig | None:
+        registered = self._registry.registered() if self._registry is not None else {}
+        model = self._configured.get(name) or registered.get(name)
+        if model is not None and model.adapter:
+            self._adapters_seen[name] = model
+        return model
+
+    def _known(self, name: str) -> ModelConfig:
+        """A model named by a request or a listing: still this after its adapter was removed (a
+        removal may land between a request's lookup and its status read)."""
+        model = self._model(name) or self._adapters_seen.get(name)
+        if model is None:
+            raise KeyError(name)
+        return model
+
+    def _names(self) -> list[str]:
+        registered = self._registry.registered() if self._registry is not None else {}
+        return [*self._configured, *registered]
 
     async def _load_costs(
         self, names: Sequence[str], records: list[WorkerRecord]

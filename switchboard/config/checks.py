@@ -84,7 +84,7 @@ def _check_model(model: ModelConfig) -> None:
             f"model {name!r}: min_replicas ({model.min_replicas}) is above "
             f"max_replicas ({model.max_replicas})"
         )
-    _check_location(model)
+    check_location(model)
 
 
 def check_adapters(models: list[ModelConfig]) -> None:
@@ -131,7 +131,7 @@ def _check_lora_base(base: ModelConfig) -> None:
         )
 
 
-def _check_location(model: ModelConfig) -> None:
+def check_location(model: ModelConfig) -> None:
     """The model's path names a folder or a store, and its storage table fits that store."""
     try:
         location = parse_location(model.path)

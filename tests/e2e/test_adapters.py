@@ -16,7 +16,7 @@ import pytest
 
 from switchboard.local.demo_model import config_entry
 from tests.support.adapters import break_adapter, build_adapter, build_merged
-from tests.support.admin_api import ask_model, model_status
+from tests.support.admin_api import admin_call, ask_model, model_status
 from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
@@ -161,3 +161,43 @@ def test_a_base_unloaded_takes_its_adapters_along_and_an_adapters_request_brings
         model_status(lora_stack, BASE)["state"] == "warm"
         and model_status(lora_stack, name)["state"] == "warm"
     )
+
+
+def test_an_adapter_registered_at_run_time_serves_until_it_is_removed(
+    lora_stack: Stack, adapter_dirs: dict[str, Path]
+) -> None:
+    name = "acme/support-v1"  # ft-1's files under a name of its own: it answers as ft-1
+    entry = {"name": name, "base": BASE, "path": str(adapter_dirs[ADAPTERS[0]]), "keep_alive_s": 60}
+    status, body = admin_call(lora_stack, "POST", "/admin/adapters", entry)
+    assert (status, body["id"], body["source"]) == (201, name, "admin")
+    assert chat(lora_stack, name) == chat(lora_stack, ADAPTERS[0])
+    listed = {card["id"]: card for card in admin_call(lora_stack, "GET", "/v1/models")[1]["data"]}
+    assert listed[name]["parent"] == BASE
+    sources = {a["id"]: a["source"] for a in admin_call(lora_stack, "GET", "/admin/adapters")[1]["data"]}
+    assert sources[name] == "admin" and sources[ADAPTERS[0]] == "config"
+
+    # What the config could not hold is refused, and changes nothing.
+    refusals = [
+        ("POST", "/admin/adapters", entry, 409),  # registered already
+        ("POST", "/admin/adapters", {**entry, "name": "x", "engine_args": {"seed": 1}}, 400),
+        ("POST", "/admin/adapters", {**entry, "name": "x", "base": "no-such-base"}, 400),
+        ("DELETE", f"/admin/adapters/{ADAPTERS[0]}", None, 409),  # the config's
+        ("DELETE", "/admin/adapters/no-such-adapter", None, 404),
+    ]
+    for method, path, body_sent, expected in refusals:
+        status, body = admin_call(lora_stack, method, path, body_sent)
+        assert status == expected, (method, path, body)
+        assert body["error"]["message"]
+    assert model_status(lora_stack, name)["state"] == "warm"
+
+    status, body = admin_call(lora_stack, "DELETE", f"/admin/adapters/{name}")
+    assert (status, body) == (200, {"id": name, "object": "model", "deleted": True})
+    with pytest.raises(openai.NotFoundError) as caught:
+        chat(lora_stack, name)
+    assert caught.value.code == "model_not_found"
+    lora_stack.wait_until(
+        lambda: f"unloading {name}: its registration was removed" in lora_stack.console_log.read_text(),
+        timeout_s=30,
+        what="the worker to unload the removed adapter",
+    )
+    assert chat(lora_stack, ADAPTERS[0]) == chat(lora_stack, f"merged-{ADAPTERS[0]}")

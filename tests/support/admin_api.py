@@ -1,9 +1,10 @@
 """The operator's side of a running stack's admin API, as end-to-end tests call it: where a model
-stands (`GET /admin/models/{model}`) and a request to load, unload or prefetch it."""
+stands (`GET /admin/models/{model}`), a request to load, unload or prefetch it, and any other call."""
 
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -27,3 +28,18 @@ def ask_model(stack: Stack, model: str, action: str) -> None:
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 202
+
+
+def admin_call(stack: Stack, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """Any admin API call: its status and decoded JSON body (errors included, never raised)."""
+    request = urllib.request.Request(
+        f"{stack.base_url}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())

@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from switchboard import keys
+from switchboard.config import ModelConfig
 from switchboard.demand import poke_demand
 from switchboard.redis_conn import stream_entries
 from switchboard.wire import JobError
@@ -125,6 +127,21 @@ class ControllerEffects(Protocol):
 
     async def prefetch(self, model: str) -> None:
         """Fetch the remote model's files into the node cache without loading it (raises FetchFailed)."""
+
+    # --- adapters registered and removed at run time ---
+
+    def add_model(self, model: ModelConfig) -> bool:
+        """Give `model` a slot here and weigh it from the next pass; False when this worker cannot
+        hold it (an adapter of a base it does not hold)."""
+
+    def stop_weighing(self, model: str) -> None:
+        """Leave `model` out of every pass from now on (its slot stays until `forget`)."""
+
+    def has_slot(self, model: str) -> bool:
+        """Whether `model` has a slot here."""
+
+    async def forget(self, model: str) -> None:
+        """Drop the cold slot of a removed model, answering its waiting jobs that it is gone."""
 
 
 class WorkerEffects:
@@ -311,6 +328,44 @@ class WorkerEffects:
         """Fetch the remote model's files into the node cache without loading it (raises FetchFailed)."""
         if self._files is not None:
             await self._files.prefetch(self._slots[model].model)
+
+    def add_model(self, model: ModelConfig) -> bool:
+        """Give `model` a slot here and weigh it from the next pass; False when this worker cannot
+        hold it (an adapter of a base it does not hold)."""
+        if self._slots.add(model) is None:
+            return False
+        if self._files is not None:
+            self._files.add(model)
+        self._snapshot.add(model)
+        return True
+
+    def stop_weighing(self, model: str) -> None:
+        """Leave `model` out of every pass from now on (its slot stays until `forget`)."""
+        self._snapshot.remove(model)
+
+    def has_slot(self, model: str) -> bool:
+        """Whether `model` has a slot here."""
+        return model in self._slots
+
+    async def forget(self, model: str) -> None:
+        """Drop the cold slot of a removed model, answering its waiting jobs that it is gone (those
+        no worker has taken: each is answered once, by whichever worker reads it)."""
+        gone = JobError(
+            code="invalid_request",
+            message=f"The model `{model}` was removed while this request waited.",
+            param="model",
+            client_code="model_not_found",
+        )
+        try:
+            refused = await self._consumer.refuse_waiting(model, gone)
+        except ResponseError:
+            refused = 0  # no job ever came for it: its stream has no group
+        if refused:
+            logger.info(f"answered {refused} waiting jobs of {model}: removed", extra={"model": model})
+        self._leased.discard(model)
+        self._slots.remove(model)
+        if self._files is not None:
+            self._files.remove(model)
 
     async def _ensure_warm(self, model: str, expected_s: float | None) -> None:
         slot = self._slots[model]

@@ -100,6 +100,10 @@ class ModelController:
         # Fetches of models' files ahead of their loads (they hold no slot).
         self._prefetches: dict[str, asyncio.Future[None]] = {}
         self._announcements: set[asyncio.Future[None]] = set()
+        # Adapters whose registration was removed, to unload (if held) and forget between transitions;
+        # and those registered again meanwhile, to add once the old slot is gone.
+        self._retiring: set[str] = set()
+        self._returning: dict[str, ModelConfig] = {}
         self._tasks = TaskSet("model controller")
 
     async def start(self) -> None:
@@ -115,6 +119,21 @@ class ModelController:
         pending = [*self._transitions.values(), *self._prefetches.values()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    def add_model(self, model: ModelConfig) -> None:
+        """Weigh `model` (an adapter registered at run time) from the next pass, where this worker may
+        hold it."""
+        if model.name in self._retiring or model.name in self._transitions:
+            self._returning[model.name] = model  # added once the removed one's slot is gone
+        elif not self._effects.has_slot(model.name):
+            self._effects.add_model(model)
+
+    def retire(self, name: str) -> None:
+        """`name`'s registration was removed: weigh it no more, unload it if held, forget its slot."""
+        self._returning.pop(name, None)
+        if self._effects.has_slot(name):
+            self._effects.stop_weighing(name)
+            self._retiring.add(name)
 
     async def _run(self) -> None:
         trigger = "tick"
@@ -166,6 +185,7 @@ class ModelController:
         commit."""
         await self._renew_leases()
         self._unload_ended_engines()
+        self._retire_removed()
         view = await self._effects.read_view(self._local_facts())
         self._preload_pending -= {m.name for m in view.models if m.replicas > 0}
         actions = [a for a in decide(view) if a.model not in self._transitions]
@@ -194,6 +214,21 @@ class ModelController:
             )
             metrics.ENGINES_ENDED.labels(model).inc()
             self._start(model, self._unload(model))
+
+    def _retire_removed(self) -> None:
+        """Start the retirement of each removed model not in a transition now."""
+        for model in sorted(self._retiring - self._transitions.keys()):
+            self._retiring.discard(model)
+            self._start(model, self._retire(model))
+
+    async def _retire(self, model: str) -> None:
+        if not self._effects.is_cold(model):
+            logger.info(f"unloading {model}: its registration was removed", extra={"model": model})
+            await self._unload(model)
+        await self._effects.forget(model)
+        returning = self._returning.pop(model, None)
+        if returning is not None:
+            self._effects.add_model(returning)
 
     def _local_facts(self) -> LocalFacts:
         starting = frozenset(name for name in self._transitions if self._effects.is_cold(name))

@@ -100,6 +100,23 @@ class SnapshotReader:
         self._demand = DemandIndex(redis)
         self._catalogue = Catalogue(kind)
 
+    def add(self, model: ModelConfig) -> None:
+        """Weigh `model` from the next pass on (an adapter registered at run time)."""
+        self._models.append(model)
+        self._configured[model.name] = model
+        self._position.setdefault(model.name, len(self._position))
+        if model.min_replicas > 0:
+            self._kept_warm.add(model.name)
+
+    def remove(self, name: str) -> None:
+        """Weigh `name` no more (an adapter whose registration was removed), held here or not."""
+        model = self._configured.pop(name, None)
+        if model is not None:
+            self._models.remove(model)
+        self._position.pop(name, None)
+        self._kept_warm.discard(name)
+        self._prefetched.pop(name, None)
+
     def may_hold(self, model: str) -> bool:
         """Whether this worker could ever hold `model`: it may serve it, and it fits its whole budget
         (or it holds it already)."""

@@ -277,6 +277,10 @@ class JobConsumer:
         """
         running = {entry.entry_id for entry in self._entries.values()}
         noted = await self._demand.read()
+        # The slots of adapters removed since are gone from `slots`: their streams are not taken over.
+        self._by_stream = {
+            stream: slot for stream, slot in self._by_stream.items() if slot.name in self._slots
+        }
         streams = [stream for stream, slot in self._by_stream.items() if slot.name in noted]
         await self._takeover.sweep(streams, running)
 
@@ -381,6 +385,8 @@ class JobConsumer:
         return any(slot.model.lora is not None for slot in self._slots.warm())
 
     def _slot_changed(self, slot: ModelSlot) -> None:
+        # A slot made since the start (an adapter registered at run time) is known from its first change.
+        self._by_stream[keys.job_stream(slot.name)] = slot
         if slot.state == "warm":
             self._held_back_read.wake()
 

@@ -74,6 +74,17 @@ class Slots(Mapping[str, ModelSlot]):
         self._position.setdefault(model.name, len(self._position))
         return slot
 
+    def remove(self, name: str) -> None:
+        """Forget the cold slot `name` (an adapter whose registration was removed)."""
+        slot = self._slots[name]
+        if slot.state != "cold":
+            raise RuntimeError(f"{name} is {slot.state} here; unload it before removing its slot")
+        if isinstance(slot, AdapterSlot):
+            slot.base.adapters.remove(slot)
+        del self._slots[name]
+        self._position.pop(name, None)
+        self._held.discard(name)
+
     def __getitem__(self, name: str) -> ModelSlot:
         return self._slots[name]
 

@@ -153,6 +153,19 @@ class RecordingEffects:
         if model in self.failing_fetches:
             raise FetchFailed(self.failing_fetches[model])
 
+    def add_model(self, model: ModelConfig) -> bool:
+        self.applied.append(("add", model.name))
+        return True
+
+    def stop_weighing(self, model: str) -> None:
+        self.applied.append(("stop weighing", model))
+
+    def has_slot(self, model: str) -> bool:
+        return any(view.name == model for view in self.view.models) and ("forget", model) not in self.applied
+
+    async def forget(self, model: str) -> None:
+        self.applied.append(("forget", model))
+
     async def wake(self, model: str, expected_s: float | None) -> None:
         self.applied.append(("wake", model))
 
@@ -397,6 +410,27 @@ async def test_nothing_to_do_applies_no_effect_and_logs_no_action(caplog: pytest
     await one_pass(effects)
     assert effects.applied == []
     assert logged_whys(caplog) == []
+
+
+async def test_a_removed_adapter_held_here_is_unloaded_then_forgotten_and_may_come_back() -> None:
+    effects = RecordingEffects(
+        View(now=NOW, limits=LIMITS, models=(warm("ft", idle_for=0.0, keep_alive_s=600.0),))
+    )
+    loop = controller(effects)
+    loop.retire("ft")
+    loop.add_model(ModelConfig(name="ft", base="base", path="again"))  # registered anew meanwhile
+    await loop.step()
+    await loop.stop()
+    assert effects.applied == [("stop weighing", "ft"), *unloaded("ft"), ("forget", "ft"), ("add", "ft")]
+
+
+async def test_a_removed_model_without_a_slot_here_changes_nothing() -> None:
+    effects = RecordingEffects(View(now=NOW, limits=LIMITS, models=()))
+    loop = controller(effects)
+    loop.retire("elsewhere")
+    await loop.step()
+    await loop.stop()
+    assert effects.applied == []
 
 
 class PokedEffects(RecordingEffects):
