@@ -39,7 +39,12 @@ class HeapUpkeep:
 
     def model_changed(self, slot: ModelSlot) -> None:
         """A model that became warm is frozen, one that became cold collected. A collection freezes
-        what survives as well, so it stands for a freeze due before it."""
+        what survives as well, so it stands for a freeze due before it. An adapter's load or unload
+        makes or frees nearly nothing in this process (it lives in its base's engine): it is left
+        alone, since the freeze's walk of the heap (70 ms) ran first thing once it was warm, before
+        the job that asked for it was taken, and was most of a cold adapter's first token."""
+        if slot.model.adapter:
+            return
         if slot.state == "cold":
             self._due = "collect"
         elif slot.state == "warm" and self._due is None:

@@ -16,9 +16,15 @@ from workers.runtime.heap_upkeep import HeapUpkeep
 
 
 @dataclass
+class FakeModel:
+    adapter: bool = False
+
+
+@dataclass
 class FakeSlot:
     state: str = "cold"
     in_flight: int = 0
+    model: FakeModel = field(default_factory=FakeModel)
 
 
 @dataclass
@@ -86,5 +92,19 @@ async def test_a_collection_stands_for_the_freeze_due_before_it(asked: list[str]
         await until(lambda: bool(asked), 5, "the collection")
         await asyncio.sleep(0.1)
         assert asked == ["collect"]
+    finally:
+        running.cancel()
+
+
+async def test_an_adapter_coming_and_going_walks_no_heap(asked: list[str]) -> None:
+    adapter = FakeSlot(model=FakeModel(adapter=True))
+    slots = FakeSlots(slots=[adapter])
+    upkeep = HeapUpkeep(slots, max_defer_s=5.0)  # type: ignore[arg-type]
+    running = asyncio.create_task(upkeep.run())
+    try:
+        slots.change(adapter, state="warm")  # its first job waits to be taken: no stall before it
+        slots.change(adapter, state="cold")
+        await asyncio.sleep(0.1)
+        assert asked == []
     finally:
         running.cancel()
