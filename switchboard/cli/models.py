@@ -94,11 +94,34 @@ def _cards(base_url: str, headers: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def render_table(payload: dict[str, Any]) -> str:
-    """The table for a `/admin/models` payload: one line per model, then one per failed load."""
+    """The table for a `/admin/models` payload: one line per model, each base's adapters under it,
+    then one line per failed load. A base's adapters with nothing to show (cold, nothing waiting, no
+    failure) are one line: a catalogue of thousands of fine-tunes must not bury the rest."""
     models: list[dict[str, Any]] = payload.get("data", [])
-    rows = [_row(model) for model in models]
+    rows: list[tuple[str, ...]] = []
+    adapters: dict[str, list[dict[str, Any]]] = {}
+    for model in models:
+        if model.get("base"):
+            adapters.setdefault(model["base"], []).append(model)
+    for model in models:
+        if model.get("base") and model["base"] in {m["name"] for m in models}:
+            continue  # listed under its base
+        rows.append(_row(model))
+        rows += _adapter_rows(adapters.get(model["name"], []))
     notes = [_failure_note(model) for model in models if model.get("failure")]
     return _align([COLUMNS, *rows]) + "".join(f"{note}\n" for note in notes)
+
+
+def _adapter_rows(adapters: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The rows of one base's adapters: those with anything to show, then how many are idle and cold."""
+    shown = [a for a in adapters if a["state"] != "cold" or a.get("waiting") or a.get("failure")]
+    rows = [(f"└ {row[0]}", *row[1:]) for row in map(_row, shown)]
+    resting = len(adapters) - len(shown)
+    if resting:
+        rows.append(
+            (f"└ {resting} more adapter{'s' if resting != 1 else ''}", "cold", *["-"] * (len(COLUMNS) - 2))
+        )
+    return rows
 
 
 def human_seconds(seconds: float | None) -> str:

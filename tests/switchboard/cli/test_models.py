@@ -211,6 +211,23 @@ def test_several_worker_kinds_show_each_kind() -> None:
     assert "5.0 s H100 / 61 s cpu" in row
 
 
+def test_adapters_are_listed_under_their_base_and_the_idle_ones_counted() -> None:
+    def status(name: str, base: str | None = None, **fields: object) -> dict[str, object]:
+        return {"name": name, "base": base, "state": "cold", "replicas": [], "waiting": 0, **fields}
+
+    payload = {
+        "data": [
+            status("llama", state="warm"),
+            status("other"),
+            status("ft-a", "llama", state="warm"),
+            status("ft-b", "llama", waiting=2),
+            *(status(f"ft-idle-{n}", "llama") for n in range(998)),
+        ]
+    }
+    names = [line.split("  ")[0] for line in render_table(payload).splitlines()[1:]]
+    assert names == ["llama", "└ ft-a", "└ ft-b", "└ 998 more adapters", "other"]
+
+
 def test_a_warm_replica_with_work_shows_its_running_and_waiting_jobs() -> None:
     def replica(worker_id: str, in_flight: int, **fields: object) -> dict[str, object]:
         return {
