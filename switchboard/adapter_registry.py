@@ -8,7 +8,7 @@ a copy in memory and polls the version every POLL_S (one GET); it reads the hash
 version moved. So registered adapters cost Redis nothing while nobody registers any: the same one
 GET per POLL_S and process with 10 of them as with 10,000, and a request never reads the registry.
 
-An adapter is checked as the config's are at start (its base is a configured vLLM generator, it
+An adapter is checked as the config's are at start (its base is a configured generator on vLLM or TensorRT-LLM, it
 sets nothing that is its base's to set, its path is a folder or a store), and its base must take
 adapters registered at run time: a `lora` table (the engine's LoRA settings are fixed when it
 starts). A stored entry that does not fit this process's config (written by one with other models)

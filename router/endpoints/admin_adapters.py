@@ -2,7 +2,7 @@
 list, register and remove them, every front door and worker applying a change within about a second.
 
 A registration is checked as the config's adapters are at start: a 400 that says what is wrong (a
-base that is no vLLM generator or takes no adapters registered at run time, a field that is the
+base that is no generator of vLLM or TensorRT-LLM, or takes no adapters registered at run time, a field that is the
 base's to set, a path that is no folder or store) and nothing changes; a name already in use is a
 409. The adapters of the config are listed too, and cannot be removed here (409: the config has
 them). A removed adapter's next request is a 404; workers unload it where it is held.

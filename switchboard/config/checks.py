@@ -87,6 +87,10 @@ def _check_model(model: ModelConfig) -> None:
     check_location(model)
 
 
+# The engines that serve LoRA adapters on a base.
+LORA_ENGINES = ("vllm", "trtllm")
+
+
 def check_adapters(models: list[ModelConfig]) -> None:
     """Every adapter names a base that is a configured generator on vLLM, and sets nothing that is
     its base's to set (the engine, its arguments, its kind)."""
@@ -108,10 +112,10 @@ def check_adapter(adapter: ModelConfig, base: ModelConfig | None, model_names: l
         )
     if base.base is not None:
         raise ConfigError(f"model {name!r}: base {base.name!r} is itself an adapter; name its base instead")
-    if base.kind != "generate" or base.engine_name != "vllm":
+    if base.kind != "generate" or base.engine_name not in LORA_ENGINES:
         raise ConfigError(
             f"model {name!r}: base {base.name!r} is a {base.kind!r} model on {base.engine_name!r}; "
-            "LoRA adapters are served on vLLM generators"
+            "LoRA adapters are served on generators of vLLM or TensorRT-LLM"
         )
     own = [field for field in ("engine", "engine_args", "lora", "footprint_gib") if getattr(adapter, field)]
     if adapter.kind != "generate":
@@ -124,9 +128,9 @@ def check_adapter(adapter: ModelConfig, base: ModelConfig | None, model_names: l
 
 
 def _check_lora_base(base: ModelConfig) -> None:
-    if base.kind != "generate" or base.engine_name != "vllm":
+    if base.kind != "generate" or base.engine_name not in LORA_ENGINES:
         raise ConfigError(
-            f"model {base.name!r}: LoRA adapters are served on vLLM generators; "
+            f"model {base.name!r}: LoRA adapters are served on generators of vLLM or TensorRT-LLM; "
             f"this is a {base.kind!r} model on {base.engine_name!r}"
         )
 

@@ -43,6 +43,8 @@ from tests.support.fake_trtllm_types import (
     FinishReason,
     GuidedDecodingParams,
     KvCacheConfig,
+    LoraConfig,
+    LoRARequest,
     RequestError,
     Response,
     SamplingParams,
@@ -209,6 +211,8 @@ class LLM:
         self.tokenizer = TransformersTokenizer(hf_tokenizer)
         self._shut_down = False
         self._next_id = 0
+        # Each request's adapter (None for the base alone), in order.
+        self.lora_requests: list[Any] = []
         faults = self.faults
         self._process = subprocess.Popen([sys.executable, "-I", "-S", "-c", EXECUTOR_SCRIPT])
         try:
@@ -250,6 +254,9 @@ class LLM:
                 f"The sum of prompt length ({float(prompt_len)}), query length (0) should not exceed "
                 f"max_num_tokens ({self.args.max_num_tokens})"
             )
+        if lora_request is not None and "lora_config" not in self.args.kwargs:
+            raise ValueError("LoRA request given, but the LLM has no lora_config")
+        self.lora_requests.append(lora_request)
         self._next_id += 1
         result = RequestOutput(self, self._next_id, ids, params)
         self._executor.submit(result)
@@ -298,6 +305,8 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Faults:
         "tensorrt_llm.executor": _module(
             "tensorrt_llm.executor", CompletionOutput=CompletionOutput, RequestError=RequestError
         ),
+        "tensorrt_llm.lora_manager": _module("tensorrt_llm.lora_manager", LoraConfig=LoraConfig),
+        "tensorrt_llm.executor.request": _module("tensorrt_llm.executor.request", LoRARequest=LoRARequest),
         "tensorrt_llm.sampling_params": _module(
             "tensorrt_llm.sampling_params",
             SamplingParams=SamplingParams,

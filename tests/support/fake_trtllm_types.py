@@ -47,6 +47,31 @@ class TorchLlmArgs:
     model_fields: ClassVar[dict[str, Any]] = dict.fromkeys(TORCH_LLM_ARGS)
 
 
+@dataclass
+class LoraConfig:
+    """`tensorrt_llm.lora_manager.LoraConfig`: the fields the engine sets."""
+
+    lora_dir: list[str] = field(default_factory=list)
+    lora_ckpt_source: str = "hf"
+    max_lora_rank: int = 64
+    lora_target_modules: list[str] = field(default_factory=list)
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None
+
+
+@dataclass(slots=True)
+class LoRARequest:
+    """`tensorrt_llm.executor.request.LoRARequest`: refuses a path that does not exist, as the real one."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+    def __post_init__(self) -> None:
+        if not os.path.exists(self.lora_path):
+            raise ValueError(f"lora_path ({self.lora_path}) does not exist.")
+
+
 class RequestError(RuntimeError):
     """A request the executor refused (`tensorrt_llm.executor.utils.RequestError`)."""
 

@@ -45,7 +45,7 @@ async def test_what_one_process_registers_another_reads_and_is_told(redis: aiore
         (adapter("x", base=None), "`base` names the generator"),
         (adapter("x", base="nowhere"), "not a configured model"),
         (adapter("x", base="plain"), "give its [[models]] entry a [models.lora] table"),
-        (adapter("x", base="embedder"), "LoRA adapters are served on vLLM generators"),
+        (adapter("x", base="embedder"), "LoRA adapters are served on generators of vLLM or TensorRT-LLM"),
         (adapter("x", engine_args={"seed": 1}), "remove engine_args (set them on 'base')"),
         (adapter("x", path="s3://"), "path"),
     ],

@@ -1,4 +1,4 @@
-"""LoRA adapters in `[[models]]`: an adapter names a vLLM generator as its base and sets nothing of its
+"""LoRA adapters in `[[models]]`: an adapter names a generator (vLLM or TensorRT-LLM) as its base and sets nothing of its
 engine; a base named by adapters gets LoRA settings that take their ranks; a worker that may hold a
 base may hold its adapters."""
 
@@ -54,7 +54,7 @@ def test_a_base_keeps_the_lora_table_it_sets(tmp_path: Path) -> None:
         ('[[models]]\nname = "ft"\nbase = "base"\npath = "/a"\n[[models]]\nname = "ft2"\nbase = "ft"\npath = "/b"\n',
          "is itself an adapter"),
         ('[[models]]\nname = "emb"\nkind = "embed"\npath = "/e"\n[[models]]\nname = "ft"\nbase = "emb"\npath = "/a"\n',
-         "served on vLLM generators"),
+         "served on generators of vLLM or TensorRT-LLM"),
     ],
 )  # fmt: skip
 def test_an_adapter_that_does_not_fit_its_base_fails_at_start(tmp_path: Path, text: str, says: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
 import threading
 import time
@@ -35,7 +36,16 @@ from typing import Any
 from switchboard import tracing
 from switchboard.config import ModelConfig
 from switchboard.wire import ModelLimits
-from workers.engines.base import Delta, Engine, EngineRequest, Footprint, InvalidEngineRequest
+from workers.engines.adapter_files import check_adapter_folder
+from workers.engines.base import (
+    Adapter,
+    AdapterRefused,
+    Delta,
+    Engine,
+    EngineRequest,
+    Footprint,
+    InvalidEngineRequest,
+)
 from workers.engines.gpu_memory import processes_gpu_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import process_tree
@@ -48,6 +58,7 @@ from workers.engines.trtllm.io import (
 from workers.engines.trtllm.load_plan import LoadPlan, UnsupportedModel, plan_load, refusal
 from workers.engines.trtllm.refusals import check_one_step_holds, stream_refusal, submit_refusal
 from workers.engines.trtllm.runtime import (
+    LORA_REQUEST_MODULE,
     Built,
     build,
     can_release,
@@ -264,7 +275,7 @@ class TrtllmEngine(Engine):
         sampling = trtllm_sampling(request.sampling, prompt, builder, prompt_param=prompt_param)
         check_one_step_holds(llm, prompt, prompt_param)
         reader = TrtOutputReader(request.sampling, prompt, self._tokenizer, max_tokens=sampling.max_tokens)
-        running = _Running(self._submitted(llm, prompt, sampling))
+        running = _Running(self._submitted(llm, prompt, sampling, self._lora_request(request.adapter)))
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
         self._running[request.request_id] = running
         try:
@@ -305,10 +316,10 @@ class TrtllmEngine(Engine):
                 raise
             raise refused from exc
 
-    def _submitted(self, llm: Any, prompt: BuiltPrompt, sampling: TrtSampling) -> Any:
+    def _submitted(self, llm: Any, prompt: BuiltPrompt, sampling: TrtSampling, lora: Any = None) -> Any:
         """The request's result; what TensorRT-LLM refuses of its arguments is the client's error."""
         try:
-            return self._submit(llm, prompt, self._sampling_params(sampling))
+            return self._submit(llm, prompt, self._sampling_params(sampling), lora)
         except InvalidEngineRequest:
             raise
         except Exception as exc:
@@ -340,11 +351,40 @@ class TrtllmEngine(Engine):
         return runtime.SamplingParams(**kwargs)
 
     @staticmethod
-    def _submit(llm: Any, prompt: BuiltPrompt, params: Any) -> Any:
+    def _submit(llm: Any, prompt: BuiltPrompt, params: Any, lora: Any = None) -> Any:
         """Hand the request to the engine; on the loop's thread, where its result's queue belongs."""
         return llm.generate_async(
-            {"prompt_token_ids": prompt.token_ids}, sampling_params=params, streaming=True
+            {"prompt_token_ids": prompt.token_ids}, sampling_params=params, lora_request=lora, streaming=True
         )
+
+    # --- adapters -------------------------------------------------------------------------------
+
+    async def load_adapter(self, adapter: Adapter) -> None:
+        """Check the adapter's folder; TensorRT-LLM reads it into its adapter cache with the first
+        request that names it (its `max_cpu_loras` is `lora.max_adapters`, which the controller never
+        overfills, so the engine evicts no adapter the controller holds)."""
+        lora = self.model.lora
+        if lora is None or self._llm is None:
+            await super().load_adapter(adapter)
+            return
+        max_rank = int(self._load_plan().kwargs["lora_config"]["max_lora_rank"])
+        check_adapter_folder(adapter, max_rank=max_rank)
+        self._lora_request(adapter)  # the runtime's own check of the request, now rather than per job
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        """Nothing to call: TensorRT-LLM's LLM API has no removal; the adapter, asked for no more,
+        leaves its cache when another needs the room."""
+        if self.model.lora is None:
+            await super().unload_adapter(adapter)
+
+    def _lora_request(self, adapter: Adapter | None) -> Any:
+        if adapter is None:
+            return None
+        lora_requests = importlib.import_module(LORA_REQUEST_MODULE)
+        try:
+            return lora_requests.LoRARequest(adapter.name, adapter.id, adapter.path)
+        except ValueError as exc:
+            raise AdapterRefused(f"TensorRT-LLM refused adapter {adapter.name}: {exc}") from exc
 
     @staticmethod
     async def _next_output(running: _Running) -> Any:

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from switchboard.config import ModelConfig
+from switchboard.config import LoraConfig, ModelConfig
 from workers.engines import model_files
 
 GIB = 1024**3
@@ -143,6 +143,8 @@ def plan_load(model: ModelConfig, memory_budget_bytes: int) -> LoadPlan:
         **args,
         "kv_cache_config": kv_cache,
     }
+    if model.lora is not None:
+        kwargs["lora_config"] = {**lora_kwargs(model.lora), **args.get("lora_config", {})}
     return LoadPlan(
         kwargs=kwargs,
         max_seq_len=max_seq_len,
@@ -151,6 +153,18 @@ def plan_load(model: ModelConfig, memory_budget_bytes: int) -> LoadPlan:
         weights_bytes=weights,
         kv_cache_bytes=kv_cache_bytes,
     )
+
+
+def lora_kwargs(lora: LoraConfig) -> dict[str, Any]:
+    """TensorRT-LLM's LoraConfig fields from a base's `lora` table: the engine's CPU cache holds as
+    many adapters as the controller keeps loaded (`max_cpu_loras`), so that its own LRU never evicts
+    one the controller holds; no adapter is named at start (`lora_dir`): each comes with its request."""
+    return {
+        "lora_dir": [],
+        "max_lora_rank": lora.max_rank,
+        "max_loras": min(lora.max_adapters_per_batch, lora.max_adapters),
+        "max_cpu_loras": lora.max_adapters,
+    }
 
 
 def _kv_cache_bytes(

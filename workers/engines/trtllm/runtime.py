@@ -26,6 +26,9 @@ from workers.engines.trtllm.load_plan import LoadPlan
 logger = logging.getLogger(__name__)
 
 RUNTIME_MODULE = "tensorrt_llm.llmapi"
+# Where TensorRT-LLM keeps its LoRA settings (`LoraConfig`) and a request's adapter (`LoRARequest`).
+LORA_MODULE = "tensorrt_llm.lora_manager"
+LORA_REQUEST_MODULE = "tensorrt_llm.executor.request"
 # How long a stop (or a failed build) waits for the engine's processes to exit before killing them.
 REAP_TIMEOUT_S = 10.0
 
@@ -101,6 +104,9 @@ def build(model: ModelConfig, plan: LoadPlan) -> Built:
                 **plan.kwargs,
                 "kv_cache_config": runtime.KvCacheConfig(**plan.kwargs["kv_cache_config"]),
             }
+            if "lora_config" in plan.kwargs:
+                lora_manager = importlib.import_module(LORA_MODULE)
+                kwargs["lora_config"] = lora_manager.LoraConfig(**plan.kwargs["lora_config"])
             llm = runtime.LLM(model=model.path, tokenizer=tokenizer, **kwargs)
         except BaseException as exc:
             killed = reap(process_tree(sorted(_child_pids() - before)), REAP_TIMEOUT_S)

@@ -71,6 +71,18 @@ def test_generate_async_takes_token_ids_sampling_params_and_streaming(llmapi: Mo
     assert callable(llmapi.LLM.shutdown)
 
 
+def test_adapters_are_configured_and_named_per_request_as_the_engine_does(llmapi: ModuleType) -> None:
+    assert "lora_request" in inspect.signature(llmapi.LLM.generate_async).parameters
+    lora_manager = importlib.import_module("tensorrt_llm.lora_manager")
+    assert {"lora_dir", "max_lora_rank", "max_loras", "max_cpu_loras"} <= field_names(lora_manager.LoraConfig)
+    request = importlib.import_module("tensorrt_llm.executor.request")
+    assert [f.name for f in dataclasses.fields(request.LoRARequest)][:3] == [
+        "lora_name",
+        "lora_int_id",
+        "lora_path",
+    ]
+
+
 def test_the_request_output_streams_and_aborts(llmapi: ModuleType) -> None:
     output = llmapi.RequestOutput
     assert all(hasattr(output, name) for name in ("__aiter__", "__anext__", "abort", "finished", "outputs"))

@@ -18,13 +18,13 @@ from typing import Any
 import psutil
 import pytest
 
-from switchboard.config import ModelConfig
+from switchboard.config import LoraConfig, ModelConfig
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.wire import SamplingParams, StructuredOutput
 from tests.support import fake_tensorrt_llm as fake
 from tests.support.engine_processes import descendants, engine_processes, poll_until
 from workers.engines import gpu_memory
-from workers.engines.base import Delta, EngineRequest, InvalidEngineRequest
+from workers.engines.base import Adapter, AdapterRefused, Delta, EngineRequest, InvalidEngineRequest
 from workers.engines.registry import EngineOptions, create_engine, import_runtimes
 from workers.engines.trtllm import engine as trtllm
 from workers.engines.trtllm import runtime as trtllm_runtime
@@ -304,3 +304,62 @@ async def test_an_engine_without_sleep_refuses_to_sleep(faults: fake.Faults, dem
             await engine.sleep()
     finally:
         await engine.stop()
+
+
+def adapter_folder(root: Path, name: str, rank: int) -> Adapter:
+    """A PEFT LoRA adapter's folder as the engine checks it (its weights are not read by the stand-in)."""
+    folder = root / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(f'{{"peft_type": "LORA", "r": {rank}}}')
+    (folder / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    return Adapter(name=name, id=7, path=str(folder))
+
+
+async def test_a_base_serves_adapters_through_its_lora_config(
+    faults: fake.Faults, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    lora = LoraConfig(max_rank=16, max_adapters=32, max_adapters_per_batch=4)
+    engine = engine_for(demo(demo_model_dir, lora=lora))
+    await engine.start()
+    try:
+        (llm,) = fake.LLM.instances
+        config = llm.args.kwargs["lora_config"]
+        assert isinstance(config, fake.LoraConfig)
+        assert (config.lora_dir, config.max_lora_rank, config.max_loras, config.max_cpu_loras) == (
+            [],
+            16,
+            4,
+            32,
+        )
+        adapter = adapter_folder(tmp_path, "ft", rank=8)
+        await engine.load_adapter(adapter)
+        one = EngineRequest(
+            request_id="a", sampling=SamplingParams(max_tokens=2), prompt="Hi", adapter=adapter
+        )
+        assert (await collect(engine, one))[-1].last
+        assert (await collect(engine, request(max_tokens=2)))[-1].last
+        first, second = llm.lora_requests
+        assert (first.lora_name, first.lora_int_id, first.lora_path) == ("ft", 7, adapter.path)
+        assert second is None  # the base's own request
+        await engine.unload_adapter(adapter)
+    finally:
+        await engine.stop()
+
+
+async def test_an_adapter_the_base_cannot_take_is_refused_with_what_to_change(
+    faults: fake.Faults, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    engine = engine_for(demo(demo_model_dir, lora=LoraConfig(max_rank=8)))
+    plain = engine_for(demo(demo_model_dir))
+    await engine.start()
+    await plain.start()
+    try:
+        with pytest.raises(AdapterRefused, match=r"raise the base's lora\.max_rank"):
+            await engine.load_adapter(adapter_folder(tmp_path, "wide", rank=64))
+        with pytest.raises(AdapterRefused, match=r"no adapter_config\.json"):
+            await engine.load_adapter(Adapter(name="gone", id=8, path=str(tmp_path / "gone")))
+        with pytest.raises(AdapterRefused, match="does not serve LoRA adapters"):
+            await plain.load_adapter(adapter_folder(tmp_path, "ft", rank=8))
+    finally:
+        await engine.stop()
+        await plain.stop()
