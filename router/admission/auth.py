@@ -47,7 +47,8 @@ class Caller:
     """
 
     name: str | None
-    # Models the key may use; empty: every model.
+    # Models the key may use; empty: every model. A name ending in `*` is a prefix: `acme/*` is every
+    # model whose name starts with `acme/` (a customer's fine-tunes, registered as they come).
     models: frozenset[str] = frozenset()
     rpm: int | None = None
     tpm: int | None = None
@@ -69,7 +70,9 @@ class Caller:
 
     def may_use(self, model: str) -> bool:
         """Whether the key may send requests to `model`."""
-        return not self.models or model in self.models
+        if not self.models or model in self.models:
+            return True
+        return any(allowed.endswith("*") and model.startswith(allowed[:-1]) for allowed in self.models)
 
     def require_model(self, model: str) -> None:
         """A 403 unless the key may use `model`."""

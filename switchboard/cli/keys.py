@@ -42,7 +42,7 @@ def add_parser(commands: Any) -> None:
         dest="key_models",
         type=_names,
         default=[],
-        help="comma-separated models it may use (default: all)",
+        help="comma-separated models it may use (default: all); `acme/*` is every model named acme/...",
     )
     add.add_argument("--rpm", type=_positive_int, help="requests per minute (default: no limit)")
     add.add_argument(
@@ -199,7 +199,8 @@ def _limit(value: int | None) -> str:
 def _warn_unknown_models(models: list[str], settings: Settings) -> None:
     # A route or a pipeline is a name a key may be given, like a model (it then may use its steps).
     known = {m.name for m in settings.models} | set(settings.routes) | set(settings.pipelines)
-    unknown = sorted(set(models) - known)
+    # A prefix (`acme/*`) names adapters registered at run time as well: no configuration lists them.
+    unknown = sorted(name for name in set(models) - known if not name.endswith("*"))
     if unknown:
         _say(f"warning: models (or routes, pipelines) not in this configuration: {', '.join(unknown)}")
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from router.admission.auth import KeyTable, auth_always_on, bearer_token, check_exposure
+from router.admission.auth import Caller, KeyTable, auth_always_on, bearer_token, check_exposure
 from router.openai.errors import AuthenticationError
 from switchboard import api_keys, keys
 from switchboard.config import ApiKey, ConfigError, ModelConfig, Settings
@@ -286,3 +286,11 @@ def test_a_router_process_beyond_loopback_needs_a_key_or_open_access(redis_serve
             serving_everyone.terminate()
             _, stderr = serving_everyone.communicate(timeout=30)
     assert b"serving without API keys" in stderr
+
+
+def test_a_key_may_be_given_a_prefix_of_models() -> None:
+    caller = Caller(name="acme", key_sha256="x", models=frozenset({"acme/*", "shared"}))
+    assert caller.may_use("acme/support-v3") and caller.may_use("acme/") and caller.may_use("shared")
+    assert (
+        not caller.may_use("other/support") and not caller.may_use("acme") and not caller.may_use("shared-2")
+    )
