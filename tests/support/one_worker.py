@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 
-from switchboard.config import ModelConfig, RedisConfig, Settings, WorkerConfig
+from switchboard.config import LoraConfig, ModelConfig, RedisConfig, Settings, WorkerConfig
 from switchboard.local.redis_server import PrivateRedis
 from switchboard.wire import Job
 from tests.support.jobs import make_job
@@ -61,6 +61,7 @@ async def running_worker(
     warm: bool = True,
     worker_id: str = "w1",
     redis_url: str | None = None,
+    lora: LoraConfig | None = None,
 ) -> AsyncIterator[Worker]:
     """Start the pieces of one worker with a scripted model (warm unless `warm` is False; on a
     private Redis unless `redis_url` is given); stop them all afterwards."""
@@ -78,7 +79,7 @@ async def running_worker(
         writer = ResultWriter(redis, worker_id)
         writer.start()
         slots = Slots(
-            [ModelConfig(name=model, path="unused")],
+            [ModelConfig(name=model, path="unused", lora=lora)],
             host=host,
             host_started=host_started,
             create_engine=lambda _: engine,

@@ -387,7 +387,10 @@ class JobConsumer:
     def _slot_changed(self, slot: ModelSlot) -> None:
         # A slot made since the start (an adapter registered at run time) is known from its first change.
         self._by_stream[keys.job_stream(slot.name)] = slot
-        if slot.state == "warm":
+        # A model that becomes warm has its jobs read at once; one that stops taking jobs waits for
+        # the read under way (its read barrier) before it leaves: an adapter evicted to make room
+        # for another waited out a whole blocking read (250 ms) before the other could load.
+        if slot.state in ("warm", "unloading", "sleeping"):
             self._held_back_read.wake()
 
     def _job_done(self, task: asyncio.Task[None]) -> None:

@@ -14,8 +14,10 @@ import msgspec
 import pytest
 
 from switchboard import keys
+from switchboard.config import LoraConfig
 from tests.support.jobs import result, submit
-from tests.support.one_worker import MODEL, Worker, job
+from tests.support.one_worker import MODEL, Worker, job, running_worker
+from workers.jobs import consume
 from workers.jobs.orphans import CHECK_S
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -85,3 +87,14 @@ async def test_the_first_chunk_of_a_job_made_before_its_model_was_warm_says_cold
     first_fresh, *_ = await result(worker.redis, fresh.id)
     assert first_waited.cold_start and not any(chunk.cold_start for chunk in rest_waited)
     assert not first_fresh.cold_start
+
+
+async def test_a_model_that_stops_taking_jobs_ends_the_read_under_way_while_adapters_may_arrive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A base of adapters warm: reads are wakeable. An adapter evicted to make room for another waits
+    # for the read under way (its read barrier); the read ends at once instead of at its timeout.
+    monkeypatch.setattr(consume, "BLOCK_MS", 3000)
+    async with running_worker(lora=LoraConfig()) as base:
+        await asyncio.sleep(0.3)  # the consumer is blocked in its read by now
+        await asyncio.wait_for(base.slot.unload(), timeout=1.5)
