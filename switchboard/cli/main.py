@@ -1,4 +1,4 @@
-"""`switchboard up | router | worker | models | routes | pipelines | keys | shadow-answers |
+"""`switchboard up | router | worker | models | routes | pipelines | adapters | keys | shadow-answers |
 make-demo-model`."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from switchboard import keys
+from switchboard.cli import adapters as adapter_commands
 from switchboard.cli import keys as key_commands
 from switchboard.cli import pipelines as pipeline_commands
 from switchboard.cli import routes as route_commands
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
     route_commands.add_parser(commands)
     pipeline_commands.add_parser(commands)
+    adapter_commands.add_parser(commands)
     key_commands.add_parser(commands)
     shadow_commands.add_parser(commands)
 
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "pipelines":
         url = args.url or f"http://127.0.0.1:{settings.router.port}"
         return pipeline_commands.run(args, url, args.key or os.environ.get(ADMIN_KEY_ENV))
+    if args.command == "adapters":
+        url = args.url or f"http://127.0.0.1:{settings.router.port}"
+        return adapter_commands.run(args, url, args.key or os.environ.get(ADMIN_KEY_ENV))
     if args.command == "keys":
         return key_commands.run(args, settings)
     if args.command == "shadow-answers":
