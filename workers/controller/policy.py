@@ -38,14 +38,20 @@ UNMEASURED_LOAD_S = 60.0
 
 
 def decide(view: View) -> list[Action]:
-    """This worker's actions now: Unloads and Sleeps first, then at most one Load or Wake."""
+    """This worker's actions now: Unloads and Sleeps first, then at most one Load or Wake.
+
+    A whole model loads only while no other whole model loads or unloads here (they compete for the
+    same cores, memory and disk); an adapter's load is milliseconds of its base's engine, so it waits
+    for no other transition, and a burst of cold adapters loads one per pass, not one per the last
+    one's end."""
     leaving: dict[str, Action] = {action.model: action for action in _operator_unloads(view)}
     for action in _keep_alive_moves(view, leaving):
         leaving[action.model] = action
     departures = list(leaving.values()) + _prefetch(view)
-    if any(model.state in ("loading", "unloading") for model in view.models):
-        return departures  # a transition is already running here; loads run one at a time
+    whole_busy = any(m.state in ("loading", "unloading") and m.base is None for m in view.models)
     for model in sorted(view.models, key=_urgency):
+        if whole_busy and model.base is None:
+            continue
         arrival = None if model.name in leaving else _arrival(view, model, leaving)
         if arrival is not None:
             return departures + arrival

@@ -276,15 +276,16 @@ class SnapshotReader:
             load_s=typical(read.facts.load),
             wake_s=typical(read.facts.wake),
             **files,
-            **self._adapters_view(model),
+            **self._adapters_view(model, local.starting),
         )
 
-    def _adapters_view(self, model: ModelConfig) -> dict[str, Any]:
-        """An adapter's base here and the room its engine has; a base's adapters held here."""
+    def _adapters_view(self, model: ModelConfig, starting: frozenset[str]) -> dict[str, Any]:
+        """An adapter's base here and the room its engine has (the adapters whose load began count,
+        though their slot is still cold); a base's adapters held here."""
         slot = self._slots[model.name]
         if isinstance(slot, AdapterSlot):
             base = slot.base
-            held = sum(1 for adapter in base.adapters if adapter.state != "cold")
+            held = sum(1 for adapter in base.adapters if adapter.state != "cold" or adapter.name in starting)
             capacity = base.model.lora.max_adapters if base.model.lora is not None else 0
             return {
                 "base": base.name,

@@ -121,3 +121,22 @@ def test_group_demand_adds_the_adapters_queues_to_their_base() -> None:
     )
     assert (grouped[0].waiting, grouped[0].oldest_waiting_s) == (7, 3.0)
     assert [m.waiting for m in grouped[1:]] == [2, 4]
+
+
+def test_an_adapter_loads_while_a_sibling_loads() -> None:
+    # A burst of cold adapters loads one per pass, not one per the end of the last one's load.
+    loading = adapter("ft-1", state="loading", replicas=1, replica=0, adapter_room=3)
+    actions = decide(view(base(), loading, adapter("ft-2", waiting=1, oldest_waiting_s=0.05, adapter_room=3)))
+    assert [(type(a), a.model) for a in actions] == [(Load, "ft-2")]
+
+
+def test_a_whole_model_waits_for_a_whole_models_transition_but_not_for_an_adapters() -> None:
+    roomy = WorkerLimits(
+        max_loaded_models=3, memory_budget_bytes=16 * GIB, min_residency_s=20.0, max_pass_over_s=30.0
+    )
+    other = ModelView(name="other", waiting=1, oldest_waiting_s=1.0, load_s=4.0, memory_bytes=GIB)
+    adapter_loading = adapter("ft", state="loading", replicas=1, replica=0)
+    actions = decide(View(now=NOW, limits=roomy, models=(base(adapters_here=1), adapter_loading, other)))
+    assert [(type(a), a.model) for a in actions] == [(Load, "other")]
+    base_unloading = base(state="unloading")
+    assert decide(View(now=NOW, limits=roomy, models=(base_unloading, other))) == []
