@@ -53,9 +53,11 @@ class Coordination:
 
     async def release_slot_lease(self, slot: ModelSlot) -> None:
         """Give up the replica `slot` holds, if any, and forget it there."""
-        if slot.replica is not None:
-            await self.release_lease(slot.name, slot.replica)
-            slot.replica = None
+        # Forgotten before the release is sent: a renewal under way meanwhile finds the lease gone and
+        # must not take it again for a slot that gave it up (it would be held, unused, until it expired).
+        replica, slot.replica = slot.replica, None
+        if replica is not None:
+            await self.release_lease(slot.name, replica)
 
     async def record_failure(
         self, model: str, reason: str, backoff_s: float, in_a_row: int, detail: str = ""

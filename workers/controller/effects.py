@@ -250,8 +250,11 @@ class WorkerEffects:
         ]
         lost_for_good = []
         for model, replica in await self._coordination.renew_leases(held):
+            slot = self._slots.get(model)
+            if slot is None or slot.replica != replica:
+                continue  # given up while the renewal ran: released, not lost
             if not await self._coordination.take_lease(model, replica):
-                self._slots[model].replica = None
+                slot.replica = None
                 lost_for_good.append((model, replica))
         return lost_for_good
 
