@@ -154,7 +154,20 @@ class ModelController:
             interval_s = ADAPTER_PASS_INTERVAL_S if trigger == "adapter" else MIN_PASS_INTERVAL_S
             now = asyncio.get_running_loop().time()
             settle_s = POKE_SETTLE_S if trigger == "poke" else 0.0
-            await asyncio.sleep(max(started + interval_s - now, settle_s))
+            if await self._rest_until(max(started + interval_s, now + settle_s), started):
+                trigger = "adapter"
+
+    async def _rest_until(self, until: float, started: float) -> bool:
+        """Wait until `until` between passes; True, early, once a poke names an adapter that loads at
+        once here (at least ADAPTER_PASS_INTERVAL_S after `started`). Under churn, the pokes that end
+        every transition set the 100 ms pace: a cold adapter's poke arriving meanwhile waited it out."""
+        loop = asyncio.get_running_loop()
+        while (left_s := until - loop.time()) > 0:
+            named = await self._effects.wait_for_demand(max(1, int(left_s * 1000)))
+            if any(self._effects.loads_at_once(model) for model in named if model):
+                await asyncio.sleep(max(0.0, started + ADAPTER_PASS_INTERVAL_S - loop.time()))
+                return True
+        return False
 
     async def _wait(self, started: float) -> str:
         """Wait for a poke about a model this worker could hold (or about any), or for the tick after
@@ -188,7 +201,7 @@ class ModelController:
         self._retire_removed()
         view = await self._effects.read_view(self._local_facts())
         self._preload_pending -= {m.name for m in view.models if m.replicas > 0}
-        actions = [a for a in decide(view) if a.model not in self._transitions]
+        actions = self._startable(decide(view))
         load = next((a for a in actions if isinstance(a, Load)), None)
         if load is not None and not await self._effects.take_lease(load.model, load.replica):
             # Another worker adds this replica: nothing is evicted for it here.
@@ -201,6 +214,19 @@ class ModelController:
             task = self._commit(action, view, evictions)
             if isinstance(action, Unload) and action.for_model is not None:
                 evictions.append(task)
+
+    def _startable(self, actions: list[Action]) -> list[Action]:
+        """The actions whose model is in no transition now. The view was read while transitions ran:
+        an eviction planned for a model already on its way, or a load whose eviction is already under
+        way for another, would act twice; they wait for the next pass."""
+        busy = self._transitions.keys()
+        stale = {
+            a.for_model
+            for a in actions
+            if isinstance(a, Unload) and a.for_model is not None and a.model in busy
+        }
+        waiting = busy | stale
+        return [a for a in actions if a.model not in waiting and getattr(a, "for_model", None) not in waiting]
 
     def _unload_ended_engines(self) -> None:
         """A model whose engine can no longer generate is unloaded here; its jobs wait in its stream

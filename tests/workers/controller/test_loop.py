@@ -79,7 +79,8 @@ class RecordingEffects:
         return []
 
     def loads_at_once(self, model: str) -> bool:
-        return False
+        view = next((m for m in self.view.models if m.name == model), None)
+        return view is not None and view.base_warm_here and view.state == "cold"
 
     def may_hold(self, model: str) -> bool:
         return any(m.name == model for m in self.view.models)
@@ -424,6 +425,28 @@ async def test_a_removed_adapter_held_here_is_unloaded_then_forgotten_and_may_co
     assert effects.applied == [("stop weighing", "ft"), *unloaded("ft"), ("forget", "ft"), ("add", "ft")]
 
 
+async def test_a_load_whose_eviction_is_already_under_way_waits_for_the_next_pass() -> None:
+    # The view was read while ft-a was leaving for another adapter: taking it as ft-b's room again
+    # would overfill the engine.
+    full = {"base": "base", "base_warm_here": True, "adapter_room": 0}
+    models = (
+        warm("base", idle_for=1.0, keep_alive_s=600.0, adapters_here=1, memory_bytes=1),
+        warm("ft-a", idle_for=30.0, keep_alive_s=600.0, **full),
+        cold("ft-b", waiting=1, oldest_waiting_s=0.1, **full),
+    )
+    effects = RecordingEffects(View(now=NOW, limits=LIMITS, models=models))
+    loop = controller(effects)
+    leaving = asyncio.get_running_loop().create_future()
+    loop._transitions["ft-a"] = leaving
+    await loop.step()
+    assert effects.applied == []
+    leaving.set_result(None)
+    loop._transitions.clear()
+    await loop.step()
+    await loop.stop()
+    assert ("unload", "ft-a") in effects.applied and ("load", "ft-b") in effects.applied
+
+
 async def test_a_removed_model_without_a_slot_here_changes_nothing() -> None:
     effects = RecordingEffects(View(now=NOW, limits=LIMITS, models=()))
     loop = controller(effects)
@@ -484,6 +507,30 @@ async def test_only_pokes_about_a_model_this_worker_may_hold_start_a_pass() -> N
     finally:
         await loop.stop()
     assert (passes("tick") - ticks_before, passes("poke") - pokes_before) == (1, 2)
+
+
+async def test_a_cold_adapters_poke_ends_the_rest_between_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under churn, pokes that end transitions set a slow pace between passes; an adapter that loads
+    # at once here does not wait it out.
+    monkeypatch.setattr(loop_module, "MIN_PASS_INTERVAL_S", 30.0)
+    models = (
+        warm("base", idle_for=1.0, keep_alive_s=600.0),
+        cold("ft", base="base", base_warm_here=True, adapter_room=4),
+    )
+    effects = PokedEffects(View(now=NOW, limits=LIMITS, models=models), [""])
+    loop = ModelController(
+        effects=effects, models=[], worker_id="w-1", limits=LIMITS, backoff=Backoff(2.0, 60.0), tick_s=60.0
+    )
+    await loop.start()
+    try:
+        await until(
+            lambda: effects.passes == 1 and not effects.pokes, 5, "the first pass, then the poke read"
+        )
+        await asyncio.sleep(0.2)  # resting: the poke's pass is due 30 s after the first
+        effects.poke_about("ft")
+        await until(lambda: effects.passes == 2, 5, "a pass for the cold adapter, before the 30 s pace")
+    finally:
+        await loop.stop()
 
 
 async def test_a_poke_lets_the_job_that_poked_start_before_its_pass() -> None:
