@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from switchboard.local.demo_model import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, train_bpe
+from switchboard.local.demo_model import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, save_quietly, train_bpe
 
 FORMAT_VERSION = "1"
 MARKER_NAME = ".switchboard-demo-model"
@@ -76,7 +76,6 @@ def is_complete(folder: Path) -> bool:
 def _build_into(folder: Path, seed: int) -> None:
     import torch
     from transformers import Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
-    from transformers.utils import logging as hf_logging
 
     tokenizer = _make_tokenizer()
     config = _config(tokenizer)
@@ -95,14 +94,7 @@ def _build_into(folder: Path, seed: int) -> None:
         image_seq_len=IMAGE_SEQ_LEN,
         chat_template=CHAT_TEMPLATE,
     )
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(folder, safe_serialization=True)
-        processor.save_pretrained(folder)
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
+    save_quietly(model, processor, folder)  # the processor saves its tokenizer with it
 
 
 def _make_tokenizer() -> Any:
