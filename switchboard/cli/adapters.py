@@ -145,7 +145,7 @@ def _add_one(base: str, api_key: str | None, args: argparse.Namespace) -> int:
 
 
 @dataclass(frozen=True)
-class Entry:
+class CatalogueEntry:
     """One adapter of a file: where it is (`FILE:LINE`), and its fields or why it could not be read."""
 
     where: str
@@ -227,7 +227,9 @@ def _add_many(base: str, api_key: str | None, args: argparse.Namespace) -> int:
     return 0
 
 
-def _register(base: str, api_key: str | None, entry: Entry, known: dict[str, tuple[Any, Any]]) -> Outcome:
+def _register(
+    base: str, api_key: str | None, entry: CatalogueEntry, known: dict[str, tuple[Any, Any]]
+) -> Outcome:
     """Register one entry of a file: `registered`, `already` (the same name, base and path are
     registered), or `failed` once the trouble is printed. `known` learns what is registered."""
     if entry.fields is None:
@@ -245,7 +247,7 @@ def _register(base: str, api_key: str | None, entry: Entry, known: dict[str, tup
     return "registered"
 
 
-def read_entries(path: Path) -> list[Entry]:
+def read_entries(path: Path) -> list[CatalogueEntry]:
     """The adapters in the file at `path` (`-`: standard input): JSON lines (one object per line),
     or TOML `[[adapters]]` tables; each with where it is. ValueError when the file cannot be read
     as either; a JSON line that is no object is an entry with its problem."""
@@ -271,11 +273,11 @@ def read_entries(path: Path) -> list[Entry]:
     # Each table's line: the n-th `[[adapters]]` header, where every table has one.
     headers = [n for n, line in enumerate(text.splitlines(), 1) if _TOML_HEADER.match(line)]
     if len(headers) == len(tables):
-        return [Entry(f"{label}:{n}", dict(table)) for n, table in zip(headers, tables, strict=True)]
-    return [Entry(f"{label}, adapter {n}", dict(table)) for n, table in enumerate(tables, 1)]
+        return [CatalogueEntry(f"{label}:{n}", dict(table)) for n, table in zip(headers, tables, strict=True)]
+    return [CatalogueEntry(f"{label}, adapter {n}", dict(table)) for n, table in enumerate(tables, 1)]
 
 
-def _json_lines(text: str, label: str) -> list[Entry]:
+def _json_lines(text: str, label: str) -> list[CatalogueEntry]:
     entries = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -284,13 +286,17 @@ def _json_lines(text: str, label: str) -> list[Entry]:
         try:
             fields = json.loads(line)
         except ValueError as exc:
-            entries.append(Entry(where, problem=f"not JSON ({exc}); write one adapter's object per line"))
+            entries.append(
+                CatalogueEntry(where, problem=f"not JSON ({exc}); write one adapter's object per line")
+            )
             continue
         if isinstance(fields, dict):
-            entries.append(Entry(where, fields))
+            entries.append(CatalogueEntry(where, fields))
         else:
             entries.append(
-                Entry(where, problem="expected an object of the adapter's fields (name, base, path...)")
+                CatalogueEntry(
+                    where, problem="expected an object of the adapter's fields (name, base, path...)"
+                )
             )
     return entries
 
