@@ -19,10 +19,11 @@ from litestar.response import Stream
 from router.admission.auth import Caller
 from router.admission.fits import ModelLimitsCache, check_job_fits
 from router.admission.model_table import ModelTable
-from router.gate.asks import GenerationAsk, ResponsesAsk
+from router.gate.asks import ChatAsk, GenerationAsk, ResponsesAsk
 from router.gate.responses_as_chat import in_responses_words
 from router.http.answers import Answer
 from router.intake.prepare import Prepared, prepared
+from router.intake.request_images import check_images_taken, fetched_images
 from router.intake.resume import LAST_EVENT_ID_HEADER, ResumePoint, resume_point, wants_event_ids
 from router.openai.errors import OpenAIError
 from router.openai.pooling_checks import check_model_kind
@@ -38,7 +39,7 @@ from router.routing.pipelines.steps import Draft
 from router.routing.resolve import Resolution, answering_model, resolve
 from router.routing.rollouts.shadow import ShadowTraffic
 from switchboard.config import CascadeConfig, ModelConfig, Settings
-from switchboard.wire import Job
+from switchboard.wire import ImageInput, Job
 
 
 class RequestFlow:
@@ -54,6 +55,7 @@ class RequestFlow:
         shadow: ShadowTraffic,
     ) -> None:
         self._timeout_s = settings.router.request_timeout_s
+        self._settings = settings.router
         self._models = models
         self._limits = limits
         self._parts = parts
@@ -112,12 +114,14 @@ class RequestFlow:
         """The resolved model's answer to `call`, as the request's next job (a cascade's `draft`: judged)."""
         model = self._served_model(resolution, call)
         resume = call.resume
+        images = await self._images_for(call, model)
         job_of = prepared(
             call.ask,
             model,
             timeout_s=self._timeout_s,
             job_id=call.ids.next(),
             owner=call.caller.owner,
+            images=images,
             as_queued=lambda job: (
                 resume.applied_to(resolution.applied_to(job)) if resume else resolution.applied_to(job)
             ),
@@ -143,6 +147,17 @@ class RequestFlow:
             model = self._models.resolve(resolution.served, call.caller)
         check_model_kind(model, "generate", call.ask.api)
         return model
+
+    async def _images_for(self, call: Call, model: ModelConfig) -> tuple[ImageInput, ...]:
+        """The request's images for `model`'s job: a 400 if it takes none; fetched once per request.
+        A resumed stream's job is queued already: it needs none."""
+        sent = call.ask.images if isinstance(call.ask, ChatAsk) else ()
+        if not sent or call.resume is not None:
+            return ()
+        check_images_taken(sent, model=model.name, takes_images=self._models.takes_images(model.name))
+        if call.images is None:
+            call.images = await fetched_images(sent, self._settings)
+        return call.images
 
     async def _answered(
         self, job: Job, call: Call, job_of: Prepared, form: StreamForm, resolution: Resolution

@@ -28,6 +28,9 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
     role: str
     content: str | None = None
+    # A message that sends images: its content in order, a text part as its text and an image as its
+    # index in the job's `images` (`content` then holds the text parts joined). Empty: text only.
+    parts: tuple[str | int, ...] = ()
     name: str | None = None
     # An assistant's earlier calls, and the call a tool message answers.
     tool_calls: tuple[ToolCall, ...] = ()
@@ -90,6 +93,16 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     top: tuple[TopLogprob, ...] = ()
 
 
+class ImageInput(msgspec.Struct, frozen=True, kw_only=True):
+    """An image a chat job sends, as the front door checked it (`router.intake.images`): its encoded
+    bytes (PNG, JPEG, WebP or GIF), their media type, and its size in pixels."""
+
+    media_type: str
+    data: bytes
+    width: int
+    height: int
+
+
 # A prompt of a plain completion: text, or token ids given by the client.
 Prompt = str | tuple[int, ...]
 
@@ -129,6 +142,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tools: str | None = None
     # Chat: the model may call tools in its own syntax, which the worker parses into tool calls.
     parse_tool_calls: bool = False
+    # Chat: the images the messages' `parts` name by index, in the order the client sent them. They
+    # travel with the job, so that a worker that takes it over after another died has them too.
+    images: tuple[ImageInput, ...] = ()
     prompts: tuple[Prompt, ...] | None = None
     # An embedder's, classifier's or reranker's job (`sampling` is then empty and unused).
     pooling: PoolingTask | None = None
@@ -304,6 +320,9 @@ class ModelLimits(msgspec.Struct, frozen=True, kw_only=True):
     # An embedder's vector size: `dimensions` above it cannot be answered (None: not an embedder, or
     # a worker from before it was published).
     embedding_size: int | None = None
+    # A model that takes images: the fewest prompt tokens one image becomes (by its processor's
+    # rule), so that the front door counts at least that many per image (None: text only).
+    min_image_tokens: int | None = None
 
 
 class DesiredState(msgspec.Struct, frozen=True, kw_only=True):

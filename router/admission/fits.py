@@ -16,7 +16,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from router.openai.errors import InvalidRequestError
+from router.openai.errors import InvalidRequestError, ModelTakesNoImagesError
 from switchboard import context_length, keys
 from switchboard.wire import Job, ModelLimits, PoolingTask, model_limits_decoder
 
@@ -103,7 +103,29 @@ async def check_job_fits(cache: ModelLimitsCache, job: Job, *, template_renders_
     `template_renders_tools` as for `size_of`."""
     limits = await cache.get(job.model)
     if limits is not None:
+        check_images_fit(limits, job)
         check_fits(limits, size_of(job, template_renders_tools=template_renders_tools))
+
+
+def check_images_fit(limits: ModelLimits, job: Job) -> None:
+    """Refuse (400) images to a model whose workers say it takes none, and images that take the whole
+    context (or the context with `max_tokens`) by the fewest tokens the model makes of one."""
+    count = len(job.images)
+    if not count:
+        return
+    if limits.min_image_tokens is None:
+        raise ModelTakesNoImagesError(job.model)
+    least = count * limits.min_image_tokens
+    max_tokens = job.sampling.max_tokens or 1
+    context = limits.max_model_len
+    if least + max_tokens > context:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {context} tokens, and the request's {count} "
+            f"images take at least {least} tokens, which leaves no room for a completion of "
+            f"{max_tokens} tokens. Send fewer images, or lower max_tokens.",
+            param="messages",
+            code=context_length.CONTEXT_LENGTH_EXCEEDED,
+        )
 
 
 async def check_pooling_fits(cache: ModelLimitsCache, task: PoolingTask, model: str, param: str) -> None:

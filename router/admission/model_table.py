@@ -11,6 +11,7 @@ from router.status.model_status import ModelStatusReader, may_serve
 from router.telemetry.requests import note_model
 from switchboard.adapter_registry import AdapterRegistry
 from switchboard.config import ModelConfig, ModelKind
+from switchboard.vision_models import takes_images
 
 # Requests share one read of the live workers' records this recent (no round trip per request).
 WORKERS_MAX_AGE_S = 1.0
@@ -53,6 +54,12 @@ class ModelTable:
     def base(self, name: str) -> str | None:
         """The base model of the routed adapter `name` (None for a whole model)."""
         return self._known(name).base
+
+    def takes_images(self, name: str) -> bool | None:
+        """Whether the routed model `name` takes images (`switchboard.vision_models`; None: not
+        known before a worker loads it)."""
+        model = self._known(name)
+        return takes_images(model, self.get(model.base) if model.base is not None else None)
 
     def _known(self, name: str) -> ModelConfig:
         model = self.get(name)

@@ -96,7 +96,13 @@ async def retrieve_model(
 
 
 def _card(models: ModelTable, name: str) -> ModelCard:
-    return ModelCard(id=name, created=int(models.started), kind=models.kind(name), parent=models.base(name))
+    return ModelCard(
+        id=name,
+        created=int(models.started),
+        kind=models.kind(name),
+        parent=models.base(name),
+        input_modalities=["text", "image"] if models.takes_images(name) else ["text"],
+    )
 
 
 def _route_card(models: ModelTable, routes: RouteTable, name: str) -> RouteCard:

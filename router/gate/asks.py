@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from router.intake.request_images import RequestImage
 from router.openai.chat import ChatCompletionRequest
 from router.openai.classify import ClassificationRequest
 from router.openai.completions import CompletionRequest
@@ -16,13 +17,15 @@ from router.openai.responses import ResponsesRequest
 from switchboard.wire import Prompt
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ChatAsk:
     """A chat completion (and what a Responses request amounts to: `ResponsesAsk`)."""
 
     # The API, as errors name it ("the chat completions API").
     api: ClassVar[str] = "chat completions"
     chat: ChatCompletionRequest
+    # Its messages' images in order, data URLs checked, remote ones to fetch once its model is known.
+    images: tuple[RequestImage, ...] = ()
 
     @property
     def model(self) -> str:
@@ -47,7 +50,7 @@ class ChatAsk:
         return (self.chat.max_completion_tokens or self.chat.max_tokens) is not None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ResponsesAsk(ChatAsk):
     """A Responses request: answered by its chat request (`chat`), in the Responses shape."""
 

@@ -13,6 +13,7 @@ import msgspec
 from router.gate.asks import ChatAsk, CompletionAsk, ResponsesAsk
 from router.gate.gate import Gate
 from router.gate.responses_as_chat import chat_request, in_responses_terms
+from router.intake.request_images import images_of
 from router.openai.bounds import check_chat_bounds, check_sampling_bounds
 from router.openai.chat import ChatCompletionRequest
 from router.openai.checks import check_chat, check_completion
@@ -26,7 +27,7 @@ def checked_chat(chat: ChatCompletionRequest, bounds: FrontDoorConfig) -> ChatAs
     """A chat request within the bounds (what it may cost first: it is the cheaper refusal)."""
     check_chat_bounds(chat, bounds)
     check_chat(chat)
-    return ChatAsk(chat)
+    return ChatAsk(chat=chat, images=images_of(chat, bounds))
 
 
 def checked_completion(completion: CompletionRequest, bounds: FrontDoorConfig) -> CompletionAsk:
@@ -40,9 +41,10 @@ def checked_responses(responses: ResponsesRequest, bounds: FrontDoorConfig) -> R
     try:
         chat = chat_request(responses)
         check_chat_bounds(chat, bounds)
+        images = images_of(chat, bounds)
     except InvalidRequestError as error:
         raise in_responses_terms(error) from None
-    return ResponsesAsk(chat=chat, responses=responses)
+    return ResponsesAsk(chat=chat, images=images, responses=responses)
 
 
 CHAT = Gate("chat completions", msgspec.json.Decoder(ChatCompletionRequest), checked_chat)

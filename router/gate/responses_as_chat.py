@@ -23,6 +23,7 @@ from router.openai.chat import (
     ContentPart,
     FunctionCallIn,
     FunctionDefinition,
+    ImageUrl,
     JsonObjectFormat,
     JsonSchemaFormat,
     JsonSchemaSpec,
@@ -34,10 +35,17 @@ from router.openai.chat import (
     ToolCallIn,
 )
 from router.openai.chat import ToolChoice as ChatToolChoice
-from router.openai.checks import TEXT_ONLY, check_chat, invalid, unsupported
+from router.openai.checks import TEXT_AND_IMAGES, check_chat, invalid, unsupported
 from router.openai.common import UNSET
 from router.openai.errors import InvalidRequestError
-from router.openai.responses import FunctionTool, InputItem, ItemContent, ResponsesRequest, ToolChoice
+from router.openai.responses import (
+    FunctionTool,
+    InputItem,
+    InputPart,
+    ItemContent,
+    ResponsesRequest,
+    ToolChoice,
+)
 
 # `include` asks for parts of the answer: log probabilities are served; the rest name outputs of
 # hosted tools and reasoning, which the models served here never produce (asking changes nothing).
@@ -198,17 +206,32 @@ def _text(param: str, content: ItemContent) -> str | list[ContentPart]:
             parts.append(ContentPart(type="text", text=part.text))
         elif part.type == "refusal" and part.refusal is not None:
             parts.append(ContentPart(type="refusal", refusal=part.refusal))
-        elif part.type in ("input_image", "input_file", "input_audio"):
+        elif part.type == "input_image":
+            parts.append(_image_part(f"{param}[{index}]", part))
+        elif part.type in ("input_file", "input_audio"):
             raise InvalidRequestError(
-                f"Content parts of type `{part.type}` are not supported: {TEXT_ONLY}. Send `input_text` parts only.",
+                f"Content parts of type `{part.type}` are not supported: {TEXT_AND_IMAGES}. Send "
+                "`input_text` and `input_image` parts.",
                 param=f"{param}[{index}].type",
                 code="unsupported_content",
             )
         else:
             raise invalid(
-                f"{param}[{index}].type", f"Unknown content part type `{part.type}`; use `input_text`."
+                f"{param}[{index}].type",
+                f"Unknown content part type `{part.type}`; use `input_text` or `input_image`.",
             )
     return parts
+
+
+def _image_part(param: str, part: InputPart) -> ContentPart:
+    """An `input_image` part as chat's `image_url` part."""
+    if part.image_url is None:
+        if part.file_id is not None:
+            raise unsupported(
+                f"{param}.file_id", "no files are stored here; send the image as `image_url` (a data URL)"
+            )
+        raise invalid(f"{param}.image_url", "An input_image part needs `image_url`.")
+    return ContentPart(type="image_url", image_url=ImageUrl(url=part.image_url, detail=part.detail))
 
 
 def _required(value: Any, param: str) -> Any:

@@ -16,17 +16,20 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+from collections.abc import Sequence
 
 import msgspec
 
 from router.openai.errors import InvalidRequestError
+from switchboard.config import FrontDoorConfig
+from switchboard.wire import ImageInput
 
 # The formats taken, by the name PIL gives them: what vision models' processors read.
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 
 
 class ImageBounds(msgspec.Struct, frozen=True, kw_only=True):
-    """What one request may send as images."""
+    """What one request may send as images (the front door's `max_image*` settings)."""
 
     max_images: int = 8
     max_image_bytes: int = 10 * 1024 * 1024
@@ -34,24 +37,32 @@ class ImageBounds(msgspec.Struct, frozen=True, kw_only=True):
     # 4096 x 4096: more than any vision model's processor keeps (they resize far below it).
     max_pixels: int = 4096 * 4096
 
+    @classmethod
+    def of(cls, settings: FrontDoorConfig) -> ImageBounds:
+        return cls(
+            max_images=settings.max_images_per_request,
+            max_image_bytes=settings.max_image_bytes,
+            max_total_bytes=settings.max_images_bytes,
+            max_pixels=settings.max_image_pixels,
+        )
 
-class CheckedImage(msgspec.Struct, frozen=True, kw_only=True):
-    """An image as it travels with its job: its encoded bytes, what they are, and its size."""
 
-    media_type: str
-    data: bytes
-    width: int
-    height: int
-
-
-def image_from_url(url: str, *, param: str, bounds: ImageBounds) -> CheckedImage:
-    """The image of a `data:` URL, checked; a 400 for any other URL (fetching them is not on)."""
+def image_from_url(url: str, *, param: str, bounds: ImageBounds) -> ImageInput:
+    """The image of a `data:` URL, checked; a 400 for any other URL (remote ones are fetched by
+    `router.intake.image_fetch` where the operator allows them)."""
+    if url.lower().startswith(("http://", "https://")):
+        raise _invalid(
+            param,
+            "Image URLs are not fetched here: the operator has not allowed remote images "
+            "(`router.image_urls`). Send the image inline as a `data:image/...;base64,...` URL.",
+            code="image_url_not_allowed",
+        )
     if not url.startswith("data:"):
         scheme = url.split(":", 1)[0] if ":" in url else url[:16]
         raise _invalid(
             param,
-            f"Image URLs of scheme `{scheme}` are not fetched here; send the image inline as a "
-            "`data:image/...;base64,...` URL.",
+            f"Image URLs of scheme `{scheme}` are not taken; send the image inline as a "
+            "`data:image/...;base64,...` URL (or, where the operator allows it, an https URL).",
             code="invalid_image_url",
         )
     header, _, payload = url.partition(",")
@@ -69,7 +80,7 @@ def image_from_url(url: str, *, param: str, bounds: ImageBounds) -> CheckedImage
     return checked_image(data, param=param, bounds=bounds)
 
 
-def checked_image(data: bytes, *, param: str, bounds: ImageBounds) -> CheckedImage:
+def checked_image(data: bytes, *, param: str, bounds: ImageBounds) -> ImageInput:
     """`data` as an image of an allowed format and size; a 400 naming `param` otherwise."""
     from PIL import Image, UnidentifiedImageError
 
@@ -101,17 +112,22 @@ def checked_image(data: bytes, *, param: str, bounds: ImageBounds) -> CheckedIma
         ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         raise _invalid(param, "The bytes are no image that can be read.", code="invalid_image") from None
-    return CheckedImage(media_type=FORMATS[kind], data=data, width=width, height=height)
+    return ImageInput(media_type=FORMATS[kind], data=data, width=width, height=height)
 
 
-def check_total(images: list[CheckedImage], *, param: str, bounds: ImageBounds) -> None:
-    """A 400 unless the request's images together are within the request's bounds."""
-    if len(images) > bounds.max_images:
+def check_count(count: int, *, param: str, bounds: ImageBounds) -> None:
+    """A 400 unless a request of `count` images is within the request's bound."""
+    if count > bounds.max_images:
         raise _invalid(
             param,
-            f"The request sends {len(images)} images; at most {bounds.max_images} are taken per request.",
+            f"The request sends {count} or more images; at most {bounds.max_images} are taken per request.",
             code="too_many_images",
         )
+
+
+def check_total(images: Sequence[ImageInput], *, param: str, bounds: ImageBounds) -> None:
+    """A 400 unless the request's images together are within the request's bounds."""
+    check_count(len(images), param=param, bounds=bounds)
     total = sum(len(image.data) for image in images)
     if total > bounds.max_total_bytes:
         raise _invalid(

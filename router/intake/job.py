@@ -22,6 +22,7 @@ from switchboard.job_ids import created_of, new_job_id
 from switchboard.kept_text import front_door_cut
 from switchboard.wire import (
     ChatMessage,
+    ImageInput,
     Job,
     PoolingTask,
     Prompt,
@@ -63,11 +64,13 @@ def chat_job(
     parse_tool_calls: bool = False,
     tenant: str | None = None,
     owner: str = "",
+    images: tuple[ImageInput, ...] = (),
 ) -> Job:
     """The job for a chat completion; `structured` is what its tool choice needs, if anything, and
     `parse_tool_calls` whether the model's own tool calls are to be parsed from its text; `job_id`,
     the request's own id (`router.telemetry.requests`), made at its arrival; `owner`, the identity
-    of the caller's key (`Caller.owner`), whose prefix-cache salt it takes (`cache_salt`)."""
+    of the caller's key (`Caller.owner`), whose prefix-cache salt it takes (`cache_salt`); `images`,
+    those of the request's image parts in their order (`router.intake.request_images`)."""
     top_logprobs = request.top_logprobs or 0
     sampling = sampling_params(
         request,
@@ -82,7 +85,8 @@ def chat_job(
         timeout_s=timeout_s,
         job_id=job_id,
         tenant=tenant,
-        messages=tuple(_message(m) for m in request.messages),
+        messages=_messages(request.messages, with_images=bool(images)),
+        images=images,
         tools=tools,
         parse_tool_calls=parse_tool_calls,
         cache_salt=cache_salt(owner, request.cache_salt),
@@ -189,6 +193,35 @@ def _job(
         tenant=tenant,
         **inputs,
     )
+
+
+def _messages(messages: list[ChatMessageIn], *, with_images: bool) -> tuple[ChatMessage, ...]:
+    """The conversation as the job carries it; a message with image parts also in `parts`, each image
+    named by its index among the request's images (counted in the order of messages and parts)."""
+    if not with_images:
+        return tuple(_message(message) for message in messages)
+    images_before = 0
+    carried = []
+    for message in messages:
+        parts = _parts(message, images_before)
+        images_before += sum(isinstance(part, int) for part in parts)
+        carried.append(msgspec.structs.replace(_message(message), parts=parts))
+    return tuple(carried)
+
+
+def _parts(message: ChatMessageIn, images_before: int) -> tuple[str | int, ...]:
+    """A message's content in order, its images as indices from `images_before` on; () for a
+    message without images (its `content` says it all)."""
+    if not isinstance(message.content, list) or not any(p.type == "image_url" for p in message.content):
+        return ()
+    parts: list[str | int] = []
+    for part in message.content:
+        if part.type == "image_url":
+            parts.append(images_before)
+            images_before += 1
+        elif part.text or part.refusal:
+            parts.append(part.text or part.refusal or "")
+    return tuple(parts)
 
 
 def _message(message: ChatMessageIn) -> ChatMessage:

@@ -17,7 +17,7 @@ from router.relay.chat import chat_relay
 from router.relay.completions import completion_relay
 from router.relay.responses import responses_relay
 from switchboard.config import ModelConfig
-from switchboard.wire import Job
+from switchboard.wire import ImageInput, Job
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +36,11 @@ def prepared(
     job_id: str | None,
     owner: str,
     as_queued: Callable[[Job], Job] = lambda job: job,
+    images: tuple[ImageInput, ...] = (),
 ) -> Prepared:
     """The job `model` runs for `ask` (as job `job_id`, then `as_queued`: the route it came through,
-    a resumed job's id) for the key whose identity is `owner` (its prefix-cache salt), and the relay
-    of its answer, which names that job."""
+    a resumed job's id) for the key whose identity is `owner` (its prefix-cache salt), with the
+    chat's `images` (fetched for `model`), and the relay of its answer, which names that job."""
     if isinstance(ask, ChatAsk):
         chat = msgspec.structs.replace(ask.chat, model=model.name)
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
@@ -50,6 +51,7 @@ def prepared(
             parse_tool_calls=tools.mode == "auto",
             job_id=job_id,
             owner=owner,
+            images=images,
         )
         job = as_queued(made)
         if isinstance(ask, ResponsesAsk):

@@ -22,16 +22,35 @@ Name = Annotated[str, msgspec.Meta(max_length=64)]
 MAX_TOOL_CALLS_PER_MESSAGE = 128
 # A tool call's id is an opaque token (OpenAI's are about 30 characters).
 ToolCallId = Annotated[str, msgspec.Meta(max_length=256)]
-# Text parts of one message, which are joined into one text before the chat template sees them.
+# Parts of one message: its text parts are joined into one text before the chat template sees
+# them, and its images are put in the job (how many a request sends is a bound of the front door's).
 MAX_CONTENT_PARTS = 256
 
 
+class ImageUrl(msgspec.Struct, kw_only=True):
+    """An image part's image: a `data:image/...;base64,` URL, or an `http(s)` URL the front door
+    fetches where the operator allows it (`router.image_urls`)."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1)]
+    # OpenAI's resolution hint; the model's own processor decides here, whatever it says.
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(msgspec.Struct, kw_only=True):
-    """One part of a message's content given as a list; only text parts are served here."""
+    """One part of a message's content given as a list: text, an earlier refusal, or an image."""
 
     type: str
     text: str | None = None
     refusal: str | None = None
+    # An `image_url` part's image (some clients send the URL alone, as vLLM's server takes it).
+    image_url: ImageUrl | str | None = None
+
+    @property
+    def image(self) -> ImageUrl | None:
+        """The image of an `image_url` part, whichever way it was written."""
+        if isinstance(self.image_url, str):
+            return ImageUrl(url=self.image_url)
+        return self.image_url
 
 
 class FunctionCallIn(msgspec.Struct, kw_only=True):

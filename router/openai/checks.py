@@ -16,7 +16,8 @@ from router.openai.errors import InvalidRequestError
 # Completions: prompts per request, and choices per request (prompts times n).
 MAX_PROMPTS = 128
 MAX_CHOICES = 128
-TEXT_ONLY = "the models served here take text only"
+TEXT_ONLY = "the models served here write text only"
+TEXT_AND_IMAGES = "the models served here take text and images"
 
 
 def unsupported(param: str, why: str) -> InvalidRequestError:
@@ -188,13 +189,18 @@ def _check_part(param: str, part: Any) -> None:
         return
     if part.type == "refusal" and part.refusal is not None:
         return
-    if part.type in ("image_url", "input_image", "image", "input_audio", "audio", "file", "video_url"):
+    if part.type == "image_url":
+        if part.image is None:
+            raise invalid(f"{param}.image_url", "An image_url part needs `image_url` with its `url`.")
+        return
+    if part.type in ("input_image", "image", "input_audio", "audio", "file", "video_url"):
         raise InvalidRequestError(
-            f"Content parts of type `{part.type}` are not supported: {TEXT_ONLY}. Send text parts only.",
+            f"Content parts of type `{part.type}` are not supported: {TEXT_AND_IMAGES}. Send `text` "
+            "and `image_url` parts.",
             param=f"{param}.type",
             code="unsupported_content",
         )
-    raise invalid(f"{param}.type", f"Unknown content part type `{part.type}`; use `text`.")
+    raise invalid(f"{param}.type", f"Unknown content part type `{part.type}`; use `text` or `image_url`.")
 
 
 def _check_tools(request: ChatCompletionRequest) -> None:

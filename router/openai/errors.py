@@ -86,6 +86,18 @@ class ModelNotFoundError(OpenAIError):
         super().__init__(f"The model `{model}` does not exist.{listed}", param="model")
 
 
+class ModelTakesNoImagesError(InvalidRequestError):
+    """An image sent to a model that takes text only (400), before anything is queued."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"The model `{model}` takes no images; send text only, or name a model that takes images "
+            "(`GET /v1/models` lists them with `input_modalities`).",
+            param="messages",
+            code="model_takes_no_images",
+        )
+
+
 class RouteNotFoundError(OpenAIError):
     """No endpoint at that path (404)."""
 

@@ -21,6 +21,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     kind: ModelKind = "generate"
     # A LoRA adapter's base model, as vLLM lists it (None for a whole model).
     parent: str | None = None
+    # What the model reads: ["text"], or ["text", "image"] for a model that takes image parts.
+    input_modalities: list[str] = msgspec.field(default_factory=lambda: ["text"])
 
 
 class ModelList(msgspec.Struct, kw_only=True):

@@ -32,11 +32,17 @@ MAX_ITEM_PARTS = 256
 
 
 class InputPart(msgspec.Struct, kw_only=True):
-    """One content part of an input item (`input_text`, or an earlier answer's `output_text`)."""
+    """One content part of an input item (`input_text`, an image as `input_image`, or an earlier
+    answer's `output_text`)."""
 
     type: str
     text: str | None = None
     refusal: str | None = None
+    # `input_image`: its image as a data URL or an `http(s)` URL (as chat's `image_url.url`), or an
+    # uploaded file's id (no files are stored here: refused), and OpenAI's resolution hint.
+    image_url: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
 
 
 ItemContent = str | Annotated[list[InputPart], msgspec.Meta(max_length=MAX_ITEM_PARTS)]

@@ -14,6 +14,7 @@ from router.intake.resume import ResumePoint
 from router.routing.pipelines.spent_tokens import Spent
 from router.routing.pipelines.steps import JobIds
 from router.routing.resolve import stickiness_key
+from switchboard.wire import ImageInput
 
 
 class Call:
@@ -27,6 +28,8 @@ class Call:
         self.resume: ResumePoint | None = None
         self.ids = JobIds()
         self.spent = Spent()
+        # The request's images as its jobs carry them, fetched for the first model that takes them.
+        self.images: tuple[ImageInput, ...] | None = None
 
     @property
     def stream(self) -> bool:

@@ -79,6 +79,10 @@ def _check_model(model: ModelConfig) -> None:
         raise ConfigError(f"model {name!r}: matryoshka_dimensions is for embedders only")
     if dimensions is not None and any(size < 1 for size in dimensions):
         raise ConfigError(f"model {name!r}: matryoshka_dimensions must be positive")
+    if model.images and kind != "generate":
+        raise ConfigError(
+            f"model {name!r}: images are taken by generators only (a {kind!r} model takes text)"
+        )
     if model.max_replicas is not None and model.min_replicas > model.max_replicas:
         raise ConfigError(
             f"model {name!r}: min_replicas ({model.min_replicas}) is above "
@@ -118,6 +122,8 @@ def check_adapter(adapter: ModelConfig, base: ModelConfig | None, model_names: l
             "LoRA adapters are served on generators of vLLM or TensorRT-LLM"
         )
     own = [field for field in ("engine", "engine_args", "lora", "footprint_gib") if getattr(adapter, field)]
+    if adapter.images is not None:
+        own.append("images")
     if adapter.kind != "generate":
         own.append("kind")
     if own:

@@ -3,7 +3,7 @@ clients and oversized requests are bounded. Part of `switchboard.config.settings
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -90,6 +90,27 @@ class FrontDoorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Values one pooling answer holds (inputs times an embedding's dimensions): it crosses Redis
     # twice and is built as JSON. The default admits 2,048 inputs of a 4,096-dimension embedder.
     max_pooling_output_values: Annotated[int, msgspec.Meta(ge=2048)] = 2048 * 4096
+    # Images in chat and Responses requests (router/intake/images.py), each bound a 400 naming the
+    # part: images in one request;
+    max_images_per_request: Annotated[int, msgspec.Meta(ge=1)] = 8
+    # the bytes of one image (decoded) and of all a request's images together (they travel with the
+    # job, through Redis);
+    max_image_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
+    max_images_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 20 * 1024 * 1024
+    # and the pixels of one image, read from its header before it is decoded, so that a
+    # decompression bomb is refused for what it says it is. 4096 x 4096 is more than any vision
+    # model's processor keeps.
+    max_image_pixels: Annotated[int, msgspec.Meta(ge=1)] = 4096 * 4096
+    # Image URLs other than `data:` ones, fetched by the front door: "off" (the default: send images
+    # inline), "public" (any host whose every address is public: never loopback, private,
+    # link-local, multicast or cloud-metadata addresses), or the hosts allowed, as "host" (https),
+    # "host:port" or "scheme://host[:port]": a listed host may be a private one (the operator named
+    # it); metadata addresses are never reached. An address is resolved once and connected to as
+    # checked, and every redirect is checked again (router/intake/image_fetch.py).
+    image_urls: Literal["off", "public"] | list[str] = "off"
+    # A fetch's deadline to connect, and for the whole of it (redirects and body included).
+    image_fetch_connect_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    image_fetch_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
 
     def __post_init__(self) -> None:
         # The largest body taken must always fit its key's budget, and that budget the front door's.

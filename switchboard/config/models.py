@@ -147,6 +147,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     matryoshka_dimensions: list[Annotated[int, msgspec.Meta(ge=1)]] | None = None
     # A base's settings for its adapters; None for a model no adapter names.
     lora: LoraConfig | None = None
+    # Whether the model takes images (`image_url` parts). None: as its files say (a `vision_config`
+    # in its config.json, read at the front door for a local folder and by the worker that loads it);
+    # false refuses images to a vision-language model; an adapter takes what its base takes.
+    images: bool | None = None
 
     @property
     def adapter(self) -> bool:

@@ -462,7 +462,8 @@ def test_a_structured_output_the_engine_refuses_is_a_400_not_an_engine_error(cli
 def test_image_parts_and_unsupported_parameters_are_refused_by_name(client: OpenAI) -> None:
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"messages": image}, "messages[0].content[0].type"),
+        # Remote image URLs are off by default (`router.image_urls`).
+        ({"messages": image}, "messages[0].content[0].image_url"),
         ({"messages": MESSAGES, "seed": 2**64}, "seed"),
         ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
         ({"messages": MESSAGES, "modalities": ["text", "audio"]}, "modalities"),

@@ -294,8 +294,8 @@ def test_logprobs_come_with_the_text_when_included(client: OpenAI) -> None:
                     {"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}
                 ]
             },
-            "input[0].content[0].type",
-            "text only",
+            "input[0].content[0].image_url",
+            "not fetched here",
         ),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "hosted tools"),
         ({"background": True}, "background", "not supported"),

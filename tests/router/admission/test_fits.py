@@ -9,10 +9,17 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.admission import fits as model_limits
-from router.admission.fits import ModelLimitsCache, RequestSize, check_fits, check_job_fits, size_of
+from router.admission.fits import (
+    ModelLimitsCache,
+    RequestSize,
+    check_fits,
+    check_images_fit,
+    check_job_fits,
+    size_of,
+)
 from router.openai.errors import InvalidRequestError
 from switchboard import keys
-from switchboard.wire import ChatMessage, Job, ModelLimits, SamplingParams, ToolCall, encode
+from switchboard.wire import ChatMessage, ImageInput, Job, ModelLimits, SamplingParams, ToolCall, encode
 
 LIMITS = ModelLimits(max_model_len=100, vocab_size=500, max_token_chars=8)
 LONGEST_TEXT = 100 * 8
@@ -177,3 +184,25 @@ async def test_limits_are_read_again_once_stale(
     assert await cache.get("m") == LIMITS
     await redis.delete(keys.model_limits("m"))
     assert await cache.get("m") is None
+
+
+IMAGE = ImageInput(media_type="image/png", data=b"png", width=56, height=56)
+
+
+def test_images_fit_by_the_fewest_tokens_the_model_makes_of_one() -> None:
+    vision = ModelLimits(max_model_len=100, vocab_size=500, max_token_chars=8, min_image_tokens=20)
+    check_images_fit(vision, job(images=(IMAGE,) * 4, sampling=SamplingParams(max_tokens=20)))
+    with pytest.raises(InvalidRequestError) as caught:
+        check_images_fit(vision, job(images=(IMAGE,) * 4, sampling=SamplingParams(max_tokens=21)))
+    assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "messages")
+    assert "4 images take at least 80 tokens" in caught.value.message
+    with pytest.raises(InvalidRequestError) as caught:
+        check_images_fit(vision, job(images=(IMAGE,) * 5))
+    assert caught.value.code == "context_length_exceeded"
+
+
+def test_images_to_a_model_whose_workers_say_it_takes_none_are_refused() -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        check_images_fit(LIMITS, job(model="text-only", images=(IMAGE,)))
+    assert caught.value.code == "model_takes_no_images" and "`text-only`" in caught.value.message
+    check_images_fit(LIMITS, job(model="text-only"))

@@ -52,8 +52,9 @@ def test_a_data_url_gives_the_image_its_bytes_say(kind: str, media: str) -> None
 
 
 def test_what_is_no_data_url_of_an_image_is_refused() -> None:
+    # A remote URL reaches this only where the operator allows none (`router.image_urls` "off").
     assert refused(lambda: image_from_url("https://example.com/a.png", param=PARAM, bounds=BOUNDS)).code == (
-        "invalid_image_url"
+        "image_url_not_allowed"
     )
     assert "`data:image/...;base64" in str(
         refused(lambda: image_from_url("file:///etc/passwd", param=PARAM, bounds=BOUNDS))

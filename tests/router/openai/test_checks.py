@@ -140,10 +140,10 @@ CHAT_REFUSALS: list[tuple[str, dict[str, Any], str, str]] = [
     ("verbosity", {"verbosity": "low"}, "verbosity", "unsupported_parameter"),
     ("service tier", {"service_tier": "flex"}, "service_tier", "unsupported_parameter"),
     (
-        "image part",
+        "image part without its image",
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]},
-        "messages[0].content[1].type",
-        "unsupported_content",
+        "messages[0].content[1].image_url",
+        "invalid_value",
     ),
     (
         "audio part in a later message",

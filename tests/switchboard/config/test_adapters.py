@@ -51,6 +51,7 @@ def test_a_base_keeps_the_lora_table_it_sets(tmp_path: Path) -> None:
     [
         ('[[models]]\nname = "ft"\nbase = "nope"\npath = "/a"\n', "base 'nope' is not a configured model"),
         ('[[models]]\nname = "ft"\nbase = "base"\npath = "/a"\nengine_args = { dtype = "half" }\n', "remove engine_args"),
+        ('[[models]]\nname = "ft"\nbase = "base"\npath = "/a"\nimages = true\n', "remove images"),
         ('[[models]]\nname = "ft"\nbase = "base"\npath = "/a"\n[[models]]\nname = "ft2"\nbase = "ft"\npath = "/b"\n',
          "is itself an adapter"),
         ('[[models]]\nname = "emb"\nkind = "embed"\npath = "/e"\n[[models]]\nname = "ft"\nbase = "emb"\npath = "/a"\n',
