@@ -19,6 +19,7 @@ from switchboard.config import ModelConfig
 from switchboard.wire import (
     ChatMessage,
     FinishReason,
+    ImageInput,
     ModelLimits,
     Prompt,
     SamplingParams,
@@ -55,6 +56,8 @@ class EngineRequest(msgspec.Struct, frozen=True, kw_only=True):
     # model's tool calls are to be parsed from its text.
     tools: str | None = None
     parse_tool_calls: bool = False
+    # With `messages`: the images their `parts` name by index (the job's, as the front door checked them).
+    images: tuple[ImageInput, ...] = ()
     prompt: Prompt | None = None
     # Text already generated for this request by a worker that died (one choice only): generation
     # goes on after it, and its tokens count as completion tokens (and against max_tokens).

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from switchboard.local.demo_model import VOCAB_SIZE
-from switchboard.wire import ChatMessage, SamplingParams, ToolCall
+from switchboard.wire import ChatMessage, ImageInput, SamplingParams, ToolCall
 from workers.engines.base import EngineRequest, InvalidEngineRequest
 from workers.engines.prompts import QUICK_BUILD_MAX_CHARS, PromptBuilder, builds_quickly, longest_token_chars
 
@@ -308,3 +308,124 @@ def test_only_short_prompts_are_built_on_the_event_loop() -> None:
     )
     continued = EngineRequest(request_id="r", sampling=SamplingParams(), prompt="p", continuation="c" * limit)
     assert not builds_quickly(continued)
+
+
+# --- images ---------------------------------------------------------------------------------------
+
+# What vision templates do: iterate each message's content as parts ("S" marks a string, which they
+# would iterate by character).
+PARTS_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}:"
+    "{% if m['content'] is string %}S{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<image>{% else %}[{{ p['text'] }}]{% endif %}"
+    "{% endfor %}{% endif %};{% endfor %}"
+)
+IMAGE_A = ImageInput(media_type="image/png", data=b"a", width=1, height=1)
+IMAGE_B = ImageInput(media_type="image/png", data=b"b", width=1, height=1)
+FEWEST = 4
+
+
+def vision_builder(tokenizer: Any, max_model_len: int = 256) -> PromptBuilder:
+    return PromptBuilder(
+        tokenizer,
+        model_name="vlm",
+        max_model_len=max_model_len,
+        vocab_size=VOCAB_SIZE,
+        chat_template=PARTS_TEMPLATE,
+        min_image_tokens=FEWEST,
+    )
+
+
+def image_request(
+    *messages: ChatMessage, images: tuple[ImageInput, ...], continuation: str | None = None
+) -> EngineRequest:
+    return EngineRequest(
+        request_id="r", sampling=SamplingParams(), messages=messages, images=images, continuation=continuation
+    )
+
+
+def test_parts_reach_the_template_as_a_list_in_order(tokenizer: Any) -> None:
+    message = ChatMessage(role="user", content="Look:and", parts=("Look:", 1, "and", 0))
+    built = vision_builder(tokenizer).build(image_request(message, images=(IMAGE_A, IMAGE_B)))
+    assert built.text == "user:[Look:]<image>[and]<image>;"
+    # In the order of their placeholders, which is the order the engine takes them in.
+    assert built.images == (IMAGE_B, IMAGE_A)
+    assert built.image_tokens == 2 * FEWEST
+    assert built.prompt_tokens == len(built.token_ids) + 2 * FEWEST
+    assert vision_builder(tokenizer).limits.min_image_tokens == FEWEST
+
+
+def test_a_vision_models_text_messages_are_parts_too(tokenizer: Any) -> None:
+    request = chat_request(
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", tool_calls=(ToolCall(id="c", name="f", arguments="{}"),)),
+    )
+    assert vision_builder(tokenizer).build(request).text == "user:[Hi];assistant:;"
+    # A vision model that takes no images (its entry turned them off) keeps the template's parts.
+    off = PromptBuilder(
+        tokenizer,
+        model_name="vlm",
+        max_model_len=256,
+        vocab_size=VOCAB_SIZE,
+        chat_template=PARTS_TEMPLATE,
+        content_parts=True,
+    )
+    assert off.limits.min_image_tokens is None
+    assert off.build(chat_request(ChatMessage(role="user", content="Hi"))).text == "user:[Hi];"
+
+
+def test_a_text_models_messages_stay_strings(own_tokenizer: Any) -> None:
+    own_tokenizer.chat_template = PARTS_TEMPLATE
+    built = builder(own_tokenizer).build(chat_request(ChatMessage(role="user", content="Hi")))
+    assert built.text == "user:SHi;"
+    assert (built.images, built.image_tokens) == ((), 0)
+
+
+def test_the_models_own_template_is_used_over_the_tokenizers(tokenizer: Any) -> None:
+    built = vision_builder(tokenizer).build(chat_request(ChatMessage(role="user", content="Hi")))
+    assert built.text == "user:[Hi];"  # the demo tokenizer's own template writes "<s><|user|>..."
+
+
+@pytest.mark.parametrize(
+    ("parts", "images"),
+    [
+        ((0, "x"), (IMAGE_A, IMAGE_B)),  # an image no part names
+        ((0, 1), (IMAGE_A,)),  # a part that names no image
+        ((0, 0), (IMAGE_A, IMAGE_B)),  # an image named twice
+        (("x",), (IMAGE_A,)),  # images, and no part names any
+    ],
+)
+def test_each_image_must_be_named_exactly_once(
+    tokenizer: Any, parts: tuple[str | int, ...], images: tuple[ImageInput, ...]
+) -> None:
+    message = ChatMessage(role="user", content="x", parts=parts)
+    error = refusal(vision_builder(tokenizer), image_request(message, images=images))
+    assert (error.param, error.code) == ("messages", "invalid_value")
+
+
+def test_an_image_to_a_text_model_is_refused(tokenizer: Any) -> None:
+    message = ChatMessage(role="user", content="x", parts=(0, "x"))
+    error = refusal(builder(tokenizer), image_request(message, images=(IMAGE_A,)))
+    assert (error.param, error.code) == ("messages", "model_takes_no_images")
+    assert "`demo` takes no images" in str(error)
+
+
+def test_images_count_against_the_context_at_their_fewest(tokenizer: Any) -> None:
+    message = ChatMessage(role="user", content="x", parts=(0, 1, "x"))
+    request = image_request(message, images=(IMAGE_A, IMAGE_B))
+    text_tokens = len(vision_builder(tokenizer).build(request).token_ids)
+    assert vision_builder(tokenizer, text_tokens + 2 * FEWEST + 1).build(request)
+    error = refusal(vision_builder(tokenizer, text_tokens + 2 * FEWEST), request)
+    assert (error.param, error.code) == ("messages", "context_length_exceeded")
+
+
+def test_a_continued_prompt_keeps_its_images(tokenizer: Any) -> None:
+    message = ChatMessage(role="user", content="x", parts=(0, "x"))
+    built = vision_builder(tokenizer).build(image_request(message, images=(IMAGE_A,), continuation="Hi"))
+    assert built.images == (IMAGE_A,) and built.image_tokens == FEWEST
+    assert built.prompt_tokens == len(built.token_ids) - built.continuation_tokens + FEWEST
+
+
+def test_images_are_decoded_off_the_event_loop() -> None:
+    message = ChatMessage(role="user", content="Hi", parts=(0, "Hi"))
+    assert not builds_quickly(image_request(message, images=(IMAGE_A,)))

@@ -56,7 +56,12 @@ from workers.engines.trtllm.io import (
     trtllm_sampling,
 )
 from workers.engines.trtllm.load_plan import LoadPlan, UnsupportedModel, plan_load, refusal
-from workers.engines.trtllm.refusals import check_one_step_holds, stream_refusal, submit_refusal
+from workers.engines.trtllm.refusals import (
+    check_no_images,
+    check_one_step_holds,
+    stream_refusal,
+    submit_refusal,
+)
 from workers.engines.trtllm.runtime import (
     LORA_REQUEST_MODULE,
     Built,
@@ -266,6 +271,7 @@ class TrtllmEngine(Engine):
         llm, builder = self._llm, self._prompts
         if llm is None or builder is None:
             raise RuntimeError(f"the engine of {self.model.name} is not started")
+        check_no_images(self.model.name, request)
         with tracing.span("switchboard.prompt_build"):
             if builds_quickly(request):
                 prompt = builder.build(request)

@@ -1,13 +1,14 @@
 """What TensorRT-LLM refuses of a request itself, said as the client's error (a 400), and what stays the
 engine's: its argument checks as a request is made and submitted, a guide its grammar backend cannot
-compile before any output, and a prompt longer than one step where chunked prefill is off."""
+compile before any output, a prompt longer than one step where chunked prefill is off, and images
+(which this engine does not take yet)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
-from workers.engines.base import InvalidEngineRequest
+from workers.engines.base import EngineRequest, InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt
 from workers.engines.refusals import client_error
 from workers.engines.trtllm.io import GUIDED_DECODING_ERROR
@@ -58,3 +59,15 @@ def check_one_step_holds(llm: Any, prompt: BuiltPrompt, prompt_param: str) -> No
         param=prompt_param,
         code=CONTEXT_LENGTH_EXCEEDED,
     )
+
+
+def check_no_images(model: str, request: EngineRequest) -> None:
+    """Refuse a request with images: this engine's multimodal path is not written yet, so a model on
+    it takes text only, whatever its files say."""
+    if request.images or any(isinstance(part, int) for m in request.messages or () for part in m.parts):
+        raise InvalidEngineRequest(
+            f"The model `{model}` takes no images here: images are not supported on the TensorRT-LLM "
+            "engine yet; send text only.",
+            param="messages",
+            code="model_takes_no_images",
+        )

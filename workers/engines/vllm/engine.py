@@ -22,12 +22,27 @@ from switchboard import tracing
 from switchboard.config import EngineProcess, LoraConfig, ModelConfig
 from switchboard.wire import ModelLimits
 from workers.engines.adapter_files import check_adapter_folder
-from workers.engines.base import Adapter, AdapterRefused, Delta, Engine, EngineRequest, Footprint
+from workers.engines.base import (
+    Adapter,
+    AdapterRefused,
+    Delta,
+    Engine,
+    EngineRequest,
+    Footprint,
+    InvalidEngineRequest,
+)
 from workers.engines.model_files import weights_bytes
 from workers.engines.phases import EnginePhases
 from workers.engines.process_env import engine_process_environment, process_tree, reap, resident_bytes
-from workers.engines.prompts import PromptBuilder, builds_quickly
-from workers.engines.vllm.io import OutputReader, engine_prompt, refusal_of, vllm_sampling_params
+from workers.engines.prompts import BuiltPrompt, PromptBuilder, builds_quickly
+from workers.engines.vllm.images import image_engine_args, image_prompts
+from workers.engines.vllm.io import (
+    OutputReader,
+    engine_prompt,
+    expanded_prompt_tokens,
+    refusal_of,
+    vllm_sampling_params,
+)
 from workers.engines.vllm.runtime import import_runtime as import_runtime  # also imported from here
 from workers.engines.vllm.tools import ToolCallExtractor, tool_parser_class
 from workers.runtime.cpu_placement import omp_environment
@@ -102,11 +117,16 @@ class VllmEngine(Engine):
         self._tokenizer = self._llm.get_tokenizer()
         if self.model.tool_call_parser is not None:
             tool_parser_class(self.model.tool_call_parser)  # a typo fails the load, not each request
+        # A vision model's settings run its processor on a few images: off the loop.
+        images = await asyncio.to_thread(image_prompts, self._llm, self._tokenizer, self.model)
         self._prompts = PromptBuilder(
             self._tokenizer,
             model_name=self.model.name,
             max_model_len=self._llm.model_config.max_model_len,
             vocab_size=self._llm.model_config.get_vocab_size(),
+            chat_template=images.chat_template,
+            content_parts=images.content_parts,
+            min_image_tokens=images.min_image_tokens,
         )
         self._sleep_enabled = bool(self._llm.vllm_config.model_config.enable_sleep_mode)
         self.start_seconds = time.monotonic() - started
@@ -171,6 +191,7 @@ class VllmEngine(Engine):
         )
         if self.model.lora is not None:
             kwargs.update(_lora_kwargs(self.model.lora, kwargs))
+        kwargs.update(image_engine_args(self.model, kwargs))
         if platform.is_cpu():
             # vLLM's CPU build sizes its KV cache from NUMA node 0 (which can be far smaller than
             # the machine) and refuses to start unless most of it is free; a fixed size per
@@ -281,16 +302,17 @@ class VllmEngine(Engine):
     # --- generation -----------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
-        """Stream deltas; a long prompt is built (template, tokenizer) off the event loop."""
+        """Stream deltas; a long prompt is built (template, tokenizer, images) off the event loop."""
         builder = self._prompts
         if builder is None:
             raise RuntimeError(f"the engine of {self.model.name} is not started")
-        # Tokenizing a long prompt takes a while: never on the loop that drives every other stream.
+        # Tokenizing a long prompt or decoding images takes a while: never on the loop that drives
+        # every other stream.
         with tracing.span("switchboard.prompt_build"):
             if builds_quickly(request):
-                prompt = builder.build(request)
+                prompt, inputs = _inputs(builder, request)
             else:
-                prompt = await asyncio.to_thread(builder.build, request)
+                prompt, inputs = await asyncio.to_thread(_inputs, builder, request)
         prompt_param = "messages" if request.messages is not None else "prompt"
         tools = self._tool_call_extractor(request)
         params = vllm_sampling_params(
@@ -304,7 +326,7 @@ class VllmEngine(Engine):
         reader = OutputReader(request.sampling, prompt, self._tokenizer)
         phases = EnginePhases(len(prompt.token_ids)) if tracing.enabled() else None
         stream = self._llm.generate(
-            engine_prompt(prompt, request.cache_salt),
+            inputs,
             params,
             request.request_id,
             lora_request=_lora_request(request.adapter),
@@ -312,6 +334,10 @@ class VllmEngine(Engine):
         before_output = True
         try:
             async for output in stream:
+                if before_output and prompt.images:
+                    await self._refuse_expanded_too_long(
+                        request, builder, expanded_prompt_tokens(output, prompt)
+                    )
                 before_output = False
                 if phases is not None:
                     phases.output()
@@ -322,13 +348,27 @@ class VllmEngine(Engine):
         except Exception as exc:
             # vLLM's own validation (a grammar it cannot compile, a schema nested too deeply) is the
             # client's error, answered with a 400 like the checks above; the rest is the engine's.
-            refusal = refusal_of(exc, before_output=before_output)
+            refusal = refusal_of(exc, before_output=before_output, prompt_param=prompt_param)
             if refusal is None:
                 raise
             raise refusal from exc
         finally:
             if phases is not None:
                 phases.end()
+
+    async def _refuse_expanded_too_long(
+        self, request: EngineRequest, builder: PromptBuilder, prompt_tokens: int
+    ) -> None:
+        """Refuse `max_tokens` that do not fit after the prompt as vLLM expanded its images (which
+        only vLLM counts), as every other prompt's are refused: vLLM would cut the answer short."""
+        max_tokens = request.sampling.max_tokens
+        if max_tokens is None:
+            return
+        try:
+            builder.refuse_completion_too_long(prompt_tokens, max_tokens, "messages")
+        except InvalidEngineRequest:
+            await self._llm.abort(request.request_id)
+            raise
 
     def _tool_call_extractor(self, request: EngineRequest) -> ToolCallExtractor | None:
         parser = self.model.tool_call_parser
@@ -379,6 +419,12 @@ class VllmEngine(Engine):
     async def abort(self, request_id: str) -> None:
         """Abort in vLLM; the request's stream ends with finish reason "abort"."""
         await self._llm.abort(request_id)
+
+
+def _inputs(builder: PromptBuilder, request: EngineRequest) -> tuple[BuiltPrompt, Any]:
+    """The request's prompt, and vLLM's input of it (its images decoded)."""
+    prompt = builder.build(request)
+    return prompt, engine_prompt(prompt, request.cache_salt)
 
 
 def _lora_kwargs(lora: LoraConfig, configured: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,10 @@ surface, and it changes when that surface grows.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
+from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
 from switchboard.wire import FinishReason, SamplingParams, TokenLogprob, TopLogprob
 from workers.engines.base import Delta, InvalidEngineRequest
 from workers.engines.prompts import BuiltPrompt, PromptBuilder
@@ -21,6 +23,7 @@ from workers.engines.sampling import (
     greedy_copies,
     remaining_min_tokens,
 )
+from workers.engines.vllm.images import decoded_images
 
 __all__ = [
     "LOWEST_LOGPROB",
@@ -33,14 +36,26 @@ __all__ = [
 ]
 
 
+# vLLM's refusal of a prompt whose images expanded it past the context (its InputProcessor's words).
+_EXPANDED_TOO_LONG = re.compile(r"prompt \(length (\d+)\) is longer than the maximum model length of (\d+)")
+
+
 def engine_prompt(prompt: BuiltPrompt, cache_salt: str | None) -> Any:
-    """vLLM's prompt for one request: its tokens, and its prefix-cache salt if it has one (vLLM mixes
-    it into the first block's hash, so only requests with the same salt share cached prefixes)."""
+    """vLLM's prompt for one request: its tokens, its images decoded, and its prefix-cache salt if it
+    has one (vLLM mixes it into the first block's hash, so only requests with the same salt share
+    cached prefixes). Decoding images takes a while: call it off the event loop for a prompt with some.
+
+    vLLM's processor finds each image's placeholder among the token ids and expands it into the
+    image's tokens, as it does for a text prompt (and hashes the images into the prefix cache's keys).
+    """
     from vllm.inputs import TokensPrompt
 
-    if cache_salt is None:
-        return TokensPrompt(prompt_token_ids=prompt.token_ids)
-    return TokensPrompt(prompt_token_ids=prompt.token_ids, cache_salt=cache_salt)
+    inputs = TokensPrompt(prompt_token_ids=prompt.token_ids)
+    if prompt.images:
+        inputs["multi_modal_data"] = {"image": decoded_images(prompt.images)}
+    if cache_salt is not None:
+        inputs["cache_salt"] = cache_salt
+    return inputs
 
 
 def vllm_sampling_params(
@@ -108,6 +123,8 @@ class OutputReader:
         self._tokenizer = tokenizer
         # A continued request's earlier tokens count as generated.
         self._completion_tokens = prompt.continuation_tokens
+        # Until vLLM says (its first output), the prompt's own count: its images at their fewest.
+        self._prompt_tokens = prompt.prompt_tokens
         self._copies = greedy_copies(sampling)
         # Choices that still owe the echoed prompt (it goes before their first text).
         self._echo_due = set(range(sampling.n)) if sampling.echo else set()
@@ -116,6 +133,7 @@ class OutputReader:
     def deltas(self, output: Any) -> list[Delta]:
         """The deltas of one request output; the last one is marked when the request finished."""
         deltas: list[Delta] = []
+        self._prompt_tokens = expanded_prompt_tokens(output, self._prompt)
         for completion in output.outputs:
             if completion.finish_reason == "error":
                 raise RuntimeError(f"the engine failed the request (choice {completion.index})")
@@ -127,7 +145,7 @@ class OutputReader:
                 deltas.append(
                     Delta(
                         text="",
-                        prompt_tokens=self._prompt.prompt_tokens,
+                        prompt_tokens=self._prompt_tokens,
                         completion_tokens=self._completion_tokens,
                     )
                 )
@@ -144,7 +162,7 @@ class OutputReader:
             text=text,
             index=index,
             logprobs=logprobs,
-            prompt_tokens=self._prompt.prompt_tokens,
+            prompt_tokens=self._prompt_tokens,
             completion_tokens=self._completion_tokens,
             finish_reason=finish_reason(completion.finish_reason),
         )
@@ -191,6 +209,15 @@ class OutputReader:
         return str(self._tokenizer.decode([token_id]))
 
 
+def expanded_prompt_tokens(output: Any, prompt: BuiltPrompt) -> int:
+    """The prompt's tokens as vLLM counts them: each image's placeholder expanded into the image's
+    tokens (the continuation of a continued request is not the prompt's)."""
+    ids = getattr(output, "prompt_token_ids", None)
+    if ids is None:
+        return prompt.prompt_tokens
+    return len(ids) - prompt.continuation_tokens
+
+
 def finish_reason(reason: str | None) -> FinishReason | None:
     """vLLM's finish reason in our words (anything unknown ends the choice as a stop)."""
     if reason is None or reason in ("stop", "length", "abort"):
@@ -198,13 +225,16 @@ def finish_reason(reason: str | None) -> FinishReason | None:
     return "stop"
 
 
-def refusal_of(exc: BaseException, *, before_output: bool) -> InvalidEngineRequest | None:
+def refusal_of(
+    exc: BaseException, *, before_output: bool, prompt_param: str = "prompt"
+) -> InvalidEngineRequest | None:
     """The client's error that `exc`, raised by vLLM's `generate`, stands for; None for an engine failure.
 
     vLLM validates a request as it is added, before its first output, and marks what is the client's
     fault: its VLLMClientError (an invalid regex, grammar or schema, a schema nested too deeply, ...),
     and the ValueError its checks raise, which `AsyncLLM.generate` passes on as an EngineGenerateError
     caused by it. Anything else, or anything after the first output, is the engine's own failure.
+    A prompt that its images expanded past the context is refused as too long (`prompt_param`).
     """
     from vllm.exceptions import VLLMClientError
     from vllm.v1.engine.exceptions import EngineGenerateError
@@ -214,4 +244,21 @@ def refusal_of(exc: BaseException, *, before_output: bool) -> InvalidEngineReque
         if not before_output or not isinstance(cause, ValueError):
             return None
         return client_error(cause)
-    return client_error(exc) if isinstance(exc, VLLMClientError) else None
+    if not isinstance(exc, VLLMClientError):
+        return None
+    return _expanded_too_long(exc, prompt_param) or client_error(exc)
+
+
+def _expanded_too_long(exc: BaseException, prompt_param: str) -> InvalidEngineRequest | None:
+    """The context-length refusal of a prompt that vLLM found too long once its images were expanded
+    (only vLLM counts an image's tokens): the same code as every other prompt too long."""
+    found = _EXPANDED_TOO_LONG.search(str(exc.args[0]) if exc.args else "")
+    if found is None:
+        return None
+    tokens, context = found.groups()
+    return InvalidEngineRequest(
+        f"This model's maximum context length is {context} tokens, and `{prompt_param}` takes {tokens} "
+        f"tokens with its images. Send fewer or smaller images, or shorten `{prompt_param}`.",
+        param=prompt_param,
+        code=CONTEXT_LENGTH_EXCEEDED,
+    )

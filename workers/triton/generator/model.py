@@ -69,6 +69,7 @@ def engine_requests(
             messages=job.messages,
             tools=job.tools,
             parse_tool_calls=job.parse_tool_calls,
+            images=job.images,
             continuation=job.continuation,
             output_every=output_every,
             cache_salt=job.cache_salt,

@@ -20,7 +20,7 @@ import pytest
 
 from switchboard.config import LoraConfig, ModelConfig
 from switchboard.context_length import CONTEXT_LENGTH_EXCEEDED
-from switchboard.wire import SamplingParams, StructuredOutput
+from switchboard.wire import ChatMessage, ImageInput, SamplingParams, StructuredOutput
 from tests.support import fake_tensorrt_llm as fake
 from tests.support.engine_processes import descendants, engine_processes, poll_until
 from workers.engines import gpu_memory
@@ -195,6 +195,26 @@ async def test_requests_it_cannot_serve_are_the_clients_fault(
         with pytest.raises(InvalidEngineRequest) as refused:
             await collect(engine, request(structured=StructuredOutput(json_object=True), max_tokens=4))
         assert refused.value.param == "response_format"
+    finally:
+        await engine.stop()
+
+
+async def test_images_are_refused_until_this_engine_takes_them(
+    faults: fake.Faults, demo_model_dir: Path
+) -> None:
+    engine = engine_for(demo(demo_model_dir))
+    await engine.start()
+    try:
+        image = ImageInput(media_type="image/png", data=b"png", width=1, height=1)
+        message = ChatMessage(role="user", content="What is this?", parts=(0, "What is this?"))
+        chat = EngineRequest(
+            request_id="r", sampling=SamplingParams(max_tokens=2), messages=(message,), images=(image,)
+        )
+        with pytest.raises(InvalidEngineRequest) as refused:
+            await collect(engine, chat)
+        assert (refused.value.param, refused.value.code) == ("messages", "model_takes_no_images")
+        assert "`demo`" in str(refused.value) and "TensorRT-LLM engine" in str(refused.value)
+        assert (await collect(engine, request(prompt="Hi", max_tokens=2)))[-1].last
     finally:
         await engine.stop()
 
