@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings bench-sources bench-adapters gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings bench-sources bench-adapters bench-images gpu-check clean
 
 VENV := .venv/bin
 
@@ -90,6 +90,11 @@ bench-sources: install-bench
 # merged into whole models, and vLLM's own server with runtime LoRA loading.
 bench-adapters: install-bench
 	$(VENV)/python bench/adapters.py
+
+# Chat requests with an image against text-only ones, on Switchboard and on vLLM's own server, with a
+# tiny vision-language model: what each path adds to the time to first token (bench/images.py).
+bench-images: install-bench
+	$(VENV)/python bench/images.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench

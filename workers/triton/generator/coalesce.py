@@ -3,7 +3,9 @@
 Every hop after the engine (Triton, gRPC, Redis, SSE) costs per message, not per token. The rule:
 a delta that arrives after a quiet spell goes out at once (no added wait for slow streams); while
 deltas come faster than one per `window_s`, at most one chunk leaves per window, carrying all of
-them, one chunk per choice. The first delta and the request's last delta never wait.
+them, one chunk per choice. The first delta and the request's last delta never wait, nor does the
+first text after chunks that carried none (a first token that decodes to no text, a special token of
+a vision model's answer, say): a client's first text is never held for a window.
 """
 
 from __future__ import annotations
@@ -94,6 +96,11 @@ class DeltaInbox:
         return taken
 
 
+def _shows_output(delta: Delta) -> bool:
+    """Whether a chunk of `delta` gives the client something to show (a window starts after it)."""
+    return bool(delta.text or delta.tool_calls or delta.logprobs)
+
+
 def _urgent(item: Delta | BaseException) -> bool:
     return isinstance(item, BaseException) or item.last
 
@@ -111,7 +118,8 @@ async def coalesce(inbox: DeltaInbox, window_s: Callable[[], float]) -> AsyncIte
         if not pending[-1].last and loop.time() < send_at:
             pending += await inbox.take_by(send_at)
         merged = merge(pending)
-        last_sent = loop.time()
+        if any(_shows_output(delta) for delta in merged):
+            last_sent = loop.time()
         yield merged
         if merged[-1].last:
             return

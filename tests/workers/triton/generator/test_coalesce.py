@@ -107,6 +107,25 @@ async def test_lone_delta_is_not_delayed() -> None:
         await stream.aclose()
 
 
+async def test_the_first_text_after_an_empty_first_delta_is_not_delayed() -> None:
+    """A first token that decodes to no text goes out, and the text after it does not wait a window."""
+    queue: DeltaInbox = DeltaInbox()
+    stream = open_stream(queue, 0.5)
+    try:
+        queue.put_nowait(d(""))
+        assert (await asyncio.wait_for(anext(stream), 5)).text == ""
+        queue.put_nowait(d("first words", n=2))
+        start = time.monotonic()
+        assert (await asyncio.wait_for(anext(stream), 5)).text == "first words"
+        assert time.monotonic() - start < 0.25
+        queue.put_nowait(d("more", n=3))  # a window has started now: this one waits for its end
+        start = time.monotonic()
+        assert (await asyncio.wait_for(anext(stream), 5)).text == "more"
+        assert time.monotonic() - start > 0.3
+    finally:
+        await stream.aclose()
+
+
 async def test_delta_after_quiet_spell_is_not_delayed() -> None:
     queue: DeltaInbox = DeltaInbox()
     stream = open_stream(queue, 0.5)
