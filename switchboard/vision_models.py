@@ -16,11 +16,16 @@ from pathlib import Path
 from switchboard.config import ModelConfig
 from switchboard.sources.locations import LocalFolder, parse_location
 
+# The engines whose workers run images (TensorRT-LLM's refuses them: its multimodal path is not written).
+IMAGE_ENGINES = ("vllm",)
+
 
 def takes_images(model: ModelConfig, base: ModelConfig | None = None) -> bool | None:
     """Whether `model` takes images (an adapter: whether its `base` does); None where neither its
-    entry nor local files say (a model in a store)."""
+    entry nor local files say (a model in a store). A model on an engine that runs no images takes none."""
     decides = base if model.base is not None and base is not None else model
+    if decides.engine_name not in IMAGE_ENGINES:
+        return False
     if decides.images is not None:
         return decides.images
     try:

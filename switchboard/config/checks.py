@@ -83,6 +83,10 @@ def _check_model(model: ModelConfig) -> None:
         raise ConfigError(
             f"model {name!r}: images are taken by generators only (a {kind!r} model takes text)"
         )
+    if model.images and model.engine_name == "trtllm":
+        raise ConfigError(
+            f"model {name!r}: images are not served on TensorRT-LLM yet; serve the model on vLLM"
+        )
     if model.max_replicas is not None and model.min_replicas > model.max_replicas:
         raise ConfigError(
             f"model {name!r}: min_replicas ({model.min_replicas}) is above "

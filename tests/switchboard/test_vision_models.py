@@ -38,13 +38,22 @@ def test_the_entry_decides_over_the_files_and_an_adapter_takes_what_its_base_tak
     assert takes_images(adapter, ModelConfig(name="vlm", path=vlm)) is True
 
 
+def test_a_model_on_tensorrt_llm_takes_none_whatever_its_files_say(tmp_path: Path) -> None:
+    vlm = folder(tmp_path, "vlm", {"vision_config": {}})
+    assert takes_images(ModelConfig(name="vlm", path=vlm, engine="trtllm")) is False
+    assert takes_images(ModelConfig(name="vlm", path=vlm, engine="trtllm", images=True)) is False
+
+
 def test_a_model_in_a_store_is_not_known_until_declared() -> None:
     assert takes_images(ModelConfig(name="hub", path="hf://org/vlm")) is None
     assert takes_images(ModelConfig(name="hub", path="hf://org/vlm", images=True)) is True
 
 
-def test_a_pooling_model_cannot_take_images(tmp_path: Path) -> None:
+def test_a_pooling_model_or_one_on_tensorrt_llm_cannot_be_told_to_take_images(tmp_path: Path) -> None:
     config = tmp_path / "switchboard.toml"
     config.write_text('[[models]]\nname = "emb"\nkind = "embed"\npath = "/e"\nimages = true\n')
     with pytest.raises(ConfigError, match="images are taken by generators only"):
+        load_settings(config, environ={})
+    config.write_text('[[models]]\nname = "vlm"\nengine = "trtllm"\npath = "/e"\nimages = true\n')
+    with pytest.raises(ConfigError, match="not served on TensorRT-LLM yet"):
         load_settings(config, environ={})
