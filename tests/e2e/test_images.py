@@ -10,7 +10,6 @@ One stack for the whole file (two engine loads), its last test killing a worker 
 from __future__ import annotations
 
 import asyncio
-import base64
 import http.server
 import io
 import threading
@@ -27,7 +26,8 @@ from switchboard import keys
 from switchboard.local.demo_model import config_entry
 from switchboard.local.demo_vision_model import IMAGE_SEQ_LEN, build_demo_vision_model
 from tests.e2e.conftest import FAST_TAKEOVER
-from tests.e2e.test_stream_takeover import running_worker
+from tests.support.images import data_url
+from tests.support.job_workers import running_worker
 from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
@@ -49,10 +49,6 @@ def png(pattern: str, size: int = 56) -> bytes:
 
 
 RED, NOISE = png("red"), png("noise")
-
-
-def data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 class ImageServer(http.server.ThreadingHTTPServer):

@@ -15,11 +15,8 @@ from typing import Any
 
 import openai
 import pytest
-import redis
 
-from switchboard import keys
-from switchboard.local.launcher import Component
-from switchboard.wire import worker_decoder
+from tests.support.job_workers import running_worker
 from tests.support.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
@@ -32,20 +29,6 @@ def warm_replicas(stack: Stack, model: str) -> int:
     with urllib.request.urlopen(f"{stack.base_url}/admin/models/{model}", timeout=10) as response:
         status: dict[str, Any] = json.loads(response.read())
     return len([replica for replica in status["replicas"] if replica["state"] == "warm"])
-
-
-def running_worker(stack: Stack, model: str) -> Component | None:
-    """The worker process that runs the newest job pending on `model`'s stream (the test's: the soak
-    before it ran on this stack), once it has taken it."""
-    with redis.Redis.from_url(stack.redis_url) as client:
-        pending = client.xpending_range(keys.job_stream(model), keys.JOB_GROUP, "-", "+", 1000)
-        if not pending:
-            return None
-        record = client.get(keys.worker_record(pending[-1]["consumer"].decode()))
-    if record is None:
-        return None
-    pid = worker_decoder.decode(record).pid
-    return next((w for w in stack.workers if w.process.pid == pid), None)
 
 
 def test_a_stream_whose_worker_is_killed_goes_on_from_another_worker(two_workers: Stack) -> None:

@@ -3,36 +3,19 @@ their bytes, and every bound a 400 naming the part, a decompression bomb refused
 
 from __future__ import annotations
 
-import base64
-import io
 import struct
 import zlib
 
 import pytest
-from PIL import Image
 
 from router.intake.images import ImageBounds, check_total, checked_image, image_from_url
 from router.openai.errors import InvalidRequestError
+from tests.support.images import data_url, encoded
 
 PARAM = "messages[0].content[1].image_url.url"
 BOUNDS = ImageBounds(
     max_images=2, max_image_bytes=64 * 1024, max_total_bytes=100 * 1024, max_pixels=512 * 512
 )
-
-
-def encoded(width: int = 32, height: int = 24, kind: str = "PNG", noise: bool = False) -> bytes:
-    image = (
-        Image.effect_noise((width, height), 64).convert("RGB")
-        if noise
-        else Image.new("RGB", (width, height), (200, 30, 30))
-    )
-    out = io.BytesIO()
-    image.save(out, format=kind)
-    return out.getvalue()
-
-
-def data_url(data: bytes, media: str = "image/png") -> str:
-    return f"data:{media};base64,{base64.b64encode(data).decode()}"
 
 
 def refused(call: object) -> InvalidRequestError:

@@ -16,7 +16,7 @@ from router.openai.chat import ChatCompletionRequest
 from router.openai.errors import InvalidRequestError
 from switchboard.config import FrontDoorConfig
 from switchboard.wire import ImageInput, encode, job_decoder
-from tests.router.intake.test_images import data_url, encoded
+from tests.support.images import data_url, encoded
 
 RED = data_url(encoded(8, 6))
 NOISE = data_url(encoded(16, 12, noise=True))
