@@ -14,7 +14,7 @@ from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFou
 from redis.exceptions import RedisError
 
 from router.admission.auth import authenticate, provide_caller
-from router.endpoints import health, v1
+from router.endpoints import files, health, v1
 from router.endpoints.admin import admin_router
 from router.endpoints.metrics import metrics
 from router.endpoints.pooling import classify, create_embeddings, rerank
@@ -53,6 +53,7 @@ PARTS = (
     "reader",
     "flow",
     "pooling",
+    "files",
 )
 
 
@@ -82,6 +83,11 @@ def create_app(settings: Settings) -> Litestar:
             create_embeddings,
             classify,
             rerank,
+            files.upload_file,
+            files.list_files,
+            files.retrieve_file,
+            files.file_content,
+            files.delete_file,
             health.healthz,
             health.readyz,
             metrics,

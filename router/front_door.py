@@ -19,6 +19,8 @@ from router.admission.auth import KeyTable, check_exposure
 from router.admission.fits import ModelLimitsCache
 from router.admission.limits import Admission
 from router.admission.model_table import ModelTable
+from router.files.records import FileRecords
+from router.files.service import FileService
 from router.flow import RequestFlow
 from router.http.body_budget import BodyBudget
 from router.pooling_flow import PoolingFlow
@@ -36,7 +38,7 @@ from router.status.model_status import ModelStatusReader
 from router.status.redis_health import RedisHealth
 from router.telemetry.rollout_observations import Observations
 from switchboard.adapter_registry import AdapterRegistry
-from switchboard.config import Settings
+from switchboard.config import ModelKind, Settings
 from switchboard.redis_conn import blocking_client, pooled_client
 from switchboard.tasks import TaskSet
 
@@ -119,6 +121,17 @@ class FrontDoor:
             health=self.health,
             settings=settings.router,
         )
+        self.files = FileService(settings, FileRecords(redis), self.served_kind)
+
+    def served_kind(self, name: str) -> ModelKind | None:
+        """What a request naming `name` gets here: its model's kind, text generation for a route or a
+        pipeline, None for a name served as nothing."""
+        model = self.models.get(name)
+        if model is not None:
+            return model.kind
+        if self.routes.get(name) is not None or self.pipelines.get(name) is not None:
+            return "generate"
+        return None
 
     @classmethod
     async def open(cls, settings: Settings) -> FrontDoor:
@@ -152,11 +165,13 @@ class FrontDoor:
         front_door.judge.start(front_door.tasks)
         front_door.heartbeat.start(front_door.tasks)
         front_door.health.start(front_door.tasks)
+        front_door.files.start(front_door.tasks)
         return front_door
 
     async def close(self) -> None:
         """Stop every background task, remove the heartbeat and close the connections."""
         await self.tasks.stop()
+        self.files.close()
         await self.judge.stop()
         await self.admission.drain(RELEASE_DRAIN_S)
         await self.reader.flush_ended(RELEASE_DRAIN_S)

@@ -371,3 +371,20 @@ def shadow_answers(route: str) -> str:
     """Stream of a route's compared pairs, the served answer beside its shadow copy's
     (`router.routing.rollouts.shadow`, with `keep_answers`); capped at about SHADOW_ANSWERS_MAXLEN entries."""
     return f"{PREFIX}:shadow:{{{route}}}:answers"
+
+
+def file_record(file_id: str) -> str:
+    """Hash of an uploaded file's record (`router.files.records`): its owner's identity, purpose,
+    name, size, times. Deleted with the file, or at its expiry by the sweep."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def files_of(owner: str) -> str:
+    """Sorted set of the ids of the files one key uploaded (its identity, `Caller.owner`), scored by
+    upload time: what `GET /v1/files` lists to that key, and to no other."""
+    return f"{PREFIX}:files:owner:{owner}"
+
+
+def files_expiring() -> str:
+    """Sorted set of every file id, scored by its expiry (unix seconds): the sweep deletes those due."""
+    return f"{PREFIX}:files:expiring"

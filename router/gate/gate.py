@@ -30,10 +30,16 @@ Passed = TypeVar("Passed")
 GATE_OPT = "gate"
 # Set on the connection's state while a gate reads its body (`GatedRequest`).
 _GATE_OPEN = "switchboard_gate_open"
+GATE_OPEN_STATE = _GATE_OPEN
+
+
+class DeclaredGate:
+    """What a route declares as its body's only way in: a JSON body's `Gate`, or an upload's
+    (`router.gate.upload.UploadGate`), which streams a multipart body to disk."""
 
 
 @dataclass(frozen=True, eq=False)
-class Gate(Generic[Body, Passed]):
+class Gate(DeclaredGate, Generic[Body, Passed]):
     """One request type's passage: its decoder, the checks of its bounds, and what passes on."""
 
     # What the endpoint is called in messages ("chat completions").
@@ -82,10 +88,10 @@ class Gate(Generic[Body, Passed]):
             )
 
 
-def gate_of(handler: BaseRouteHandler) -> Gate[Any, Any] | None:
+def gate_of(handler: BaseRouteHandler) -> DeclaredGate | None:
     """The gate a route declares (None: its handler takes no body)."""
     gate = handler.opt.get(GATE_OPT)
-    return gate if isinstance(gate, Gate) else None
+    return gate if isinstance(gate, DeclaredGate) else None
 
 
 def unchecked(body: Body, _: FrontDoorConfig) -> Body:

@@ -98,6 +98,18 @@ class ModelTakesNoImagesError(InvalidRequestError):
         )
 
 
+class NoSuchFileError(OpenAIError):
+    """A file that does not exist, or that another key uploaded (404 either way: the caller learns
+    nothing of other keys' files)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "file_not_found"
+
+    def __init__(self, file_id: str) -> None:
+        super().__init__(f"No such File object: {file_id}", param="file_id")
+
+
 class RouteNotFoundError(OpenAIError):
     """No endpoint at that path (404)."""
 

@@ -6,6 +6,7 @@ loader. These are the names the rest of the product uses; the modules hold the r
 
 from switchboard.config.auth import ADMIN_KEY_NAME, RESERVED_KEY_NAMES, ApiKey, AuthConfig
 from switchboard.config.checks import ConfigError
+from switchboard.config.files import FilesConfig
 from switchboard.config.front_door import FrontDoorConfig
 from switchboard.config.limits import LimitsConfig
 from switchboard.config.loader import load_settings
@@ -44,6 +45,7 @@ __all__ = [
     "ConfigError",
     "EngineName",
     "EngineProcess",
+    "FilesConfig",
     "FrontDoorConfig",
     "LimitsConfig",
     "LoraConfig",

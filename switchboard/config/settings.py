@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from switchboard.config.auth import AuthConfig
+from switchboard.config.files import FilesConfig
 from switchboard.config.front_door import FrontDoorConfig
 from switchboard.config.limits import LimitsConfig
 from switchboard.config.models import ModelConfig
@@ -24,6 +25,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    files: FilesConfig = msgspec.field(default_factory=FilesConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
     routes: dict[RouteName, RouteConfig] = msgspec.field(default_factory=dict)
     pipelines: dict[RouteName, PipelineConfig] = msgspec.field(default_factory=dict)

@@ -22,6 +22,7 @@ from litestar.testing import TestClient
 from router.app import create_app
 from router.gate import GatedRequest, gate_of
 from router.gate.admin import ADMIN_MAX_BODY_BYTES
+from router.gate.upload import UploadGate
 from switchboard.local.redis_server import PrivateRedis
 from tests.support.front_door_harness import serving, settings_for
 
@@ -53,7 +54,14 @@ def test_every_route_that_takes_a_body_declares_its_gate(app: Litestar) -> None:
     routes = list(body_routes(app))
     paths = {path for _, path, _ in routes}
     # The enumeration finds the endpoints it must (it is not vacuous).
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/rerank"} <= paths
+    assert {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/rerank",
+        "/v1/files",
+    } <= paths
     assert any(path.startswith("/admin/") for path in paths)
     ungated = [f"{method} {path}" for method, path, handler in routes if gate_of(handler) is None]
     assert not ungated, f"these routes take a body without declaring a gate (router.gate): {ungated}"
@@ -65,9 +73,14 @@ async def front_door(redis_server: PrivateRedis) -> AsyncIterator[httpx.AsyncCli
         yield client
 
 
-def _routes() -> list[tuple[str, str]]:
+def _routes(*, uploads: bool = False) -> list[tuple[str, str]]:
+    """The JSON doors, or (`uploads`) the doors that take a multipart upload."""
     app = create_app(settings_for("redis://127.0.0.1:1/0"))
-    return [(method, concrete(path)) for method, path, _ in body_routes(app)]
+    return [
+        (method, concrete(path))
+        for method, path, handler in body_routes(app)
+        if isinstance(gate_of(handler), UploadGate) == uploads
+    ]
 
 
 @pytest.mark.parametrize(("method", "path"), _routes())
@@ -86,6 +99,21 @@ async def test_every_body_is_read_through_its_gate(
         method, path, content=b"[1]", headers={"content-type": "application/json"}
     )
     assert wrong_type.status_code == 400, wrong_type.text
+
+
+@pytest.mark.parametrize(("method", "path"), _routes(uploads=True))
+async def test_every_upload_is_read_through_its_gate(
+    front_door: httpx.AsyncClient, method: str, path: str
+) -> None:
+    """An upload door (`/v1/files`) takes multipart only: JSON and text are a 415 before anything is read."""
+    for media_type in ("text/plain", "application/json"):
+        answer = await front_door.request(method, path, content=b"{}", headers={"content-type": media_type})
+        assert answer.status_code == 415, answer.text
+        assert answer.json()["error"]["code"] == "unsupported_media_type"
+    broken = await front_door.request(
+        method, path, content=b"--x\r\nno", headers={"content-type": "multipart/form-data; boundary=x"}
+    )
+    assert broken.status_code == 400, broken.text
 
 
 def test_a_body_read_without_a_gate_fails() -> None:
