@@ -14,7 +14,7 @@ from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFou
 from redis.exceptions import RedisError
 
 from router.admission.auth import authenticate, provide_caller
-from router.endpoints import files, health, v1
+from router.endpoints import batches, files, health, v1
 from router.endpoints.admin import admin_router
 from router.endpoints.metrics import metrics
 from router.endpoints.pooling import classify, create_embeddings, rerank
@@ -54,6 +54,7 @@ PARTS = (
     "flow",
     "pooling",
     "files",
+    "batches",
 )
 
 
@@ -88,6 +89,10 @@ def create_app(settings: Settings) -> Litestar:
             files.retrieve_file,
             files.file_content,
             files.delete_file,
+            batches.create_batch,
+            batches.retrieve_batch,
+            batches.list_batches,
+            batches.cancel_batch,
             health.healthz,
             health.readyz,
             metrics,

@@ -19,6 +19,9 @@ from router.admission.auth import KeyTable, check_exposure
 from router.admission.fits import ModelLimitsCache
 from router.admission.limits import Admission
 from router.admission.model_table import ModelTable
+from router.batches.lines import LineRunner
+from router.batches.records import BatchRecords
+from router.batches.runner import BatchRunner
 from router.files.records import FileRecords
 from router.files.service import FileService
 from router.flow import RequestFlow
@@ -122,6 +125,17 @@ class FrontDoor:
             settings=settings.router,
         )
         self.files = FileService(settings, FileRecords(redis), self.served_kind)
+        self.batches = BatchRecords(redis)
+        lines = LineRunner(
+            models=self.models,
+            limits=self.limits,
+            runs=self.runs,
+            pooling=self.pooling,
+            settings=settings.router,
+        )
+        self.batch_runner = BatchRunner(
+            redis, self.batches, self.files, lines, self.key_table.by_owner, router_id
+        )
 
     def served_kind(self, name: str) -> ModelKind | None:
         """What a request naming `name` gets here: its model's kind, text generation for a route or a
@@ -166,11 +180,13 @@ class FrontDoor:
         front_door.heartbeat.start(front_door.tasks)
         front_door.health.start(front_door.tasks)
         front_door.files.start(front_door.tasks)
+        front_door.batch_runner.start(front_door.tasks)
         return front_door
 
     async def close(self) -> None:
         """Stop every background task, remove the heartbeat and close the connections."""
         await self.tasks.stop()
+        await self.batch_runner.stop()
         self.files.close()
         await self.judge.stop()
         await self.admission.drain(RELEASE_DRAIN_S)

@@ -388,3 +388,41 @@ def files_of(owner: str) -> str:
 def files_expiring() -> str:
     """Sorted set of every file id, scored by its expiry (unix seconds): the sweep deletes those due."""
     return f"{PREFIX}:files:expiring"
+
+
+def batch_record(batch_id: str) -> str:
+    """A batch's record (`router.batches.records`, msgpack): its owner, input file, status, times,
+    counts and output files. Expires a while after the batch ends (`BATCH_KEPT_S`)."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batches_of(owner: str) -> str:
+    """Sorted set of the ids of the batches one key created, scored by creation time."""
+    return f"{PREFIX}:batches:owner:{owner}"
+
+
+def batches_active() -> str:
+    """Sorted set of the batches not yet ended (validating, in progress, cancelling, finalizing), by
+    creation time: what the batch runner works through."""
+    return f"{PREFIX}:batches:active"
+
+
+def batch_results(batch_id: str) -> str:
+    """Hash of a batch's finished lines: custom_id → its output or error line (msgpack). What makes a
+    batch's progress durable: a runner that takes over runs only the lines not in it."""
+    return f"{PREFIX}:batch:{batch_id}:results"
+
+
+def batch_counts(batch_id: str) -> str:
+    """Hash of a running batch's finished lines by outcome (`completed`, `failed`): what its
+    `request_counts` say while it runs."""
+    return f"{PREFIX}:batch:{batch_id}:counts"
+
+
+def batch_runner_lease() -> str:
+    """The front door that runs batches now: its id, with a short expiry it renews while it runs."""
+    return f"{PREFIX}:batches:runner"
+
+
+# A batch's record and results are kept this long after it ends (its files live as files do).
+BATCH_KEPT_S = 30 * 24 * 3600

@@ -177,6 +177,13 @@ class KeyTable:
             )
         return caller
 
+    def by_owner(self, owner: str) -> Caller | None:
+        """The caller whose key's identity is `owner` ("" while auth is off), from the last read of the
+        keys; None for a key removed since (work it left in the background acts for nobody)."""
+        if not owner:
+            return None if self._always_on or self._callers else ANONYMOUS
+        return self._callers.get(bytes.fromhex(owner))
+
     async def _fresh(self) -> None:
         """Re-read the stored keys if the copy is older than `auth.cache_s`; one read at a time."""
         if self._loaded_at is not None and time.monotonic() - self._loaded_at < self._cache_s:

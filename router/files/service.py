@@ -102,6 +102,27 @@ class FileService:
             max_lines=self._settings.files.max_file_lines,
         )
 
+    async def keep(self, *, owner: str, filename: str, path: Path, purpose: str) -> FileRecord:
+        """A file the front door wrote (a batch's output or error file) kept for `owner`, as an upload
+        is; the caller removes `path`."""
+        now = time.time()
+        record = FileRecord(
+            id=new_file_id(),
+            owner=owner,
+            purpose=purpose,
+            filename=filename,
+            bytes=(await asyncio.to_thread(path.stat)).st_size,
+            created_at=now,
+            expires_at=now + self._settings.files.max_age_s,
+        )
+        await self._store.put(record.id, path)
+        await self._records.add(record)
+        return record
+
+    async def record(self, file_id: str) -> FileRecord | None:
+        """The record of `file_id`, whoever owns it (for the batch runner, which acts for its owner)."""
+        return await self._records.get(file_id)
+
     async def owned(self, file_id: str, caller: Caller) -> FileRecord:
         return await self._records.owned(file_id, caller.owner)
 

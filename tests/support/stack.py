@@ -314,7 +314,10 @@ def running_stack(
     """
     root.mkdir(parents=True, exist_ok=True)
     config_path = root / "switchboard.toml"
-    config_path.write_text(toml_text(_with_test_defaults(config)))
+    settings = _with_test_defaults(config)
+    # Uploaded files in the stack's own folder, never in the home folder of whoever runs the tests.
+    settings.setdefault("files", {}).setdefault("store", str(root / "files"))
+    config_path.write_text(toml_text(settings))
     failed = False
     persist_dir = root / "redis" if persist_redis else None
     if persist_dir is not None:

@@ -472,12 +472,12 @@ CASES: dict[str, tuple[str, Any, str | None, int, str | None, str | None]] = {
     "JSON sent with no Content-Type": (COMPLETIONS, completion(), None, 415, None, "unsupported_media_type"),
     "stream_options without stream": (CHAT, chat(stream_options={"include_usage": True}), "application/json", 400, "stream_options", "invalid_value"),
     "stream_options with stream false": (COMPLETIONS, completion(stream=False, stream_options={}), "application/json", 400, "stream_options", "invalid_value"),
-    "image content part": (CHAT, chat(messages=user_says([{"type": "text", "text": "What is it?"}, IMAGE])), "application/json", 400, "messages[0].content[1].type", "unsupported_content"),
+    "image part whose bytes are no image": (CHAT, chat(messages=user_says([{"type": "text", "text": "What is it?"}, IMAGE])), "application/json", 400, "messages[0].content[1].image_url", "invalid_image"),
     "audio content part": (CHAT, chat(messages=user_says([AUDIO])), "application/json", 400, "messages[0].content[0].type", "unsupported_content"),
     "n times prompts beyond 128 choices": (COMPLETIONS, completion(prompt=["a"] * 3, n=50), "application/json", 400, "n", "invalid_value"),
     "max_tokens far beyond the context, streamed": (CHAT, chat(stream=True, max_tokens=1_000_000), "application/json", 400, "max_tokens", "context_length_exceeded"),
     "top_k beyond 64 bits, streamed, limits unknown": (COMPLETIONS, completion(model=UNMEASURED, stream=True, top_k=2**64), "application/json", 400, "top_k", None),
-    "image content part, streamed": (CHAT, chat(stream=True, messages=user_says([IMAGE])), "application/json", 400, "messages[0].content[0].type", "unsupported_content"),
+    "image part whose bytes are no image, streamed": (CHAT, chat(stream=True, messages=user_says([IMAGE])), "application/json", 400, "messages[0].content[0].image_url", "invalid_image"),
     "body over the size limit": (CHAT, chat(messages=user_says("a" * BODY_LIMIT)), "application/json", 413, None, None),
 }  # fmt: skip
 
