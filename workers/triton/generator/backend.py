@@ -119,7 +119,7 @@ class TritonPythonModel:
                         sender = self._senders.get(key)
                     if sender is not None:
                         output = pb_utils.Tensor(CHUNK_OUTPUT, np.array([payload], dtype=np.object_))
-                        sender.send(pb_utils.InferenceResponse(output_tensors=[output]))
+                        self._send(key, sender, pb_utils.InferenceResponse(output_tensors=[output]))
                 elif kind == END:
                     self._end(key)
                 elif kind == FAILED:
@@ -139,11 +139,22 @@ class TritonPythonModel:
         if sender is None:
             return
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if error is None:
-            sender.send(flags=final)
-        else:
-            response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error))
-            sender.send(response, flags=final)
+        # A request whose client has gone (Triton closed its sender) refuses every send: that is its
+        # end too. Nothing a send raises may stop this thread, or every other request it serves would
+        # never end, and Triton would wait for them forever before it unloads the model.
+        with contextlib.suppress(Exception):
+            if error is None:
+                sender.send(flags=final)
+            else:
+                response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error))
+                sender.send(response, flags=final)
+
+    def _send(self, key: int, sender: Any, response: Any) -> None:
+        """One response of a request; a request that refuses it (its client has gone) is ended."""
+        try:
+            sender.send(response)
+        except Exception as exc:
+            self._end(key, f"{self._name} could not answer the request: {exc}")
 
 
 def _connect(path: str) -> socket.socket:
