@@ -74,6 +74,9 @@ class BatchRunner:
         self._running: dict[str, set[str]] = {}
         # Each batch's finished lines, as far as this runner knows (read once, then kept up to date).
         self._finished: dict[str, set[str]] = {}
+        # The key each batch runs for, and the batches being cancelled (no line of theirs starts).
+        self._callers: dict[str, Caller | None] = {}
+        self._stopping: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry_at: dict[tuple[str, str], float] = {}
         self._busy = False
@@ -123,8 +126,10 @@ class BatchRunner:
             await self._finish(record, "expired")
         elif record.status == "in_progress":
             await self._submit(record, now)
-        elif record.status == "cancelling" and not self._running.get(record.id):
-            await self._finish(record, "cancelled")
+        elif record.status == "cancelling":
+            self._stopping.add(record.id)
+            if not self._running.get(record.id):
+                await self._finish(record, "cancelled")
         elif record.status == "finalizing":
             await self._finish(record, "completed")
 
@@ -172,16 +177,25 @@ class BatchRunner:
         if len(finished) >= len(lines) and not running:
             await self._finalize(record, now)
             return
-        caller = self._caller_of(record.owner)
+        self._callers[record.id] = self._caller_of(record.owner)
+        self._start_lines(record.id, now)
+
+    def _start_lines(self, batch_id: str, now: float) -> None:
+        """Start the batch's next lines, up to MAX_LINES_IN_FLIGHT over all batches: at each pass, and
+        as each line ends (so a batch of fast lines is not paced by the passes)."""
+        lines, finished = self._inputs.get(batch_id), self._finished.get(batch_id)
+        running = self._running.get(batch_id)
+        if lines is None or finished is None or running is None:  # ended, or no longer this runner's
+            return
         for line in lines:
             if self._lines_in_flight() >= MAX_LINES_IN_FLIGHT:
                 break
             if line.custom_id in finished or line.custom_id in running:
                 continue
-            if self._retry_at.get((record.id, line.custom_id), 0.0) > now:
+            if self._retry_at.get((batch_id, line.custom_id), 0.0) > now:
                 continue
             running.add(line.custom_id)
-            self._start(record.id, line, caller)
+            self._start(batch_id, line, self._callers.get(batch_id))
 
     def _lines_in_flight(self) -> int:
         return sum(len(running) for running in self._running.values())
@@ -206,6 +220,11 @@ class BatchRunner:
             logger.exception("could not record a batch line", extra={"batch_id": batch_id})
         finally:
             self._running.get(batch_id, set()).discard(line.custom_id)
+        if not self._cancelled_here(batch_id):
+            self._start_lines(batch_id, time.time())
+
+    def _cancelled_here(self, batch_id: str) -> bool:
+        return batch_id in self._stopping
 
     async def _answer(self, line: BatchLine, caller: Caller | None) -> LineAnswer:
         if caller is None:
@@ -249,6 +268,8 @@ class BatchRunner:
         """Drop what this runner kept of an ended batch; lines still running (an expired batch's) stop."""
         self._inputs.pop(batch_id, None)
         self._finished.pop(batch_id, None)
+        self._callers.pop(batch_id, None)
+        self._stopping.discard(batch_id)
         self._running.pop(batch_id, None)
         for task in self._line_tasks.pop(batch_id, set()):
             task.cancel()
