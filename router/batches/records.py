@@ -10,10 +10,11 @@ that ran it died) runs only the lines that have not ended, and none twice.
 from __future__ import annotations
 
 import secrets
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from router.openai.batches import BatchError, BatchErrors, BatchObject, BatchStatus, RequestCounts
 from router.openai.errors import OpenAIError
@@ -119,13 +120,33 @@ class BatchRecords:
         """Write `record` as it stands now; an ended batch leaves the active set, and its record and
         results expire BATCH_KEPT_S later."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(keys.batch_record(record.id), _encoder.encode(record))
-            if record.status not in ACTIVE:
-                pipe.zrem(keys.batches_active(), record.id)
-                pipe.expire(keys.batch_record(record.id), keys.BATCH_KEPT_S)
-                pipe.expire(keys.batch_results(record.id), keys.BATCH_KEPT_S)
-                pipe.delete(keys.batch_counts(record.id))
+            self._queue_save(pipe, record)
             await pipe.execute()
+
+    async def save_if(self, record: BatchRecord, expected: BatchStatus) -> bool:
+        """Write `record` only if the stored batch is still `expected` (a cancel that came meanwhile
+        is not overwritten); whether it was written."""
+        key = keys.batch_record(record.id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(key)
+                raw = cast(bytes | None, await pipe.get(key))
+                if raw is None or _decoder.decode(raw).status != expected:
+                    return False
+                pipe.multi()
+                self._queue_save(pipe, record)
+                await pipe.execute()
+            except WatchError:
+                return False
+        return True
+
+    def _queue_save(self, pipe: Any, record: BatchRecord) -> None:
+        pipe.set(keys.batch_record(record.id), _encoder.encode(record))
+        if record.status not in ACTIVE:
+            pipe.zrem(keys.batches_active(), record.id)
+            pipe.expire(keys.batch_record(record.id), keys.BATCH_KEPT_S)
+            pipe.expire(keys.batch_results(record.id), keys.BATCH_KEPT_S)
+            pipe.delete(keys.batch_counts(record.id))
 
     async def get(self, batch_id: str) -> BatchRecord | None:
         if not batch_id.startswith(ID_PREFIX):

@@ -137,11 +137,11 @@ class BatchRunner:
         lines, errors = await self._read_input(record)
         if errors:
             failed = msgspec.structs.replace(record, status="failed", failed_at=now, errors=tuple(errors))
-            await self._records.save(failed)
+            await self._records.save_if(failed, "validating")
             return
         self._inputs[record.id] = lines
         started = msgspec.structs.replace(record, status="in_progress", in_progress_at=now, total=len(lines))
-        await self._records.save(started)
+        await self._records.save_if(started, "validating")  # a cancel meanwhile stands
 
     async def _read_input(self, record: BatchRecord) -> tuple[list[BatchLine], list[BatchError]]:
         """The batch's lines from its input file (checked on upload), each bound for its endpoint."""
@@ -239,8 +239,8 @@ class BatchRunner:
 
     async def _finalize(self, record: BatchRecord, now: float) -> None:
         finalizing = msgspec.structs.replace(record, status="finalizing", finalizing_at=now)
-        await self._records.save(finalizing)
-        await self._finish(finalizing, "completed")
+        if await self._records.save_if(finalizing, "in_progress"):
+            await self._finish(finalizing, "completed")
 
     async def _finish(self, record: BatchRecord, status: str) -> None:
         """Write the output and error files of what finished, and end the batch as `status`."""

@@ -81,15 +81,19 @@ async def cancel_batch(
 ) -> Response[bytes]:
     """Stop a batch: the lines running end, the rest never start; what finished is in its files."""
     await BATCH_CANCEL.passed(request)
-    record = await batches.owned(batch_id, caller.owner)
-    if record.status in ("validating", "in_progress"):
-        record = cancelled(record, time.time())
-        await batches.save(record)
-    elif record.status != "cancelling":
-        raise InvalidRequestError(
-            f"The batch {batch_id} is {record.status}; only a batch that is validating or in progress "
-            "can be cancelled.",
-            param="batch_id",
-            code="invalid_state",
-        )
+    while True:
+        record = await batches.owned(batch_id, caller.owner)
+        if record.status == "cancelling":
+            break
+        if record.status not in ("validating", "in_progress"):
+            raise InvalidRequestError(
+                f"The batch {batch_id} is {record.status}; only a batch that is validating or in "
+                "progress can be cancelled.",
+                param="batch_id",
+                code="invalid_state",
+            )
+        asked = cancelled(record, time.time())
+        if await batches.save_if(asked, record.status):  # else the runner moved it meanwhile: again
+            record = asked
+            break
     return json_response(record.as_openai())

@@ -9,7 +9,14 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from router.batches.records import BatchRecord, BatchRecords, LineResult, NoSuchBatchError, new_batch_id
+from router.batches.records import (
+    BatchRecord,
+    BatchRecords,
+    LineResult,
+    NoSuchBatchError,
+    cancelled,
+    new_batch_id,
+)
 from switchboard import keys
 
 
@@ -64,3 +71,15 @@ async def test_an_ended_batch_leaves_the_active_set_and_expires_with_its_results
     assert 0 < await redis.ttl(keys.batch_record(ended.id)) <= keys.BATCH_KEPT_S
     assert 0 < await redis.ttl(keys.batch_results(ended.id)) <= keys.BATCH_KEPT_S
     assert not await redis.exists(keys.batch_counts(ended.id))
+
+
+async def test_a_change_is_written_only_over_the_status_it_was_made_from(redis: aioredis.Redis) -> None:
+    """A cancel that lands while the runner moves a batch on is not overwritten, nor the other way."""
+    batches = BatchRecords(redis)
+    validating = record(status="validating")
+    await batches.add(validating)
+    assert await batches.save_if(cancelled(validating, time.time()), "validating")
+    started = msgspec.structs.replace(validating, status="in_progress")
+    assert not await batches.save_if(started, "validating")
+    stored = await batches.get(validating.id)
+    assert stored is not None and stored.status == "cancelling"

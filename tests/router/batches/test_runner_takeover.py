@@ -5,9 +5,11 @@ answers every job)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -18,6 +20,7 @@ from router.files.records import FileRecord, FileRecords, new_file_id
 from router.front_door import FrontDoor
 from switchboard.file_store import LocalFileStore
 from switchboard.local.redis_server import PrivateRedis
+from tests.support import live_front_door
 from tests.support.front_door_harness import MODEL, settings_for
 from tests.support.live_front_door import ANSWER, answering_every_job
 from tests.support.waits import eventually
@@ -55,6 +58,14 @@ async def test_another_front_door_finishes_a_batch_whose_runner_went_away(
     monkeypatch.setattr(runner_module, "LEASE_S", 1.0)
     monkeypatch.setattr(runner_module, "IDLE_PASS_S", 0.2)
     monkeypatch.setattr(runner_module, "MAX_LINES_IN_FLIGHT", 2)
+    # The stand-in worker answers a job every 20 ms, so that the batch is mid-run when its door goes.
+    answer_now = live_front_door.write_chunks
+
+    async def answer_slowly(*args: Any) -> None:
+        await asyncio.sleep(0.02)
+        await answer_now(*args)
+
+    monkeypatch.setattr(live_front_door, "write_chunks", answer_slowly)
     settings = settings_for(redis_server.url)
     settings.files.store = str(tmp_path / "files")
     batches = BatchRecords(redis)
