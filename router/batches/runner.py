@@ -40,8 +40,8 @@ from switchboard.tasks import TaskSet, poll
 logger = logging.getLogger(__name__)
 
 LEASE_S = 15.0
-# A pass every half second while batches run; every IDLE_PASS_S while none does (two Redis commands
-# a pass: an idle front door costs Redis one command a second).
+# A pass every half second while batches run; every IDLE_PASS_S while none does (an idle pass is
+# one Redis command).
 PASS_EVERY_S = 0.5
 IDLE_PASS_S = 2.0
 # Lines of all batches running at once on the runner's front door.
@@ -95,14 +95,15 @@ class BatchRunner:
 
     async def run_pass(self) -> None:
         """One pass over the active batches, if this front door holds (or takes) the lease."""
-        self._busy = False
-        if not await self._hold_lease():
+        active = await self._records.active()
+        self._busy = bool(active)
+        # No batch to run: no lease is taken (an idle front door asks Redis one thing a pass, and
+        # leaves no key behind).
+        if not active or not await self._hold_lease():
             # Another front door runs the batches: what this one knew of them goes stale.
             self._inputs.clear()
             self._finished.clear()
             return
-        active = await self._records.active()
-        self._busy = bool(active)
         for batch_id in active:
             record = await self._records.get(batch_id)
             if record is not None:

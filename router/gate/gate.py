@@ -61,8 +61,7 @@ class Gate(DeclaredGate, Generic[Body, Passed]):
         """The request's body, read, decoded and checked: what the handler goes on with."""
         if gate_of(request.route_handler) is not self:
             raise RuntimeError(f"{request.url.path}'s handler passes a gate its route does not declare")
-        if not (self.empty_as is not None and _sends_no_body(request)):
-            require_json(request)
+        require_json(request)
         bounds: FrontDoorConfig = request.app.state.front_door.settings.router
         body = await self._read(request)
         if not body and self.empty_as is not None:
@@ -87,11 +86,6 @@ class Gate(DeclaredGate, Generic[Body, Passed]):
             raise PayloadTooLargeError(
                 f"The {self.api} body is {size:,} bytes; at most {self.max_bytes:,} are taken."
             )
-
-
-def _sends_no_body(request: Request[Any, Any, Any]) -> bool:
-    """Whether the request says it has no body (an empty POST, as the openai SDK sends a cancel)."""
-    return request.content_length in (None, 0) and "transfer-encoding" not in request.headers
 
 
 def gate_of(handler: BaseRouteHandler) -> DeclaredGate | None:
