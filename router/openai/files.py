@@ -6,9 +6,8 @@ from typing import Literal
 
 import msgspec
 
-# The purposes OpenAI defines; Switchboard keeps files for `batch` (the Batch API's input) and
-# writes `batch_output` (a batch's output and error files).
-PURPOSES = ("batch", "batch_output", "fine-tune", "assistants", "vision", "user_data", "evals")
+# The purpose an upload may have here: `batch` (the Batch API's input). Switchboard itself writes
+# files of purpose `batch_output` (a batch's output and error files).
 UPLOAD_PURPOSES = ("batch",)
 
 
