@@ -22,6 +22,7 @@ from router.admission.model_table import ModelTable
 from router.gate.asks import ChatAsk, GenerationAsk, ResponsesAsk
 from router.gate.responses_as_chat import in_responses_words
 from router.http.answers import Answer
+from router.intake.job import tier_of
 from router.intake.prepare import Prepared, prepared
 from router.intake.request_images import check_images_taken, fetched_images
 from router.intake.resume import LAST_EVENT_ID_HEADER, ResumePoint, resume_point, wants_event_ids
@@ -64,6 +65,8 @@ class RequestFlow:
     async def answer(self, request: Request[Any, Any, Any], caller: Caller, ask: GenerationAsk) -> Answer:
         """The answer to a request past its gate. A response is answered as the chat request it
         amounts to; errors found on that name its own fields."""
+        if isinstance(ask, ChatAsk):
+            caller.require_tier(tier_of(ask.chat.service_tier))
         call = Call(request, caller, ask)
         call.resume = resume_point(request.headers.get(LAST_EVENT_ID_HEADER), stream=ask.stream)
         resolution = resolve(

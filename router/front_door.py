@@ -134,7 +134,7 @@ class FrontDoor:
             settings=settings.router,
         )
         self.batch_runner = BatchRunner(
-            redis, self.batches, self.files, lines, self.key_table.by_owner, router_id
+            redis, self.batches, self.files, lines, self.key_table.by_owner, router_id, settings.batches
         )
 
     def served_kind(self, name: str) -> ModelKind | None:

@@ -19,6 +19,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 import redis
@@ -119,6 +120,9 @@ class KeyStore:
         rpm: int | None = None,
         tpm: int | None = None,
         max_parallel: int | None = None,
+        tokens_per_day: int | None = None,
+        tokens_per_month: int | None = None,
+        team: str | None = None,
         admin: bool = False,
         taken_names: set[str] | None = None,
     ) -> tuple[str, ApiKey]:
@@ -129,7 +133,15 @@ class KeyStore:
         store one key.
         """
         secret, record = make_key(
-            name, models=models, rpm=rpm, tpm=tpm, max_parallel=max_parallel, admin=admin
+            name,
+            models=models,
+            rpm=rpm,
+            tpm=tpm,
+            max_parallel=max_parallel,
+            tokens_per_day=tokens_per_day,
+            tokens_per_month=tokens_per_month,
+            team=team,
+            admin=admin,
         )
         with self._redis.pipeline() as pipe:
             pipe.watch(keys.api_keys(), keys.retired_key_names())
@@ -144,6 +156,25 @@ class KeyStore:
             pipe.hset(keys.api_keys(), record.sha256, encode_record(record))
             pipe.execute()  # WatchError if another `keys add` or `keys remove` ran meanwhile
         return secret, record
+
+    def update(self, name: str, changes: Mapping[str, Any]) -> ApiKey | None:
+        """Change fields of the stored key called `name` (its limits, quotas, team: `ApiKey`'s
+        fields, None to remove one); its new record, or None if no key of that name is stored.
+
+        ValueError for a value the record cannot take. Read and written in one transaction
+        (WatchError if another `switchboard keys` command changed the keys meanwhile).
+        """
+        with self._redis.pipeline() as pipe:
+            pipe.watch(keys.api_keys())
+            stored: dict[bytes, bytes] = pipe.hgetall(keys.api_keys())  # type: ignore[assignment]
+            record = next((k for k in decode_stored(stored) if k.name == name), None)
+            if record is None:
+                return None
+            changed = _validated({**msgspec.structs.asdict(record), **changes})
+            pipe.multi()
+            pipe.hset(keys.api_keys(), changed.sha256, encode_record(changed))
+            pipe.execute()
+        return changed
 
     def remove(self, name: str) -> bool:
         """Remove the key called `name`, whose name no new key may take; False if there is none."""
@@ -163,6 +194,9 @@ def make_key(
     rpm: int | None = None,
     tpm: int | None = None,
     max_parallel: int | None = None,
+    tokens_per_day: int | None = None,
+    tokens_per_month: int | None = None,
+    team: str | None = None,
     admin: bool = False,
 ) -> tuple[str, ApiKey]:
     """A new secret and its validated record (nothing stored)."""
@@ -174,10 +208,18 @@ def make_key(
         "rpm": rpm,
         "tpm": tpm,
         "max_parallel": max_parallel,
+        "tokens_per_day": tokens_per_day,
+        "tokens_per_month": tokens_per_month,
+        "team": team,
         "admin": admin,
         "created": time.time(),
     }
+    return secret, _validated(raw)
+
+
+def _validated(raw: Mapping[str, Any]) -> ApiKey:
+    """The record `raw` holds, checked as the config's keys are; ValueError if it is no valid key."""
     try:
-        return secret, msgspec.convert(raw, ApiKey)
+        return msgspec.convert(raw, ApiKey)
     except msgspec.ValidationError as exc:
         raise ValueError(f"invalid key: {exc}") from exc

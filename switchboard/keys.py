@@ -11,18 +11,21 @@ Hash tags (the part of a key inside `{}`, which alone decides a Redis Cluster's 
 - every key of one job carries the job's id (`sb:job:{<id>}:out`): its result stream, cancel mark
   and record, which its scripts (`cancel.lua`, `resume.lua`) touch together;
 - the deployment-wide keys have no tag: the workers index and records, the demand stream and the
-  demand index, the catalogue version, the API keys and their limits, the in-flight set, the dead
-  letters, the front doors' keys. No script touches two models' keys; those that reach past one
-  model's touch the job's own keys or these deployment-wide ones (`enqueue.lua`: the job's record,
-  the demand index and stream; `admit.lua`: the API key's limits and the in-flight set;
+  demand index, the catalogue version, the API keys and their limits (and the token counters of
+  keys and teams), the in-flight set, the dead letters, the front doors' keys. No script touches
+  two models' keys; those that reach past one model's touch the job's own keys or these
+  deployment-wide ones (`enqueue.lua`: the job's record, the demand index and stream; `admit.lua`:
+  the API key's limits, its and its team's token counters, and the in-flight set;
   `append_chunk.lua`: the job's keys, its model's job stream and its front door's inbox). In a
-  Redis Cluster those writes would leave the scripts for commands pipelined beside them (`lua.ScriptRunner`); today they stay inside,
-  where they are atomic with the job's append and cost no reply of their own.
+  Redis Cluster those writes would leave the scripts for commands pipelined beside them
+  (`lua.ScriptRunner`); today they stay inside, where they are atomic with the job's append and
+  cost no reply of their own.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # Set once at process start from `redis.key_prefix` (see `set_prefix`); every key below reads it.
 PREFIX = "sb"
@@ -143,9 +146,15 @@ def _job(job_id: str) -> str:
     return f"{PREFIX}:job:{{{job_id}}}"
 
 
-def job_stream(model: str) -> str:
-    """The stream of jobs waiting for `model`, shared by every worker that serves it."""
-    return f"{_model(model)}:jobs"
+def job_stream(model: str, tier: str = "default") -> str:
+    """The stream of `model`'s jobs of one tier (`wire.TIERS`), shared by every worker that serves it.
+    The default tier's is the model's own `jobs` stream; the others are beside it."""
+    return f"{_model(model)}:jobs" if tier == "default" else f"{_model(model)}:jobs:{tier}"
+
+
+def job_streams(model: str, tiers: Iterable[str]) -> list[str]:
+    """The streams of `model`'s jobs of each of `tiers` (`wire.TIERS`: all, in the order they are served)."""
+    return [job_stream(model, tier) for tier in tiers]
 
 
 def result_stream(job_id: str) -> str:
@@ -257,6 +266,26 @@ def key_in_flight(owner: str) -> str:
     """Sorted set of the requests one API key (by its identity, as `key_rate`) has in flight, scored
     by when each slot expires."""
     return f"{PREFIX}:api-key:{owner}:in-flight"
+
+
+# A token quota's counter outlives its period by this long: last month's tokens can still be read
+# all through the next month (`switchboard keys usage`), and a job that ends after its period's end
+# still settles the counter it reserved on.
+QUOTA_KEPT_S = 32 * 24 * 3600
+
+
+def key_tokens(owner: str, period: str) -> str:
+    """The tokens one API key (by its identity, as `key_rate`) used in one quota period (`day:2025-01-31`
+    or `month:2025-01`, UTC: `switchboard.quotas.Periods`), with its requests in flight counted at
+    their estimate. Written only for a key with a quota or a team; expires QUOTA_KEPT_S after its
+    period ends."""
+    return f"{PREFIX}:api-key:{owner}:tokens:{period}"
+
+
+def team_tokens(team: str, period: str) -> str:
+    """The tokens the keys of team `team` (`auth.teams`) used together in one quota period, as
+    `key_tokens` counts one key's; expires QUOTA_KEPT_S after its period ends."""
+    return f"{PREFIX}:team:{team}:tokens:{period}"
 
 
 def in_flight() -> str:

@@ -1,4 +1,7 @@
-"""Jobs waiting on each model's stream (taken by no worker yet), and how long the oldest has waited.
+"""Jobs waiting on each model's streams (taken by no worker yet), and how long the oldest has waited.
+
+A model's jobs wait in one stream per tier (`wire.TIERS`): its interactive tiers' jobs are counted
+together, its batch lines apart (alone they do not make the model wanted).
 
 One script (`lua/jobs_waiting.lua`) answers for every reader: the worker's controller, the status
 page and the front door's metrics. The admission check, which must stay atomic, runs the same count
@@ -16,16 +19,22 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from switchboard import keys, lua
+from switchboard.wire import TIERS
+
+# The script's arguments: the workers' group, and the streams of each model (the batch tier's last).
+_ARGS: list[str | int] = [keys.JOB_GROUP, len(TIERS)]
 
 
 @dataclass(frozen=True)
 class QueueDepth:
-    """One model's queue: jobs no worker has taken, the stream entry id of the oldest ('' if none),
-    and the jobs its stream holds in all (taken ones included: 0 when the model has no work)."""
+    """One model's queue: interactive jobs no worker has taken, the stream entry id of the oldest
+    ('' if none), the jobs its streams hold in all (taken ones and batch lines included: 0 when the
+    model has no work), and its batch lines no worker has taken."""
 
     waiting: int
     oldest_id: str
     length: int = 0
+    batch_waiting: int = 0
 
     def oldest_waiting_s(self, now: float) -> float:
         """Seconds the oldest waiting job has waited at `now` (its entry id is its enqueue time in ms)."""
@@ -42,24 +51,26 @@ class JobsWaiting:
 
     async def add_to(self, pipe: Pipeline, models: Sequence[str]) -> None:
         """Queue the read on `pipe`; `decode_depths` turns its reply into the models' depths."""
-        await self._script(keys=_streams(models), args=[keys.JOB_GROUP], client=pipe)
+        await self._script(keys=_streams(models), args=_ARGS, client=pipe)
 
     def add_each_to(self, calls: lua.Calls, models: Sequence[str]) -> None:
         """Queue one call per model (run them with a `lua.ScriptRunner`); `decode_each` turns their
         replies into the models' depths."""
-        for stream in _streams(models):
-            calls.add(self._script, [stream], [keys.JOB_GROUP])
+        for model in models:
+            calls.add(self._script, _streams([model]), _ARGS)
 
     async def read(self, models: Sequence[str]) -> dict[str, QueueDepth]:
         """Each model's queue depth, in one round trip."""
-        return decode_depths(models, await self._script(keys=_streams(models), args=[keys.JOB_GROUP]))
+        return decode_depths(models, await self._script(keys=_streams(models), args=_ARGS))
 
 
 def decode_depths(models: Sequence[str], reply: Any) -> dict[str, QueueDepth]:
     """The script's reply, by model (in the order of `models`)."""
     return {
-        model: QueueDepth(waiting=int(waiting), oldest_id=_text(oldest), length=int(length))
-        for model, (waiting, oldest, length) in zip(models, reply, strict=True)
+        model: QueueDepth(
+            waiting=int(waiting), oldest_id=_text(oldest), length=int(length), batch_waiting=int(batch)
+        )
+        for model, (waiting, oldest, length, batch) in zip(models, reply, strict=True)
     }
 
 
@@ -69,7 +80,7 @@ def decode_each(models: Sequence[str], replies: Sequence[Any]) -> dict[str, Queu
 
 
 def _streams(models: Sequence[str]) -> list[str]:
-    return [keys.job_stream(model) for model in models]
+    return [stream for model in models for stream in keys.job_streams(model, TIERS)]
 
 
 def _text(value: bytes | str) -> str:

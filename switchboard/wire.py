@@ -127,6 +127,16 @@ class PoolingTask(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     normalize: bool = True
 
 
+# The lines a model's jobs wait in, first served first: each is a stream of its own
+# (`keys.job_stream`). A request's `service_tier` picks one of the first three; the Batch API's lines
+# wait in the last.
+Tier = Literal["priority", "default", "flex", "batch"]
+TIERS: tuple[Tier, ...] = ("priority", "default", "flex", "batch")
+# The tiers a waiting job makes its model wanted by: batch lines alone neither load a model nor keep
+# it warm (`router.batches.deadlines` moves them up when their batch's window would not hold).
+INTERACTIVE_TIERS: tuple[Tier, ...] = ("priority", "default", "flex")
+
+
 class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One request waiting on its model's job stream.
 
@@ -165,6 +175,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # suffix, if it gave one), so that one key can never time another's prompts through the cache
     # (`router.intake.job.cache_salt`); None, one shared cache (keys off).
     cache_salt: str | None = None
+    # Which line it waits in among its model's jobs (`TIERS`, first served first): `service_tier`'s
+    # priority, default and flex, and the batch tier of the Batch API's lines, which a worker runs
+    # only in slots no other job wants (`workers.jobs.consume`).
+    tier: Tier = "default"
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

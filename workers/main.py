@@ -134,6 +134,7 @@ class Worker:
             max_concurrent_jobs=settings.worker.max_concurrent_jobs,
             fair_shares=settings.worker.fair_shares,
             max_shadow_jobs=settings.worker.max_shadow_jobs,
+            max_batch_jobs=settings.worker.max_batch_jobs,
             max_deliveries=settings.worker.max_deliveries,
             takeover_check_s=settings.worker.takeover_check_s,
             orphan_grace_s=settings.worker.orphan_grace_s,

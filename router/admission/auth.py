@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,15 +28,25 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from redis.exceptions import RedisError
 
-from router.openai.errors import AdminKeyRequiredError, AuthenticationError, ModelNotAllowedError
+from router.openai.errors import (
+    AdminKeyRequiredError,
+    AuthenticationError,
+    ModelNotAllowedError,
+    TierNotAllowedError,
+)
 from switchboard import api_keys, keys, tracing
-from switchboard.config import ADMIN_KEY_NAME, ApiKey, ConfigError, Settings
+from switchboard.config import ADMIN_KEY_NAME, ApiKey, ConfigError, Settings, TeamConfig
 from switchboard.ports import is_loopback_host
+from switchboard.wire import Tier
 
 logger = logging.getLogger(__name__)
 
 # Open whatever auth says: probes of load balancers and orchestrators carry no key.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+# The tiers a key that lists none may ask for: priority is only for keys that list it.
+DEFAULT_TIERS = ("default", "flex")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +64,37 @@ class Caller:
     rpm: int | None = None
     tpm: int | None = None
     max_parallel: int | None = None
+    # The service tiers it may ask for (`ApiKey.service_tiers`); every tier while auth is off.
+    service_tiers: frozenset[str] = frozenset(("priority", "default", "flex"))
+    # Lines of its batches queued at once (`ApiKey.max_batch_lines_in_flight`); None: the runner's bound.
+    max_batch_lines_in_flight: int | None = None
     admin: bool = False
     # The SHA-256 of the key's secret, as stored; None while auth is off.
     key_sha256: str | None = None
+    # Token quotas per UTC day and month (`router.admission.quotas`): the key's own, and those of
+    # its team (`auth.teams`), which its other keys share.
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    team: str | None = None
+    team_tokens_per_day: int | None = None
+    team_tokens_per_month: int | None = None
 
     def __post_init__(self) -> None:
         # A key's limits and jobs are kept under its identity: a named caller without one would share
         # them with the keyless caller.
         if self.name is not None and not self.key_sha256:
             raise ValueError(f"the caller of key {self.name!r} has no key_sha256")
+
+    @property
+    def counted(self) -> bool:
+        """Whether its tokens are counted per day and month: it has a quota or a team."""
+        own = self.tokens_per_day is not None or self.tokens_per_month is not None
+        return self.key_sha256 is not None and (own or self.team is not None)
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether a request's tokens are reserved at admission: for tpm, or a quota's counters."""
+        return bool(self.tpm) or self.counted
 
     @property
     def owner(self) -> str:
@@ -74,6 +107,11 @@ class Caller:
             return True
         return any(allowed.endswith("*") and model.startswith(allowed[:-1]) for allowed in self.models)
 
+    def require_tier(self, tier: Tier) -> None:
+        """A 403 unless the key may ask for `tier` (a batch's lines run in theirs whoever sent them)."""
+        if tier != "batch" and tier not in self.service_tiers:
+            raise TierNotAllowedError(tier, self.name or "", sorted(self.service_tiers))
+
     def require_model(self, model: str) -> None:
         """A 403 unless the key may use `model`."""
         if not self.may_use(model):
@@ -83,16 +121,24 @@ class Caller:
 ANONYMOUS = Caller(name=None, admin=True)
 
 
-def caller_for(key: ApiKey) -> Caller:
-    """What a request with `key` may do."""
+def caller_for(key: ApiKey, teams: Mapping[str, TeamConfig] | None = None) -> Caller:
+    """What a request with `key` may do; `teams`: the configured teams, whose quotas its team has."""
+    team = (teams or {}).get(key.team or "", TeamConfig())
     return Caller(
         name=key.name,
         models=frozenset(key.models),
         rpm=key.rpm,
         tpm=key.tpm,
         max_parallel=key.max_parallel,
+        service_tiers=frozenset(key.service_tiers or DEFAULT_TIERS),
+        max_batch_lines_in_flight=key.max_batch_lines_in_flight,
         admin=key.admin,
         key_sha256=key.sha256,
+        tokens_per_day=key.tokens_per_day,
+        tokens_per_month=key.tokens_per_month,
+        team=key.team,
+        team_tokens_per_day=team.tokens_per_day,
+        team_tokens_per_month=team.tokens_per_month,
     )
 
 
@@ -131,7 +177,8 @@ class KeyTable:
         self._redis = redis
         self._cache_s = settings.auth.cache_s
         self._always_on = auth_always_on(settings)
-        self._configured = {bytes.fromhex(k.sha256): caller_for(k) for k in settings.auth.keys}
+        self._teams = settings.auth.teams
+        self._configured = {bytes.fromhex(k.sha256): caller_for(k, self._teams) for k in settings.auth.keys}
         if settings.auth.admin_key_sha256:
             sha256 = settings.auth.admin_key_sha256
             admin = Caller(name=ADMIN_KEY_NAME, admin=True, key_sha256=sha256)
@@ -151,7 +198,7 @@ class KeyTable:
         """Read the stored keys now."""
         stored = cast(dict[bytes, bytes], await self._redis.hgetall(keys.api_keys()))
         records = api_keys.decode_stored(stored)
-        stored_callers = {bytes.fromhex(k.sha256): caller_for(k) for k in records}
+        stored_callers = {bytes.fromhex(k.sha256): caller_for(k, self._teams) for k in records}
         self._callers = {**stored_callers, **self._configured}
         self._stored_count = len(records)
         self._loaded_at = time.monotonic()

@@ -1,4 +1,4 @@
-"""What a request is charged against its key's tokens per minute, once it ends.
+"""What a request is charged against its key's tokens per minute and token quotas, once it ends.
 
 A queued job is charged the tokens its engine reports (`UsedTokens`): prompt and completion.
 

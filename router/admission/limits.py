@@ -11,7 +11,9 @@ skewed clocks agree:
 - per key, requests in flight, as a sorted set of job ids scored by when each slot expires: a
   front door that dies without releasing its slots loses them past the job's deadline;
 - across the front doors, requests in flight (`limits.max_in_flight`), the same way;
-- per model, jobs waiting on its stream that no worker has taken (`limits.max_queue_depth`).
+- per model, jobs waiting on its stream that no worker has taken (`limits.max_queue_depth`);
+- per key and per team, tokens per UTC day and month (`router.admission.quotas`): the estimate is
+  reserved on the counters of the key and its team, and settled with the real usage at release.
 
 A key's limits are kept under its identity (`Caller.owner`, the SHA-256 of its secret: 64 hex
 digits), never its name: renaming a key in the config keeps its budget, and no key shares another's
@@ -42,6 +44,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from router.admission.auth import Caller
+from router.admission.quotas import QUOTA_REFUSALS, QuotaHold
 from router.openai.errors import TooManyRequestsError
 from switchboard import keys, lua
 from switchboard.config import LimitsConfig
@@ -89,14 +92,22 @@ class Ticket:
     """An admitted request's hold on the limits; `release` gives it back (idempotent).
 
     `slot` names its in-flight slots: the job's id for a queued job, one of its own for each client
-    resuming the job's stream.
+    resuming the job's stream. `quota`: the token counters it reserved on (None: none).
     """
 
-    def __init__(self, admission: Admission, slot: str, caller: Caller, reserved_tokens: int) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        slot: str,
+        caller: Caller,
+        reserved_tokens: int,
+        quota: QuotaHold | None = None,
+    ) -> None:
         self._admission = admission
         self.slot = slot
         self.caller = caller
         self.reserved_tokens = reserved_tokens
+        self.quota = quota
         self._released = False
 
     @property
@@ -141,6 +152,7 @@ class Admitting:
         job: Job,
         caller: Caller,
         tokens: int,
+        quota: QuotaHold,
         script_keys: list[str],
         args: list[str | int],
     ) -> None:
@@ -148,12 +160,15 @@ class Admitting:
         self._job = job
         self.keys = script_keys
         self.args = args
-        self.ticket = Ticket(admission, job.id, caller, tokens)
+        self.ticket = Ticket(admission, job.id, caller, tokens, quota)
 
     def refused(self, refusal: list[bytes]) -> TooManyRequestsError:
         """The 429 for the script's refusal `[what, retry after (s), detail]`; the job holds nothing."""
         self.ticket.given_back()
-        return self._admission.refusal(refusal, self._job, self.ticket.caller, self.ticket.reserved_tokens)
+        ticket = self.ticket
+        return self._admission.refusal(
+            refusal, self._job, ticket.caller, ticket.reserved_tokens, ticket.quota
+        )
 
 
 class Admission:
@@ -171,7 +186,7 @@ class Admission:
 
     async def admit(self, job: Job, caller: Caller) -> Ticket:
         """A ticket for queueing `job`, or a 429 saying which limit it met and when to retry."""
-        tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
+        tokens = self._estimate(job, caller)
         return await _given_back_if_cancelled(self._admit(job, caller, tokens))
 
     async def admit_resume(self, job: Job, caller: Caller) -> Ticket:
@@ -185,38 +200,54 @@ class Admission:
         return await _given_back_if_cancelled(self._admit_resume(job, caller))
 
     async def _admit(self, job: Job, caller: Caller, tokens: int) -> Ticket:
-        script_keys, args = self._script_call(job, caller, job.id, tokens, None)
+        quota = QuotaHold.of(caller, time.time())
+        script_keys, args = self._script_call(job, caller, job.id, tokens, None, quota)
         refusal = await self._admit_script(keys=script_keys, args=args)
         if refusal is not None:
-            raise self.refusal(refusal, job, caller, tokens)
-        return Ticket(self, job.id, caller, tokens)
+            raise self.refusal(refusal, job, caller, tokens, quota)
+        return Ticket(self, job.id, caller, tokens, quota)
 
     async def _admit_resume(self, job: Job, caller: Caller) -> Ticket:
         # Reserved only where the record keeps no estimate of this key's job: an unknown job or
         # another key's (refused next, and all of it given back), or one queued before records kept it.
         without_record = (
-            estimate_completion_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
+            estimate_completion_tokens(job, self._limits.estimated_completion_tokens)
+            if caller.counts_tokens
+            else 0
         )
         slot = f"{job.id}:resume:{uuid.uuid4().hex[:12]}"
-        script_keys, args = self._script_call(job, caller, slot, without_record, -1)
+        quota = QuotaHold.of(caller, time.time())
+        script_keys, args = self._script_call(job, caller, slot, without_record, -1, quota)
         reply = await self._admit_resume_script(
             keys=[*script_keys, keys.job_record(job.id)], args=[*args, caller.owner]
         )
         if reply[0] == b"refused":
-            raise self.refusal(reply[1:4], job, caller, int(reply[4]))
-        return Ticket(self, slot, caller, int(reply[1]))
+            raise self.refusal(reply[1:4], job, caller, int(reply[4]), quota)
+        return Ticket(self, slot, caller, int(reply[1]), quota)
 
     def admitting(self, job: Job, caller: Caller) -> Admitting:
         """What admitting `job` sends, for a script that admits and queues it in one round trip
         (`JobQueue.send_admitted`, `switchboard/lua/admit_enqueue.lua`); nothing is sent here.
         Its answer's estimate goes with it, for its record: what a resume of its stream reserves."""
-        tokens = estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.tpm else 0
-        script_keys, args = self._script_call(job, caller, job.id, tokens, None)
+        tokens = self._estimate(job, caller)
+        quota = QuotaHold.of(caller, time.time())
+        script_keys, args = self._script_call(job, caller, job.id, tokens, None, quota)
         args.append(estimate_completion_tokens(job, self._limits.estimated_completion_tokens))
-        return Admitting(self, job, caller, tokens, script_keys, args)
+        return Admitting(self, job, caller, tokens, quota, script_keys, args)
+
+    def _estimate(self, job: Job, caller: Caller) -> int:
+        """The tokens `job` reserves: its estimate where its key counts tokens (tpm, a quota's
+        counters), else none."""
+        return estimate_tokens(job, self._limits.estimated_completion_tokens) if caller.counts_tokens else 0
 
     def _script_call(
-        self, job: Job, caller: Caller, slot: str, tokens: int, max_queue_depth: int | None
+        self,
+        job: Job,
+        caller: Caller,
+        slot: str,
+        tokens: int,
+        max_queue_depth: int | None,
+        quota: QuotaHold,
     ) -> tuple[list[str], list[str | int]]:
         """admit.lua's KEYS and ARGV."""
         slot_ttl_ms = math.ceil((job.deadline - time.time() + keys.SLOT_GRACE_S) * 1000)
@@ -224,7 +255,7 @@ class Admission:
             keys.key_rate(caller.owner),
             keys.key_in_flight(caller.owner),
             keys.in_flight(),
-            keys.job_stream(job.model),
+            keys.job_stream(job.model, job.tier),
         ]
         args: list[str | int] = [
             slot,
@@ -234,14 +265,24 @@ class Admission:
             tokens,
             caller.max_parallel or 0,
             self._limits.max_in_flight,
-            self._limits.max_queue_depth if max_queue_depth is None else max_queue_depth,
+            self._queue_bound(job) if max_queue_depth is None else max_queue_depth,
             keys.JOB_GROUP,
         ]
-        return script_keys, args
+        return [*script_keys, *quota.admit_keys()], [*args, *quota.admit_args()]
 
-    def refusal(self, refusal: list[bytes], job: Job, caller: Caller, tokens: int) -> TooManyRequestsError:
+    def _queue_bound(self, job: Job) -> int:
+        """The bound on the jobs waiting in `job`'s line: a batch's lines are bounded by its runner
+        (`batches.max_lines_in_flight`) and wait in their own stream, where they hold no one up."""
+        return -1 if job.tier == "batch" else self._limits.max_queue_depth
+
+    def refusal(
+        self, refusal: list[bytes], job: Job, caller: Caller, tokens: int, quota: QuotaHold | None
+    ) -> TooManyRequestsError:
         """The 429 for admit.lua's refusal `[what, retry after (s), detail]`."""
         what, retry_after_s, detail = (part.decode() for part in refusal)
+        if what in QUOTA_REFUSALS and quota is not None:
+            logger.debug("request refused for its quota", extra={"key": caller.name, "quota": what})
+            return quota.refused(what, float(retry_after_s), int(detail), caller, tokens)
         return self._refused(what, float(retry_after_s), int(detail), job, caller, tokens)
 
     async def release(self, ticket: Ticket, refund_tokens: int) -> None:
@@ -260,8 +301,9 @@ class Admission:
 
     def _release_call(self, ticket: Ticket, refund_tokens: int) -> tuple[list[str], list[str | int]]:
         owner = ticket.caller.owner
+        settled = ticket.quota.settled() if ticket.quota is not None else []
         return (
-            [keys.key_rate(owner), keys.key_in_flight(owner), keys.in_flight()],
+            [keys.key_rate(owner), keys.key_in_flight(owner), keys.in_flight(), *settled],
             [ticket.slot, refund_tokens, ticket.caller.tpm or 0],
         )
 

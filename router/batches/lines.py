@@ -29,6 +29,7 @@ from router.pooling_flow import PoolingFlow
 from router.queue.starts import JobRuns
 from router.relay.answer import served_chunks
 from switchboard.config import FrontDoorConfig
+from switchboard.wire import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,11 @@ class LineRunner:
         self._pooling = pooling
         self._settings = settings
 
-    async def answer(self, line: BatchLine, caller: Caller) -> LineAnswer:
+    async def answer(self, line: BatchLine, caller: Caller, *, tier: Tier, timeout_s: float) -> LineAnswer:
+        """The line's answer, its job in `tier` with `timeout_s` to run (what is left of its batch's
+        window)."""
         try:
-            return await self._answer(line, caller)
+            return await self._answer(line, caller, tier, timeout_s)
         except OpenAIError as error:
             return LineAnswer(error.status_code, msgspec.to_builtins(error.body()))
         except Exception:  # a bug must fail one line, never the batch's runner
@@ -88,15 +91,15 @@ class LineRunner:
             failure = EngineError("The request failed in the front door; it was logged.")
             return LineAnswer(500, msgspec.to_builtins(failure.body()))
 
-    async def _answer(self, line: BatchLine, caller: Caller) -> LineAnswer:
+    async def _answer(self, line: BatchLine, caller: Caller, tier: Tier, timeout_s: float) -> LineAnswer:
         gate, _ = BATCH_ENDPOINTS[line.url]
         ask = gate.check(decoded(bytes(line.body), gate.decoder), self._settings)
         if isinstance(ask, EmbeddingsAsk):
             response = await self._pooling.embeddings(caller, ask)
             return LineAnswer(response.status_code or 200, json.loads(response.content))
-        return LineAnswer(200, await self._generated(ask, caller))
+        return LineAnswer(200, await self._generated(ask, caller, tier, timeout_s))
 
-    async def _generated(self, ask: GenerationAsk, caller: Caller) -> Any:
+    async def _generated(self, ask: GenerationAsk, caller: Caller, tier: Tier, timeout_s: float) -> Any:
         model = self._models.resolve(ask.model, caller)
         check_model_kind(model, "generate", ask.api)
         images: tuple[Any, ...] = ()
@@ -108,10 +111,11 @@ class LineRunner:
         made = prepared(
             ask,
             model,
-            timeout_s=self._settings.request_timeout_s,
+            timeout_s=timeout_s,
             job_id=None,
             owner=caller.owner,
             images=images,
+            tier=tier,
         )
         await check_job_fits(self._limits, made.job, template_renders_tools=made.template_renders_tools)
         run = await self._runs.queued(made.job, caller)

@@ -9,14 +9,20 @@ first) or, once cancelled, `cancelling` → `cancelled` (the lines running end, 
 and what finished is in the files). A front door that dies loses the lease; another takes it within
 LEASE_S and goes on from the results: a line that was running when it died runs again, once.
 
-Lines run beside interactive requests through the same queue, at most MAX_LINES_IN_FLIGHT at once
-over every batch, so that a batch does not crowd the live traffic out. (They are not yet a tier of
-their own below interactive jobs in the workers' slots.)
+Lines run as the requests they are, through the same checks and queue, but in the batch tier
+(`wire.TIERS`): their jobs wait in their models' batch streams, which a worker reads only with slots
+no interactive job wants, and which neither load a model nor keep one warm. Up to
+`batches.max_lines_in_flight` lines are queued at once over every batch (and a key's
+`max_batch_lines_in_flight` over its own), enough to keep every spare slot busy; a line's deadline
+is its batch's window. A line holds none of its key's requests per minute or requests in flight:
+those bound what a client sends at once, and the runner bounds the lines. A batch whose window would
+not hold at its pace moves up to the flex tier (`router.batches.deadlines`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -30,12 +36,16 @@ import msgspec
 import redis.asyncio as aioredis
 
 from router.admission.auth import Caller
+from router.batches.deadlines import Progress, behind
 from router.batches.lines import BatchLine, LineAnswer, LineRunner
 from router.batches.records import BatchRecord, BatchRecords, LineResult
 from router.files.service import FileService
 from router.openai.batches import BatchError, line_error, line_output
+from router.queue.move_waiting import requeue_waiting
 from switchboard import keys
+from switchboard.config import BatchesConfig
 from switchboard.tasks import TaskSet, poll
+from switchboard.wire import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +54,6 @@ LEASE_S = 15.0
 # one Redis command).
 PASS_EVERY_S = 0.5
 IDLE_PASS_S = 2.0
-# Lines of all batches running at once on the runner's front door.
-MAX_LINES_IN_FLIGHT = 8
 # A line refused for now (a rate limit, no worker yet) waits this long before it runs again.
 RETRY_AFTER_S = 2.0
 _line_decoder = msgspec.json.Decoder(BatchLine)
@@ -62,6 +70,7 @@ class BatchRunner:
         lines: LineRunner,
         caller_of: Callable[[str], Caller | None],
         router_id: str,
+        settings: BatchesConfig,
     ) -> None:
         self._redis = redis
         self._records = records
@@ -69,6 +78,11 @@ class BatchRunner:
         self._lines = lines
         self._caller_of = caller_of
         self._router_id = router_id
+        self._settings = settings
+        # The models each batch's lines name, and the batches moved up to the flex tier.
+        self._models: dict[str, set[str]] = {}
+        self._escalated: set[str] = set()
+        self._expires: dict[str, float] = {}
         # Each batch's lines, read once per runner from its input file.
         self._inputs: dict[str, list[BatchLine]] = {}
         self._running: dict[str, set[str]] = {}
@@ -178,28 +192,65 @@ class BatchRunner:
         if len(finished) >= len(lines) and not running:
             await self._finalize(record, now)
             return
-        self._callers[record.id] = self._caller_of(record.owner)
+        self._callers[record.id] = _line_caller(self._caller_of(record.owner))
+        self._expires[record.id] = record.expires_at
+        if record.id not in self._escalated and behind(
+            _progress(record, finished, len(lines)), now, self._settings.deadline_margin_s
+        ):
+            await self._escalate(record, lines)
         self._start_lines(record.id, now)
 
+    async def _escalate(self, record: BatchRecord, lines: list[BatchLine]) -> None:
+        """Move the batch up to the flex tier: its next lines are queued there, and the lines waiting
+        in its models' batch tier move there now (those of other batches on the same models too:
+        they wait behind it all the same)."""
+        self._escalated.add(record.id)
+        moved = 0
+        for model in _models_of(lines):
+            moved += await requeue_waiting(
+                self._redis,
+                keys.job_stream(model, "batch"),
+                lambda job: msgspec.structs.replace(job, tier="flex"),
+            )
+        logger.warning(
+            "a batch moves up to the flex tier: its window would not hold in the batch tier",
+            extra={"batch_id": record.id, "expires_at": record.expires_at, "lines_moved": moved},
+        )
+
     def _start_lines(self, batch_id: str, now: float) -> None:
-        """Start the batch's next lines, up to MAX_LINES_IN_FLIGHT over all batches: at each pass, and
-        as each line ends (so a batch of fast lines is not paced by the passes)."""
+        """Start the batch's next lines, up to `max_lines_in_flight` over all batches and its key's
+        own bound over the key's: at each pass, and as each line ends (so a batch of fast lines is not
+        paced by the passes)."""
         lines, finished = self._inputs.get(batch_id), self._finished.get(batch_id)
         running = self._running.get(batch_id)
         if lines is None or finished is None or running is None:  # ended, or no longer this runner's
             return
+        caller = self._callers.get(batch_id)
         for line in lines:
-            if self._lines_in_flight() >= MAX_LINES_IN_FLIGHT:
+            if self._lines_in_flight() >= self._settings.max_lines_in_flight or self._at_key_bound(caller):
                 break
             if line.custom_id in finished or line.custom_id in running:
                 continue
             if self._retry_at.get((batch_id, line.custom_id), 0.0) > now:
                 continue
             running.add(line.custom_id)
-            self._start(batch_id, line, self._callers.get(batch_id))
+            self._start(batch_id, line, caller)
 
     def _lines_in_flight(self) -> int:
         return sum(len(running) for running in self._running.values())
+
+    def _at_key_bound(self, caller: Caller | None) -> bool:
+        """Whether the key's batches run as many lines as it may (`max_batch_lines_in_flight`)."""
+        if caller is None or caller.max_batch_lines_in_flight is None:
+            return False
+        own = [
+            batch_id
+            for batch_id, other in self._callers.items()
+            if other is not None and other.owner == caller.owner
+        ]
+        return (
+            sum(len(self._running.get(batch_id, ())) for batch_id in own) >= caller.max_batch_lines_in_flight
+        )
 
     def _start(self, batch_id: str, line: BatchLine, caller: Caller | None) -> None:
         task = asyncio.create_task(self._run_line(batch_id, line, caller))
@@ -211,7 +262,7 @@ class BatchRunner:
 
     async def _run_line(self, batch_id: str, line: BatchLine, caller: Caller | None) -> None:
         try:
-            answer = await self._answer(line, caller)
+            answer = await self._answer(batch_id, line, caller)
             if answer.passes:
                 self._retry_at[(batch_id, line.custom_id)] = time.time() + RETRY_AFTER_S
                 return
@@ -227,7 +278,7 @@ class BatchRunner:
     def _cancelled_here(self, batch_id: str) -> bool:
         return batch_id in self._stopping
 
-    async def _answer(self, line: BatchLine, caller: Caller | None) -> LineAnswer:
+    async def _answer(self, batch_id: str, line: BatchLine, caller: Caller | None) -> LineAnswer:
         if caller is None:
             body = {
                 "error": {
@@ -236,7 +287,9 @@ class BatchRunner:
                 }
             }
             return LineAnswer(401, body)
-        return await self._lines.answer(line, caller)
+        tier: Tier = "flex" if batch_id in self._escalated else "batch"
+        window_s = self._expires.get(batch_id, time.time()) - time.time()
+        return await self._lines.answer(line, caller, tier=tier, timeout_s=max(1.0, window_s))
 
     async def _finalize(self, record: BatchRecord, now: float) -> None:
         finalizing = msgspec.structs.replace(record, status="finalizing", finalizing_at=now)
@@ -270,6 +323,8 @@ class BatchRunner:
         self._inputs.pop(batch_id, None)
         self._finished.pop(batch_id, None)
         self._callers.pop(batch_id, None)
+        self._escalated.discard(batch_id)
+        self._expires.pop(batch_id, None)
         self._stopping.discard(batch_id)
         self._running.pop(batch_id, None)
         for task in self._line_tasks.pop(batch_id, set()):
@@ -301,3 +356,36 @@ def _result(line: BatchLine, answer: LineAnswer) -> LineResult:
     else:
         shaped = line_error(line.custom_id, request_id, answer.status_code, answer.body)
     return LineResult(ok=answer.ok, line=json.dumps(shaped, separators=(",", ":")).encode())
+
+
+def _line_caller(caller: Caller | None) -> Caller | None:
+    """The caller a batch's lines run as: its key, less the bounds on what a client sends at once
+    (requests per minute and in flight), which the runner's own bounds stand for."""
+    return None if caller is None else dataclasses.replace(caller, rpm=None, max_parallel=None)
+
+
+def _progress(record: BatchRecord, finished: set[str], total: int) -> Progress:
+    return Progress(
+        total=total,
+        finished=len(finished),
+        started_at=record.in_progress_at or record.created_at,
+        expires_at=record.expires_at,
+    )
+
+
+class _NamedModel(msgspec.Struct):
+    model: str = ""
+
+
+_model_decoder = msgspec.json.Decoder(_NamedModel)
+
+
+def _models_of(lines: list[BatchLine]) -> set[str]:
+    """The models a batch's lines name (checked on upload)."""
+    models = set()
+    for line in lines:
+        try:
+            models.add(_model_decoder.decode(line.body).model)
+        except msgspec.DecodeError:
+            continue
+    return models - {""}

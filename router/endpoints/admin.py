@@ -1,6 +1,7 @@
 """Operator endpoints: where every model stands, requests to load or unload one, the routes'
-weights (`router.routing`), the pipelines (`router.endpoints.admin_pipelines`) and the adapters
-registered at run time (`router.endpoints.admin_adapters`).
+weights (`router.routing`), the pipelines (`router.endpoints.admin_pipelines`), the adapters
+registered at run time (`router.endpoints.admin_adapters`) and the tokens keys and teams used
+(`router.endpoints.admin_usage`).
 
 The front door never calls a worker: status is read from Redis (`router.status.model_status`), and a load
 or unload request is a desired state that the workers' model controllers read: it bumps the
@@ -23,6 +24,7 @@ from router.admission.auth import require_admin
 from router.admission.model_table import ModelTable
 from router.endpoints.admin_adapters import ADAPTER_HANDLERS
 from router.endpoints.admin_pipelines import PIPELINE_HANDLERS
+from router.endpoints.admin_usage import USAGE_HANDLERS
 from router.gate.admin import MODEL_STATE, ROLLOUT_PLAN, ROUTE_WEIGHTS
 from router.gate.gate import GATE_OPT
 from router.http.answers import json_response
@@ -220,6 +222,7 @@ def admin_router() -> Router:
             abort_route_rollout,
             *PIPELINE_HANDLERS,
             *ADAPTER_HANDLERS,
+            *USAGE_HANDLERS,
         ],
         guards=ADMIN_GUARDS,
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from router.openai.chat import (
     MAX_TOOL_CALLS_PER_MESSAGE,
+    SERVICE_TIERS,
     ChatCompletionRequest,
     ChatMessageIn,
     ContentPart,
@@ -79,6 +80,7 @@ def chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
     _check_unsupported(request)
     chat = ChatCompletionRequest(
         model=request.model,
+        service_tier=request.service_tier,  # type: ignore[arg-type]  # checked in `check_responses`
         messages=_messages(request),
         max_completion_tokens=request.max_output_tokens,
         temperature=request.temperature,
@@ -121,8 +123,8 @@ def _check_unsupported(request: ResponsesRequest) -> None:
         raise unsupported(
             "truncation", "a conversation longer than the model's context is a 400; shorten `input`"
         )
-    if request.service_tier not in (None, "auto", "default"):
-        raise unsupported("service_tier", "there are no service tiers here")
+    if request.service_tier not in (None, *SERVICE_TIERS):
+        raise invalid("service_tier", f"`service_tier` is one of {', '.join(SERVICE_TIERS)}.")
     if request.text is not None and request.text.verbosity not in (UNSET, None, "medium"):
         raise unsupported("text.verbosity", "the models served here take no verbosity setting")
     for position, entry in enumerate(request.include or ()):

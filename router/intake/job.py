@@ -28,6 +28,7 @@ from switchboard.wire import (
     Prompt,
     SamplingParams,
     StructuredOutput,
+    Tier,
     ToolCall,
 )
 
@@ -55,6 +56,11 @@ def cache_salt(owner: str, client_salt: str | None = None) -> str | None:
     return key_salt if client_salt is None else f"{key_salt}:{client_salt}"
 
 
+def tier_of(service_tier: str | None) -> Tier:
+    """The tier a request's `service_tier` asks for: auto (and none) is default."""
+    return "flex" if service_tier == "flex" else "priority" if service_tier == "priority" else "default"
+
+
 def chat_job(
     request: ChatCompletionRequest,
     *,
@@ -65,12 +71,14 @@ def chat_job(
     tenant: str | None = None,
     owner: str = "",
     images: tuple[ImageInput, ...] = (),
+    tier: Tier = "default",
 ) -> Job:
     """The job for a chat completion; `structured` is what its tool choice needs, if anything, and
     `parse_tool_calls` whether the model's own tool calls are to be parsed from its text; `job_id`,
     the request's own id (`router.telemetry.requests`), made at its arrival; `owner`, the identity
     of the caller's key (`Caller.owner`), whose prefix-cache salt it takes (`cache_salt`); `images`,
-    those of the request's image parts in their order (`router.intake.request_images`)."""
+    those of the request's image parts in their order (`router.intake.request_images`); `tier`, the
+    line it waits in (`tier_of` its `service_tier`, or a batch's)."""
     top_logprobs = request.top_logprobs or 0
     sampling = sampling_params(
         request,
@@ -90,6 +98,7 @@ def chat_job(
         tools=tools,
         parse_tool_calls=parse_tool_calls,
         cache_salt=cache_salt(owner, request.cache_salt),
+        tier=tier,
     )
 
 
@@ -100,9 +109,10 @@ def completion_job(
     job_id: str | None = None,
     tenant: str | None = None,
     owner: str = "",
+    tier: Tier = "default",
 ) -> Job:
-    """The job for a plain completion (its prompt already checked by `check_completion`); `job_id` and
-    `owner` as for `chat_job`."""
+    """The job for a plain completion (its prompt already checked by `check_completion`); `job_id`,
+    `owner` and `tier` as for `chat_job`."""
     sampling = sampling_params(
         request,
         max_tokens=request.max_tokens,
@@ -118,6 +128,7 @@ def completion_job(
         tenant=tenant,
         prompts=prompts_of(request.prompt),
         cache_salt=cache_salt(owner, request.cache_salt),
+        tier=tier,
     )
 
 

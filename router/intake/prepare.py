@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import msgspec
 
 from router.gate.asks import ChatAsk, GenerationAsk, ResponsesAsk
-from router.intake.job import chat_job, completion_job
+from router.intake.job import chat_job, completion_job, tier_of
 from router.intake.tools import plan_tools
 from router.relay.answer_relays import AnswerRelay
 from router.relay.chat import chat_relay
 from router.relay.completions import completion_relay
 from router.relay.responses import responses_relay
 from switchboard.config import ModelConfig
-from switchboard.wire import ImageInput, Job
+from switchboard.wire import ImageInput, Job, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +37,12 @@ def prepared(
     owner: str,
     as_queued: Callable[[Job], Job] = lambda job: job,
     images: tuple[ImageInput, ...] = (),
+    tier: Tier | None = None,
 ) -> Prepared:
     """The job `model` runs for `ask` (as job `job_id`, then `as_queued`: the route it came through,
     a resumed job's id) for the key whose identity is `owner` (its prefix-cache salt), with the
-    chat's `images` (fetched for `model`), and the relay of its answer, which names that job."""
+    chat's `images` (fetched for `model`), in `tier` (None: the one its `service_tier` asks for), and
+    the relay of its answer, which names that job."""
     if isinstance(ask, ChatAsk):
         chat = msgspec.structs.replace(ask.chat, model=model.name)
         tools, structured = plan_tools(chat, chat.model, model.tool_call_parser)
@@ -52,6 +54,7 @@ def prepared(
             job_id=job_id,
             owner=owner,
             images=images,
+            tier=tier or tier_of(chat.service_tier),
         )
         job = as_queued(made)
         if isinstance(ask, ResponsesAsk):
@@ -62,5 +65,6 @@ def prepared(
             relay = chat_relay(chat, job, tools)
         return Prepared(job, relay, template_renders_tools=model.tool_call_parser is not None)
     completion = msgspec.structs.replace(ask.completion, model=model.name)
-    job = as_queued(completion_job(completion, timeout_s=timeout_s, job_id=job_id, owner=owner))
+    made = completion_job(completion, timeout_s=timeout_s, job_id=job_id, owner=owner, tier=tier or "default")
+    job = as_queued(made)
     return Prepared(job, completion_relay(completion, job, ask.prompts))

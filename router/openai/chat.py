@@ -27,6 +27,11 @@ ToolCallId = Annotated[str, msgspec.Meta(max_length=256)]
 MAX_CONTENT_PARTS = 256
 
 
+# What a request may ask for as its `service_tier` (OpenAI's, less "scale"): see `wire.TIERS`.
+ServiceTier = Literal["auto", "default", "flex", "priority"]
+SERVICE_TIERS: tuple[ServiceTier, ...] = ("auto", "default", "flex", "priority")
+
+
 class ImageUrl(msgspec.Struct, kw_only=True):
     """An image part's image: a `data:image/...;base64,` URL, or an `http(s)` URL the front door
     fetches where the operator allows it (`router.image_urls`)."""
@@ -169,7 +174,9 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     store: Any = UNSET
     reasoning_effort: Any = UNSET
     verbosity: Any = UNSET
-    service_tier: Any = UNSET
+    # Which line the request waits in among its model's jobs: flex behind default, priority ahead
+    # (a key may use priority only where its `service_tiers` allow it); auto is default.
+    service_tier: ServiceTier | None = None
 
 
 class FunctionCallOut(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -243,6 +250,8 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     choices: list[ChatChoice]
     usage: CompletionUsage
     object: Literal["chat.completion"] = "chat.completion"
+    # The tier it was served in (`wire.TIERS`; "batch" for a Batch API line).
+    service_tier: str = "default"
 
 
 class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -270,5 +279,6 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChunkChoice]
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    service_tier: str = "default"
     # Present (null until the final usage chunk) only when stream_options.include_usage is set.
     usage: CompletionUsage | msgspec.UnsetType | None = msgspec.UNSET

@@ -156,7 +156,6 @@ _UNSUPPORTED_CHAT_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "store": ((None, False), "completions are not stored here"),
     "reasoning_effort": ((None,), "the models served here take no reasoning effort"),
     "verbosity": ((None,), "the models served here take no verbosity setting"),
-    "service_tier": ((None, "auto", "default"), "there are no service tiers here"),
 }
 
 

@@ -253,6 +253,21 @@ class ModelNotAllowedError(OpenAIError):
         super().__init__(f"The API key `{key_name}` may not use the model `{model}`.", param="model")
 
 
+class TierNotAllowedError(OpenAIError):
+    """The caller's key may not ask for that service tier (403)."""
+
+    status_code = 403
+    error_type = "invalid_request_error"
+    default_code = "service_tier_not_allowed"
+
+    def __init__(self, tier: str, key_name: str, allowed: list[str]) -> None:
+        super().__init__(
+            f"The API key `{key_name}` may not use the `{tier}` service tier; it may use "
+            f"{', '.join(allowed)} (an operator grants tiers with `service_tiers`).",
+            param="service_tier",
+        )
+
+
 class AdminKeyRequiredError(OpenAIError):
     """An admin endpoint called with a key that is not an admin key (403)."""
 

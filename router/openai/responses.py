@@ -226,6 +226,8 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     reasoning: None = None
     store: bool = False
     background: bool = False
+    # The tier it was served in (`wire.TIERS`).
+    service_tier: str = "default"
     object: Literal["response"] = "response"
 
 

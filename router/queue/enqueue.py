@@ -171,7 +171,7 @@ def _submit_call(job: Job, owner: str, *, moved: bool) -> tuple[list[str], list[
     """enqueue.lua's KEYS and ARGV for `job` (`JobQueue.submit`)."""
     script_keys = [
         keys.load_failure(job.model),
-        keys.job_stream(job.model),
+        keys.job_stream(job.model, job.tier),
         keys.job_record(job.id),
         keys.demand_index(),
         keys.demand_stream(),

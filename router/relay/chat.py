@@ -57,8 +57,10 @@ class ChatRelay:
         include_usage: bool = False,
         logprobs: bool = False,
         tools: ToolPlan = TEXT,
+        service_tier: str = "default",
     ) -> None:
         self.completion_id = f"chatcmpl-{job_id}"
+        self.service_tier = service_tier
         self.model = model
         self.created = created
         self.n = n
@@ -104,6 +106,7 @@ class ChatRelay:
             model=self.model,
             choices=[self._whole_choice(index, choice) for index, choice in enumerate(choices)],
             usage=usage,
+            service_tier=self.service_tier,
         )
 
     # --- streamed ---------------------------------------------------------------------------------
@@ -167,7 +170,11 @@ class ChatRelay:
         self, choices: list[ChatChunkChoice], *, usage: bool = False, last: Chunk | None = None
     ) -> ChatCompletionChunk:
         event = ChatCompletionChunk(
-            id=self.completion_id, created=self.created, model=self.model, choices=choices
+            id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            service_tier=self.service_tier,
         )
         if self.include_usage:
             event.usage = openai_usage(last) if usage and last is not None else None
@@ -253,4 +260,5 @@ def chat_relay(request: ChatCompletionRequest, job: Job, tools: ToolPlan) -> Cha
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         logprobs=request.logprobs,
         tools=tools,
+        service_tier=job.tier,
     )

@@ -303,5 +303,6 @@ def responses_relay(
         text=request.text or TextOptions(format=TextFormatSpec(type="text")),
         metadata=request.metadata or {},
         user=request.user,
+        service_tier=job.tier,
     )
     return ResponsesRelay(job_id=job.id, template=template, logprobs=logprobs, tools=tools)

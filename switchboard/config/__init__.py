@@ -4,9 +4,9 @@ A module per table of the tree (`settings` holds the root), the checks across fi
 loader. These are the names the rest of the product uses; the modules hold the rest.
 """
 
-from switchboard.config.auth import ADMIN_KEY_NAME, RESERVED_KEY_NAMES, ApiKey, AuthConfig
+from switchboard.config.auth import ADMIN_KEY_NAME, RESERVED_KEY_NAMES, ApiKey, AuthConfig, TeamConfig
 from switchboard.config.checks import ConfigError
-from switchboard.config.files import FilesConfig
+from switchboard.config.files import BatchesConfig, FilesConfig
 from switchboard.config.front_door import FrontDoorConfig
 from switchboard.config.limits import LimitsConfig
 from switchboard.config.loader import load_settings
@@ -40,6 +40,7 @@ __all__ = [
     "RESERVED_KEY_NAMES",
     "ApiKey",
     "AuthConfig",
+    "BatchesConfig",
     "BatchingConfig",
     "CascadeConfig",
     "ConfigError",
@@ -62,6 +63,7 @@ __all__ = [
     "Settings",
     "ShadowConfig",
     "StorageConfig",
+    "TeamConfig",
     "WorkerConfig",
     "demo_model",
     "load_settings",

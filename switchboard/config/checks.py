@@ -43,6 +43,7 @@ def check_settings(settings: Settings) -> None:
     except (PipelineError, LoopError) as exc:
         raise ConfigError(str(exc)) from None
     _check_api_keys(settings.auth.keys, [*names, *settings.routes, *settings.pipelines])
+    _check_teams(settings.auth.keys, list(settings.auth.teams))
 
 
 def _check_triton_names(names: list[str]) -> None:
@@ -225,4 +226,15 @@ def _check_api_keys(api_keys: list[ApiKey], model_names: list[str]) -> None:
             raise ConfigError(
                 f"auth.keys: key {key.name!r} names unknown models: {', '.join(unknown)}; "
                 f"configured models are: {', '.join(model_names)}"
+            )
+
+
+def _check_teams(api_keys: list[ApiKey], teams: list[str]) -> None:
+    """A key of the config names a team the config has: a team's quotas live nowhere else, so a
+    misspelt name would leave the key outside its team's quotas without a word."""
+    for key in api_keys:
+        if key.team is not None and key.team not in teams:
+            raise ConfigError(
+                f"auth.keys: key {key.name!r} names team {key.team!r}, which has no [auth.teams.{key.team}] "
+                f"table; configured teams are: {', '.join(teams) or 'none'}"
             )

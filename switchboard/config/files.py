@@ -26,3 +26,17 @@ class FilesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # A file is deleted this long after its upload unless its upload asked for less
     # (`expires_after`); batches' output and error files live as long (OpenAI keeps them 30 days).
     max_age_s: Annotated[float, msgspec.Meta(ge=3600)] = 30 * DAY_S
+
+
+class BatchesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How the Batch API's lines run (`[batches]`): in the batch tier, below every interactive job."""
+
+    # Lines of all batches queued at once by the front door that runs them (each key's own bound is
+    # `auth.keys.max_batch_lines_in_flight`). Queued lines wait in their models' batch tier, where a
+    # worker takes them only with slots no interactive job wants (`worker.max_batch_jobs`): enough of
+    # them queued keeps every such slot busy.
+    max_lines_in_flight: Annotated[int, msgspec.Meta(ge=1)] = 128
+    # Batch lines alone neither load a model nor keep it warm. A batch whose window would not hold
+    # at the pace it runs (the time left is below this margin plus the time its remaining lines
+    # would take) moves up to the flex tier: its lines then load their models like any request.
+    deadline_margin_s: Annotated[float, msgspec.Meta(ge=0)] = 4 * 3600.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from switchboard.config.auth import AuthConfig
-from switchboard.config.files import FilesConfig
+from switchboard.config.files import BatchesConfig, FilesConfig
 from switchboard.config.front_door import FrontDoorConfig
 from switchboard.config.limits import LimitsConfig
 from switchboard.config.models import ModelConfig
@@ -26,6 +26,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     files: FilesConfig = msgspec.field(default_factory=FilesConfig)
+    batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
     routes: dict[RouteName, RouteConfig] = msgspec.field(default_factory=dict)
     pipelines: dict[RouteName, PipelineConfig] = msgspec.field(default_factory=dict)

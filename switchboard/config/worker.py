@@ -50,6 +50,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Shadow copies of routed requests (`routes.*.shadow`) run here at once, at most, and only while
     # no real job waits; None: a quarter of max_concurrent_jobs.
     max_shadow_jobs: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # The Batch API's lines (the batch tier) run here at once, at most; None: half of
+    # max_concurrent_jobs. They take only slots no interactive job wants: none while any warm model
+    # has interactive jobs waiting, never a warm model's last slot nor its engine's last sequence.
+    max_batch_jobs: Annotated[int, msgspec.Meta(ge=0)] | None = None
     # Tokens that reach the Triton callable within this window travel as one chunk. Every hop
     # after the engine costs CPU per chunk, so with many streams the window widens, up to
     # coalesce_max_ms, to keep each model under max_chunks_per_s in total.

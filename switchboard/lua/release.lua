@@ -4,6 +4,8 @@
 -- KEYS[1]  the key's token buckets (keys.key_rate), a hash: 'tok' left, 'at' when last filled
 -- KEYS[2]  the key's in-flight set (keys.key_in_flight)
 -- KEYS[3]  everyone's in-flight set (keys.in_flight)
+-- KEYS[4..]  the token counters the job reserved on at admission (keys.key_tokens,
+--          keys.team_tokens: those of the day and month it was admitted in), if any
 -- ARGV[1]  the slot's name (the job's id, or a resumed stream's own)
 -- ARGV[2]  the tokens to give back (negative: to take)
 -- ARGV[3]  the key's tokens per minute (0: no limit)
@@ -12,7 +14,18 @@
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 local refund, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
-if tpm == 0 or refund == 0 then
+if refund == 0 then
+    return false
+end
+for i = 4, #KEYS do
+    local counted = tonumber(redis.call('GET', KEYS[i]))
+    -- A counter that expired (kept long past its period) is not written again: it would never
+    -- expire. One is never settled below nothing.
+    if counted then
+        redis.call('DECRBY', KEYS[i], math.min(refund, counted))
+    end
+end
+if tpm == 0 then
     return false
 end
 local t = redis.call('TIME')

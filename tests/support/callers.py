@@ -13,7 +13,27 @@ def key_owner(name: str) -> str:
 
 
 def key_caller(
-    name: str, *, rpm: int | None = None, tpm: int | None = None, max_parallel: int | None = None
+    name: str,
+    *,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    max_parallel: int | None = None,
+    tokens_per_day: int | None = None,
+    tokens_per_month: int | None = None,
+    team: str | None = None,
+    team_tokens_per_day: int | None = None,
+    team_tokens_per_month: int | None = None,
 ) -> Caller:
-    """The caller of the test key `name`, with its limits."""
-    return Caller(name=name, rpm=rpm, tpm=tpm, max_parallel=max_parallel, key_sha256=key_owner(name))
+    """The caller of the test key `name`, with its limits, its token quotas and its team's."""
+    return Caller(
+        name=name,
+        rpm=rpm,
+        tpm=tpm,
+        max_parallel=max_parallel,
+        key_sha256=key_owner(name),
+        tokens_per_day=tokens_per_day,
+        tokens_per_month=tokens_per_month,
+        team=team,
+        team_tokens_per_day=team_tokens_per_day,
+        team_tokens_per_month=team_tokens_per_month,
+    )

@@ -36,7 +36,7 @@ async def submit(redis: aioredis.Redis, *jobs: Job) -> None:
     for one in jobs:
         pipe = redis.pipeline(transaction=False)
         write_record(pipe, one)
-        pipe.xadd(keys.job_stream(one.model), {keys.JOB_FIELD: encode(one)})
+        pipe.xadd(keys.job_stream(one.model, one.tier), {keys.JOB_FIELD: encode(one)})
         note_demand(pipe, one.model, one.id)
         await pipe.execute()
 

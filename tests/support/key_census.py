@@ -9,7 +9,9 @@ left (`lua/give_up.lua`) while its worker was being killed may keep its mark unt
 they are allowed with an expiry of at most `keys.CANCEL_TTL_S`. Result streams and job records
 of a stream whose client left mid-way are kept for a resumption, with an expiry of at most
 `keys.RESULT_TTL_S` (600 s, too long to wait for here), so they are allowed only with that expiry;
-a key without any expiry in those families, or of a family `switchboard.keys` does not name, is stray.
+the token counters of quotas outlive their period by `keys.QUOTA_KEPT_S`, and are allowed with an
+expiry of at most a month and that; a key without any expiry in those families, or of a family
+`switchboard.keys` does not name, is stray.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def every_key_pattern() -> list[str]:
 # (family, glob); the first match names a key.
 FAMILIES = [
     ("job stream", keys.job_stream("*")),
+    ("job stream", keys.job_stream("*", "*")),  # a tier's other than default (`wire.TIERS`)
     ("replica lease", keys.replica_lease("*", "*")),  # type: ignore[arg-type]  (a glob: any replica)
     ("load failure", keys.load_failure("*")),
     ("desired state", keys.desired_state("*")),
@@ -53,6 +56,8 @@ FAMILIES = [
     ("retired key names", keys.retired_key_names()),
     ("key rate", keys.key_rate("*")),
     ("key in flight", keys.key_in_flight("*")),
+    ("key tokens", keys.key_tokens("*", "*")),
+    ("team tokens", keys.team_tokens("*", "*")),
     ("in flight", keys.in_flight()),
     ("rollout lease", keys.rollout_lease("*")),
     ("rollout window", keys.rollout_window("*", "*", "*")),  # type: ignore[arg-type]
@@ -92,6 +97,9 @@ KEPT_WITH_TTL = {
     "rollout lease": LEASE_MS // 1000,
     "rollout window": keys.ROLLOUT_WINDOW_TTL_S,
     "shadow answers": keys.SHADOW_ANSWERS_TTL_S,
+    # A token quota's counter: its period (at most a month of 31 days), then QUOTA_KEPT_S.
+    "key tokens": 31 * 24 * 3600 + keys.QUOTA_KEPT_S,
+    "team tokens": 31 * 24 * 3600 + keys.QUOTA_KEPT_S,
 }
 
 

@@ -23,7 +23,7 @@ from redis.exceptions import ResponseError
 from switchboard import keys
 from switchboard.config import ModelConfig
 from switchboard.tasks import cancel_and_wait
-from switchboard.wire import Chunk, Job, ModelLimits, Usage, encode, job_decoder
+from switchboard.wire import TIERS, Chunk, Job, ModelLimits, Usage, encode, job_decoder
 from tests.support.front_door_harness import MODEL, serving, settings_for, write_chunks
 
 # `MODEL` has published limits; `UNMEASURED` has none yet (no worker has loaded it).
@@ -55,8 +55,9 @@ StreamEntries = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | Non
 
 @contextlib.asynccontextmanager
 async def answering_every_job(redis: aioredis.Redis) -> AsyncIterator[None]:
-    """Take the jobs of both models with the real consumer group and answer each at once."""
-    streams: dict[Any, Any] = {keys.job_stream(model): ">" for model in (MODEL, UNMEASURED)}
+    """Take the jobs of both models, every tier, with the real consumer group and answer each at once."""
+    models = (MODEL, UNMEASURED)
+    streams: dict[Any, Any] = {stream: ">" for model in models for stream in keys.job_streams(model, TIERS)}
     for stream in streams:
         with contextlib.suppress(ResponseError):
             await redis.xgroup_create(stream, keys.JOB_GROUP, id="0", mkstream=True)

@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 from switchboard import keys
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import TaskSet, cancel_and_wait, poll
-from switchboard.wire import Chunk, Job, JobError, SlotStatus, Usage, encode, job_decoder
+from switchboard.wire import TIERS, Chunk, Job, JobError, SlotStatus, Usage, encode, job_decoder
 from tests.support.front_door_harness import advertise, worker_record
 from workers.jobs.writer import ResultWriter, inbox_of
 
@@ -76,10 +76,12 @@ async def scripted_models(
     writer = ResultWriter(redis, CONSUMER)
     writer.start()
     for model in models:
-        with contextlib.suppress(ResponseError):  # BUSYGROUP: the group exists
-            await redis.xgroup_create(keys.job_stream(model), keys.JOB_GROUP, id="0", mkstream=True)
-    streams: dict[Any, Any] = {keys.job_stream(model): ">" for model in models}
-    by_stream = {keys.job_stream(model): model for model in models}
+        for stream in keys.job_streams(model, TIERS):
+            with contextlib.suppress(ResponseError):  # BUSYGROUP: the group exists
+                await redis.xgroup_create(stream, keys.JOB_GROUP, id="0", mkstream=True)
+    # Every tier's stream, each read as it comes (a stand-in has no slots to share).
+    by_stream = {stream: model for model in models for stream in keys.job_streams(model, TIERS)}
+    streams: dict[Any, Any] = dict.fromkeys(by_stream, ">")
     tasks = TaskSet("scripted models")
 
     async def answer(model: str, job: Job, ack: tuple[str, bytes]) -> None:

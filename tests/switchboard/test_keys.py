@@ -118,3 +118,19 @@ def test_the_deployment_wide_keys_have_no_tag() -> None:
     for key in (keys.demand_index(), keys.catalogue_version(), keys.demand_stream(), keys.workers_index()):
         assert "{" not in key and key.startswith("sb:")
     assert len({keys.demand_index(), keys.catalogue_version(), keys.demand_stream()}) == 3
+
+
+def test_token_counters_are_per_key_or_team_and_period_without_a_tag() -> None:
+    counters = [
+        keys.key_tokens("ab12", "day:2025-01-31"),
+        keys.key_tokens("ab12", "month:2025-01"),
+        keys.key_tokens("cd34", "day:2025-01-31"),
+        keys.team_tokens("ab12", "day:2025-01-31"),
+    ]
+    assert len(set(counters)) == len(counters)
+    assert all(key.startswith("sb:") and "{" not in key for key in counters)
+    # Beside the key's other limits, which no other family's glob takes.
+    assert counters[0] == "sb:api-key:ab12:tokens:day:2025-01-31"
+    assert not fnmatchcase(counters[0], keys.key_rate("*")) and not fnmatchcase(
+        counters[0], keys.key_in_flight("*")
+    )

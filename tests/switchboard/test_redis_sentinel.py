@@ -64,7 +64,7 @@ async def test_pooled_and_blocking_clients_follow_a_sentinel_failover(topology: 
     try:
         await pooled.xadd(stream, {"job": "1"})
         await replicated(pooled)
-        before = await jobs_waiting(keys=[stream], args=[keys.JOB_GROUP])
+        before = await jobs_waiting(keys=[stream], args=[keys.JOB_GROUP, 1])
         assert await blocking.xread({stream: "0"}, block=100)
         await burst(pooled)
         old_port = topology.primary_port()
@@ -74,7 +74,7 @@ async def test_pooled_and_blocking_clients_follow_a_sentinel_failover(topology: 
 
         # The same clients, on the new primary: the data is there, the script is loaded again there.
         await until_served(pooled.ping)
-        assert await jobs_waiting(keys=[stream], args=[keys.JOB_GROUP]) == before
+        assert await jobs_waiting(keys=[stream], args=[keys.JOB_GROUP, 1]) == before
         await until_served(blocking.ping)
         assert await blocking.xread({stream: "0"}, block=100)
         assert (await pooled.info("replication"))["role"] == "master"
@@ -99,7 +99,7 @@ async def test_a_pipeline_of_scripts_runs_on_a_primary_promoted_after_a_kill(
         await replicated(pooled)
 
         def fill(calls: lua.Calls) -> None:
-            calls.add(script, [stream], [keys.JOB_GROUP])
+            calls.add(script, [stream], [keys.JOB_GROUP, 1])
 
         # Four commands at once: the pool holds four connections to the primary, idle after them.
         before = await asyncio.gather(*(scripts.run(fill) for _ in range(4)))

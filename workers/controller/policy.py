@@ -103,8 +103,10 @@ def _keep_alive_moves(view: View, leaving: Mapping[str, Action]) -> list[Action]
 
 def _keep_alive_move(now: float, model: ModelView) -> Action | None:
     """The next rung of the ladder for one model here, if its idle time has reached it."""
-    if model.waiting > 0 or model.in_flight > 0 or model.adapters_here > 0:
-        return None  # a base stays while adapters are held on it: they leave first, by their own
+    if model.waiting > 0 or model.in_flight > model.batch_in_flight or model.adapters_here > 0:
+        # A base stays while adapters are held on it: they leave first, by their own. Batch lines
+        # alone keep no model warm: once it goes, the rest wait for it to be wanted again.
+        return None
     limit_s = keep_alive.idle_limit_s(model.state, model.keep_alive_s, model.asleep_keep_alive_s)
     idle_s = _idle_s(now, model)
     if limit_s is None or idle_s < limit_s:

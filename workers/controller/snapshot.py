@@ -256,6 +256,7 @@ class SnapshotReader:
             state=state,
             replica=slot.replica,
             in_flight=slot.in_flight,
+            batch_in_flight=slot.batch_in_flight,
             load_started=slot.load_started,
             warm_since=slot.warm_since,
             idle_since=slot.idle_since,

@@ -27,9 +27,10 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     state: SlotState = "cold"
     replica: int | None = None  # the replica number whose lease this worker holds for it
     in_flight: int = 0  # jobs of this model running here
+    batch_in_flight: int = 0  # of those, the Batch API's lines (they keep no model warm)
     load_started: float | None = None  # when the current (or last) load here began
     warm_since: float | None = None  # when it last became warm here
-    idle_since: float | None = None  # when its last job here ended (or it became warm)
+    idle_since: float | None = None  # when its last interactive job here ended (or it became warm)
     # What it takes here once loaded: measured when loaded, else declared, measured before or estimated.
     memory_bytes: int = 0
     # Its files are on this node: a local folder, or a remote model's files complete in the node cache.

@@ -12,6 +12,14 @@ pending, and another worker's sweep puts it back in line (`workers.jobs.takeover
 takes it goes on where the client's stream stopped (`workers.jobs.continuation`). An entry that
 cannot be decoded goes to the dead-letter stream; nothing that goes wrong in one pass stops the loop.
 
+Inside one model's allotment its jobs are taken tier by tier (`wire.TIERS`): priority, then default,
+then flex, each tier a stream of its own, read in order in one script (`workers.jobs.reads`). The
+batch tier (the Batch API's lines) comes last and takes only slots no interactive job wants: none
+while any warm model is known to have interactive jobs waiting or is held back, never the last free
+slot of a warm model (its reserve) nor its engine's last sequence, and at most `max_batch_jobs`
+lines at once. Batch lines taken in a read stay in the read: interactive jobs of the same model
+that arrived before them are taken first.
+
 Shadow copies of routed requests (`Job.shadow`, `router.routing.rollouts.shadow`) come last: nobody waits for
 them, so one runs only while the worker has slots to spare — fewer than `max_shadow_jobs` of them
 running, a slot free once the real jobs of the same read have theirs, and no real job left waiting
@@ -30,11 +38,11 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from switchboard import keys
+from switchboard import keys, lua
 from switchboard.demand import DemandIndex
 from switchboard.redis_conn import stream_entries
 from switchboard.tasks import TaskSet, first_of, poll
-from switchboard.wire import JobError
+from switchboard.wire import TIERS, JobError
 from workers.jobs import reads, shares
 from workers.jobs.orphans import ORPHAN_GRACE_S, OrphanWatch
 from workers.jobs.run import JobRunner
@@ -73,18 +81,23 @@ class JobConsumer:
         max_concurrent_jobs: int,
         fair_shares: bool = True,
         max_shadow_jobs: int | None = None,
+        max_batch_jobs: int | None = None,
         max_deliveries: int = 3,
         takeover_check_s: float = 2.0,
         orphan_grace_s: float = ORPHAN_GRACE_S,
         on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping;
-        `max_shadow_jobs` (None: a quarter of `max_concurrent_jobs`) bounds the shadow copies running;
+        `max_shadow_jobs` (None: a quarter of `max_concurrent_jobs`) bounds the shadow copies running,
+        `max_batch_jobs` (None: half of it) the batch lines;
         `fair_shares` False shares the slots in turn, without reserves, weights or priorities."""
         self._redis = redis
         self._worker_id = worker_id
         self._slots = slots
-        self._by_stream = {keys.job_stream(name): slot for name, slot in slots.items()}
+        self._by_stream = {
+            stream: slot for name, slot in slots.items() for stream in keys.job_streams(name, TIERS)
+        }
+        self._take_in_order = lua.register(redis, "take_in_order")
         self._demand = DemandIndex(redis)
         self._max_jobs = max_concurrent_jobs
         self._fair = fair_shares
@@ -94,6 +107,8 @@ class JobConsumer:
         self._turn = 0
         self._max_shadow_jobs = max_concurrent_jobs // 4 if max_shadow_jobs is None else max_shadow_jobs
         self._shadow_jobs: set[asyncio.Task[None]] = set()
+        self._max_batch_jobs = max_concurrent_jobs // 2 if max_batch_jobs is None else max_batch_jobs
+        self._batch_jobs: set[asyncio.Task[None]] = set()
         self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
         self._takeover_check_s = takeover_check_s
         self._on_failure = on_failure
@@ -177,7 +192,9 @@ class JobConsumer:
 
     async def refuse_waiting(self, model: str, error: JobError) -> int:
         """Answer every job waiting for `model` with `error` (its load failed); returns how many."""
-        stream = keys.job_stream(model)
+        return sum([await self._refuse_stream(stream, error) for stream in keys.job_streams(model, TIERS)])
+
+    async def _refuse_stream(self, stream: str, error: JobError) -> int:
         refused = 0
         while True:
             response = await self._redis.xreadgroup(
@@ -225,13 +242,18 @@ class JobConsumer:
             self._slot_freed.clear()
             await first_of(self._slot_freed, self._slots.changed, timeout_s=BLOCK_MS / 1000)
             return
-        counts = {keys.job_stream(name): count for name, count in allotted.items()}
         # Models with jobs waiting that take none on this read: their share (or the free slots) is
         # taken, or their engine's batch is full.
         held_back = any(d.hungry and d.room > 0 and d.name not in allotted for d in demands)
         at_batch = any(d.hungry and d.room == 0 for d in demands)
+        batch = 0 if held_back or self._hungry else self._batch_room(len(warm))
+        batch_shares = _batch_shares(demands, allotted, batch)
+        takes = {
+            name: reads.Take(tuple(keys.job_streams(name, TIERS)), count, batch_shares.get(name, 0))
+            for name, count in allotted.items()
+        }
         with self._slots.reading():
-            await self._read_allotted(counts, held_back=held_back, at_batch=at_batch)
+            await self._read_allotted(takes, held_back=held_back, at_batch=at_batch)
 
     def _allot(self, demands: list[shares.ModelDemand], *, pooling: set[str]) -> dict[str, int]:
         """Jobs each warm model may take on this read. A pooling model's jobs hold no job slot: each
@@ -244,6 +266,12 @@ class JobConsumer:
             self._turn += 1
         allotted.update({d.name: d.room for d in demands if d.name in pooling and d.room > 0})
         return allotted
+
+    def _batch_room(self, warm_models: int) -> int:
+        """Batch lines this read may take in all: within `max_batch_jobs`, and leaving a free slot
+        for each warm model, so that an interactive job that arrives finds one at once."""
+        free = self._max_jobs - (len(self._jobs) - len(self._pooling_jobs))
+        return max(0, min(self._max_batch_jobs - len(self._batch_jobs), free - warm_models))
 
     def _demand_of(self, slot: ModelSlot) -> shares.ModelDemand:
         """What the share policy needs to know of one warm model."""
@@ -281,41 +309,51 @@ class JobConsumer:
         self._by_stream = {
             stream: slot for stream, slot in self._by_stream.items() if slot.name in self._slots
         }
-        streams = [stream for stream, slot in self._by_stream.items() if slot.name in noted]
+        streams = [stream for stream, slot in self._by_stream.items() if slot.name in noted]  # every tier
         await self._takeover.sweep(streams, running)
 
-    async def _read_allotted(self, counts: dict[str, int], *, held_back: bool, at_batch: bool) -> None:
+    async def _read_allotted(self, takes: dict[str, reads.Take], *, held_back: bool, at_batch: bool) -> None:
         """Read the allotted streams: without blocking first if one of their models may have jobs
         waiting, then (nothing taken) blocking, until a slot frees while a model with jobs waiting
         takes none."""
         in_turn = held_back and not self._fair  # one pool: the held-back model's turn is the next pass
         try:
-            if in_turn or any(self._by_stream[stream].name in self._hungry for stream in counts):
-                read = await reads.read_each(self._redis, self._worker_id, counts)
-                if await self._take_read(read, counts) > 0 or in_turn:
+            # Batch lines are taken only by this read, which takes a model's tiers in order and
+            # within their caps; a blocking read waits for interactive jobs alone.
+            if in_turn or any(name in self._hungry or take.batch > 0 for name, take in takes.items()):
+                read = await reads.read_each(self._redis, self._take_in_order, self._worker_id, takes)
+                if await self._take_read(read, takes) > 0 or in_turn:
                     return
+            least = min(take.count for take in takes.values())
+            counts = {stream: least for take in takes.values() for stream in take.streams[:-1]}
             if held_back or at_batch or self._adapters_may_arrive():
                 read = await self._held_back_read.read(self._worker_id, counts, BLOCK_MS)
             else:
                 read = await reads.read_blocking(self._redis, self._worker_id, counts, BLOCK_MS)
-            await self._take_read(read, dict.fromkeys(counts, min(counts.values())))
+            await self._take_read(read, takes)
         except ResponseError:
             raise
         except (ConnectionError, OSError, aioredis.RedisError):
             logger.exception("reading jobs failed; retrying")
             await asyncio.sleep(RETRY_DELAY_S)
 
-    async def _take_read(self, read: reads.ReadResult, asked: dict[str, int]) -> int:
-        """Start the jobs of one read, note which models came back full; returns the entries taken."""
+    async def _take_read(self, read: reads.ReadResult, takes: dict[str, reads.Take]) -> int:
+        """Start the jobs of one read, note which models came back full of interactive jobs; returns
+        the entries taken. Entries beyond a model's allotment (a blocking read over its tiers) go
+        back in line."""
         shadows: list[Entry] = []
-        for stream, count in asked.items():
-            name = self._by_stream[stream].name
-            if read.count(stream) >= count:
+        taken = 0
+        for name, take in takes.items():
+            interactive = sum(read.count(stream) for stream in take.streams[:-1])
+            if interactive >= take.count:
                 self._hungry.add(name)
             else:
                 self._hungry.discard(name)
-        for stream, entries in read.entries.items():
-            for entry_id, fields in entries:
+            ordered = _in_tier_order(read, take)
+            for stream, entry_id, fields in ordered[take.count :]:
+                self._start(self._hand_back_raw(stream, entry_id, fields))
+            for stream, entry_id, fields in ordered[: take.count]:
+                taken += 1
                 shadow = self._take(stream, entry_id, fields)
                 if shadow is not None:
                     shadows.append(shadow)
@@ -324,7 +362,7 @@ class JobConsumer:
             self._take_shadows(shadows, crowded=bool(self._hungry))
         if read.without_group:
             await self._ensure_groups(read.without_group)  # the stream expired or Redis restarted empty
-        return sum(len(entries) for entries in read.entries.values())
+        return taken
 
     # --- one job --------------------------------------------------------------------------------
 
@@ -361,7 +399,7 @@ class JobConsumer:
         """Start running `entry`'s job on its model's slot (or hand it back if the slot cannot serve)."""
         try:
             slot = self._by_stream[entry.stream]
-            lease = slot.lease()
+            lease = slot.lease(batch=entry.job.tier == "batch")
         except SlotNotServing:
             # Cannot happen after the read barrier; if it ever does, the job goes back in line.
             return self._start(self._hand_back(entry))
@@ -369,6 +407,8 @@ class JobConsumer:
         task = self._start(self._runner.run(entry, slot, lease), entry)
         if slot.model.pooling:
             self._pooling_jobs.add(task)
+        if entry.job.tier == "batch":
+            self._batch_jobs.add(task)
         return task
 
     def _start(self, work: Coroutine[Any, Any, None], entry: Entry | None = None) -> asyncio.Task[None]:
@@ -386,7 +426,8 @@ class JobConsumer:
 
     def _slot_changed(self, slot: ModelSlot) -> None:
         # A slot made since the start (an adapter registered at run time) is known from its first change.
-        self._by_stream[keys.job_stream(slot.name)] = slot
+        for stream in keys.job_streams(slot.name, TIERS):
+            self._by_stream[stream] = slot
         # A model that becomes warm has its jobs read at once; one that stops taking jobs waits for
         # the read under way (its read barrier) before it leaves: an adapter evicted to make room
         # for another waited out a whole blocking read (250 ms) before the other could load.
@@ -396,6 +437,7 @@ class JobConsumer:
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
         self._pooling_jobs.discard(task)
+        self._batch_jobs.discard(task)
         self._entries.pop(task, None)
         self._slot_freed.set()
         self._held_back_read.wake()
@@ -413,6 +455,12 @@ class JobConsumer:
         except Exception:
             logger.exception("could not move an entry to the dead-letter stream", extra={"stream": stream})
 
+    async def _hand_back_raw(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        """Put back in line an entry read beyond its model's allotment."""
+        entry = await self._decoded(stream, entry_id, fields)
+        if entry is not None:
+            await self._hand_back(entry)
+
     async def _hand_back(self, entry: Entry) -> None:
         """Put a job this worker could not run or finish back in line; it does not count as a failure."""
         try:
@@ -421,3 +469,24 @@ class JobConsumer:
         except Exception:
             # Left pending, it is taken over once this worker's record has expired.
             logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
+
+
+def _batch_shares(demands: list[shares.ModelDemand], allotted: dict[str, int], batch: int) -> dict[str, int]:
+    """Batch lines each allotted model may take on this read: within its allotment, never its
+    engine's last sequence (an interactive job that arrives finds room), `batch` in all."""
+    out = {}
+    for demand in demands:
+        share = min(allotted.get(demand.name, 0), demand.room - 1, batch)
+        if share > 0:
+            out[demand.name] = share
+            batch -= share
+    return out
+
+
+def _in_tier_order(read: reads.ReadResult, take: reads.Take) -> list[tuple[str, bytes, dict[bytes, bytes]]]:
+    """The entries one read gave of one model, its tiers in order."""
+    return [
+        (stream, entry_id, fields)
+        for stream in take.streams
+        for entry_id, fields in read.entries.get(stream, ())
+    ]

@@ -1,12 +1,16 @@
 """The consumer's reads of the model streams, each stream with the count its model was allotted.
 
-Redis counts an XREADGROUP's COUNT per stream, so one read over several streams with the free slots
-as its count could take that many from each. Two shapes keep a read within what it may take:
+A model's jobs wait in one stream per tier (`wire.TIERS`). Redis counts an XREADGROUP's COUNT per
+stream, so one read over several streams with the free slots as its count could take that many from
+each. Two shapes keep a read within what it may take:
 
-- `read_each`: one non-blocking XREADGROUP per stream, each with its own count, in one round trip
-  (a pipeline: a blocking command in one would hold the others back);
-- `read_blocking`: one XREADGROUP over the streams, blocking until a job comes, with a count no
-  stream's allotment is below (the smallest of them).
+- `read_each`: for each model, one script (`lua/take_in_order.lua`) that takes its allotment from
+  its tiers' streams in order, all in one round trip (a pipeline: a blocking command in one would
+  hold the others back);
+- `read_blocking`: one XREADGROUP over the interactive tiers' streams (batch lines wait for no
+  one, so no read blocks for them), blocking until a job comes, with a count no model's allotment
+  is below (the smallest of them). When jobs of several tiers of one model arrive in the same
+  instant it can take more of that model than its allotment: the consumer hands those back.
 
 Between two reads the jobs the first one started go into Triton (`let_taken_jobs_start`).
 
@@ -19,8 +23,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from switchboard import keys
@@ -31,6 +37,20 @@ StreamEntry = tuple[bytes, dict[bytes, bytes]]
 # Turns of the event loop between one read and the next: one for the first steps of the jobs a read
 # started, one for the Triton stream's writer that they wake.
 TURNS_BEFORE_NEXT_READ = 2
+
+
+@dataclass(frozen=True)
+class Take:
+    """What one read may take of one model: `count` jobs from its `streams` in order, of them at most
+    `batch` from the last, its batch tier's (0: the batch stream is not read)."""
+
+    streams: tuple[str, ...]
+    count: int
+    batch: int = 0
+
+    def caps(self) -> list[int]:
+        """The most jobs each stream may give."""
+        return [self.count] * (len(self.streams) - 1) + [self.batch]
 
 
 @dataclass
@@ -45,21 +65,33 @@ class ReadResult:
         return len(self.entries.get(stream, ()))
 
 
-async def read_each(redis: aioredis.Redis, consumer: str, counts: Mapping[str, int]) -> ReadResult:
-    """Take up to `counts[stream]` jobs from each stream, without waiting, in one round trip."""
+async def read_each(
+    redis: aioredis.Redis, script: AsyncScript, consumer: str, takes: Mapping[str, Take]
+) -> ReadResult:
+    """Take up to each model's allotment from its streams in order, without waiting, in one round
+    trip; `script` is `take_in_order` registered on `redis`."""
     pipe = redis.pipeline(transaction=False)
-    for stream, count in counts.items():
-        pipe.xreadgroup(keys.JOB_GROUP, consumer, {stream: ">"}, count=count)
+    for take in takes.values():
+        await script(
+            keys=list(take.streams), args=[keys.JOB_GROUP, consumer, take.count, *take.caps()], client=pipe
+        )
     replies = await pipe.execute(raise_on_error=False)
     result = ReadResult()
-    for stream, reply in zip(counts, replies, strict=True):
+    for take, reply in zip(takes.values(), replies, strict=True):
         if isinstance(reply, BaseException):
-            if not _no_group(reply):
-                raise reply
-            result.without_group.append(stream)
-            continue
-        _keep(result, reply)
+            raise reply
+        for stream, entries in zip(take.streams, reply, strict=True):
+            if entries == b"NOGROUP":
+                result.without_group.append(stream)
+            elif entries:
+                result.entries.setdefault(stream, []).extend(_entry(entry) for entry in entries)
     return result
+
+
+def _entry(raw: list[Any]) -> StreamEntry:
+    """One entry as a script returns it: its id and a flat list of fields and values."""
+    entry_id, flat = raw
+    return entry_id, dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 async def read_blocking(

@@ -46,11 +46,11 @@ class AdapterSlot(ModelSlot):
             return f"its base {self.base.name} is no longer warm here"
         return self.base.engine_ended()
 
-    def lease(self, *, also: Lease | None = None) -> Lease:
+    def lease(self, *, also: Lease | None = None, batch: bool = False) -> Lease:
         """Hold the adapter and its base for one job."""
-        base_lease = self.base.lease(also=also)
+        base_lease = self.base.lease(also=also, batch=batch)
         try:
-            return super().lease(also=base_lease)
+            return super().lease(also=base_lease, batch=batch)
         except SlotNotServing:
             base_lease.release()
             raise

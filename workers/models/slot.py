@@ -59,20 +59,24 @@ class LoadFailed(RuntimeError):
 class Lease:
     """One job's hold on a warm model: the model is not put to sleep or unloaded under it."""
 
-    __slots__ = ("_also", "_released", "_slot", "served")
+    __slots__ = ("_also", "_batch", "_released", "_slot", "served")
 
-    def __init__(self, slot: ModelSlot, served: ServedModel, *, also: Lease | None = None) -> None:
-        """`also`: a lease released with this one (an adapter's job holds its base as well)."""
+    def __init__(
+        self, slot: ModelSlot, served: ServedModel, *, also: Lease | None = None, batch: bool = False
+    ) -> None:
+        """`also`: a lease released with this one (an adapter's job holds its base as well);
+        `batch`: held by a batch line, which does not keep the model warm."""
         self._slot = slot
         self._released = False
         self._also = also
+        self._batch = batch
         self.served = served
 
     def release(self) -> None:
         """The job is over (idempotent)."""
         if not self._released:
             self._released = True
-            self._slot._job_ended()
+            self._slot._job_ended(batch=self._batch)
             if self._also is not None:
                 self._also.release()
 
@@ -123,8 +127,12 @@ class ModelSlot:
         # Where the last load or wake started from ("cold" or "sleeping"): a cold start's tier.
         self.warmed_from: SlotState | None = None
         self.warm_since: float | None = None
+        # When its last interactive job here ended (or it became warm): batch lines alone do not
+        # keep a model warm (`workers.controller.policy`'s keep-alive).
         self.idle_since: float | None = None
         self.in_flight = 0
+        # Of `in_flight`, the Batch API's lines.
+        self.batch_in_flight = 0
         # Jobs on the model's stream that no worker has taken, as the controller's last pass read them.
         self.jobs_waiting = 0
         self._completed = 0
@@ -192,17 +200,18 @@ class ModelSlot:
         since = max(created, self.warm_since or 0.0)
         return max(0.0, time.time() - since)
 
-    def lease(self, *, also: Lease | None = None) -> Lease:
+    def lease(self, *, also: Lease | None = None, batch: bool = False) -> Lease:
         """Hold the warm model for one job; taken synchronously before the job's task starts.
-        `also`: a lease of another model that this job's ends with it."""
+        `also`: a lease of another model that this job's ends with it; `batch`: for a batch line."""
         if not self._taking_jobs or self._served is None:
             raise SlotNotServing(f"{self.name} is not taking jobs here")
         if self.in_flight == 0:
             self._busy_since = time.monotonic()
             self._drained.clear()
         self.in_flight += 1
+        self.batch_in_flight += batch
         self._on_jobs()
-        return Lease(self, self._served, also=also)
+        return Lease(self, self._served, also=also, batch=batch)
 
     def abort(self, job_id: str, *, arriving: bool = False) -> Awaitable[None]:
         """Abort a running job in the engine; its stream ends with finish reason "abort".
@@ -376,12 +385,14 @@ class ModelSlot:
         self._taking_jobs = True
         self._set_state("warm")
 
-    def _job_ended(self) -> None:
+    def _job_ended(self, *, batch: bool = False) -> None:
         self.in_flight -= 1
+        self.batch_in_flight -= batch
         self._completed += 1
+        if self.in_flight == self.batch_in_flight and not batch:
+            self.idle_since = time.time()
         if self.in_flight == 0:
             self._busy_s += time.monotonic() - self._busy_since
-            self.idle_since = time.time()
             self._drained.set()
         self._on_jobs()
 

@@ -57,7 +57,6 @@ async def test_another_front_door_finishes_a_batch_whose_runner_went_away(
 ) -> None:
     monkeypatch.setattr(runner_module, "LEASE_S", 1.0)
     monkeypatch.setattr(runner_module, "IDLE_PASS_S", 0.2)
-    monkeypatch.setattr(runner_module, "MAX_LINES_IN_FLIGHT", 2)
     # The stand-in worker answers a job every 20 ms, so that the batch is mid-run when its door goes.
     answer_now = live_front_door.write_chunks
 
@@ -68,6 +67,7 @@ async def test_another_front_door_finishes_a_batch_whose_runner_went_away(
     monkeypatch.setattr(live_front_door, "write_chunks", answer_slowly)
     settings = settings_for(redis_server.url)
     settings.files.store = str(tmp_path / "files")
+    settings.batches.max_lines_in_flight = 2
     batches = BatchRecords(redis)
     now = time.time()
     batch = BatchRecord(

@@ -136,7 +136,7 @@ def test_what_changes_nothing_is_accepted() -> None:
         ({"input": "Hi", "conversation": "conv_1"}, "conversation"),
         ({"input": "Hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"input": "Hi", "reasoning": {"effort": "high"}}, "reasoning"),
-        ({"input": "Hi", "service_tier": "flex"}, "service_tier"),
+        ({"input": "Hi", "service_tier": "scale"}, "service_tier"),
         ({"input": "Hi", "text": {"verbosity": "low"}}, "text.verbosity"),
         ({"input": [{"content": "no role"}]}, "input[0].role"),
         ({"input": [{"role": "user"}]}, "input[0].content"),

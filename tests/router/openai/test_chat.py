@@ -362,6 +362,7 @@ def test_chat_completion_encoding() -> None:
             }
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "service_tier": "default",
     }
 
 

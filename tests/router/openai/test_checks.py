@@ -84,6 +84,8 @@ def refusal(check: Any, request: Any) -> InvalidRequestError:
         {"stream": True, "stream_options": {"include_usage": True}},
         {"modalities": ["text"], "store": False, "service_tier": "auto"},
         {"service_tier": "default", "audio": None},
+        {"service_tier": "flex"},
+        {"service_tier": "priority"},
         {"tools": [WEATHER, TIME]},
         {"tools": [WEATHER], "tool_choice": "none"},
         {"tools": [WEATHER], "tool_choice": "auto", "response_format": {"type": "json_object"}},
@@ -138,7 +140,6 @@ CHAT_REFUSALS: list[tuple[str, dict[str, Any], str, str]] = [
     ("store", {"store": True}, "store", "unsupported_parameter"),
     ("reasoning effort", {"reasoning_effort": "low"}, "reasoning_effort", "unsupported_parameter"),
     ("verbosity", {"verbosity": "low"}, "verbosity", "unsupported_parameter"),
-    ("service tier", {"service_tier": "flex"}, "service_tier", "unsupported_parameter"),
     (
         "image part without its image",
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]},

@@ -1,7 +1,10 @@
-"""`switchboard keys add | list | remove` against a real Redis, and `--toml` for the config file."""
+"""`switchboard keys add | set | list | usage | remove` against a real Redis, and `--toml` for the
+config file."""
 
 from __future__ import annotations
 
+import json
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,10 +12,11 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-from switchboard import api_keys, keys
+from switchboard import api_keys, keys, quotas
 from switchboard.cli import main as cli
-from switchboard.config import load_settings
+from switchboard.config import ApiKey, load_settings
 from switchboard.local.redis_server import PrivateRedis
+from switchboard.quotas import Periods
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -78,8 +82,21 @@ def test_list_shows_limits_never_secrets_or_hashes(run: Run) -> None:
     code, out, _ = run("keys", "list")
     assert code == 0
     header, row = out.splitlines()
-    assert header.split() == ["NAME", "MODELS", "RPM", "TPM", "PARALLEL", "ADMIN", "CREATED", "KEPT", "IN"]
-    assert row.split()[:6] == ["alice", "all", "-", "1000", "-", "yes"]
+    assert header.split() == [
+        "NAME",
+        "MODELS",
+        "RPM",
+        "TPM",
+        "PARALLEL",
+        "TOKENS/DAY",
+        "TOKENS/MONTH",
+        "TEAM",
+        "ADMIN",
+        "CREATED",
+        "KEPT",
+        "IN",
+    ]
+    assert row.split()[:9] == ["alice", "all", "-", "1000", "-", "-", "-", "-", "yes"]
     assert secret not in out
     assert api_keys.digest(secret)[:16] not in out
 
@@ -145,3 +162,90 @@ def test_names_differing_only_in_case_are_one_name(run: Run) -> None:
     assert run("keys", "add", "alice")[0] == 0
     code, _, err = run("keys", "add", "Alice")
     assert code == 1 and "exists already" in err
+
+
+def stored(redis_server: PrivateRedis, name: str) -> ApiKey:
+    with sync_redis.Redis.from_url(redis_server.url) as client:
+        return next(k for k in api_keys.decode_stored(client.hgetall(keys.api_keys())) if k.name == name)
+
+
+def test_quotas_and_team_are_stored_and_printed_for_the_config(
+    run: Run, redis_server: PrivateRedis, tmp_path: Path
+) -> None:
+    argv = ["--tokens-per-day", "1000", "--tokens-per-month", "20000", "--team", "acme"]
+    code, _, err = run("keys", "add", "alice", *argv)
+    assert code == 0 and "tokens per day 1000, per month 20000; team acme" in err
+    # A team the configuration has no table for counts its keys' tokens without a quota: a warning.
+    assert "team 'acme' has no [auth.teams.acme] table" in err
+    record = stored(redis_server, "alice")
+    assert (record.tokens_per_day, record.tokens_per_month, record.team) == (1000, 20000, "acme")
+    row = run("keys", "list")[1].splitlines()[1].split()
+    assert row[5:8] == ["1000", "20000", "acme"]
+    code, out, _ = run("keys", "add", "ci", "--toml", *argv)
+    config = tmp_path / "switchboard.toml"
+    config.write_text(out + "\n[auth.teams.acme]\ntokens_per_day = 5000\n")
+    (key,) = load_settings(config, environ={}).auth.keys
+    assert (key.tokens_per_day, key.tokens_per_month, key.team) == (1000, 20000, "acme")
+
+
+def test_set_changes_a_stored_keys_limits_and_none_removes_one(run: Run, redis_server: PrivateRedis) -> None:
+    run("keys", "add", "alice", "--rpm", "60", "--tokens-per-day", "1000")
+    before = stored(redis_server, "alice")
+    code, _, err = run(
+        "keys", "set", "alice", "--tokens-per-month", "9000", "--team", "acme", "--rpm", "none"
+    )
+    assert code == 0 and "key 'alice' changed" in err
+    after = stored(redis_server, "alice")
+    assert (after.rpm, after.tokens_per_day, after.tokens_per_month, after.team) == (None, 1000, 9000, "acme")
+    assert (after.sha256, after.created) == (before.sha256, before.created)  # the same key
+    assert run("keys", "set", "alice", "--team", "none")[0] == 0
+    assert stored(redis_server, "alice").team is None
+    code, _, err = run("keys", "set", "bob", "--tpm", "5")
+    assert code == 1 and "no key named 'bob'" in err
+    assert run("keys", "set", "alice")[0] == 2  # nothing to change
+    code, _, err = run("keys", "set", "alice", "--team", "no spaces")
+    assert code == 1 and "invalid key" in err
+    assert stored(redis_server, "alice").team is None
+
+
+def test_usage_prints_each_counted_keys_and_teams_tokens_with_quotas(
+    run: Run, redis_server: PrivateRedis, tmp_path: Path
+) -> None:
+    config = tmp_path / "switchboard.toml"
+    config.write_text("[auth.teams.acme]\ntokens_per_month = 50000\n\n[auth.teams.idle]\n")
+    at = ("--config", str(config))
+    alice = run(*at, "keys", "add", "alice", "--tokens-per-day", "1000", "--team", "acme")[1].strip()
+    run(*at, "keys", "add", "bob")  # neither quota nor team: not counted
+    periods = Periods.at(time.time())
+    with sync_redis.Redis.from_url(redis_server.url) as client:
+        client.set(keys.key_tokens(api_keys.digest(alice), periods.day), 120)
+        client.set(keys.key_tokens(api_keys.digest(alice), periods.month), 700)
+        client.set(keys.team_tokens("acme", periods.month), 900)
+    code, out, _ = run(*at, "keys", "usage")
+    assert code == 0
+    header, *rows, footer = out.splitlines()
+    assert header.split() == [
+        "NAME",
+        "KIND",
+        "TEAM",
+        "DAY",
+        "USED",
+        "DAY",
+        "QUOTA",
+        "MONTH",
+        "USED",
+        "MONTH",
+        "QUOTA",
+    ]
+    assert [row.split() for row in rows] == [
+        ["alice", "key", "acme", "120", "1000", "700", "-"],
+        ["acme", "team", "-", "0", "-", "900", "50000"],
+        ["idle", "team", "-", "0", "-", "0", "-"],
+    ]
+    assert f"ends at {quotas.iso_time(periods.day_ends)}" in footer
+    code, out, _ = run(*at, "keys", "usage", "bob", "--json")
+    (bob,) = json.loads(out)["data"]
+    assert bob["day"]["used"] is None and bob["month"]["resets_at"] == quotas.iso_time(periods.month_ends)
+    assert [u["kind"] for u in json.loads(run(*at, "keys", "usage", "acme", "--json")[1])["data"]] == ["team"]
+    code, _, err = run(*at, "keys", "usage", "nobody")
+    assert code == 1 and "no key or team named 'nobody'" in err

@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -611,6 +612,28 @@ async def test_an_idle_model_leaves_after_its_keep_alive_and_loads_again_on_dema
         assert (await result(redis, again.id))[-1].finish_reason == "length"
         assert engines.starts("tiny") == 2
         assert await redis.llen(keys.measured_costs("tiny", KIND, "load")) == 2
+
+
+async def test_batch_lines_alone_neither_load_a_model_nor_keep_it_warm(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    engines = Engines()
+    config = settings(redis_url, [ModelConfig(name="tiny", path="unused", keep_alive_s=1.0)])
+    worker = Worker(config, engines)
+    async with running(worker):
+        line = msgspec.structs.replace(make_job("tiny", "fast 2"), tier="batch")
+        await submit(redis, line)
+        await asyncio.sleep(1.5)  # several passes of the controller
+        assert engines.starts("tiny") == 0, "a batch line alone loaded its model"
+        interactive = make_job("tiny", "fast 2")
+        await submit(redis, interactive)
+        assert (await result(redis, interactive.id))[-1].finish_reason == "length"
+        # Warm for the interactive job, the model runs the waiting line in a spare slot.
+        assert (await result(redis, line.id))[-1].finish_reason == "length"
+        slow_line = msgspec.structs.replace(make_job("tiny", "slow 40 0.1"), tier="batch")
+        await submit(redis, slow_line)
+        # Four seconds of batch work: the model leaves after its keep-alive all the same.
+        await until(lambda: engines.stops("tiny") == 1, 10, "the model unloads under a batch line")
 
 
 async def test_a_one_model_worker_swaps_between_two_models_and_answers_every_request(

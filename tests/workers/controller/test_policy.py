@@ -194,6 +194,13 @@ def test_keep_alive_never_ends_a_model_with_jobs() -> None:
     assert decide(view(warm("tiny-a", keep_alive_s=0.0, waiting=1, next_replica=None))) == []
 
 
+def test_batch_lines_alone_keep_no_model_warm() -> None:
+    busy_with_batch = warm("tiny-a", keep_alive_s=300.0, idle_for=300.0, in_flight=2, batch_in_flight=2)
+    assert decide(view(busy_with_batch)) == [Unload(model="tiny-a", why="idle 300 s ≥ keep_alive 300 s")]
+    with_one_interactive = msgspec.structs.replace(busy_with_batch, in_flight=3)
+    assert decide(view(with_one_interactive)) == []
+
+
 def test_sleep_ladder_goes_warm_then_asleep_then_cold() -> None:
     model = warm("tiny-a", can_sleep=True, keep_alive_s=300.0, asleep_keep_alive_s=1800.0, idle_for=0.0)
     seen: list[tuple[float, list[tuple[str, str]]]] = []

@@ -37,6 +37,7 @@ class Slot:
     state: str = "cold"
     replica: int | None = None
     in_flight: int = 0
+    batch_in_flight: int = 0
     load_started: float | None = None
     warm_since: float | None = None
     idle_since: float | None = None
