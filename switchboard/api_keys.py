@@ -123,6 +123,8 @@ class KeyStore:
         tokens_per_day: int | None = None,
         tokens_per_month: int | None = None,
         team: str | None = None,
+        service_tiers: list[str] | None = None,
+        max_batch_lines_in_flight: int | None = None,
         admin: bool = False,
         taken_names: set[str] | None = None,
     ) -> tuple[str, ApiKey]:
@@ -141,6 +143,8 @@ class KeyStore:
             tokens_per_day=tokens_per_day,
             tokens_per_month=tokens_per_month,
             team=team,
+            service_tiers=service_tiers,
+            max_batch_lines_in_flight=max_batch_lines_in_flight,
             admin=admin,
         )
         with self._redis.pipeline() as pipe:
@@ -197,6 +201,8 @@ def make_key(
     tokens_per_day: int | None = None,
     tokens_per_month: int | None = None,
     team: str | None = None,
+    service_tiers: list[str] | None = None,
+    max_batch_lines_in_flight: int | None = None,
     admin: bool = False,
 ) -> tuple[str, ApiKey]:
     """A new secret and its validated record (nothing stored)."""
@@ -211,6 +217,8 @@ def make_key(
         "tokens_per_day": tokens_per_day,
         "tokens_per_month": tokens_per_month,
         "team": team,
+        "service_tiers": service_tiers or [],
+        "max_batch_lines_in_flight": max_batch_lines_in_flight,
         "admin": admin,
         "created": time.time(),
     }

@@ -314,7 +314,11 @@ class BatchRunner:
             error_file_id=await self._write(record, "error", failures),
             **{f"{status}_at": now},
         )
-        await self._records.save(ended)
+        # Only over the status it was ended from: a cancel that came meanwhile (while an expiry was
+        # being written, say) stands, and the next pass ends the batch as cancelled.
+        if not await self._records.save_if(ended, record.status):
+            await self._drop_files(ended.output_file_id, ended.error_file_id)
+            return
         self._forget(record.id)
         logger.info("batch ended", extra={"batch_id": record.id, "status": status, "lines": len(lines)})
 
@@ -330,6 +334,13 @@ class BatchRunner:
         for task in self._line_tasks.pop(batch_id, set()):
             task.cancel()
         self._retry_at = {key: at for key, at in self._retry_at.items() if key[0] != batch_id}
+
+    async def _drop_files(self, *file_ids: str | None) -> None:
+        """Delete files written for an end that did not stand."""
+        for file_id in file_ids:
+            file = await self._files.record(file_id) if file_id is not None else None
+            if file is not None:
+                await self._files.delete(file)
 
     async def _write(self, record: BatchRecord, kind: str, lines: Iterable[bytes]) -> str | None:
         """A file of `lines` for the batch's owner (None when there are none)."""

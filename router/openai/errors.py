@@ -279,8 +279,9 @@ class AdminKeyRequiredError(OpenAIError):
 class TooManyRequestsError(OpenAIError):
     """Refused at admission: a key's limit, the model's queue or the front doors are full (429).
 
-    `code` says which: rate_limit_exceeded (the key's rpm, tpm or parallel requests), queue_full
-    (the model's queue), server_busy (requests in flight across the front doors).
+    `code` says which: rate_limit_exceeded (the key's rpm, tpm or parallel requests), quota_exceeded
+    (a key's or its team's tokens per day or month), queue_full (the model's queue), server_busy
+    (requests in flight across the front doors).
     """
 
     status_code = 429

@@ -74,7 +74,7 @@ class JobRun:
         self._resume_grace_s = resume_grace_s
         self._observer = observer
         self.resumable = False
-        # What its key's tpm is settled with once it ends (`router.admission.charges`).
+        # What its key's tpm and token quotas are settled with once it ends (`router.admission.charges`).
         self._charge = charge or UsedTokens()
         # The job's deadline on the event loop's clock, which timeouts use.
         loop = asyncio.get_running_loop()

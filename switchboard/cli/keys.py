@@ -66,6 +66,11 @@ def add_parser(commands: Any) -> None:
     )
     _limit_options(add, _positive_int, "default: no limit")
     add.add_argument("--team", help="the team whose token quotas it shares ([auth.teams.NAME])")
+    add.add_argument(
+        "--service-tiers",
+        type=_names,
+        help="comma-separated service tiers it may ask for, of priority, default, flex (default: default,flex)",
+    )
     add.add_argument("--admin", action="store_true", help="may also call the /admin endpoints")
     add.add_argument(
         "--toml",
@@ -79,6 +84,10 @@ def add_parser(commands: Any) -> None:
     change.add_argument("name")
     _limit_options(change, _limit_or_none, f"`{NONE}`: no limit; left out: unchanged")
     change.add_argument("--team", help=f"the team whose token quotas it shares (`{NONE}`: no team)")
+    change.add_argument(
+        "--service-tiers",
+        help=f"comma-separated service tiers it may ask for (`{NONE}`: default and flex)",
+    )
     actions.add_parser("list", help="the keys in Redis and in the config (never their secrets)")
     usage = actions.add_parser(
         "usage", help="tokens used this UTC day and month by the keys with a quota or a team, and the teams"
@@ -100,6 +109,11 @@ def _limit_options(parser: argparse.ArgumentParser, value: Any, default: str) ->
         "--tokens-per-day", type=value, help=f"tokens per UTC day, prompt and completion ({default})"
     )
     parser.add_argument("--tokens-per-month", type=value, help=f"tokens per UTC calendar month ({default})")
+    parser.add_argument(
+        "--batch-lines",
+        type=value,
+        help=f"lines of its batches queued at once ({default}: the runner's bound)",
+    )
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -163,6 +177,8 @@ def _limits_of(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_day": args.tokens_per_day,
         "tokens_per_month": args.tokens_per_month,
         "team": args.team,
+        "service_tiers": args.service_tiers,
+        "max_batch_lines_in_flight": args.batch_lines,
         "admin": args.admin,
     }
 
@@ -175,12 +191,19 @@ def _set(store: api_keys.KeyStore, args: argparse.Namespace, settings: Settings)
         "tokens_per_day": args.tokens_per_day,
         "tokens_per_month": args.tokens_per_month,
         "team": args.team,
+        "max_batch_lines_in_flight": args.batch_lines,
     }
     # Left out: unchanged; `none`: removed.
-    changes = {field: None if value == NONE else value for field, value in given.items() if value is not None}
+    changes: dict[str, Any] = {
+        field: None if value == NONE else value for field, value in given.items() if value is not None
+    }
+    if args.service_tiers is not None:
+        tiers = args.service_tiers.strip().lower()
+        changes["service_tiers"] = [] if tiers == NONE else _names(tiers)
     if not changes:
         _say(
-            "nothing to change: give --rpm, --tpm, --parallel, --tokens-per-day, --tokens-per-month or --team"
+            "nothing to change: give --rpm, --tpm, --parallel, --tokens-per-day, --tokens-per-month, "
+            "--batch-lines, --team or --service-tiers"
         )
         return 2
     _warn_unknown_team(changes.get("team"), settings)
@@ -284,6 +307,8 @@ def _print_toml(args: argparse.Namespace, settings: Settings) -> int:
         "tokens_per_day": record.tokens_per_day,
         "tokens_per_month": record.tokens_per_month,
         "team": record.team,
+        "service_tiers": record.service_tiers or None,
+        "max_batch_lines_in_flight": record.max_batch_lines_in_flight,
         "admin": record.admin or None,
     }
     lines = [f"# The key itself (shown only now; give it to its user): {secret}", "[[auth.keys]]"]

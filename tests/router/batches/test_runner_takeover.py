@@ -16,40 +16,15 @@ import redis.asyncio as aioredis
 
 from router.batches import runner as runner_module
 from router.batches.records import BatchRecord, BatchRecords, new_batch_id
-from router.files.records import FileRecord, FileRecords, new_file_id
 from router.front_door import FrontDoor
-from switchboard.file_store import LocalFileStore
 from switchboard.local.redis_server import PrivateRedis
 from tests.support import live_front_door
+from tests.support.batch_files import uploaded
 from tests.support.front_door_harness import MODEL, settings_for
 from tests.support.live_front_door import ANSWER, answering_every_job
 from tests.support.waits import eventually
 
 LINES = 60
-
-
-async def uploaded(redis: aioredis.Redis, store: Path) -> str:
-    """A batch input file of LINES chat requests, kept as an upload by the keyless caller is."""
-    rows = [
-        {
-            "custom_id": f"q-{n}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"Hi {n}"}], "max_tokens": 3},
-        }
-        for n in range(LINES)
-    ]
-    source = store.parent / "in.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    file_id = new_file_id()
-    await LocalFileStore(store).put(file_id, source)
-    now = time.time()
-    record = FileRecord(
-        id=file_id, owner="", purpose="batch", filename="in.jsonl", bytes=source.stat().st_size,
-        created_at=now, expires_at=now + 3600, lines=LINES,
-    )  # fmt: skip
-    await FileRecords(redis).add(record)
-    return file_id
 
 
 async def test_another_front_door_finishes_a_batch_whose_runner_went_away(
@@ -71,7 +46,7 @@ async def test_another_front_door_finishes_a_batch_whose_runner_went_away(
     batches = BatchRecords(redis)
     now = time.time()
     batch = BatchRecord(
-        id=new_batch_id(), owner="", input_file_id=await uploaded(redis, tmp_path / "files"),
+        id=new_batch_id(), owner="", input_file_id=await uploaded(redis, tmp_path / "files", model=MODEL, lines=LINES),
         endpoint="/v1/chat/completions", status="validating", created_at=now, expires_at=now + 86400,
     )  # fmt: skip
     async with answering_every_job(redis):

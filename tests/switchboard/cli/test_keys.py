@@ -208,6 +208,27 @@ def test_set_changes_a_stored_keys_limits_and_none_removes_one(run: Run, redis_s
     assert stored(redis_server, "alice").team is None
 
 
+def test_service_tiers_and_batch_lines_are_stored_changed_and_printed_for_the_config(
+    run: Run, redis_server: PrivateRedis, tmp_path: Path
+) -> None:
+    code, _, err = run("keys", "add", "gold", "--service-tiers", "priority,default", "--batch-lines", "5")
+    assert code == 0, err
+    record = stored(redis_server, "gold")
+    assert (record.service_tiers, record.max_batch_lines_in_flight) == (["priority", "default"], 5)
+    assert run("keys", "set", "gold", "--service-tiers", "flex", "--batch-lines", "none")[0] == 0
+    record = stored(redis_server, "gold")
+    assert (record.service_tiers, record.max_batch_lines_in_flight) == (["flex"], None)
+    assert run("keys", "set", "gold", "--service-tiers", "none")[0] == 0
+    assert stored(redis_server, "gold").service_tiers == []
+    code, _, err = run("keys", "set", "gold", "--service-tiers", "scale")
+    assert code == 1 and "invalid key" in err
+    code, out, _ = run("keys", "add", "ci", "--toml", "--service-tiers", "priority", "--batch-lines", "2")
+    config = tmp_path / "switchboard.toml"
+    config.write_text(out + "\n")
+    (key,) = load_settings(config, environ={}).auth.keys
+    assert (key.service_tiers, key.max_batch_lines_in_flight) == (["priority"], 2)
+
+
 def test_usage_prints_each_counted_keys_and_teams_tokens_with_quotas(
     run: Run, redis_server: PrivateRedis, tmp_path: Path
 ) -> None:
