@@ -1,9 +1,10 @@
 """OpenAI's Files API on a real front door (HTTP server, Redis, a local file store) with the official
 `openai` client: a batch file's upload checked line by line, its owner's alone to list, read and
-delete, and swept away at its expiry."""
+delete, and swept away at its expiry; a batch and its output are its key's alone too."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from switchboard import keys
 from switchboard.config import ApiKey, ModelConfig, Settings
 from switchboard.local.redis_server import PrivateRedis
 from tests.support.front_door_harness import front_door_of, serving, settings_for
+from tests.support.live_front_door import answering_every_job
 
 MODEL = "tiny"
 EMBEDDER = "emb"
@@ -115,6 +117,37 @@ async def test_another_key_can_neither_see_read_nor_delete_a_file(
             await attempt(uploaded.id)
         assert caught.value.body["code"] == "file_not_found"  # type: ignore[index]
     assert (await clients["alice"].files.content(uploaded.id)).content == GOOD
+
+
+async def test_another_key_can_neither_see_cancel_nor_download_a_batch(
+    clients: dict[str, openai.AsyncOpenAI], redis: aioredis.Redis
+) -> None:
+    alice, bob = clients["alice"], clients["bob"]
+    uploaded = await alice.files.create(
+        file=("in.jsonl", jsonl(chat_line("a"), chat_line("b"))), purpose="batch"
+    )
+    with pytest.raises(openai.NotFoundError):  # nor use another key's file as a batch's input
+        await bob.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    async with answering_every_job(redis):
+        batch = await alice.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        for _ in range(200):
+            batch = await alice.batches.retrieve(batch.id)
+            if batch.status == "completed":
+                break
+            await asyncio.sleep(0.1)
+    assert batch.status == "completed" and batch.output_file_id is not None
+    assert [seen.id for seen in (await bob.batches.list()).data] == []
+    for attempt in (bob.batches.retrieve, bob.batches.cancel):
+        with pytest.raises(openai.NotFoundError):
+            await attempt(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        await bob.files.content(batch.output_file_id)
+    assert (await alice.batches.retrieve(batch.id)).status == "completed"  # bob's cancel changed nothing
+    assert len((await alice.files.content(batch.output_file_id)).text.splitlines()) == 2
 
 
 async def test_pages_and_expiry_as_the_upload_asks(clients: dict[str, openai.AsyncOpenAI]) -> None:
