@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` runs the product, `make test` runs the whole suite.
-.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings bench-sources bench-adapters bench-images gpu-check clean
+.PHONY: install install-bench lock up test lint typecheck docs unit e2e clients bench bench-cold bench-scale bench-clients bench-cpu bench-router bench-triton bench-fair bench-front-door bench-embeddings bench-sources bench-adapters bench-images bench-batch gpu-check clean
 
 VENV := .venv/bin
 
@@ -95,6 +95,11 @@ bench-adapters: install-bench
 # tiny vision-language model: what each path adds to the time to first token (bench/images.py).
 bench-images: install-bench
 	$(VENV)/python bench/images.py
+
+# Interactive clients at a steady rate alone, beside a 10,000-line Batch API batch, and the batch alone
+# (bench/batch.py): the interactive time to first token, and the share of spare capacity the batch uses.
+bench-batch: install-bench
+	$(VENV)/python bench/batch.py
 
 # vLLM's own load generator (`vllm bench serve`) against Switchboard and vLLM's server, side by side.
 bench-clients: install-bench

@@ -135,6 +135,7 @@ class Worker:
             fair_shares=settings.worker.fair_shares,
             max_shadow_jobs=settings.worker.max_shadow_jobs,
             max_batch_jobs=settings.worker.max_batch_jobs,
+            batch_jobs_beside_interactive=settings.worker.batch_jobs_beside_interactive,
             max_deliveries=settings.worker.max_deliveries,
             takeover_check_s=settings.worker.takeover_check_s,
             orphan_grace_s=settings.worker.orphan_grace_s,

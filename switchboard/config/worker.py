@@ -54,6 +54,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # max_concurrent_jobs. They take only slots no interactive job wants: none while any warm model
     # has interactive jobs waiting, never a warm model's last slot nor its engine's last sequence.
     max_batch_jobs: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # While interactive jobs run here, batch lines start only while fewer than this many run; None:
+    # an eighth of max_batch_jobs (at least 1). Every sequence an engine runs slows each step of
+    # the others a little (on a CPU, in proportion), and so the interactive jobs' first tokens:
+    # `make bench-batch` measures what a batch costs them at each setting.
+    batch_jobs_beside_interactive: Annotated[int, msgspec.Meta(ge=0)] | None = None
     # Tokens that reach the Triton callable within this window travel as one chunk. Every hop
     # after the engine costs CPU per chunk, so with many streams the window widens, up to
     # coalesce_max_ms, to keep each model under max_chunks_per_s in total.

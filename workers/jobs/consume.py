@@ -82,6 +82,7 @@ class JobConsumer:
         fair_shares: bool = True,
         max_shadow_jobs: int | None = None,
         max_batch_jobs: int | None = None,
+        batch_jobs_beside_interactive: int | None = None,
         max_deliveries: int = 3,
         takeover_check_s: float = 2.0,
         orphan_grace_s: float = ORPHAN_GRACE_S,
@@ -89,7 +90,8 @@ class JobConsumer:
     ) -> None:
         """`on_failure` is called if the loop that takes jobs ends while the consumer is not stopping;
         `max_shadow_jobs` (None: a quarter of `max_concurrent_jobs`) bounds the shadow copies running,
-        `max_batch_jobs` (None: half of it) the batch lines;
+        `max_batch_jobs` (None: half of it) the batch lines, and `batch_jobs_beside_interactive`
+        (None: an eighth of those) the batch lines started while interactive jobs run;
         `fair_shares` False shares the slots in turn, without reserves, weights or priorities."""
         self._redis = redis
         self._worker_id = worker_id
@@ -103,11 +105,16 @@ class JobConsumer:
         self._fair = fair_shares
         # The warm models whose last read came back full: more of their jobs may be waiting.
         self._hungry: set[str] = set()
+        # The last read that could take batch lines took all it might: more may be waiting, and a
+        # batch line's end (its slot free again) ends a blocking read at once.
+        self._batch_waiting = False
         # Moves on every read, so that ties between models fall to each in turn.
         self._turn = 0
         self._max_shadow_jobs = max_concurrent_jobs // 4 if max_shadow_jobs is None else max_shadow_jobs
         self._shadow_jobs: set[asyncio.Task[None]] = set()
         self._max_batch_jobs = max_concurrent_jobs // 2 if max_batch_jobs is None else max_batch_jobs
+        beside = batch_jobs_beside_interactive
+        self._batch_jobs_beside = max(1, self._max_batch_jobs // 8) if beside is None else beside
         self._batch_jobs: set[asyncio.Task[None]] = set()
         self._takeover = Takeover(redis, writer, worker_id=worker_id, max_deliveries=max_deliveries)
         self._takeover_check_s = takeover_check_s
@@ -268,10 +275,13 @@ class JobConsumer:
         return allotted
 
     def _batch_room(self, warm_models: int) -> int:
-        """Batch lines this read may take in all: within `max_batch_jobs`, and leaving a free slot
-        for each warm model, so that an interactive job that arrives finds one at once."""
-        free = self._max_jobs - (len(self._jobs) - len(self._pooling_jobs))
-        return max(0, min(self._max_batch_jobs - len(self._batch_jobs), free - warm_models))
+        """Batch lines this read may take in all: within `max_batch_jobs` (within
+        `batch_jobs_beside_interactive` while interactive jobs run), and leaving a free slot for each
+        warm model, so that an interactive job that arrives finds one at once."""
+        running = len(self._jobs) - len(self._pooling_jobs)
+        interactive = running - len(self._batch_jobs)
+        bound = self._batch_jobs_beside if interactive > 0 else self._max_batch_jobs
+        return max(0, min(bound - len(self._batch_jobs), self._max_jobs - running - warm_models))
 
     def _demand_of(self, slot: ModelSlot) -> shares.ModelDemand:
         """What the share policy needs to know of one warm model."""
@@ -326,7 +336,7 @@ class JobConsumer:
                     return
             least = min(take.count for take in takes.values())
             counts = {stream: least for take in takes.values() for stream in take.streams[:-1]}
-            if held_back or at_batch or self._adapters_may_arrive():
+            if held_back or at_batch or self._batch_waiting or self._adapters_may_arrive():
                 read = await self._held_back_read.read(self._worker_id, counts, BLOCK_MS)
             else:
                 read = await reads.read_blocking(self._redis, self._worker_id, counts, BLOCK_MS)
@@ -343,6 +353,10 @@ class JobConsumer:
         back in line."""
         shadows: list[Entry] = []
         taken = 0
+        if any(take.batch > 0 for take in takes.values()):
+            self._batch_waiting = any(
+                take.batch > 0 and read.count(take.streams[-1]) >= take.batch for take in takes.values()
+            )
         for name, take in takes.items():
             interactive = sum(read.count(stream) for stream in take.streams[:-1])
             if interactive >= take.count:

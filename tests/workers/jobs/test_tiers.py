@@ -106,3 +106,25 @@ async def test_no_batch_line_is_taken_while_interactive_jobs_wait(worker: Worker
         await end(worker, one)
     await until(lambda: line.id in worker.engine.requests, 5, "the batch line runs once slots are spare")
     await end(worker, line)
+
+
+async def test_while_interactive_jobs_run_fewer_batch_lines_start(worker: Worker) -> None:
+    # 2 batch lines at most, 1 beside interactive jobs (an eighth of 2, at least 1).
+    interactive = job("hang")
+    await submit_at_once(worker, interactive)
+    await until(lambda: interactive.id in worker.engine.requests, 5, "the interactive job runs")
+    lines = [tiered("hang", "batch") for _ in range(3)]
+    await submit_at_once(worker, *lines)
+    await until(lambda: len(started(worker, lines)) == 1, 5, "one batch line runs")
+    await asyncio.sleep(0.5)
+    assert len(started(worker, lines)) == 1
+    await end(worker, interactive)
+    await until(
+        lambda: len(started(worker, lines)) == 2, 5, "a second line runs once the worker is the batch's"
+    )
+    ended: list[Job] = []
+    while len(ended) < len(lines):
+        await until(lambda: len(started(worker, lines)) > len(ended), 5, "the next batch line runs")
+        running = [line for line in started(worker, lines) if line not in ended]
+        await end(worker, running[0])
+        ended.append(running[0])
