@@ -254,9 +254,9 @@ class JobConsumer:
         held_back = any(d.hungry and d.room > 0 and d.name not in allotted for d in demands)
         at_batch = any(d.hungry and d.room == 0 for d in demands)
         batch = 0 if held_back or self._hungry else self._batch_room(len(warm))
-        batch_shares = _batch_shares(demands, allotted, batch)
+        lines_each = batch_shares(demands, allotted, batch, self._turn)
         takes = {
-            name: reads.Take(tuple(keys.job_streams(name, TIERS)), count, batch_shares.get(name, 0))
+            name: reads.Take(tuple(keys.job_streams(name, TIERS)), count, lines_each.get(name, 0))
             for name, count in allotted.items()
         }
         with self._slots.reading():
@@ -485,12 +485,22 @@ class JobConsumer:
             logger.exception("could not hand a job back", extra={"job_id": entry.job.id})
 
 
-def _batch_shares(demands: list[shares.ModelDemand], allotted: dict[str, int], batch: int) -> dict[str, int]:
+def batch_shares(
+    demands: list[shares.ModelDemand], allotted: dict[str, int], batch: int, turn: int = 0
+) -> dict[str, int]:
     """Batch lines each allotted model may take on this read: within its allotment, never its
-    engine's last sequence (an interactive job that arrives finds room), `batch` in all."""
+    engine's last sequence (an interactive job that arrives finds room), `batch` in all, split evenly
+    among the models that may take any (the remainder to each in turn), so that no model's lines
+    wait behind another's."""
+    takers = [d for d in demands if min(allotted.get(d.name, 0), d.room - 1) > 0]
+    if not takers or batch <= 0:
+        return {}
+    start = turn % len(takers)
+    takers = takers[start:] + takers[:start]
     out = {}
-    for demand in demands:
-        share = min(allotted.get(demand.name, 0), demand.room - 1, batch)
+    for left, demand in enumerate(takers):
+        even = -(-batch // (len(takers) - left))  # what is left, split over the models left
+        share = min(allotted[demand.name], demand.room - 1, even)
         if share > 0:
             out[demand.name] = share
             batch -= share

@@ -17,6 +17,8 @@ from switchboard.demand import note_demand
 from switchboard.wire import Job, Tier, encode
 from tests.support.jobs import result, write_record
 from tests.support.one_worker import Worker, job, until
+from workers.jobs import shares
+from workers.jobs.consume import batch_shares
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -128,3 +130,12 @@ async def test_while_interactive_jobs_run_fewer_batch_lines_start(worker: Worker
         running = [line for line in started(worker, lines) if line not in ended]
         await end(worker, running[0])
         ended.append(running[0])
+
+
+def test_the_batch_budget_is_split_among_the_models_that_may_take_lines() -> None:
+    demands = [shares.ModelDemand(name=name, running=0, room=64) for name in ("a", "b")]
+    # Each model allotted 32 slots, 32 batch lines in all: both get their half, neither waits.
+    assert batch_shares(demands, {"a": 32, "b": 32}, 32) == {"a": 16, "b": 16}
+    # The remainder goes to each in turn; what one cannot take goes to the other.
+    assert batch_shares(demands, {"a": 32, "b": 32}, 3, turn=1) == {"b": 2, "a": 1}
+    assert batch_shares(demands, {"a": 2, "b": 32}, 32) == {"a": 2, "b": 30}
