@@ -131,7 +131,7 @@ class PeriodUsage(msgspec.Struct, kw_only=True):
     resets_at: str
 
 
-class Usage(msgspec.Struct, kw_only=True):
+class QuotaUsage(msgspec.Struct, kw_only=True):
     """A key's or a team's tokens this UTC day and month, with its quotas."""
 
     name: str
@@ -146,7 +146,7 @@ class Usage(msgspec.Struct, kw_only=True):
 class UsageList(msgspec.Struct, kw_only=True):
     """Body of `GET /admin/usage`."""
 
-    data: list[Usage]
+    data: list[QuotaUsage]
     object: Literal["list"] = "list"
 
 
@@ -155,13 +155,15 @@ def counter_keys(counted: Iterable[Counted], periods: Periods) -> list[str]:
     return [name for one in counted for name in one.counters(periods)]
 
 
-def usage_of(counted: list[Counted], periods: Periods, values: Sequence[bytes | str | None]) -> list[Usage]:
+def usage_of(
+    counted: list[Counted], periods: Periods, values: Sequence[bytes | str | None]
+) -> list[QuotaUsage]:
     """The usage of each of `counted`, from the values of its `counter_keys` as read (one MGET)."""
     usages = []
     for index, one in enumerate(counted):
         day, month = values[2 * index], values[2 * index + 1]
         usages.append(
-            Usage(
+            QuotaUsage(
                 name=one.name,
                 kind=one.kind,
                 team=one.team,

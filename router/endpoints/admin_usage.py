@@ -26,7 +26,7 @@ from switchboard.config import ApiKey, Settings
 from switchboard.quotas import (
     Counted,
     Periods,
-    Usage,
+    QuotaUsage,
     UsageList,
     counted_key,
     counted_team,
@@ -83,7 +83,7 @@ async def _all_keys(redis: aioredis.Redis, settings: Settings) -> list[ApiKey]:
     return [*settings.auth.keys, *api_keys.decode_stored(stored)]
 
 
-async def _usage(redis: aioredis.Redis, counted: list[Counted]) -> list[Usage]:
+async def _usage(redis: aioredis.Redis, counted: list[Counted]) -> list[QuotaUsage]:
     """The usage of `counted` now, its counters read in one round trip."""
     periods = Periods.at(time.time())
     names = counter_keys(counted, periods)

@@ -258,7 +258,7 @@ def _usage(
     return 0
 
 
-def _usage_row(usage: quotas.Usage) -> tuple[str, ...]:
+def _usage_row(usage: quotas.QuotaUsage) -> tuple[str, ...]:
     def used(period: quotas.PeriodUsage) -> str:
         return "not counted" if period.used is None else str(period.used)
 
